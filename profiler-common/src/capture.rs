@@ -1,0 +1,267 @@
+//! Map keys, map values and configuration of the in-kernel capture program.
+
+/// Most events one recording can sample at once; event indices are `0..MAX_EVENTS`.
+pub const MAX_EVENTS: usize = 16;
+
+/// Bytes in a data cache line: data addresses are aggregated per line.
+pub const CACHE_LINE_BYTES: u64 = 64;
+
+/// Stack id stored when no stack was captured (kernel thread without user stack, or a failure
+/// counted in [`LossKind`]).
+pub const NO_STACK: i32 = -1;
+
+/// Key of the stack-count map: one entry per distinct (thread, event, user stack, kernel stack).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackKey {
+    pub pid: u32,
+    pub tid: u32,
+    pub event: u32,
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+    pub _pad: u32,
+    pub cgroup: u64,
+}
+
+/// Key of the instruction map: samples per (process, event, instruction pointer).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstructionKey {
+    pub pid: u32,
+    pub event: u32,
+    pub ip: u64,
+}
+
+/// Key of the data cache-line map: samples per (process, event, 64-byte line, instruction).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DataLineKey {
+    pub pid: u32,
+    pub event: u32,
+    pub line: u64,
+    pub ip: u64,
+}
+
+/// Key of the latency-histogram map: one histogram per (event, instruction pointer).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LatencyKey {
+    pub event: u32,
+    pub _pad: u32,
+    pub ip: u64,
+}
+
+/// Per-CPU value of the instruction and data cache-line maps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleStats {
+    pub count: u64,
+    /// Samples that carried a latency (a subset of `count`).
+    pub latency_count: u64,
+    pub latency_sum: u64,
+    pub latency_max: u64,
+}
+
+impl SampleStats {
+    pub fn merge(&mut self, other: &SampleStats) {
+        self.count += other.count;
+        self.latency_count += other.latency_count;
+        self.latency_sum += other.latency_sum;
+        self.latency_max = self.latency_max.max(other.latency_max);
+    }
+}
+
+/// Every way the capture program can lose a sample or a part of it. Indices of the loss map.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LossKind {
+    /// The stack-count map was full: the whole sample is lost.
+    StackCountsFull = 0,
+    /// The sample's perf event id was not registered: the whole sample is lost.
+    UnknownEvent = 1,
+    /// A user stack hashed into an occupied stack-map bucket (EEXIST): sample kept, stack lost.
+    UserStackCollision = 2,
+    /// The user stack could not be stored for another reason (map full, fault): stack lost.
+    UserStackFailed = 3,
+    /// A kernel stack hashed into an occupied stack-map bucket: sample kept, stack lost.
+    KernelStackCollision = 4,
+    /// The kernel stack could not be stored for another reason: stack lost.
+    KernelStackFailed = 5,
+    /// The instruction map was full: the instruction view misses this sample.
+    InstructionsFull = 6,
+    /// The data cache-line map was full: the data view misses this sample.
+    DataLinesFull = 7,
+    /// The latency-histogram map was full: the histogram misses this sample.
+    LatencyFull = 8,
+    /// Reading `perf_sample_data` from the kernel failed: data address and latency lost.
+    SampleDataReadFailed = 9,
+    /// The raw ring buffer was full: the time-ordered stream misses this sample.
+    RingBufferFull = 10,
+}
+
+impl LossKind {
+    pub const COUNT: usize = 11;
+    pub const ALL: [LossKind; Self::COUNT] = [
+        LossKind::StackCountsFull,
+        LossKind::UnknownEvent,
+        LossKind::UserStackCollision,
+        LossKind::UserStackFailed,
+        LossKind::KernelStackCollision,
+        LossKind::KernelStackFailed,
+        LossKind::InstructionsFull,
+        LossKind::DataLinesFull,
+        LossKind::LatencyFull,
+        LossKind::SampleDataReadFailed,
+        LossKind::RingBufferFull,
+    ];
+
+    /// Whether the whole sample is gone (it counts against conservation), rather than a part of
+    /// it or a secondary view.
+    pub const fn loses_sample(self) -> bool {
+        matches!(self, LossKind::StackCountsFull | LossKind::UnknownEvent)
+    }
+
+    pub const fn describe(self) -> &'static str {
+        match self {
+            LossKind::StackCountsFull => "samples lost: stack-count map full",
+            LossKind::UnknownEvent => "samples lost: unregistered perf event",
+            LossKind::UserStackCollision => "user stacks lost: stack-map hash collision",
+            LossKind::UserStackFailed => "user stacks lost: stack map full or unreadable",
+            LossKind::KernelStackCollision => "kernel stacks lost: stack-map hash collision",
+            LossKind::KernelStackFailed => "kernel stacks lost: stack map full or unreadable",
+            LossKind::InstructionsFull => "instruction view: map full",
+            LossKind::DataLinesFull => "data cache-line view: map full",
+            LossKind::LatencyFull => "latency histograms: map full",
+            LossKind::SampleDataReadFailed => "sample data unreadable (address/latency lost)",
+            LossKind::RingBufferFull => "raw stream: ring buffer full",
+        }
+    }
+}
+
+/// Offsets (bytes) of kernel structure fields, read from the running kernel's BTF by the agent
+/// and handed to the program as read-only data. `valid == 0` means no BTF: the program then
+/// captures IP and stacks only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub valid: u32,
+    /// `bpf_perf_event_data_kern.data` and `.event`.
+    pub ctx_data: u32,
+    pub ctx_event: u32,
+    /// `perf_sample_data` fields.
+    pub sample_flags: u32,
+    pub addr: u32,
+    pub phys_addr: u32,
+    pub weight: u32,
+    pub data_src: u32,
+    pub raw: u32,
+    /// `perf_event.parent` and `perf_event.id`: inherited events report their parent's id.
+    pub event_parent: u32,
+    pub event_id: u32,
+    pub _pad: u32,
+}
+
+/// Capture options, a read-only global of the program (`CAPTURE_CONFIG`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaptureConfig {
+    pub offsets: KernelOffsets,
+    /// `CAPTURE_*` bits.
+    pub flags: u32,
+    /// With `CAPTURE_FILTER_UID`: only samples of this user id are kept.
+    pub uid: u32,
+}
+
+pub const CAPTURE_USER_STACKS: u32 = 1 << 0;
+pub const CAPTURE_KERNEL_STACKS: u32 = 1 << 1;
+/// Also stream every sample through the raw ring buffer.
+pub const CAPTURE_RAW: u32 = 1 << 2;
+/// Keep only samples whose cgroup id is in the cgroup filter map.
+pub const CAPTURE_FILTER_CGROUP: u32 = 1 << 3;
+pub const CAPTURE_FILTER_UID: u32 = 1 << 4;
+/// Several events: map each perf event id to its index through the event map (needs BTF).
+pub const CAPTURE_EVENT_IDS: u32 = 1 << 5;
+
+/// `perf_sample_data.sample_flags` bits (the kernel's PERF_SAMPLE_* values).
+pub mod sample_flags {
+    pub const ADDR: u64 = 1 << 3;
+    pub const RAW: u64 = 1 << 10;
+    pub const WEIGHT: u64 = 1 << 14;
+    pub const DATA_SRC: u64 = 1 << 15;
+    pub const PHYS_ADDR: u64 = 1 << 19;
+    pub const WEIGHT_STRUCT: u64 = 1 << 24;
+}
+
+/// Generation control: index 0 of the control map holds the generation (0 or 1) the program
+/// writes to; the agent flips it and drains the other one.
+pub const CONTROL_GENERATION: u32 = 0;
+
+/// One sample as streamed through the raw ring buffer (`record --raw`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawSample {
+    pub time_ns: u64,
+    pub ip: u64,
+    pub addr: u64,
+    pub phys_addr: u64,
+    pub latency: u64,
+    pub data_src: u64,
+    pub cgroup: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub event: u32,
+    pub user_stack: i32,
+    pub kernel_stack: i32,
+    /// `sample_flags` bits that were valid for this sample.
+    pub sample_flags: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all these types are #[repr(C)] with only integer fields and explicit padding, so
+    // every bit pattern is valid and there are no uninitialized bytes.
+    unsafe impl aya::Pod for StackKey {}
+    unsafe impl aya::Pod for InstructionKey {}
+    unsafe impl aya::Pod for DataLineKey {}
+    unsafe impl aya::Pod for LatencyKey {}
+    unsafe impl aya::Pod for SampleStats {}
+    unsafe impl aya::Pod for CaptureConfig {}
+    unsafe impl aya::Pod for RawSample {}
+    unsafe impl aya::Pod for crate::latency::LatencyBuckets {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<StackKey>(), 32);
+        assert_eq!(size_of::<InstructionKey>(), 16);
+        assert_eq!(size_of::<DataLineKey>(), 24);
+        assert_eq!(size_of::<LatencyKey>(), 16);
+        assert_eq!(size_of::<SampleStats>(), 32);
+        assert_eq!(size_of::<KernelOffsets>(), 48);
+        assert_eq!(size_of::<CaptureConfig>(), 56);
+        assert_eq!(size_of::<RawSample>(), 88);
+    }
+
+    #[test]
+    fn loss_kinds_are_indexed_densely() {
+        for (i, kind) in LossKind::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, i);
+        }
+        let whole: usize = LossKind::ALL.iter().filter(|k| k.loses_sample()).count();
+        assert_eq!(whole, 2);
+    }
+
+    #[test]
+    fn merge_adds_counts_and_keeps_max() {
+        let mut a = SampleStats { count: 2, latency_count: 1, latency_sum: 10, latency_max: 10 };
+        a.merge(&SampleStats { count: 3, latency_count: 2, latency_sum: 50, latency_max: 40 });
+        assert_eq!(a, SampleStats { count: 5, latency_count: 3, latency_sum: 60, latency_max: 40 });
+    }
+}

@@ -1,0 +1,6 @@
+//! The profile: what a recording produced, symbolized, independent of where it came from (a live
+//! recording, a profile file, an imported perf.data). Every report and export reads this.
+
+mod model;
+
+pub use model::*;

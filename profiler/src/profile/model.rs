@@ -1,0 +1,168 @@
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Index into [`Profile::frames`].
+pub type FrameId = u32;
+/// Index into [`Profile::events`].
+pub type EventIndex = u32;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Profile {
+    pub meta: ProfileMeta,
+    pub events: Vec<EventInfo>,
+    pub threads: Vec<ThreadInfo>,
+    /// Interned, symbolized frames; stacks refer to them by [`FrameId`].
+    pub frames: Vec<Frame>,
+    pub stacks: Vec<StackSample>,
+    pub instructions: Vec<InstructionSample>,
+    pub data_lines: Vec<DataLineSample>,
+    pub latency: Vec<LatencyHistogram>,
+    pub losses: Losses,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ProfileMeta {
+    pub profiler_version: String,
+    pub hostname: String,
+    pub kernel_release: String,
+    /// What was profiled, as the user said it (`-a`, `-p 123`, `-- ./cmd args`).
+    pub target: String,
+    /// Unix time in nanoseconds when the recording started.
+    pub start_unix_ns: u64,
+    pub duration_ns: u64,
+}
+
+/// One sampled event and how it was sampled.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct EventInfo {
+    /// As the user wrote it (`cpu-clock`, `cycles:u`, `page-faults/period=1/`).
+    pub name: String,
+    /// Overflow value (every Nth event): samples x period estimates the event count.
+    pub period: Option<u64>,
+    /// Sampling frequency in Hz when the kernel adjusts the period.
+    pub frequency: Option<u64>,
+    /// What the event counts: "CPU-cycles", "events", "nanoseconds", "load events".
+    pub unit: String,
+    /// Whether the IP is exact (precise_ip > 0) or may skid past the instruction that caused it.
+    pub precise: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ThreadInfo {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// Container id or systemd unit derived from the cgroup, when there is one.
+    pub container: Option<String>,
+}
+
+/// A symbolized code address.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Absolute address in the process (or kernel) that was sampled.
+    pub address: u64,
+    pub kernel: bool,
+    /// Load module path (`/usr/bin/foo`, `[kernel.kallsyms]`), empty when unknown.
+    pub module: String,
+    /// Offset of the address inside the module's file (ELF file offset).
+    pub module_offset: u64,
+    pub build_id: Option<String>,
+    /// The function (symbol) containing the address; `None` for stripped code.
+    pub function: Option<String>,
+    /// Start address of `function`, to compute the offset into it.
+    pub function_address: Option<u64>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    /// Functions inlined at this address, outermost first; the last one is where the address
+    /// really is.
+    pub inlined: Vec<InlinedFrame>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct InlinedFrame {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+impl Frame {
+    /// Name to show: the function, or module+offset for code without symbols.
+    pub fn display_name(&self) -> String {
+        match &self.function {
+            Some(f) => f.clone(),
+            None if self.module.is_empty() => format!("{:#x}", self.address),
+            None => format!("{}+{:#x}", module_basename(&self.module), self.module_offset),
+        }
+    }
+}
+
+pub fn module_basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Samples of one distinct call stack of one thread and event.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StackSample {
+    pub pid: u32,
+    pub tid: u32,
+    pub event: EventIndex,
+    pub cgroup: u64,
+    /// Frames leaf first: kernel frames (if any) then user frames.
+    pub frames: Vec<FrameId>,
+    /// Whether the user/kernel parts were lost (collision or failure, counted in losses).
+    pub user_stack_lost: bool,
+    pub kernel_stack_lost: bool,
+    pub count: u64,
+    /// Samples per CPU, index = CPU number (empty when unknown).
+    pub per_cpu: Vec<u64>,
+}
+
+/// Samples at one instruction of one process and event.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct InstructionSample {
+    pub pid: u32,
+    pub event: EventIndex,
+    pub frame: FrameId,
+    pub stats: Stats,
+}
+
+/// Samples whose data address fell in one 64-byte line, by instruction.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DataLineSample {
+    pub pid: u32,
+    pub event: EventIndex,
+    /// Address of the cache line (data address & !63).
+    pub line: u64,
+    /// Instruction that made the access.
+    pub frame: FrameId,
+    pub stats: Stats,
+    pub per_cpu: Vec<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Stats {
+    pub count: u64,
+    pub latency_count: u64,
+    pub latency_sum: u64,
+    pub latency_max: u64,
+}
+
+/// Latency distribution of one (event, instruction): counts per log-linear bucket
+/// (`profiler_common::latency`), sparse.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LatencyHistogram {
+    pub event: EventIndex,
+    pub frame: FrameId,
+    /// (bucket index, count)
+    pub buckets: Vec<(u16, u64)>,
+}
+
+/// Sample accounting: what the kernel fired and every way a sample or part of it was lost.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Losses {
+    /// Program invocations per event, counted in the kernel.
+    pub samples_fired: Vec<u64>,
+    /// Loss counters by name (`profiler_common::capture::LossKind::describe`).
+    pub counters: BTreeMap<String, u64>,
+}
