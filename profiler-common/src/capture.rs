@@ -6,9 +6,11 @@ pub const MAX_EVENTS: usize = 16;
 /// Bytes in a data cache line: data addresses are aggregated per line.
 pub const CACHE_LINE_BYTES: u64 = 64;
 
-/// Stack id stored when no stack was captured (kernel thread without user stack, or a failure
-/// counted in [`LossKind`]).
+/// Stack id stored when there is no stack to capture: a kernel thread has no user stack, a sample
+/// taken in user mode no kernel stack.
 pub const NO_STACK: i32 = -1;
+/// Stack id stored when a stack existed but could not be stored (counted in [`LossKind`]).
+pub const LOST_STACK: i32 = -2;
 
 /// Key of the stack-count map: one entry per distinct (thread, event, user stack, kernel stack).
 #[repr(C)]
@@ -42,12 +44,12 @@ pub struct DataLineKey {
     pub ip: u64,
 }
 
-/// Key of the latency-histogram map: one histogram per (event, instruction pointer).
+/// Key of the latency-histogram map: one histogram per (process, event, instruction pointer).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LatencyKey {
+    pub pid: u32,
     pub event: u32,
-    pub _pad: u32,
     pub ip: u64,
 }
 
@@ -172,6 +174,29 @@ pub struct CaptureConfig {
     pub uid: u32,
 }
 
+impl CaptureConfig {
+    /// All zero: no BTF offsets, no options. The program's global starts like this and the
+    /// agent overrides it at load time.
+    pub const EMPTY: CaptureConfig = CaptureConfig {
+        offsets: KernelOffsets {
+            valid: 0,
+            ctx_data: 0,
+            ctx_event: 0,
+            sample_flags: 0,
+            addr: 0,
+            phys_addr: 0,
+            weight: 0,
+            data_src: 0,
+            raw: 0,
+            event_parent: 0,
+            event_id: 0,
+            _pad: 0,
+        },
+        flags: 0,
+        uid: 0,
+    };
+}
+
 pub const CAPTURE_USER_STACKS: u32 = 1 << 0;
 pub const CAPTURE_KERNEL_STACKS: u32 = 1 << 1;
 /// Also stream every sample through the raw ring buffer.
@@ -260,8 +285,26 @@ mod tests {
 
     #[test]
     fn merge_adds_counts_and_keeps_max() {
-        let mut a = SampleStats { count: 2, latency_count: 1, latency_sum: 10, latency_max: 10 };
-        a.merge(&SampleStats { count: 3, latency_count: 2, latency_sum: 50, latency_max: 40 });
-        assert_eq!(a, SampleStats { count: 5, latency_count: 3, latency_sum: 60, latency_max: 40 });
+        let mut a = SampleStats {
+            count: 2,
+            latency_count: 1,
+            latency_sum: 10,
+            latency_max: 10,
+        };
+        a.merge(&SampleStats {
+            count: 3,
+            latency_count: 2,
+            latency_sum: 50,
+            latency_max: 40,
+        });
+        assert_eq!(
+            a,
+            SampleStats {
+                count: 5,
+                latency_count: 3,
+                latency_sum: 60,
+                latency_max: 40
+            }
+        );
     }
 }

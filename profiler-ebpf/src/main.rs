@@ -1,4 +1,518 @@
+//! The capture program: runs on every perf counter overflow, records who was running where, and
+//! aggregates in per-CPU maps that the agent drains.
+//!
+//! Every map the agent drains exists twice (generation 0 and 1). The program writes to the
+//! generation named in `CONTROL`; the agent flips it, waits until no program is still writing the
+//! old one (`INFLIGHT`), drains the old one and clears it. Nothing written during a drain is lost
+//! or counted twice.
 #![no_std]
 #![no_main]
+
+use aya_ebpf::{
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
+    },
+    macros::{map, perf_event},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    programs::{tracing::StackIdContext, PerfEventContext},
+    EbpfContext,
+};
+use profiler_common::{
+    capture::{
+        sample_flags, CaptureConfig, DataLineKey, InstructionKey, LatencyKey, LossKind, RawSample,
+        SampleStats, StackKey, CACHE_LINE_BYTES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
+        CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_USER_STACKS,
+        CONTROL_GENERATION, LOST_STACK, MAX_EVENTS, NO_STACK,
+    },
+    latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
+};
+
+/// Read-only options and kernel offsets, set by the agent at load time.
+#[unsafe(no_mangle)]
+static CAPTURE_CONFIG: CaptureConfig = CaptureConfig::EMPTY;
+
+// Sizes here are defaults; the agent sets the real ones from its options before loading.
+#[map]
+static STACKS_0: StackTrace = StackTrace::with_max_entries(16384, 0);
+#[map]
+static STACKS_1: StackTrace = StackTrace::with_max_entries(16384, 0);
+#[map]
+static STACK_COUNTS_0: PerCpuHashMap<StackKey, u64> = PerCpuHashMap::with_max_entries(16384, 0);
+#[map]
+static STACK_COUNTS_1: PerCpuHashMap<StackKey, u64> = PerCpuHashMap::with_max_entries(16384, 0);
+#[map]
+static INSTRUCTIONS_0: PerCpuHashMap<InstructionKey, SampleStats> =
+    PerCpuHashMap::with_max_entries(16384, 0);
+#[map]
+static INSTRUCTIONS_1: PerCpuHashMap<InstructionKey, SampleStats> =
+    PerCpuHashMap::with_max_entries(16384, 0);
+#[map]
+static DATA_LINES_0: PerCpuHashMap<DataLineKey, SampleStats> =
+    PerCpuHashMap::with_max_entries(16384, 0);
+#[map]
+static DATA_LINES_1: PerCpuHashMap<DataLineKey, SampleStats> =
+    PerCpuHashMap::with_max_entries(16384, 0);
+#[map]
+static LATENCIES_0: PerCpuHashMap<LatencyKey, LatencyBuckets> =
+    PerCpuHashMap::with_max_entries(1024, 0);
+#[map]
+static LATENCIES_1: PerCpuHashMap<LatencyKey, LatencyBuckets> =
+    PerCpuHashMap::with_max_entries(1024, 0);
+
+/// Index `CONTROL_GENERATION`: the generation the program writes to.
+#[map]
+static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
+/// Programs currently writing each generation, per CPU.
+#[map]
+static INFLIGHT: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+/// Program runs per event index, counted before anything can fail.
+#[map]
+static SAMPLES_FIRED: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_EVENTS as u32, 0);
+/// Samples dropped by the uid or cgroup filter (not losses: the user asked for it).
+#[map]
+static SAMPLES_FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static LOSSES: PerCpuArray<u64> = PerCpuArray::with_max_entries(LossKind::COUNT as u32, 0);
+/// perf event id (of the top-level event; inherited events report their parent's) -> index.
+#[map]
+static EVENT_IDS: HashMap<u64, u32> = HashMap::with_max_entries(4096, 0);
+/// Cgroup ids whose samples are kept, with `CAPTURE_FILTER_CGROUP`.
+#[map]
+static CGROUP_FILTER: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
+/// Time-ordered stream of every sample, with `CAPTURE_RAW`.
+#[map]
+static RAW_SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+const EEXIST: i64 = 17;
+const EFAULT: i64 = 14;
+
+/// The maps of one generation.
+struct Generation {
+    stacks: &'static StackTrace,
+    stack_counts: &'static PerCpuHashMap<StackKey, u64>,
+    instructions: &'static PerCpuHashMap<InstructionKey, SampleStats>,
+    data_lines: &'static PerCpuHashMap<DataLineKey, SampleStats>,
+    latencies: &'static PerCpuHashMap<LatencyKey, LatencyBuckets>,
+}
+
+/// What the kernel's `perf_sample_data` told us beyond the registers.
+#[derive(Default)]
+struct SampleData {
+    flags: u64,
+    addr: u64,
+    phys_addr: u64,
+    latency: u64,
+    data_src: u64,
+}
+
+#[perf_event]
+pub fn on_overflow(ctx: PerfEventContext) -> u32 {
+    capture(&ctx);
+    0
+}
+
+#[inline(always)]
+fn config() -> CaptureConfig {
+    // SAFETY: a plain read of our own read-only global; volatile so the compiler cannot fold
+    // the all-zero initializer that the agent overrides at load time.
+    unsafe { core::ptr::read_volatile(&CAPTURE_CONFIG) }
+}
+
+#[inline(always)]
+fn add(counter: &PerCpuArray<u64>, index: u32, n: u64) {
+    if let Some(slot) = counter.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, and programs do not nest on one CPU (the kernel's
+        // bpf_prog_active guard), so nothing else writes it concurrently.
+        unsafe { *slot += n };
+    }
+}
+
+#[inline(always)]
+fn lose(kind: LossKind) {
+    add(&LOSSES, kind as u32, 1);
+}
+
+#[inline(always)]
+fn current_generation() -> u32 {
+    match CONTROL.get_ptr(CONTROL_GENERATION) {
+        // SAFETY: pointer into the control array value; volatile because the agent changes it.
+        Some(generation) => (unsafe { core::ptr::read_volatile(generation) }) & 1,
+        None => 0,
+    }
+}
+
+fn capture(ctx: &PerfEventContext) {
+    let config = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    // SAFETY: a helper without arguments.
+    let cgroup = unsafe { bpf_get_current_cgroup_id() };
+
+    if config.flags & CAPTURE_FILTER_UID != 0 && bpf_get_current_uid_gid() as u32 != config.uid {
+        add(&SAMPLES_FILTERED, 0, 1);
+        return;
+    }
+    // SAFETY: lookups in a hash map whose values we only test for presence.
+    if config.flags & CAPTURE_FILTER_CGROUP != 0 && unsafe { CGROUP_FILTER.get(&cgroup) }.is_none()
+    {
+        add(&SAMPLES_FILTERED, 0, 1);
+        return;
+    }
+
+    let (event, data) = read_sample_data(ctx, &config);
+    let Some(event) = event else {
+        lose(LossKind::UnknownEvent);
+        return;
+    };
+    add(&SAMPLES_FIRED, event, 1);
+
+    // Enter the current generation, then check it did not flip in between: the agent waits for
+    // INFLIGHT of the old generation to reach zero before draining it.
+    let mut generation = current_generation();
+    add(&INFLIGHT, generation, 1);
+    let now = current_generation();
+    if now != generation {
+        add(&INFLIGHT, generation, u64::MAX);
+        generation = now;
+        add(&INFLIGHT, generation, 1);
+    }
+    // Map pointers are chosen in code: BPF data sections cannot hold relocations.
+    let maps = if generation == 0 {
+        Generation {
+            stacks: &STACKS_0,
+            stack_counts: &STACK_COUNTS_0,
+            instructions: &INSTRUCTIONS_0,
+            data_lines: &DATA_LINES_0,
+            latencies: &LATENCIES_0,
+        }
+    } else {
+        Generation {
+            stacks: &STACKS_1,
+            stack_counts: &STACK_COUNTS_1,
+            instructions: &INSTRUCTIONS_1,
+            data_lines: &DATA_LINES_1,
+            latencies: &LATENCIES_1,
+        }
+    };
+    record(ctx, &config, &maps, pid, tid, cgroup, event, &data);
+    add(&INFLIGHT, generation, u64::MAX);
+}
+
+/// The event index and, with BTF offsets, the sample's data address, latency and data source.
+#[inline(always)]
+fn read_sample_data(ctx: &PerfEventContext, config: &CaptureConfig) -> (Option<u32>, SampleData) {
+    let mut data = SampleData::default();
+    let offsets = &config.offsets;
+    if offsets.valid == 0 {
+        return (Some(0), data);
+    }
+    // The context is really `struct bpf_perf_event_data_kern { regs, data, event }`: three
+    // pointers. Read them whole and pick by the BTF offsets, so no arithmetic is done on the
+    // context pointer itself.
+    // SAFETY: bpf_probe_read_kernel checks the source and fails cleanly on a bad address.
+    let Ok(kern) = (unsafe { bpf_probe_read_kernel(ctx.as_ptr() as *const [u64; 3]) }) else {
+        lose(LossKind::SampleDataReadFailed);
+        return (event_index(0, config), data);
+    };
+    let pick = |offset: u32| match offset {
+        0 => kern[0],
+        8 => kern[1],
+        16 => kern[2],
+        _ => 0,
+    };
+    let sample = pick(offsets.ctx_data);
+    let perf_event = pick(offsets.ctx_event);
+    let event = event_index(perf_event, config);
+    if sample == 0 {
+        lose(LossKind::SampleDataReadFailed);
+        return (event, data);
+    }
+    let read = |offset: u32| -> Option<u64> {
+        // SAFETY: reads a u64 from kernel memory through the checking helper.
+        unsafe { bpf_probe_read_kernel((sample + offset as u64) as *const u64) }.ok()
+    };
+    let Some(flags) = read(offsets.sample_flags) else {
+        lose(LossKind::SampleDataReadFailed);
+        return (event, data);
+    };
+    data.flags = flags;
+    // A field is valid only when the PMU driver set its bit; otherwise it is stale memory.
+    if flags & sample_flags::ADDR != 0 {
+        data.addr = read(offsets.addr).unwrap_or(0);
+    }
+    if flags & sample_flags::PHYS_ADDR != 0 {
+        data.phys_addr = read(offsets.phys_addr).unwrap_or(0);
+    }
+    if flags & sample_flags::WEIGHT_STRUCT != 0 {
+        // union perf_sample_weight: var1 (the cache/load latency) is the low 32 bits.
+        data.latency = read(offsets.weight).unwrap_or(0) & 0xffff_ffff;
+    } else if flags & sample_flags::WEIGHT != 0 {
+        data.latency = read(offsets.weight).unwrap_or(0);
+    }
+    if flags & sample_flags::DATA_SRC != 0 {
+        data.data_src = read(offsets.data_src).unwrap_or(0);
+    }
+    (event, data)
+}
+
+/// Index of the event that overflowed. With one event there is nothing to look up.
+#[inline(always)]
+fn event_index(perf_event: u64, config: &CaptureConfig) -> Option<u32> {
+    if config.flags & CAPTURE_EVENT_IDS == 0 {
+        return Some(0);
+    }
+    if perf_event == 0 {
+        return None;
+    }
+    let offsets = &config.offsets;
+    // SAFETY: kernel reads through the checking helper.
+    let parent = unsafe {
+        bpf_probe_read_kernel((perf_event + offsets.event_parent as u64) as *const u64)
+    }
+    .unwrap_or(0);
+    let owner = if parent != 0 { parent } else { perf_event };
+    // SAFETY: as above.
+    let id = unsafe { bpf_probe_read_kernel((owner + offsets.event_id as u64) as *const u64) }
+        .ok()?;
+    // SAFETY: the value is copied out at once.
+    let index = unsafe { EVENT_IDS.get(&id) }.copied()?;
+    if (index as usize) < MAX_EVENTS {
+        Some(index)
+    } else {
+        None
+    }
+}
+
+#[inline(always)]
+fn stack_id(
+    ctx: &PerfEventContext,
+    maps: &Generation,
+    flags: u64,
+    collision: LossKind,
+    failed: LossKind,
+) -> i32 {
+    match ctx.get_stackid(maps.stacks, flags) {
+        Ok(id) => id as i32,
+        // No frames: a kernel thread has no user stack, a user-mode sample no kernel stack.
+        Err(e) if -(e as i64) == EFAULT => NO_STACK,
+        Err(e) => {
+            lose(if -(e as i64) == EEXIST {
+                collision
+            } else {
+                failed
+            });
+            LOST_STACK
+        }
+    }
+}
+
+/// Adds one sample to a per-CPU hash map entry, creating it on first use.
+#[inline(always)]
+fn bump<K, V>(
+    map: &PerCpuHashMap<K, V>,
+    key: &K,
+    init: &V,
+    update: impl Fn(&mut V),
+    full: LossKind,
+) {
+    if let Some(value) = map.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot of an existing entry; programs do not nest on one CPU.
+        update(unsafe { &mut *value });
+        return;
+    }
+    if map.insert(key, init, BPF_NOEXIST as u64).is_err() {
+        // Another CPU may have created the key (EEXIST) between lookup and insert: retry once.
+        match map.get_ptr_mut(key) {
+            // SAFETY: as above.
+            Some(value) => update(unsafe { &mut *value }),
+            None => lose(full),
+        }
+    }
+}
+
+#[inline(always)]
+fn add_stats(stats: &mut SampleStats, latency: u64) {
+    stats.count += 1;
+    if latency != 0 {
+        stats.latency_count += 1;
+        stats.latency_sum += latency;
+        if latency > stats.latency_max {
+            stats.latency_max = latency;
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn record(
+    ctx: &PerfEventContext,
+    config: &CaptureConfig,
+    maps: &Generation,
+    pid: u32,
+    tid: u32,
+    cgroup: u64,
+    event: u32,
+    data: &SampleData,
+) {
+    // SAFETY: the kernel rewrites context reads of the saved registers into safe loads.
+    let ip = unsafe { (*ctx.ctx).regs.rip };
+
+    let user_stack = if config.flags & CAPTURE_USER_STACKS != 0 {
+        stack_id(
+            ctx,
+            maps,
+            BPF_F_USER_STACK as u64,
+            LossKind::UserStackCollision,
+            LossKind::UserStackFailed,
+        )
+    } else {
+        NO_STACK
+    };
+    let kernel_stack = if config.flags & CAPTURE_KERNEL_STACKS != 0 {
+        stack_id(
+            ctx,
+            maps,
+            0,
+            LossKind::KernelStackCollision,
+            LossKind::KernelStackFailed,
+        )
+    } else {
+        NO_STACK
+    };
+
+    let key = StackKey {
+        pid,
+        tid,
+        event,
+        user_stack,
+        kernel_stack,
+        _pad: 0,
+        cgroup,
+    };
+    bump(
+        maps.stack_counts,
+        &key,
+        &1,
+        |count| *count += 1,
+        LossKind::StackCountsFull,
+    );
+
+    let mut first = SampleStats::default();
+    add_stats(&mut first, data.latency);
+    bump(
+        maps.instructions,
+        &InstructionKey { pid, event, ip },
+        &first,
+        |stats| add_stats(stats, data.latency),
+        LossKind::InstructionsFull,
+    );
+    if data.flags & sample_flags::ADDR != 0 {
+        let line = DataLineKey {
+            pid,
+            event,
+            line: data.addr & !(CACHE_LINE_BYTES - 1),
+            ip,
+        };
+        bump(
+            maps.data_lines,
+            &line,
+            &first,
+            |stats| add_stats(stats, data.latency),
+            LossKind::DataLinesFull,
+        );
+    }
+    if data.latency != 0 {
+        record_latency(maps, pid, event, ip, data.latency);
+    }
+    if config.flags & CAPTURE_RAW != 0 {
+        stream(
+            ip,
+            pid,
+            tid,
+            cgroup,
+            event,
+            user_stack,
+            kernel_stack,
+            data,
+        );
+    }
+}
+
+#[inline(always)]
+fn record_latency(maps: &Generation, pid: u32, event: u32, ip: u64, latency: u64) {
+    let key = LatencyKey { pid, event, ip };
+    let bucket = bucket_index(latency);
+    if bucket >= LATENCY_BUCKETS {
+        return;
+    }
+    if maps.latencies.get_ptr_mut(&key).is_none() {
+        // An empty histogram is too large for the 512-byte BPF stack: insert the one kept in
+        // read-only data.
+        if maps
+            .latencies
+            .insert(&key, &EMPTY_HISTOGRAM, BPF_NOEXIST as u64)
+            .is_err()
+            && maps.latencies.get_ptr_mut(&key).is_none()
+        {
+            lose(LossKind::LatencyFull);
+            return;
+        }
+    }
+    if let Some(histogram) = maps.latencies.get_ptr_mut(&key) {
+        // SAFETY: this CPU's slot; `bucket` was bounds-checked above.
+        unsafe { (*histogram).counts[bucket] += 1 };
+    }
+}
+
+static EMPTY_HISTOGRAM: LatencyBuckets = LatencyBuckets {
+    counts: [0; LATENCY_BUCKETS],
+};
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    ip: u64,
+    pid: u32,
+    tid: u32,
+    cgroup: u64,
+    event: u32,
+    user_stack: i32,
+    kernel_stack: i32,
+    data: &SampleData,
+) {
+    let Some(mut entry) = RAW_SAMPLES.reserve::<RawSample>(0) else {
+        lose(LossKind::RingBufferFull);
+        return;
+    };
+    entry.write(RawSample {
+        // SAFETY: helpers without arguments.
+        time_ns: unsafe { bpf_ktime_get_ns() },
+        ip,
+        addr: data.addr,
+        phys_addr: data.phys_addr,
+        latency: data.latency,
+        data_src: data.data_src,
+        cgroup,
+        pid,
+        tid,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        event,
+        user_stack,
+        kernel_stack,
+        sample_flags: data.flags,
+    });
+    entry.submit(0);
+}
+
+#[cfg(not(test))]
 #[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! { loop {} }
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "license")]
+pub static LICENSE: [u8; 4] = *b"GPL\0";

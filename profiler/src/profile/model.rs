@@ -92,7 +92,11 @@ impl Frame {
         match &self.function {
             Some(f) => f.clone(),
             None if self.module.is_empty() => format!("{:#x}", self.address),
-            None => format!("{}+{:#x}", module_basename(&self.module), self.module_offset),
+            None => format!(
+                "{}+{:#x}",
+                module_basename(&self.module),
+                self.module_offset
+            ),
         }
     }
 }
@@ -152,6 +156,7 @@ pub struct Stats {
 /// (`profiler_common::latency`), sparse.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LatencyHistogram {
+    pub pid: u32,
     pub event: EventIndex,
     pub frame: FrameId,
     /// (bucket index, count)

@@ -1,0 +1,195 @@
+//! Opening the perf counters that drive sampling: one per (event, CPU) system-wide, one per
+//! (event, thread) for processes, inherited into new threads and children.
+
+use std::{fs, io};
+
+use anyhow::{anyhow, bail, Context, Result};
+use perf_event::{events::Software, Builder, Counter, SampleFlag};
+use perf_event_open_sys::bindings::perf_event_attr;
+
+/// How often an event samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Sampling {
+    /// Every Nth event (the overflow value).
+    Period(u64),
+    /// About N samples per second; the kernel adjusts the period.
+    Frequency(u64),
+}
+
+/// An event to sample: the event part of a `perf_event_attr` (type, config, exclude bits,
+/// precise_ip) and its sampling rate.
+#[derive(Clone)]
+pub struct SamplingEvent {
+    pub name: String,
+    pub attr: perf_event_attr,
+    pub sampling: Sampling,
+}
+
+/// What to profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A command we launched (stopped before exec): followed into its threads and children, and
+    /// enabled when it calls exec.
+    Command(u32),
+    /// Running processes: every current thread, and new threads and children.
+    Processes(Vec<u32>),
+    /// Every CPU, every process.
+    System,
+}
+
+/// One open counter and the index of the event it samples.
+pub struct EventCounter {
+    pub event: u32,
+    pub counter: Counter,
+}
+
+/// Which stacks the program collects; the kernel needs to know for precise events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackCapture {
+    pub user: bool,
+    pub kernel: bool,
+}
+
+/// Online CPU numbers, from /sys/devices/system/cpu/online ("0-3,5").
+pub fn online_cpus() -> Result<Vec<usize>> {
+    let text = fs::read_to_string("/sys/devices/system/cpu/online")
+        .context("reading /sys/devices/system/cpu/online")?;
+    parse_cpu_list(text.trim())
+}
+
+pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        let number = |s: &str| {
+            s.parse::<usize>()
+                .map_err(|_| anyhow!("bad CPU list '{text}'"))
+        };
+        match part.split_once('-') {
+            Some((first, last)) => cpus.extend(number(first)?..=number(last)?),
+            None => cpus.push(number(part)?),
+        }
+    }
+    Ok(cpus)
+}
+
+/// Thread ids of a process, from /proc/PID/task.
+pub fn threads_of(pid: u32) -> io::Result<Vec<u32>> {
+    let mut tids: Vec<u32> = fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    Ok(tids)
+}
+
+/// The (pid, cpu) pairs to open one counter on, for a target.
+fn placements(target: &Target) -> Result<Vec<(Option<u32>, Option<usize>)>> {
+    Ok(match target {
+        Target::Command(pid) => vec![(Some(*pid), None)],
+        Target::Processes(pids) => {
+            let mut placements = Vec::new();
+            for pid in pids {
+                let tids = threads_of(*pid).map_err(|_| {
+                    anyhow!("process {pid} does not exist (or exited): check the PID with `ps -p {pid}`")
+                })?;
+                placements.extend(tids.into_iter().map(|tid| (Some(tid), None)));
+            }
+            placements
+        }
+        Target::System => online_cpus()?
+            .into_iter()
+            .map(|cpu| (None, Some(cpu)))
+            .collect(),
+    })
+}
+
+fn place(builder: &mut Builder, target: &Target, pid: Option<u32>, cpu: Option<usize>) {
+    match pid {
+        Some(pid) => builder.observe_pid(pid as i32),
+        None => builder.any_pid(),
+    };
+    match cpu {
+        Some(cpu) => builder.one_cpu(cpu),
+        None => builder.any_cpu(),
+    };
+    let follows_tasks = !matches!(target, Target::System);
+    builder.inherit(follows_tasks);
+    builder.enable_on_exec(matches!(target, Target::Command(_)));
+}
+
+/// Why a counter could not be opened, said so the user can act on it.
+pub fn explain_open_error(what: &str, error: &io::Error) -> anyhow::Error {
+    let paranoid = fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let hint = match error.raw_os_error() {
+        Some(libc::EACCES) | Some(libc::EPERM) => format!(
+            "no permission: run as root, or grant CAP_PERFMON and CAP_BPF (system-wide or other \
+             users' processes need them; kernel.perf_event_paranoid is {paranoid})"
+        ),
+        Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) => {
+            "this machine cannot count it (no hardware PMU: a virtual machine? `profiler list` \
+             shows what is available here)"
+                .to_string()
+        }
+        Some(libc::ESRCH) => "the process exited".to_string(),
+        Some(libc::EMFILE) => {
+            "too many open files: raise the limit (`ulimit -n`) or profile fewer CPUs/threads"
+                .to_string()
+        }
+        _ => "the kernel refused this event configuration".to_string(),
+    };
+    anyhow!("cannot open {what}: {error}: {hint}")
+}
+
+/// Opens one sampling counter per event and placement, disabled.
+pub fn open_sampling_counters(
+    events: &[SamplingEvent],
+    target: &Target,
+    stacks: StackCapture,
+) -> Result<Vec<EventCounter>> {
+    let placements = placements(target)?;
+    let mut counters = Vec::new();
+    for (index, event) in events.iter().enumerate() {
+        let mut opened_any = false;
+        for &(pid, cpu) in &placements {
+            let mut builder = Builder::new(Software::DUMMY);
+            *builder.attrs_mut() = event.attr;
+            builder.attrs_mut().size = std::mem::size_of::<perf_event_attr>() as u32;
+            place(&mut builder, target, pid, cpu);
+            match event.sampling {
+                Sampling::Period(period) => builder.sample_period(period),
+                Sampling::Frequency(hz) => builder.sample_frequency(hz),
+            };
+            let mut flags =
+                SampleFlag::IP | SampleFlag::TID | SampleFlag::PERIOD | SampleFlag::ADDR;
+            // The kernel refuses stack helpers on precise events unless callchains are sampled;
+            // for other events the helpers walk the registers themselves, which is cheaper.
+            if event.attr.precise_ip() > 0 && (stacks.user || stacks.kernel) {
+                flags |= SampleFlag::CALLCHAIN;
+                builder
+                    .exclude_callchain_user(false)
+                    .exclude_callchain_kernel(false);
+            }
+            builder.sample(flags);
+            match builder.build() {
+                Ok(counter) => {
+                    opened_any = true;
+                    counters.push(EventCounter {
+                        event: index as u32,
+                        counter,
+                    });
+                }
+                // A thread that exits while we open counters is not an error; the others stay.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) && pid.is_some() => continue,
+                Err(e) => return Err(explain_open_error(&format!("event '{}'", event.name), &e)),
+            }
+        }
+        if !opened_any {
+            bail!(
+                "cannot open event '{}': every target thread exited",
+                event.name
+            );
+        }
+    }
+    Ok(counters)
+}

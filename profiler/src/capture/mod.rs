@@ -1,0 +1,6 @@
+//! Capture in the kernel: opening perf counters, loading and attaching the eBPF program, and the
+//! side-band stream of process mappings needed to symbolize later.
+
+pub mod counters;
+pub mod program;
+pub mod sideband;

@@ -1,0 +1,322 @@
+//! The side-band stream: process names, memory mappings, forks and exits, recorded while the
+//! processes live so that their samples can be symbolized after they exit (normalize early,
+//! symbolize later). Existing processes are read from /proc at start; changes arrive as
+//! PERF_RECORD_MMAP2/COMM/FORK/EXIT from a dummy perf event on the same target.
+
+use std::{collections::HashMap, fs, path::PathBuf};
+
+use anyhow::{Context, Result};
+use perf_event::{data::Record as PerfRecord, events::Software, Builder, Sampler};
+
+use super::counters::{explain_open_error, online_cpus, threads_of, Target};
+
+/// `misc` bit of a COMM record sent by exec: the address space was replaced.
+const MISC_COMM_EXEC: u16 = 1 << 13;
+/// Ring buffer per side-band event.
+const SIDEBAND_BUFFER_BYTES: usize = 512 * 1024;
+
+/// One memory mapping of a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// Offset in the file of `start`.
+    pub file_offset: u64,
+    /// File path, or a kernel label (`[heap]`, `[stack]`, `[vdso]`), or empty (anonymous).
+    pub path: String,
+    pub executable: bool,
+    pub build_id: Option<Vec<u8>>,
+}
+
+impl Mapping {
+    pub fn contains(&self, address: u64) -> bool {
+        (self.start..self.end).contains(&address)
+    }
+
+    pub fn is_file(&self) -> bool {
+        self.path.starts_with('/')
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ProcessInfo {
+    pub comm: String,
+    /// In the order they were made: a later mapping of the same range supersedes an earlier one.
+    pub mappings: Vec<Mapping>,
+    pub exited: bool,
+}
+
+/// What the agent knows of every process it saw.
+#[derive(Debug, Default)]
+pub struct ProcessTable {
+    pub processes: HashMap<u32, ProcessInfo>,
+    /// Thread names by tid.
+    pub threads: HashMap<u32, String>,
+    /// Side-band records the kernel dropped (its ring buffer was full).
+    pub lost_records: u64,
+}
+
+/// Parses one line of /proc/PID/maps.
+pub fn parse_maps_line(line: &str) -> Option<Mapping> {
+    let mut fields = line.split_ascii_whitespace();
+    let (start, end) = fields.next()?.split_once('-')?;
+    let perms = fields.next()?;
+    let offset = fields.next()?;
+    let _device = fields.next()?;
+    let _inode = fields.next()?;
+    let path = fields.collect::<Vec<_>>().join(" ");
+    Some(Mapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        file_offset: u64::from_str_radix(offset, 16).ok()?,
+        executable: perms.as_bytes().get(2) == Some(&b'x'),
+        path,
+        build_id: None,
+    })
+}
+
+fn read_comm(path: &str) -> Option<String> {
+    fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+impl ProcessTable {
+    /// Records a running process from /proc: name, threads and mappings.
+    pub fn scan_process(&mut self, pid: u32) {
+        let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return;
+        };
+        let mut mappings: Vec<Mapping> = maps.lines().filter_map(parse_maps_line).collect();
+        for mapping in mappings.iter_mut().filter(|m| m.executable && m.is_file()) {
+            let in_its_root = PathBuf::from(format!("/proc/{pid}/root{}", mapping.path));
+            mapping.build_id = blazesym::helper::read_elf_build_id(&in_its_root)
+                .ok()
+                .flatten()
+                .map(|id| id.to_vec());
+        }
+        let comm = read_comm(&format!("/proc/{pid}/comm")).unwrap_or_default();
+        for tid in threads_of(pid).unwrap_or_default() {
+            if let Some(name) = read_comm(&format!("/proc/{pid}/task/{tid}/comm")) {
+                self.threads.insert(tid, name);
+            }
+        }
+        self.processes.insert(
+            pid,
+            ProcessInfo {
+                comm,
+                mappings,
+                exited: false,
+            },
+        );
+    }
+
+    /// Records every running process.
+    pub fn scan_all(&mut self) {
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return;
+        };
+        let pids: Vec<u32> = entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        for pid in pids {
+            self.scan_process(pid);
+        }
+    }
+
+    /// Applies one side-band record.
+    pub fn apply(&mut self, record: &PerfRecord, misc: u16) {
+        match record {
+            PerfRecord::Mmap2(mmap) => {
+                let mapping = Mapping {
+                    start: mmap.addr,
+                    end: mmap.addr + mmap.len,
+                    file_offset: mmap.pgoff,
+                    path: String::from_utf8_lossy(&mmap.filename).into_owned(),
+                    executable: mmap.prot & libc::PROT_EXEC as u32 != 0,
+                    build_id: mmap.build_id().map(<[u8]>::to_vec),
+                };
+                let process = self.processes.entry(mmap.pid).or_default();
+                process.mappings.push(mapping);
+            }
+            PerfRecord::Comm(comm) => {
+                let name = String::from_utf8_lossy(&comm.comm).into_owned();
+                self.threads.insert(comm.tid, name.clone());
+                let process = self.processes.entry(comm.pid).or_default();
+                if comm.pid == comm.tid {
+                    process.comm = name;
+                }
+                if misc & MISC_COMM_EXEC != 0 {
+                    // exec replaced the address space: older mappings no longer apply.
+                    process.mappings.clear();
+                }
+            }
+            PerfRecord::Fork(fork) if fork.pid != fork.ppid => {
+                // A new process starts with a copy of its parent's address space.
+                let parent = self.processes.get(&fork.ppid).cloned().unwrap_or_default();
+                self.processes.insert(
+                    fork.pid,
+                    ProcessInfo {
+                        exited: false,
+                        ..parent
+                    },
+                );
+            }
+            PerfRecord::Exit(exit) if exit.pid == exit.tid => {
+                self.processes.entry(exit.pid).or_default().exited = true;
+            }
+            PerfRecord::Lost(lost) => self.lost_records += lost.lost,
+            _ => {}
+        }
+    }
+
+    /// The newest mapping of `pid` that contains `address`.
+    pub fn mapping_for(&self, pid: u32, address: u64) -> Option<&Mapping> {
+        self.newest_mapping(pid, address, |_| true)
+    }
+
+    /// The newest executable mapping of `pid` that contains the code address `address`: data
+    /// mappings made later over part of a file's range (bss, heap) do not hide its code.
+    pub fn code_mapping_for(&self, pid: u32, address: u64) -> Option<&Mapping> {
+        self.newest_mapping(pid, address, |mapping| mapping.executable)
+    }
+
+    fn newest_mapping(
+        &self,
+        pid: u32,
+        address: u64,
+        keep: impl Fn(&Mapping) -> bool,
+    ) -> Option<&Mapping> {
+        self.processes
+            .get(&pid)?
+            .mappings
+            .iter()
+            .rev()
+            .find(|mapping| mapping.contains(address) && keep(mapping))
+    }
+
+    pub fn thread_name(&self, pid: u32, tid: u32) -> String {
+        self.threads
+            .get(&tid)
+            .or_else(|| self.processes.get(&pid).map(|p| &p.comm))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// Dummy perf events that only deliver side-band records for the target.
+pub struct Sideband {
+    samplers: Vec<Sampler>,
+}
+
+impl Sideband {
+    pub fn open(target: &Target) -> Result<Sideband> {
+        // The kernel refuses to mmap inherited per-task events on all CPUs (every child would
+        // write one buffer): open them per (task, CPU), as perf does.
+        let cpus = online_cpus()?;
+        let tasks: Vec<Option<u32>> = match target {
+            Target::Command(pid) => vec![Some(*pid)],
+            Target::Processes(pids) => pids
+                .iter()
+                .flat_map(|pid| threads_of(*pid).unwrap_or_default())
+                .map(Some)
+                .collect(),
+            Target::System => vec![None],
+        };
+        let placements: Vec<(Option<u32>, usize)> = tasks
+            .iter()
+            .flat_map(|task| cpus.iter().map(move |cpu| (*task, *cpu)))
+            .collect();
+        let mut samplers = Vec::new();
+        for (pid, cpu) in placements {
+            let mut builder = Builder::new(Software::DUMMY);
+            match pid {
+                Some(pid) => builder.observe_pid(pid as i32),
+                None => builder.any_pid(),
+            };
+            builder.one_cpu(cpu);
+            builder
+                .inherit(!matches!(target, Target::System))
+                .enable_on_exec(matches!(target, Target::Command(_)))
+                .mmap(true)
+                .mmap2(true)
+                .mmap_data(true)
+                .build_id(true)
+                .comm(true)
+                .comm_exec(true)
+                .task(true)
+                .exclude_kernel(false);
+            let counter = match builder.build() {
+                Ok(counter) => counter,
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                Err(e) => return Err(explain_open_error("the side-band event", &e)),
+            };
+            samplers.push(
+                counter
+                    .sampled(SIDEBAND_BUFFER_BYTES)
+                    .context("mapping the side-band ring buffer")?,
+            );
+        }
+        Ok(Sideband { samplers })
+    }
+
+    pub fn enable(&mut self) -> Result<()> {
+        for sampler in &mut self.samplers {
+            sampler.enable()?;
+        }
+        Ok(())
+    }
+
+    pub fn disable(&mut self) -> Result<()> {
+        for sampler in &mut self.samplers {
+            sampler.disable()?;
+        }
+        Ok(())
+    }
+
+    /// Applies every pending record to the table.
+    pub fn read_into(&mut self, table: &mut ProcessTable) {
+        for sampler in &mut self.samplers {
+            while let Some(record) = sampler.next_record() {
+                let misc = record.misc();
+                if let Ok(parsed) = record.parse_record() {
+                    table.apply(&parsed, misc);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_proc_maps_lines() {
+        let line = "7f1c2a400000-7f1c2a428000 r-xp 00028000 fe:01 1234   /usr/lib/x86_64-linux-gnu/libc.so.6";
+        let mapping = parse_maps_line(line).unwrap();
+        assert_eq!(mapping.start, 0x7f1c2a400000);
+        assert_eq!(mapping.end, 0x7f1c2a428000);
+        assert_eq!(mapping.file_offset, 0x28000);
+        assert!(mapping.executable);
+        assert_eq!(mapping.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        let anon = parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0 [stack]").unwrap();
+        assert!(!anon.executable && !anon.is_file());
+        assert_eq!(anon.path, "[stack]");
+        assert!(parse_maps_line("garbage").is_none());
+    }
+
+    #[test]
+    fn newest_mapping_wins_and_exec_clears() {
+        let mut table = ProcessTable::default();
+        let old = parse_maps_line("1000-2000 r-xp 0 0:0 0 /old").unwrap();
+        let new = parse_maps_line("1000-3000 r-xp 0 0:0 0 /new").unwrap();
+        let bss = parse_maps_line("1000-1200 rw-p 0 0:0 0").unwrap();
+        table.processes.entry(7).or_default().mappings = vec![old, new, bss];
+        assert_eq!(table.code_mapping_for(7, 0x1100).unwrap().path, "/new");
+        assert_eq!(table.mapping_for(7, 0x1100).unwrap().path, "");
+        assert_eq!(table.mapping_for(7, 0x1800).unwrap().path, "/new");
+        assert!(table.mapping_for(7, 0x3000).is_none());
+        assert!(table.mapping_for(8, 0x1800).is_none());
+    }
+}

@@ -1,0 +1,249 @@
+//! Draining the kernel's per-CPU maps into the agent, losslessly.
+//!
+//! The program writes one generation of maps while the agent drains the other: flip the
+//! generation, wait until no program run on any CPU is still inside the old one, then read and
+//! clear it. A sample lands in exactly one generation and each generation is read once per flip,
+//! so nothing is lost or counted twice.
+
+use std::{collections::HashMap, thread, time::Duration};
+
+use anyhow::{bail, Context, Result};
+use aya::maps::{MapData, PerCpuHashMap};
+use profiler_common::{
+    capture::{
+        DataLineKey, InstructionKey, LatencyKey, LossKind, SampleStats, StackKey,
+        CONTROL_GENERATION, LOST_STACK,
+    },
+    latency::LATENCY_BUCKETS,
+};
+
+use crate::capture::program::{CaptureProgram, GenerationMaps};
+
+/// A call stack of one thread and event as drained: raw instruction pointers, leaf first.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DrainedStack {
+    pub pid: u32,
+    pub tid: u32,
+    pub event: u32,
+    pub cgroup: u64,
+    pub user: Vec<u64>,
+    pub kernel: Vec<u64>,
+    pub user_lost: bool,
+    pub kernel_lost: bool,
+}
+
+/// Everything drained so far, at address level, merged over drains.
+#[derive(Debug, Default)]
+pub struct Drained {
+    /// Samples per stack, per CPU.
+    pub stacks: HashMap<DrainedStack, Vec<u64>>,
+    pub instructions: HashMap<InstructionKey, SampleStats>,
+    pub data_lines: HashMap<DataLineKey, (SampleStats, Vec<u64>)>,
+    /// Counts per latency bucket.
+    pub latencies: HashMap<LatencyKey, Vec<u64>>,
+}
+
+impl Drained {
+    /// Samples drained (each sample is in exactly one stack entry).
+    pub fn sample_count(&self) -> u64 {
+        self.stacks.values().flatten().sum()
+    }
+}
+
+/// Counters that are cumulative in the kernel and read, not drained.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Accounting {
+    /// Program runs per event index.
+    pub samples_fired: Vec<u64>,
+    pub samples_filtered: u64,
+    pub losses: [u64; LossKind::COUNT],
+}
+
+impl Accounting {
+    /// Samples that fired and were lost whole (not in any map).
+    pub fn samples_lost(&self) -> u64 {
+        LossKind::ALL
+            .iter()
+            .filter(|kind| kind.loses_sample())
+            .map(|kind| self.losses[*kind as usize])
+            .sum()
+    }
+}
+
+/// Callchains taken from perf's own sample data carry context markers (PERF_CONTEXT_KERNEL,
+/// PERF_CONTEXT_USER, ...), all at or above this value; they are not addresses.
+const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
+
+/// How long a drain may wait for programs to leave the old generation before giving up: a
+/// program run takes microseconds, so this only trips when something is badly wrong.
+const QUIESCENCE_TIMEOUT: Duration = Duration::from_secs(1);
+
+pub struct Drainer {
+    /// The generation the program writes to now.
+    active: u32,
+}
+
+impl Default for Drainer {
+    fn default() -> Self {
+        Drainer { active: 0 }
+    }
+}
+
+impl Drainer {
+    /// Switches the program to the other generation and drains the one it left.
+    pub fn drain(&mut self, program: &mut CaptureProgram, into: &mut Drained) -> Result<()> {
+        let old = self.active;
+        let new = old ^ 1;
+        program
+            .control
+            .set(CONTROL_GENERATION, new, 0)
+            .context("switching the capture generation")?;
+        self.active = new;
+        wait_until_left(program, old)?;
+        drain_generation(&mut program.generations[old as usize], into)
+    }
+
+    /// Drains both generations: after the counters are disabled, this collects everything.
+    pub fn drain_all(&mut self, program: &mut CaptureProgram, into: &mut Drained) -> Result<()> {
+        self.drain(program, into)?;
+        self.drain(program, into)
+    }
+}
+
+/// Waits until no program run is inside `generation` on any CPU.
+fn wait_until_left(program: &CaptureProgram, generation: u32) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        // Give every CPU's store of the new generation and its own in-flight increment time to
+        // become visible before we trust a zero count (store buffers drain in nanoseconds).
+        thread::sleep(Duration::from_micros(200));
+        let inflight = program
+            .inflight
+            .get(&generation, 0)
+            .context("reading the capture program's in-flight counters")?;
+        if inflight.iter().all(|count| *count == 0) {
+            return Ok(());
+        }
+        if started.elapsed() > QUIESCENCE_TIMEOUT {
+            bail!("capture programs did not leave generation {generation} within 1 s");
+        }
+    }
+}
+
+/// Reads every entry of a per-CPU hash map and deletes it.
+fn take_all<K: aya::Pod + Eq + std::hash::Hash, V: aya::Pod>(
+    map: &mut PerCpuHashMap<MapData, K, V>,
+) -> Result<Vec<(K, Vec<V>)>> {
+    let mut entries = Vec::new();
+    for entry in map.iter() {
+        let (key, values) = entry.context("reading a capture map")?;
+        entries.push((key, values.iter().copied().collect::<Vec<V>>()));
+    }
+    for (key, _) in &entries {
+        map.remove(key).context("clearing a capture map")?;
+    }
+    Ok(entries)
+}
+
+fn drain_generation(maps: &mut GenerationMaps, into: &mut Drained) -> Result<()> {
+    let counts = take_all(&mut maps.stack_counts)?;
+    let mut traces: HashMap<i32, Vec<u64>> = HashMap::new();
+    for (key, _) in &counts {
+        for id in [key.user_stack, key.kernel_stack] {
+            if id >= 0 && !traces.contains_key(&id) {
+                let frames = match maps.stacks.get(&(id as u32), 0) {
+                    Ok(trace) => trace
+                        .frames()
+                        .iter()
+                        .map(|frame| frame.ip)
+                        .filter(|ip| *ip < PERF_CONTEXT_MAX)
+                        .collect(),
+                    Err(e) => return Err(e).context("reading a stack trace"),
+                };
+                traces.insert(id, frames);
+            }
+        }
+    }
+    let stack_ids: Vec<u32> = maps.stacks.stack_ids().filter_map(|id| id.ok()).collect();
+    for id in stack_ids {
+        maps.stacks.remove(&id).context("clearing the stack map")?;
+    }
+    for (key, per_cpu) in counts {
+        let StackKey {
+            pid,
+            tid,
+            event,
+            user_stack,
+            kernel_stack,
+            cgroup,
+            ..
+        } = key;
+        let frames = |id: i32| traces.get(&id).cloned().unwrap_or_default();
+        let stack = DrainedStack {
+            pid,
+            tid,
+            event,
+            cgroup,
+            user: frames(user_stack),
+            kernel: frames(kernel_stack),
+            user_lost: user_stack == LOST_STACK,
+            kernel_lost: kernel_stack == LOST_STACK,
+        };
+        add_per_cpu(into.stacks.entry(stack).or_default(), &per_cpu);
+    }
+    for (key, per_cpu) in take_all(&mut maps.instructions)? {
+        let stats = into.instructions.entry(key).or_default();
+        per_cpu.iter().for_each(|cpu| stats.merge(cpu));
+    }
+    for (key, per_cpu) in take_all(&mut maps.data_lines)? {
+        let (stats, cpus) = into.data_lines.entry(key).or_default();
+        per_cpu.iter().for_each(|cpu| stats.merge(cpu));
+        let counts: Vec<u64> = per_cpu.iter().map(|cpu| cpu.count).collect();
+        add_per_cpu(cpus, &counts);
+    }
+    for (key, per_cpu) in take_all(&mut maps.latencies)? {
+        let buckets = into
+            .latencies
+            .entry(key)
+            .or_insert_with(|| vec![0; LATENCY_BUCKETS]);
+        for cpu in &per_cpu {
+            for (total, count) in buckets.iter_mut().zip(cpu.counts.iter()) {
+                *total += u64::from(*count);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn add_per_cpu(total: &mut Vec<u64>, per_cpu: &[u64]) {
+    if total.len() < per_cpu.len() {
+        total.resize(per_cpu.len(), 0);
+    }
+    for (sum, count) in total.iter_mut().zip(per_cpu) {
+        *sum += count;
+    }
+}
+
+/// Reads the cumulative counters.
+pub fn read_accounting(program: &CaptureProgram, events: usize) -> Result<Accounting> {
+    let sum = |map: &aya::maps::PerCpuArray<MapData, u64>, index: u32| -> Result<u64> {
+        Ok(map
+            .get(&index, 0)
+            .context("reading the capture program's counters")?
+            .iter()
+            .sum())
+    };
+    let mut accounting = Accounting {
+        samples_filtered: sum(&program.samples_filtered, 0)?,
+        ..Default::default()
+    };
+    for event in 0..events as u32 {
+        accounting
+            .samples_fired
+            .push(sum(&program.samples_fired, event)?);
+    }
+    for kind in LossKind::ALL {
+        accounting.losses[kind as usize] = sum(&program.losses, kind as u32)?;
+    }
+    Ok(accounting)
+}

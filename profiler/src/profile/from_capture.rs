@@ -1,0 +1,165 @@
+//! Assembling a [`Profile`] from a live capture: drained aggregates, the process table and the
+//! kernel's sample accounting.
+
+use std::collections::BTreeSet;
+
+use profiler_common::capture::LossKind;
+
+use super::{
+    DataLineSample, EventInfo, InstructionSample, LatencyHistogram, Losses, Profile, ProfileMeta,
+    StackSample, Stats, ThreadInfo,
+};
+use crate::{
+    capture::sideband::ProcessTable,
+    drain::{Accounting, Drained},
+    symbolize::{CodeAddress, FrameTable},
+};
+
+fn stats(s: &profiler_common::capture::SampleStats) -> Stats {
+    Stats {
+        count: s.count,
+        latency_count: s.latency_count,
+        latency_sum: s.latency_sum,
+        latency_max: s.latency_max,
+    }
+}
+
+/// Stack addresses as looked up: the leaf as sampled, callers one byte before their return
+/// address (inside the call instruction).
+fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
+    ips.iter().enumerate().map(move |(depth, ip)| CodeAddress {
+        pid,
+        address: if depth == 0 {
+            *ip
+        } else {
+            ip.saturating_sub(1)
+        },
+    })
+}
+
+pub fn assemble(
+    meta: ProfileMeta,
+    events: Vec<EventInfo>,
+    drained: &Drained,
+    processes: &ProcessTable,
+    accounting: &Accounting,
+) -> Profile {
+    let mut table = FrameTable::new(processes);
+    let mut addresses = Vec::new();
+    for stack in drained.stacks.keys() {
+        addresses.extend(lookup_addresses(0, &stack.kernel));
+        addresses.extend(lookup_addresses(stack.pid, &stack.user));
+    }
+    let code = |pid: u32, ip: u64| CodeAddress {
+        pid: if crate::symbolize::is_kernel_address(ip) {
+            0
+        } else {
+            pid
+        },
+        address: ip,
+    };
+    addresses.extend(drained.instructions.keys().map(|k| code(k.pid, k.ip)));
+    addresses.extend(drained.data_lines.keys().map(|k| code(k.pid, k.ip)));
+    addresses.extend(drained.latencies.keys().map(|k| code(k.pid, k.ip)));
+    table.resolve(addresses);
+
+    let mut stacks: Vec<StackSample> = drained
+        .stacks
+        .iter()
+        .map(|(stack, per_cpu)| StackSample {
+            pid: stack.pid,
+            tid: stack.tid,
+            event: stack.event,
+            cgroup: stack.cgroup,
+            frames: lookup_addresses(0, &stack.kernel)
+                .chain(lookup_addresses(stack.pid, &stack.user))
+                .map(|address| table.frame(address))
+                .collect(),
+            user_stack_lost: stack.user_lost,
+            kernel_stack_lost: stack.kernel_lost,
+            count: per_cpu.iter().sum(),
+            per_cpu: per_cpu.clone(),
+        })
+        .collect();
+    stacks.sort_by(|a, b| b.count.cmp(&a.count).then(a.frames.cmp(&b.frames)));
+
+    let instructions = drained
+        .instructions
+        .iter()
+        .map(|(key, s)| InstructionSample {
+            pid: key.pid,
+            event: key.event,
+            frame: table.frame(code(key.pid, key.ip)),
+            stats: stats(s),
+        })
+        .collect();
+    let data_lines = drained
+        .data_lines
+        .iter()
+        .map(|(key, (s, per_cpu))| DataLineSample {
+            pid: key.pid,
+            event: key.event,
+            line: key.line,
+            frame: table.frame(code(key.pid, key.ip)),
+            stats: stats(s),
+            per_cpu: per_cpu.clone(),
+        })
+        .collect();
+    let latency = drained
+        .latencies
+        .iter()
+        .map(|(key, buckets)| LatencyHistogram {
+            pid: key.pid,
+            event: key.event,
+            frame: table.frame(code(key.pid, key.ip)),
+            buckets: buckets
+                .iter()
+                .enumerate()
+                .filter(|(_, count)| **count > 0)
+                .map(|(bucket, count)| (bucket as u16, *count))
+                .collect(),
+        })
+        .collect();
+
+    let threads: BTreeSet<(u32, u32, u64)> = drained
+        .stacks
+        .keys()
+        .map(|s| (s.pid, s.tid, s.cgroup))
+        .collect();
+    let threads = threads
+        .into_iter()
+        .map(|(pid, tid, _)| ThreadInfo {
+            pid,
+            tid,
+            comm: processes.thread_name(pid, tid),
+            container: None,
+        })
+        .collect();
+
+    let mut losses = Losses {
+        samples_fired: accounting.samples_fired.clone(),
+        ..Losses::default()
+    };
+    for kind in LossKind::ALL {
+        losses.counters.insert(
+            kind.describe().to_string(),
+            accounting.losses[kind as usize],
+        );
+    }
+    losses.counters.insert(
+        "side-band records lost (mappings, names)".to_string(),
+        processes.lost_records,
+    );
+
+    Profile {
+        meta,
+        events,
+        threads,
+        frames: table.frames,
+        stacks,
+        instructions,
+        data_lines,
+        latency,
+        losses,
+    }
+}

@@ -1,0 +1,329 @@
+//! `profiler record`: launch or find the target, open and attach the counters, drain the maps
+//! until the target exits, the duration ends or the user interrupts, then drain everything
+//! that is left and assemble the profile.
+
+use std::{
+    io::Write,
+    os::{fd::AsRawFd, unix::process::CommandExt as _},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{anyhow, Context, Result};
+use profiler_common::capture::{
+    CaptureConfig, KernelOffsets, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID,
+    CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_USER_STACKS, MAX_EVENTS,
+};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    time::interval,
+};
+
+use crate::{
+    capture::{
+        counters::{open_sampling_counters, SamplingEvent, StackCapture, Target},
+        program::{CaptureProgram, MapSizes},
+        sideband::{ProcessTable, Sideband},
+    },
+    drain::{read_accounting, Accounting, Drained, Drainer},
+    profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
+};
+
+/// What to profile, as the user said it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// Launch this command and follow it.
+    Command(Vec<String>),
+    Processes(Vec<u32>),
+    System,
+}
+
+impl TargetSpec {
+    fn describe(&self) -> String {
+        match self {
+            TargetSpec::Command(argv) => format!("`{}`", argv.join(" ")),
+            TargetSpec::Processes(pids) => format!(
+                "process {}",
+                pids.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            TargetSpec::System => "all CPUs".to_string(),
+        }
+    }
+}
+
+pub struct RecordOptions {
+    pub events: Vec<(SamplingEvent, EventInfo)>,
+    pub target: TargetSpec,
+    pub duration: Option<Duration>,
+    pub drain_interval: Duration,
+    pub sizes: MapSizes,
+    pub stacks: StackCapture,
+    pub raw: bool,
+    /// Keep only samples in these cgroups (ids).
+    pub cgroups: Vec<u64>,
+    pub uid: Option<u32>,
+    pub offsets: Option<KernelOffsets>,
+}
+
+/// The outcome of a recording: the profile and what the command's exit said.
+pub struct Recording {
+    pub profile: Profile,
+    pub accounting: Accounting,
+    pub command_status: Option<std::process::ExitStatus>,
+    pub drain_time: Duration,
+    pub drains: u32,
+    pub program_runs: u64,
+    pub program_run_time: Duration,
+}
+
+/// A command started stopped: a shell trampoline waits on a pipe and then execs the command, so
+/// counters can be opened on its pid and enabled (enable_on_exec) exactly at that exec.
+struct StoppedCommand {
+    child: tokio::process::Child,
+    release: std::io::PipeWriter,
+}
+
+/// File descriptor the trampoline reads the go-ahead from.
+const GATE_FD: i32 = 3;
+const TRAMPOLINE: &str = "read -r _ <&3; exec 3<&-; exec \"$@\"";
+
+/// Finds a program the way exec does: a path as given, a bare name on PATH.
+fn resolve_program(program: &str) -> Option<std::path::PathBuf> {
+    if program.contains('/') {
+        return Some(program.into()).filter(|p: &std::path::PathBuf| p.is_file());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+fn spawn_stopped(argv: &[String]) -> Result<StoppedCommand> {
+    let program = argv
+        .first()
+        .ok_or_else(|| anyhow!("no command given after --"))?;
+    if resolve_program(program).is_none() {
+        return Err(anyhow!(
+            "cannot run '{program}': no such file, or not on PATH"
+        ));
+    }
+    let (gate, release) = std::io::pipe().context("creating a pipe")?;
+    let gate_fd = gate.as_raw_fd();
+    let mut command = std::process::Command::new("/bin/sh");
+    command
+        .arg("-c")
+        .arg(TRAMPOLINE)
+        .arg("profiler-launch")
+        .args(argv);
+    // SAFETY: runs in the forked child before exec and only calls dup2(2), which is
+    // async-signal-safe; the duplicate has no close-on-exec flag, so the shell inherits it.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::dup2(gate_fd, GATE_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = tokio::process::Command::from(command)
+        .spawn()
+        .context("starting /bin/sh to launch the command")?;
+    drop(gate);
+    Ok(StoppedCommand { child, release })
+}
+
+fn capture_config(options: &RecordOptions) -> CaptureConfig {
+    let mut config = CaptureConfig::EMPTY;
+    if let Some(offsets) = options.offsets {
+        config.offsets = offsets;
+    }
+    let mut flags = 0;
+    if options.stacks.user {
+        flags |= CAPTURE_USER_STACKS;
+    }
+    if options.stacks.kernel {
+        flags |= CAPTURE_KERNEL_STACKS;
+    }
+    if options.raw {
+        flags |= CAPTURE_RAW;
+    }
+    if !options.cgroups.is_empty() {
+        flags |= CAPTURE_FILTER_CGROUP;
+    }
+    if let Some(uid) = options.uid {
+        flags |= CAPTURE_FILTER_UID;
+        config.uid = uid;
+    }
+    if options.events.len() > 1 {
+        flags |= CAPTURE_EVENT_IDS;
+    }
+    config.flags = flags;
+    config
+}
+
+fn unix_ns(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Why the recording stopped.
+#[derive(Debug, PartialEq, Eq)]
+enum Stop {
+    CommandExited,
+    Duration,
+    Interrupted,
+}
+
+pub async fn record(options: RecordOptions) -> Result<Recording> {
+    if options.events.is_empty() || options.events.len() > MAX_EVENTS {
+        return Err(anyhow!("record takes 1 to {MAX_EVENTS} events"));
+    }
+    if options.events.len() > 1 && options.offsets.is_none() {
+        return Err(anyhow!(
+            "sampling several events at once needs kernel BTF (/sys/kernel/btf/vmlinux) to tell \
+             their samples apart: sample one event per run on this kernel"
+        ));
+    }
+    let config = capture_config(&options);
+    let mut program = CaptureProgram::load(&config, &options.sizes)?;
+    program.filter_cgroups(&options.cgroups)?;
+
+    let mut command = match &options.target {
+        TargetSpec::Command(argv) => Some(spawn_stopped(argv)?),
+        _ => None,
+    };
+    let target = match (&options.target, &command) {
+        (TargetSpec::Command(_), Some(stopped)) => Target::Command(
+            stopped
+                .child
+                .id()
+                .ok_or_else(|| anyhow!("the command exited before it started"))?,
+        ),
+        (TargetSpec::Processes(pids), _) => Target::Processes(pids.clone()),
+        _ => Target::System,
+    };
+
+    let mut processes = ProcessTable::default();
+    let mut sideband = Sideband::open(&target)?;
+    match &target {
+        Target::Processes(pids) => pids.iter().for_each(|pid| processes.scan_process(*pid)),
+        Target::System => processes.scan_all(),
+        Target::Command(_) => {}
+    }
+    let sampling: Vec<SamplingEvent> = options.events.iter().map(|(s, _)| s.clone()).collect();
+    let mut counters = open_sampling_counters(&sampling, &target, options.stacks)?;
+    for counter in &mut counters {
+        program.attach(&mut counter.counter)?;
+        if config.flags & CAPTURE_EVENT_IDS != 0 {
+            program.register_event(counter.counter.id(), counter.event)?;
+        }
+    }
+    let start = SystemTime::now();
+    if let Some(stopped) = &mut command {
+        // Counters with enable_on_exec start when the command execs, which this releases.
+        stopped
+            .release
+            .write_all(b"go\n")
+            .context("starting the command")?;
+    } else {
+        sideband.enable()?;
+        for counter in &mut counters {
+            counter.counter.enable()?;
+        }
+    }
+
+    let mut drained = Drained::default();
+    let mut drainer = Drainer::default();
+    let mut drain_time = Duration::ZERO;
+    let mut drains = 0u32;
+    let mut ticker = interval(options.drain_interval);
+    ticker.tick().await;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut command_status = None;
+    let stop = loop {
+        let sleep_until_deadline = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+        };
+        let command_exit = async {
+            match &mut command {
+                Some(stopped) => stopped.child.wait().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = ticker.tick() => {
+                let started = Instant::now();
+                sideband.read_into(&mut processes);
+                drainer.drain(&mut program, &mut drained)?;
+                drain_time += started.elapsed();
+                drains += 1;
+            }
+            status = command_exit => {
+                command_status = Some(status.context("waiting for the command")?);
+                break Stop::CommandExited;
+            }
+            _ = sleep_until_deadline => break Stop::Duration,
+            _ = interrupt.recv() => break Stop::Interrupted,
+            _ = terminate.recv() => break Stop::Interrupted,
+        }
+    };
+    for counter in &mut counters {
+        counter.counter.disable()?;
+    }
+    sideband.disable()?;
+    let duration = start.elapsed().unwrap_or_default();
+    let started = Instant::now();
+    sideband.read_into(&mut processes);
+    drainer.drain_all(&mut program, &mut drained)?;
+    drain_time += started.elapsed();
+    drains += 2;
+    let accounting = read_accounting(&program, options.events.len())?;
+    let (program_runs, program_run_time) = program.run_statistics()?;
+
+    if stop != Stop::CommandExited {
+        if let Some(stopped) = &mut command {
+            // The user stopped profiling: the launched command does not outlive the profiler.
+            let _ = stopped.child.start_kill();
+            command_status = stopped.child.wait().await.ok();
+        }
+    }
+
+    let meta = ProfileMeta {
+        profiler_version: env!("CARGO_PKG_VERSION").to_string(),
+        hostname: hostname(),
+        kernel_release: kernel_release(),
+        target: options.target.describe(),
+        start_unix_ns: unix_ns(start),
+        duration_ns: duration.as_nanos() as u64,
+    };
+    let events = options.events.into_iter().map(|(_, info)| info).collect();
+    let profile = assemble(meta, events, &drained, &processes, &accounting);
+    Ok(Recording {
+        profile,
+        accounting,
+        command_status,
+        drain_time,
+        drains,
+        program_runs,
+        program_run_time,
+    })
+}

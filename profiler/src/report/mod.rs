@@ -1,0 +1,3 @@
+//! Reports: what a performance engineer reads.
+
+pub mod text;

@@ -1,0 +1,220 @@
+//! Symbolization: drained addresses to functions, inlined functions, files and lines, with
+//! blazesym. User addresses are first normalized to (file, file offset) through the process
+//! table recorded while the processes lived, so processes that exited are symbolized too.
+
+mod perf_map;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+};
+
+use blazesym::symbolize::{
+    source::{Elf, Kernel, Source},
+    Input, Sym, Symbolized, Symbolizer,
+};
+
+use crate::{
+    capture::sideband::ProcessTable,
+    profile::{Frame, FrameId, InlinedFrame},
+};
+
+/// Addresses at or above this are kernel addresses on x86-64.
+pub const KERNEL_SPACE_START: u64 = 0xffff_8000_0000_0000;
+
+pub fn is_kernel_address(address: u64) -> bool {
+    address >= KERNEL_SPACE_START
+}
+
+/// An address to symbolize. Caller frames are looked up one byte before their return address,
+/// so that the line is the call's and a call at the very end of a function still names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CodeAddress {
+    pub pid: u32,
+    pub address: u64,
+}
+
+/// Resolves code addresses to interned frames.
+pub struct FrameTable<'a> {
+    processes: &'a ProcessTable,
+    pub frames: Vec<Frame>,
+    interned: HashMap<Frame, FrameId>,
+    resolved: HashMap<CodeAddress, FrameId>,
+}
+
+impl<'a> FrameTable<'a> {
+    pub fn new(processes: &'a ProcessTable) -> Self {
+        FrameTable {
+            processes,
+            frames: Vec::new(),
+            interned: HashMap::new(),
+            resolved: HashMap::new(),
+        }
+    }
+
+    fn intern(&mut self, frame: Frame) -> FrameId {
+        if let Some(id) = self.interned.get(&frame) {
+            return *id;
+        }
+        let id = self.frames.len() as FrameId;
+        self.frames.push(frame.clone());
+        self.interned.insert(frame, id);
+        id
+    }
+
+    /// The frame of an address resolved by [`FrameTable::resolve`].
+    pub fn frame(&self, address: CodeAddress) -> FrameId {
+        self.resolved[&address]
+    }
+
+    /// Symbolizes all addresses in batches: one blazesym call per ELF file and one for the
+    /// kernel.
+    pub fn resolve(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) {
+        let mut kernel = Vec::new();
+        // ELF path to open -> (file offset, address, frame template)
+        let mut by_file: BTreeMap<PathBuf, Vec<(u64, CodeAddress, Frame)>> = BTreeMap::new();
+        let mut unresolved = Vec::new();
+        for address in addresses {
+            if self.resolved.contains_key(&address) {
+                continue;
+            }
+            if is_kernel_address(address.address) {
+                kernel.push(address);
+                continue;
+            }
+            match self
+                .processes
+                .code_mapping_for(address.pid, address.address)
+            {
+                Some(mapping) if mapping.is_file() => {
+                    let offset = address.address - mapping.start + mapping.file_offset;
+                    let frame = Frame {
+                        address: address.address,
+                        module: mapping.path.clone(),
+                        module_offset: offset,
+                        build_id: mapping.build_id.as_deref().map(hex),
+                        ..Frame::default()
+                    };
+                    let path = elf_path(address.pid, &mapping.path);
+                    by_file
+                        .entry(path)
+                        .or_default()
+                        .push((offset, address, frame));
+                }
+                Some(mapping) => unresolved.push((
+                    address,
+                    Frame {
+                        address: address.address,
+                        module: mapping.path.clone(),
+                        module_offset: address.address - mapping.start,
+                        ..Frame::default()
+                    },
+                )),
+                None => unresolved.push((
+                    address,
+                    Frame {
+                        address: address.address,
+                        ..Frame::default()
+                    },
+                )),
+            }
+        }
+        let symbolizer = Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .build();
+        for (path, entries) in by_file {
+            let offsets: Vec<u64> = entries.iter().map(|(offset, _, _)| *offset).collect();
+            let source = Source::Elf(Elf::new(&path));
+            let results = symbolizer
+                .symbolize(&source, Input::FileOffset(offsets.as_slice()))
+                .unwrap_or_default();
+            for (index, (_, address, mut frame)) in entries.into_iter().enumerate() {
+                if let Some(Symbolized::Sym(sym)) = results.get(index) {
+                    fill(&mut frame, sym, address.address);
+                }
+                let id = self.intern(frame);
+                self.resolved.insert(address, id);
+            }
+        }
+        if !kernel.is_empty() {
+            let source = Source::Kernel(Kernel::default());
+            let addrs: Vec<u64> = kernel.iter().map(|a| a.address).collect();
+            let results = symbolizer
+                .symbolize(&source, Input::AbsAddr(addrs.as_slice()))
+                .unwrap_or_default();
+            for (index, address) in kernel.into_iter().enumerate() {
+                let mut frame = Frame {
+                    address: address.address,
+                    kernel: true,
+                    module: "[kernel.kallsyms]".into(),
+                    module_offset: address.address,
+                    ..Frame::default()
+                };
+                if let Some(Symbolized::Sym(sym)) = results.get(index) {
+                    fill(&mut frame, sym, address.address);
+                    if let Some(module) = &sym.module {
+                        frame.module = module.to_string_lossy().into_owned();
+                    }
+                }
+                let id = self.intern(frame);
+                self.resolved.insert(address, id);
+            }
+        }
+        let mut perf_maps = perf_map::PerfMaps::default();
+        for (address, mut frame) in unresolved {
+            if let Some((name, start)) = perf_maps.lookup(address.pid, address.address) {
+                frame.function = Some(name);
+                frame.function_address = Some(start);
+                if frame.module.is_empty() {
+                    frame.module = format!("[perf-{}.map]", address.pid);
+                }
+            }
+            let id = self.intern(frame);
+            self.resolved.insert(address, id);
+        }
+    }
+}
+
+/// Where to open a mapped file: through the process's root while it lives (containers have
+/// other mount namespaces), else the path as the host sees it.
+fn elf_path(pid: u32, path: &str) -> PathBuf {
+    let in_its_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+    if in_its_root.exists() {
+        in_its_root
+    } else {
+        Path::new(path).to_path_buf()
+    }
+}
+
+fn fill(frame: &mut Frame, sym: &Sym<'_>, address: u64) {
+    frame.function = Some(sym.name.to_string());
+    frame.function_address = Some(address - sym.offset as u64);
+    if let Some(info) = &sym.code_info {
+        frame.file = Some(code_path(info.dir.as_deref(), &info.file));
+        frame.line = info.line;
+    }
+    frame.inlined = sym
+        .inlined
+        .iter()
+        .map(|inlined| InlinedFrame {
+            function: inlined.name.to_string(),
+            file: inlined
+                .code_info
+                .as_ref()
+                .map(|info| code_path(info.dir.as_deref(), &info.file)),
+            line: inlined.code_info.as_ref().and_then(|info| info.line),
+        })
+        .collect();
+}
+
+fn code_path(dir: Option<&Path>, file: &std::ffi::OsStr) -> String {
+    match dir {
+        Some(dir) => dir.join(file).to_string_lossy().into_owned(),
+        None => file.to_string_lossy().into_owned(),
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
