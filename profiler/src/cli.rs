@@ -60,6 +60,12 @@ pub struct RecordArgs {
     /// Functions in the report.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
+    /// Hot call paths in the report.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub paths: usize,
+    /// Print the report as JSON (schema profiler.report/1).
+    #[arg(long)]
+    pub json: bool,
     /// The command to launch and profile.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

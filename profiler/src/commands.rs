@@ -16,7 +16,10 @@ use crate::{
     cli::{Command, RecordArgs},
     profile::EventInfo,
     record::{record, RecordOptions, TargetSpec},
-    report::text::{render, TextOptions},
+    report::{
+        json,
+        text::{render, TextOptions},
+    },
 };
 
 pub async fn run(command: Command) -> Result<ExitCode> {
@@ -106,13 +109,17 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
         offsets: None,
     };
     let recording = record(options).await?;
-    let report = render(
-        &recording.profile,
-        &TextOptions {
-            top: args.top,
-            ..TextOptions::default()
-        },
-    );
+    let report = if args.json {
+        json::render(&recording.profile, args.top, args.paths)?
+    } else {
+        render(
+            &recording.profile,
+            &TextOptions {
+                top: args.top,
+                paths: args.paths,
+            },
+        )
+    };
     std::io::stdout().write_all(report.as_bytes())?;
     Ok(match recording.command_status.and_then(|s| s.code()) {
         Some(code) if code != 0 => {

@@ -1,1 +1,143 @@
-fn main() {}
+//! Project tasks: `cargo xtask setup | build | run | test | bench`.
+//!
+//! Every task sets up what it needs first (idempotently, saying what it installs), so a fresh
+//! clone on a fresh machine needs nothing but these commands.
+
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building the eBPF side and running the tests need.
+    Setup,
+    /// Build the profiler (release) with its embedded eBPF program.
+    Build,
+    /// Profile the bundled demo workload and print the report.
+    Run {
+        /// Extra arguments for `profiler record` (before `--`).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Run every test: unit tests, and integration tests on the real kernel (needs root).
+    Test {
+        /// Only tests whose name contains this.
+        filter: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask/ is inside the workspace")
+        .to_path_buf()
+}
+
+/// Runs a command in the workspace, echoing it, failing on a non-zero exit.
+pub fn run_command(command: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {command:?}");
+    let status = command
+        .current_dir(workspace_root())
+        .status()
+        .with_context(|| format!("cannot start {:?}", command.get_program()))?;
+    if !status.success() {
+        bail!("{:?} failed with {status}", command.get_program());
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+fn build_release() -> Result<()> {
+    run_command(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "profiler",
+        "-p",
+        "integration-tests",
+        "--bins",
+    ]))
+}
+
+fn run(task: Task) -> Result<()> {
+    match task {
+        Task::Setup => setup::all(setup::Purpose::Test),
+        Task::Build => {
+            setup::all(setup::Purpose::Build)?;
+            build_release()
+        }
+        Task::Run { args } => {
+            setup::all(setup::Purpose::Build)?;
+            build_release()?;
+            let release = target_dir().join("release");
+            run_command(
+                Command::new(release.join("profiler"))
+                    .arg("record")
+                    .args(args)
+                    .arg("--")
+                    .arg(release.join("cpu_split")),
+            )
+        }
+        Task::Test { filter } => {
+            setup::all(setup::Purpose::Test)?;
+            if !setup::is_root() {
+                bail!(
+                    "the integration tests load BPF programs and open perf events: run as root \
+                     (sudo -E cargo xtask test)"
+                );
+            }
+            run_command(cargo().args(["fmt", "--all", "--", "--check"]))?;
+            run_command(cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))?;
+            build_release()?;
+            let mut test = cargo();
+            test.args(["test", "--workspace", "--release"])
+                .env("PROFILER_BIN", target_dir().join("release/profiler"));
+            test.arg("--");
+            if let Some(filter) = filter {
+                test.arg(filter);
+            }
+            // Kernel tests count samples: one at a time, so they do not disturb each other.
+            test.arg("--test-threads=1");
+            run_command(&mut test)
+        }
+    }
+}

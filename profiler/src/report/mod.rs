@@ -1,3 +1,4 @@
 //! Reports: what a performance engineer reads.
 
+pub mod json;
 pub mod text;

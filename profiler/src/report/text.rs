@@ -38,6 +38,16 @@ fn fit(name: &str, width: usize) -> String {
     }
 }
 
+/// Shortens a call path to `width` characters, keeping its start: the leaf.
+fn fit_path(path: &str, width: usize) -> String {
+    if path.chars().count() <= width {
+        path.to_string()
+    } else {
+        let head: String = path.chars().take(width - 1).collect();
+        format!("{head}…")
+    }
+}
+
 pub fn render(profile: &Profile, options: &TextOptions) -> String {
     let mut out = String::new();
     let meta = &profile.meta;
@@ -85,7 +95,7 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
                 "  {:>8} {:>5.1}%  {}",
                 path.samples,
                 percent(path.samples, total),
-                fit(&path.functions.join(" <- "), 80)
+                fit_path(&path.functions.join(" <- "), 84)
             );
         }
     }

@@ -1,0 +1,36 @@
+//! Touches a known set of fresh pages, each at a known cache line, so page-fault samples with
+//! data addresses can be checked exactly.
+//!
+//! Usage: page_toucher PAGES [LINE]
+//! Maps PAGES fresh anonymous pages, writes one byte at cache line LINE (0..63, default 5) of
+//! every page, and prints the mapping's start address and the line offset so a test knows which
+//! addresses the faults must report.
+
+use std::hint::black_box;
+
+const PAGE: usize = 4096;
+const LINE: usize = 64;
+
+#[inline(never)]
+fn touch_pages(region: &mut [u8], line: usize) {
+    for page in region.chunks_mut(PAGE) {
+        // volatile: every page must really be written, in order.
+        let byte = &mut page[line * LINE];
+        // SAFETY: `byte` is a valid, exclusive reference into the region.
+        unsafe { std::ptr::write_volatile(byte, 1) };
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let pages: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
+    let line: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5) % (PAGE / LINE);
+    // A fresh Vec of zeroes is mapped lazily by the allocator (mmap for large sizes), so each
+    // first write faults once.
+    let mut region = vec![0u8; pages * PAGE + PAGE];
+    let offset = region.as_ptr().align_offset(PAGE);
+    let aligned = &mut region[offset..offset + pages * PAGE];
+    println!("region {:#x} pages {pages} line {line}", aligned.as_ptr() as usize);
+    touch_pages(aligned, line);
+    black_box(&region);
+}

@@ -1,0 +1,124 @@
+//! Installing the toolchain for the eBPF side and the tools the tests compare against.
+//!
+//! On Debian (this project's machines): Debian's rustc with a prebuilt `core` for BPF, the
+//! matching LLVM, and bpf-linker built against it. With a rustup nightly that has rust-src, the
+//! usual aya setup. Anywhere else: a message naming what to install.
+
+// The same detection the profiler's build script uses; xtask only detects, build.rs builds.
+#[allow(dead_code)]
+#[path = "../../profiler/build/ebpf_toolchain.rs"]
+mod ebpf_toolchain;
+
+use std::{path::Path, process::Command};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::run_command;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Build,
+    /// Also the reference tools the tests use: perf, bpftool, objdump, Go's pprof.
+    Test,
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn have_apt() -> bool {
+    Path::new("/usr/bin/apt-get").exists()
+}
+
+fn dpkg_installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+/// Installs the Debian packages that are missing, running `apt-get update` once first.
+fn apt_install(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing Debian packages: {}. Install them as root: apt-get install {}",
+            missing.join(", "),
+            missing.join(" ")
+        );
+    }
+    eprintln!("xtask setup: installing {}", missing.join(" "));
+    run_command(Command::new("apt-get").arg("update").arg("-q"))?;
+    run_command(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// The LLVM major version of Debian's rustc (`LLVM version: 22.1.8`): bpf-linker must link the
+/// same LLVM to read its bitcode.
+fn debian_rustc_llvm_major() -> Result<u32> {
+    let output = Command::new("/usr/bin/rustc")
+        .arg("-vV")
+        .output()
+        .context("running /usr/bin/rustc -vV")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .find_map(|line| line.strip_prefix("LLVM version: "))
+        .and_then(|version| version.split('.').next()?.parse().ok())
+        .ok_or_else(|| anyhow!("cannot read the LLVM version from /usr/bin/rustc -vV"))
+}
+
+fn setup_ebpf_toolchain() -> Result<()> {
+    if ebpf_toolchain::detect().is_ok() {
+        eprintln!("xtask setup: eBPF toolchain present");
+        return Ok(());
+    }
+    let nightly = ebpf_toolchain::nightly_with_rust_src();
+    if !nightly {
+        if !have_apt() {
+            bail!(
+                "{}",
+                ebpf_toolchain::Missing {
+                    compiler: true,
+                    bpf_linker: ebpf_toolchain::find_bpf_linker().is_none(),
+                }
+            );
+        }
+        eprintln!("xtask setup: installing Debian's Rust compiler with core for BPF");
+        apt_install(&["rustc-web", "libstd-rust-web-dev-bpf"])?;
+    }
+    if ebpf_toolchain::find_bpf_linker().is_none() {
+        let mut install = Command::new("cargo");
+        install.args(["install", "--locked", "bpf-linker@0.13.0"]);
+        if !nightly {
+            let llvm = debian_rustc_llvm_major()?;
+            apt_install(&[&format!("llvm-{llvm}-dev"), "libzstd-dev", "zlib1g-dev"])?;
+            install
+                .args(["--no-default-features", "--features", &format!("llvm-{llvm}")])
+                .env("LLVM_PREFIX", format!("/usr/lib/llvm-{llvm}"));
+        }
+        eprintln!("xtask setup: building bpf-linker");
+        run_command(&mut install)?;
+    }
+    ebpf_toolchain::detect().map(drop).map_err(|missing| anyhow!("{missing}"))
+}
+
+pub fn all(purpose: Purpose) -> Result<()> {
+    setup_ebpf_toolchain()?;
+    if purpose == Purpose::Test && have_apt() {
+        apt_install(&["linux-perf", "bpftool", "binutils", "golang-go", "golang-github-google-pprof-dev"])?;
+    }
+    Ok(())
+}
