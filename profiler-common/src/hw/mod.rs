@@ -1,4 +1,4 @@
-//! Decoders for what hardware samplers attach to a sample: AMD IBS registers (`ibs`), the
+//! Decoders for what hardware samplers attach to a sample: AMD IBS registers ([`ibs`]), the
 //! kernel's memory data source ([`data_src`]) and sample weight ([`weight`]), and the fields every
 //! precise sample reduces to ([`SampleFields`]), so reports treat PEBS and IBS samples alike.
 //!
@@ -7,6 +7,7 @@
 //! functions. Bit positions follow `shared/specs/hardware-sampling.md` (LSB = 0).
 
 pub mod data_src;
+pub mod ibs;
 pub mod weight;
 
 use data_src::DataSource;
