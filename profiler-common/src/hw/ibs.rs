@@ -2,7 +2,9 @@
 //! ([`IbsFetchSample::parse`], [`IbsOpSample::parse`]), every field of the fetch and op registers,
 //! the CPU errata that make some fields unreliable ([`IbsErrata`]), and the decoded samples
 //! ([`IbsFetch`], [`IbsOp`]) with the common sample fields and the `perf_mem_data_src` the kernel
-//! derives from an op sample.
+//! derives from an op sample. The CodeXL-style derived events built on them are in [`events`].
+
+pub mod events;
 
 use crate::hw::data_src::{DataSource, Hops, LevelNum, Lock, MemLevel, MemOp, Snoop, Tlb};
 use crate::hw::{bit, field, BranchOutcome, SampleFields};
