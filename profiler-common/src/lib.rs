@@ -6,4 +6,5 @@
 #![no_std]
 
 pub mod capture;
+pub mod hw;
 pub mod latency;
