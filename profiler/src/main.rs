@@ -1,3 +1,4 @@
+mod import;
 mod profile;
 
 fn main() {}
