@@ -16,6 +16,8 @@ mod records;
 mod sample;
 
 #[cfg(test)]
+mod perf_record_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
