@@ -1,0 +1,430 @@
+//! The data section: a stream of `perf_event_header`-framed records. Finds each sample's event
+//! and hands it to [`super::sample`]; decodes mappings, thread names and lifetimes, and
+//! loss/throttle records; counts every record type it does not model.
+
+use std::collections::HashMap;
+
+use super::attr::*;
+use super::bytes::Reader;
+use super::error::PerfDataError;
+use super::sample::decode_sample;
+use super::PerfData;
+
+// Kernel record types (enum perf_event_type).
+const PERF_RECORD_MMAP: u32 = 1;
+const PERF_RECORD_LOST: u32 = 2;
+const PERF_RECORD_COMM: u32 = 3;
+const PERF_RECORD_EXIT: u32 = 4;
+const PERF_RECORD_THROTTLE: u32 = 5;
+const PERF_RECORD_UNTHROTTLE: u32 = 6;
+const PERF_RECORD_FORK: u32 = 7;
+const PERF_RECORD_SAMPLE: u32 = 9;
+const PERF_RECORD_MMAP2: u32 = 10;
+const PERF_RECORD_LOST_SAMPLES: u32 = 13;
+// Record types perf itself writes (tools/lib/perf/include/perf/event.h).
+const PERF_RECORD_AUXTRACE: u32 = 71;
+const PERF_RECORD_COMPRESSED: u32 = 81;
+const PERF_RECORD_COMPRESSED2: u32 = 83;
+
+const HEADER_LEN: usize = 8;
+
+// perf_event_header.misc bits.
+const PERF_RECORD_MISC_CPUMODE_MASK: u16 = 7;
+/// MMAP/MMAP2: a data (non-executable) mapping. COMM: the name changed because of exec.
+const PERF_RECORD_MISC_MMAP_DATA_OR_COMM_EXEC: u16 = 1 << 13;
+/// MMAP2: carries a build id instead of device and inode.
+const PERF_RECORD_MISC_MMAP_BUILD_ID: u16 = 1 << 14;
+
+/// Who was running when the record was made (perf_event_header.misc & 7).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuMode {
+    #[default]
+    Unknown,
+    Kernel,
+    User,
+    Hypervisor,
+    GuestKernel,
+    GuestUser,
+}
+
+impl CpuMode {
+    pub(super) fn from_misc(misc: u16) -> Self {
+        match misc & PERF_RECORD_MISC_CPUMODE_MASK {
+            1 => Self::Kernel,
+            2 => Self::User,
+            3 => Self::Hypervisor,
+            4 => Self::GuestKernel,
+            5 => Self::GuestUser,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// PERF_RECORD_MMAP or MMAP2: a file or anonymous region mapped into a process (or the kernel).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mmap {
+    pub pid: u32,
+    pub tid: u32,
+    pub start: u64,
+    pub len: u64,
+    /// File offset of `start`.
+    pub pgoff: u64,
+    pub filename: String,
+    pub cpumode: CpuMode,
+    /// A non-executable (data) mapping, recorded with `perf record -d`.
+    pub data: bool,
+    /// MMAP2 only.
+    pub prot: Option<u32>,
+    /// MMAP2 only.
+    pub flags: Option<u32>,
+    /// MMAP2 without a build id: the file's device and inode.
+    pub file_id: Option<FileId>,
+    /// MMAP2 with PERF_RECORD_MISC_MMAP_BUILD_ID.
+    pub build_id: Option<Vec<u8>>,
+    pub time: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileId {
+    pub maj: u32,
+    pub min: u32,
+    pub ino: u64,
+    pub ino_generation: u64,
+}
+
+/// PERF_RECORD_COMM: a thread's name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Comm {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// The name changed because the thread called exec.
+    pub exec: bool,
+    pub time: Option<u64>,
+}
+
+/// PERF_RECORD_FORK or PERF_RECORD_EXIT.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskEvent {
+    pub pid: u32,
+    pub ppid: u32,
+    pub tid: u32,
+    pub ptid: u32,
+    pub time: u64,
+}
+
+/// PERF_RECORD_THROTTLE / UNTHROTTLE: the kernel stopped or resumed sampling an event because
+/// its interrupts took too long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Throttle {
+    pub throttled: bool,
+    pub time: u64,
+    pub id: u64,
+    pub attr_index: Option<usize>,
+}
+
+/// Finds the event (attr) a record belongs to.
+struct EventLookup<'a> {
+    attrs: &'a [PerfAttr],
+    by_id: HashMap<u64, usize>,
+    /// Where samples keep their event id, when all events agree on it.
+    sample_id_offset: Option<u64>,
+    trailer: TrailerLayout,
+}
+
+enum TrailerLayout {
+    /// All events have the same `struct sample_id` layout: this event describes it.
+    Uniform(usize),
+    /// Layouts differ but all end in PERF_SAMPLE_IDENTIFIER: the last u64 names the event.
+    ByIdentifier,
+    /// Cannot be told apart: non-sample records are read without their trailer.
+    Unknown,
+}
+
+impl<'a> EventLookup<'a> {
+    fn new(attrs: &'a [PerfAttr]) -> Self {
+        let by_id = attrs
+            .iter()
+            .enumerate()
+            .flat_map(|(index, attr)| attr.ids.iter().map(move |&id| (id, index)))
+            .collect();
+        let first_offset = attrs.first().and_then(PerfAttr::sample_id_offset);
+        let sample_id_offset =
+            first_offset.filter(|_| attrs.iter().all(|a| a.sample_id_offset() == first_offset));
+        let id_bits = PERF_SAMPLE_TID
+            | PERF_SAMPLE_TIME
+            | PERF_SAMPLE_ID
+            | PERF_SAMPLE_STREAM_ID
+            | PERF_SAMPLE_CPU
+            | PERF_SAMPLE_IDENTIFIER;
+        let layout = |a: &PerfAttr| (a.sample_id_all, a.sample_type & id_bits);
+        let trailer = if attrs.iter().all(|a| layout(a) == layout(&attrs[0])) {
+            TrailerLayout::Uniform(0)
+        } else if attrs
+            .iter()
+            .all(|a| a.sample_id_all && a.samples(PERF_SAMPLE_IDENTIFIER))
+        {
+            TrailerLayout::ByIdentifier
+        } else {
+            TrailerLayout::Unknown
+        };
+        Self {
+            attrs,
+            by_id,
+            sample_id_offset,
+            trailer,
+        }
+    }
+
+    /// The event of a sample, `None` when its id matches no event.
+    fn sample_attr(&self, body: &[u8], offset: u64) -> Result<Option<usize>, PerfDataError> {
+        if self.attrs.len() == 1 {
+            return Ok(Some(0));
+        }
+        let Some(id_offset) = self.sample_id_offset else {
+            return Err(PerfDataError::Malformed {
+                what: "event list".to_string(),
+                offset,
+                problem: "several events are recorded but their samples carry no event id at a \
+                          common position (PERF_SAMPLE_IDENTIFIER or PERF_SAMPLE_ID), so samples \
+                          cannot be told apart"
+                    .to_string(),
+            });
+        };
+        let mut r = Reader::new(body, offset);
+        r.bytes(id_offset, "fields before the sample id")?;
+        let id = r.u64("sample id")?;
+        Ok(self.by_id.get(&id).copied())
+    }
+
+    /// Splits a non-sample record body into its own fields and its sample_id trailer.
+    fn split_trailer<'b>(
+        &self,
+        body: &'b [u8],
+        offset: u64,
+    ) -> Result<(&'b [u8], SampleId), PerfDataError> {
+        let attr = match self.trailer {
+            TrailerLayout::Uniform(index) => &self.attrs[index],
+            TrailerLayout::ByIdentifier => {
+                let id = body
+                    .len()
+                    .checked_sub(8)
+                    .map(|at| u64::from_le_bytes(body[at..].try_into().expect("8 bytes")));
+                match id.and_then(|id| self.by_id.get(&id)) {
+                    Some(&index) => &self.attrs[index],
+                    None => return Ok((body, SampleId::default())),
+                }
+            }
+            TrailerLayout::Unknown => return Ok((body, SampleId::default())),
+        };
+        let trailer_len = attr.sample_id_trailer_len() as usize;
+        let Some(own_len) = body.len().checked_sub(trailer_len) else {
+            return Err(PerfDataError::Truncated {
+                what: "sample_id trailer".to_string(),
+                offset,
+                needed: trailer_len as u64,
+                remaining: body.len() as u64,
+            });
+        };
+        let mut trailer = Reader::new(&body[own_len..], offset + own_len as u64);
+        Ok((&body[..own_len], attr.decode_sample_id(&mut trailer)?))
+    }
+}
+
+/// Decodes every record of the data section into `out`; `attrs` are the file's events.
+pub(super) fn decode_data_section(
+    data: &[u8],
+    base: u64,
+    attrs: &[PerfAttr],
+    out: &mut PerfData,
+) -> Result<(), PerfDataError> {
+    let events = EventLookup::new(attrs);
+    let mut pos = 0usize;
+    while pos < data.len() {
+        let offset = base + pos as u64;
+        let mut header = Reader::new(&data[pos..], offset);
+        let record_type = header.u32("record header")?;
+        let misc = header.u16("record header")?;
+        let size = header.u16("record header")? as usize;
+        let name = record_name(record_type);
+        if size < HEADER_LEN {
+            return Err(PerfDataError::Malformed {
+                what: format!("{name} record (type {record_type})"),
+                offset,
+                problem: format!("its size {size} is smaller than its own 8-byte header"),
+            });
+        }
+        let Some(record) = data.get(pos..pos + size) else {
+            return Err(PerfDataError::Truncated {
+                what: format!("{name} record (type {record_type})"),
+                offset,
+                needed: size as u64,
+                remaining: (data.len() - pos) as u64,
+            });
+        };
+        let body = &record[HEADER_LEN..];
+        let body_offset = offset + HEADER_LEN as u64;
+        let trailing_payload = decode_record(record_type, misc, body, body_offset, &events, out)
+            .map_err(|e| e.within(&format!("{name} record at 0x{offset:x}")))?;
+        pos += size;
+        // AUXTRACE records are followed by their payload, which header.size does not count.
+        pos = usize::try_from(trailing_payload)
+            .ok()
+            .and_then(|payload| pos.checked_add(payload))
+            .filter(|&end| end <= data.len())
+            .ok_or_else(|| PerfDataError::Truncated {
+                what: "PERF_RECORD_AUXTRACE payload".to_string(),
+                offset: base + pos as u64,
+                needed: trailing_payload,
+                remaining: (data.len() - pos) as u64,
+            })?;
+    }
+    Ok(())
+}
+
+/// Decodes one record body; returns the size of a payload that follows the record outside
+/// its header.size (AUXTRACE only), else 0.
+fn decode_record(
+    record_type: u32,
+    misc: u16,
+    body: &[u8],
+    offset: u64,
+    events: &EventLookup,
+    out: &mut PerfData,
+) -> Result<u64, PerfDataError> {
+    match record_type {
+        PERF_RECORD_SAMPLE => {
+            let Some(attr_index) = events.sample_attr(body, offset)? else {
+                out.samples_with_unknown_id += 1;
+                return Ok(0);
+            };
+            let mut r = Reader::new(body, offset);
+            let sample = decode_sample(&events.attrs[attr_index], attr_index, misc, &mut r)?;
+            out.samples.push(sample);
+        }
+        PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
+            let (own, id) = events.split_trailer(body, offset)?;
+            let mut r = Reader::new(own, offset);
+            out.mmaps.push(decode_mmap(
+                record_type == PERF_RECORD_MMAP2,
+                misc,
+                &mut r,
+                id,
+            )?);
+        }
+        PERF_RECORD_COMM => {
+            let (own, id) = events.split_trailer(body, offset)?;
+            let mut r = Reader::new(own, offset);
+            out.comms.push(Comm {
+                pid: r.u32("pid")?,
+                tid: r.u32("tid")?,
+                comm: r.rest_as_c_string(),
+                exec: misc & PERF_RECORD_MISC_MMAP_DATA_OR_COMM_EXEC != 0,
+                time: id.time,
+            });
+        }
+        PERF_RECORD_FORK | PERF_RECORD_EXIT => {
+            let mut r = Reader::new(body, offset);
+            let task = TaskEvent {
+                pid: r.u32("pid")?,
+                ppid: r.u32("ppid")?,
+                tid: r.u32("tid")?,
+                ptid: r.u32("ptid")?,
+                time: r.u64("time")?,
+            };
+            if record_type == PERF_RECORD_FORK {
+                out.forks.push(task);
+            } else {
+                out.exits.push(task);
+            }
+        }
+        PERF_RECORD_LOST => {
+            let mut r = Reader::new(body, offset);
+            r.u64("id")?;
+            out.lost = out.lost.saturating_add(r.u64("lost")?);
+        }
+        PERF_RECORD_LOST_SAMPLES => {
+            let mut r = Reader::new(body, offset);
+            out.lost_samples = out.lost_samples.saturating_add(r.u64("lost")?);
+        }
+        PERF_RECORD_THROTTLE | PERF_RECORD_UNTHROTTLE => {
+            let mut r = Reader::new(body, offset);
+            let time = r.u64("time")?;
+            let id = r.u64("id")?;
+            out.throttles.push(Throttle {
+                throttled: record_type == PERF_RECORD_THROTTLE,
+                time,
+                id,
+                attr_index: events.by_id.get(&id).copied(),
+            });
+        }
+        PERF_RECORD_COMPRESSED | PERF_RECORD_COMPRESSED2 => {
+            return Err(PerfDataError::Unsupported(
+                "compressed perf.data (recorded with `perf record -z`) is not supported: \
+                 record again without -z",
+            ));
+        }
+        other => {
+            *out.skipped_records.entry(other).or_default() += 1;
+            if other == PERF_RECORD_AUXTRACE {
+                return Reader::new(body, offset).u64("auxtrace size");
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn decode_mmap(
+    is_mmap2: bool,
+    misc: u16,
+    r: &mut Reader,
+    id: SampleId,
+) -> Result<Mmap, PerfDataError> {
+    let mut mmap = Mmap {
+        pid: r.u32("pid")?,
+        tid: r.u32("tid")?,
+        start: r.u64("addr")?,
+        len: r.u64("len")?,
+        pgoff: r.u64("pgoff")?,
+        cpumode: CpuMode::from_misc(misc),
+        data: misc & PERF_RECORD_MISC_MMAP_DATA_OR_COMM_EXEC != 0,
+        time: id.time,
+        ..Mmap::default()
+    };
+    if is_mmap2 {
+        if misc & PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
+            let size = r.u8("build_id_size")?;
+            r.bytes(3, "reserved")?;
+            let build_id = r.bytes(20, "build_id")?;
+            mmap.build_id = Some(build_id[..usize::from(size).min(20)].to_vec());
+        } else {
+            mmap.file_id = Some(FileId {
+                maj: r.u32("maj")?,
+                min: r.u32("min")?,
+                ino: r.u64("ino")?,
+                ino_generation: r.u64("ino_generation")?,
+            });
+        }
+        mmap.prot = Some(r.u32("prot")?);
+        mmap.flags = Some(r.u32("flags")?);
+    }
+    mmap.filename = r.rest_as_c_string();
+    Ok(mmap)
+}
+
+fn record_name(record_type: u32) -> &'static str {
+    match record_type {
+        PERF_RECORD_MMAP => "PERF_RECORD_MMAP",
+        PERF_RECORD_LOST => "PERF_RECORD_LOST",
+        PERF_RECORD_COMM => "PERF_RECORD_COMM",
+        PERF_RECORD_EXIT => "PERF_RECORD_EXIT",
+        PERF_RECORD_THROTTLE => "PERF_RECORD_THROTTLE",
+        PERF_RECORD_UNTHROTTLE => "PERF_RECORD_UNTHROTTLE",
+        PERF_RECORD_FORK => "PERF_RECORD_FORK",
+        PERF_RECORD_SAMPLE => "PERF_RECORD_SAMPLE",
+        PERF_RECORD_MMAP2 => "PERF_RECORD_MMAP2",
+        PERF_RECORD_LOST_SAMPLES => "PERF_RECORD_LOST_SAMPLES",
+        PERF_RECORD_AUXTRACE => "PERF_RECORD_AUXTRACE",
+        _ => "other",
+    }
+}
