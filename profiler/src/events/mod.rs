@@ -4,10 +4,14 @@
 //! and the data behind `profiler list`.
 
 pub mod catalog;
+pub mod list;
 pub mod pmu;
+pub mod probe;
 pub mod spec;
 
+pub use list::run_list;
 pub use pmu::PmuRegistry;
+pub use probe::{open_error, probe, Availability, OpenAs, Scope, SystemFacts};
 pub use spec::{
     override_sampling, parse_event, parse_event_list, EventAttr, EventSpec, Sampling,
     SamplingOrigin,
