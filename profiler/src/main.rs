@@ -5,6 +5,7 @@ mod capture;
 mod cli;
 mod commands;
 mod drain;
+mod events;
 mod import;
 mod profile;
 mod record;
