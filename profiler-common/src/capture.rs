@@ -260,8 +260,26 @@ mod tests {
 
     #[test]
     fn merge_adds_counts_and_keeps_max() {
-        let mut a = SampleStats { count: 2, latency_count: 1, latency_sum: 10, latency_max: 10 };
-        a.merge(&SampleStats { count: 3, latency_count: 2, latency_sum: 50, latency_max: 40 });
-        assert_eq!(a, SampleStats { count: 5, latency_count: 3, latency_sum: 60, latency_max: 40 });
+        let mut a = SampleStats {
+            count: 2,
+            latency_count: 1,
+            latency_sum: 10,
+            latency_max: 10,
+        };
+        a.merge(&SampleStats {
+            count: 3,
+            latency_count: 2,
+            latency_sum: 50,
+            latency_max: 40,
+        });
+        assert_eq!(
+            a,
+            SampleStats {
+                count: 5,
+                latency_count: 3,
+                latency_sum: 60,
+                latency_max: 40
+            }
+        );
     }
 }

@@ -8,7 +8,8 @@
 pub const SUB_BUCKET_BITS: u32 = 3;
 const SUB_BUCKETS: u64 = 1 << SUB_BUCKET_BITS;
 /// Buckets needed to cover every u32 latency.
-pub const LATENCY_BUCKETS: usize = ((32 - SUB_BUCKET_BITS) * (1 << SUB_BUCKET_BITS) + (1 << SUB_BUCKET_BITS)) as usize;
+pub const LATENCY_BUCKETS: usize =
+    ((32 - SUB_BUCKET_BITS) * (1 << SUB_BUCKET_BITS) + (1 << SUB_BUCKET_BITS)) as usize;
 
 /// Per-CPU histogram of one (event, instruction): counts per bucket.
 #[repr(C)]
@@ -19,7 +20,9 @@ pub struct LatencyBuckets {
 
 impl Default for LatencyBuckets {
     fn default() -> Self {
-        LatencyBuckets { counts: [0; LATENCY_BUCKETS] }
+        LatencyBuckets {
+            counts: [0; LATENCY_BUCKETS],
+        }
     }
 }
 
@@ -57,7 +60,11 @@ fn most_significant_bit(mut v: u64) -> u32 {
 /// Bucket of a latency; values above u32::MAX share the last bucket.
 #[inline(always)]
 pub fn bucket_index(latency: u64) -> usize {
-    let v = if latency > u32::MAX as u64 { u32::MAX as u64 } else { latency };
+    let v = if latency > u32::MAX as u64 {
+        u32::MAX as u64
+    } else {
+        latency
+    };
     if v < SUB_BUCKETS {
         return v as usize;
     }
@@ -89,7 +96,10 @@ mod tests {
         let mut expected_low = 0u64;
         for index in 0..LATENCY_BUCKETS {
             let (low, high) = bucket_range(index);
-            assert_eq!(low, expected_low, "bucket {index} starts where the previous ended");
+            assert_eq!(
+                low, expected_low,
+                "bucket {index} starts where the previous ended"
+            );
             assert!(high >= low);
             assert_eq!(bucket_index(low), index);
             assert_eq!(bucket_index(high), index);
@@ -102,7 +112,19 @@ mod tests {
 
     #[test]
     fn msb_matches_leading_zeros() {
-        for v in [1u64, 2, 3, 7, 8, 255, 256, 1 << 31, u32::MAX as u64, 1 << 40, u64::MAX] {
+        for v in [
+            1u64,
+            2,
+            3,
+            7,
+            8,
+            255,
+            256,
+            1 << 31,
+            u32::MAX as u64,
+            1 << 40,
+            u64::MAX,
+        ] {
             assert_eq!(most_significant_bit(v), 63 - v.leading_zeros());
         }
     }

@@ -1,3 +1,4 @@
+mod capture;
 mod profile;
 
 fn main() {}

@@ -92,7 +92,11 @@ impl Frame {
         match &self.function {
             Some(f) => f.clone(),
             None if self.module.is_empty() => format!("{:#x}", self.address),
-            None => format!("{}+{:#x}", module_basename(&self.module), self.module_offset),
+            None => format!(
+                "{}+{:#x}",
+                module_basename(&self.module),
+                self.module_offset
+            ),
         }
     }
 }
