@@ -114,7 +114,8 @@ pub struct MemberLocation {
 impl MemberLocation {
     /// Byte offset, when the member starts on a byte and is not a bitfield.
     pub fn byte_offset(&self) -> Option<u32> {
-        (self.bitfield_bits.is_none() && self.bit_offset % 8 == 0).then_some(self.bit_offset / 8)
+        (self.bitfield_bits.is_none() && self.bit_offset.is_multiple_of(8))
+            .then_some(self.bit_offset / 8)
     }
 }
 
@@ -305,9 +306,12 @@ impl Btf {
                 if depth >= MAX_CHAIN {
                     return None;
                 }
-                let inner = self.resolve(member_type)?;
-                if let Some(found) = self.locate_member(inner, member, bit_offset, depth + 1) {
-                    return Some(found);
+                // Anonymous non-composite members (padding bitfields) hold no names.
+                let found = self
+                    .resolve(member_type)
+                    .and_then(|inner| self.locate_member(inner, member, bit_offset, depth + 1));
+                if found.is_some() {
+                    return found;
                 }
             } else if name == member {
                 return if bitfield_bits != 0 {
@@ -631,14 +635,15 @@ mod tests {
                 ("addr", addr_t, 192),
             ],
         );
-        // Old-style bitfield (no kind_flag): an INT of 4 bits shifted by 2.
+        // Old-style bitfield (no kind_flag): an INT of 4 bits shifted by 2; then an anonymous
+        // padding bitfield, which lookups must step over.
         let nibble = b.int("unsigned int", 4, 4, 2);
         let legacy = b.composite(
             kind::STRUCT,
             "legacy",
             8,
             false,
-            &[("mode", nibble, 32), ("level", u32_t, 0)],
+            &[("mode", nibble, 32), ("", nibble, 36), ("level", u32_t, 0)],
         );
         b.add("legacy_t", kind::TYPEDEF, 0, false, legacy, &[]);
         b.build()
@@ -777,10 +782,18 @@ mod tests {
         assert_eq!(btf.member_offset("self_t", "x"), None);
     }
 
+    /// One member line of a bpftool dump.
+    struct DumpMember {
+        name: String,
+        type_id: u32,
+        bits_offset: u32,
+        bitfield_size: Option<u32>,
+    }
+
     /// Struct layouts as `bpftool btf dump format raw` prints them, by type id.
     struct BpftoolDump {
         kinds: HashMap<u32, (String, String, u32)>,
-        members: HashMap<u32, Vec<(String, u32, u32, Option<u32>)>>,
+        members: HashMap<u32, Vec<DumpMember>>,
         first_named: HashMap<String, u32>,
     }
 
@@ -814,12 +827,12 @@ mod tests {
                     }
                     dump.kinds.insert(id, (kind, name, target));
                 } else if let (Some(id), Some(member)) = (current, line.strip_prefix('\t')) {
-                    let entry = (
-                        quoted(member),
-                        field("type_id").unwrap(),
-                        field("bits_offset").unwrap(),
-                        field("bitfield_size"),
-                    );
+                    let entry = DumpMember {
+                        name: quoted(member),
+                        type_id: field("type_id").unwrap(),
+                        bits_offset: field("bits_offset").unwrap(),
+                        bitfield_size: field("bitfield_size"),
+                    };
                     dump.members.get_mut(&id).unwrap().push(entry);
                 }
             }
@@ -838,7 +851,13 @@ mod tests {
 
         /// Every member reachable from composite `id`, with bit offsets from its start.
         fn flatten(&self, id: u32, base: u32, out: &mut Vec<(String, u32, Option<u32>)>) {
-            for (name, type_id, bits, bitfield) in &self.members[&id] {
+            for DumpMember {
+                name,
+                type_id,
+                bits_offset: bits,
+                bitfield_size: bitfield,
+            } in &self.members[&id]
+            {
                 if name == "(anon)" {
                     let inner = self.resolve(*type_id);
                     if self.members.contains_key(&inner) {
@@ -910,7 +929,8 @@ mod tests {
                     }),
                     "{name}.{member}"
                 );
-                through_anonymous += usize::from(!dump.members[&id].iter().any(|m| m.0 == member));
+                through_anonymous +=
+                    usize::from(!dump.members[&id].iter().any(|m| m.name == member));
                 checked += 1;
             }
         }
