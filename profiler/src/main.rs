@@ -1,4 +1,5 @@
 mod capture;
 mod profile;
+mod scope;
 
 fn main() {}
