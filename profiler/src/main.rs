@@ -9,6 +9,7 @@ mod events;
 mod import;
 mod profile;
 mod record;
+mod scope;
 mod report;
 mod symbolize;
 
