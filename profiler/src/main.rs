@@ -1,3 +1,4 @@
+pub mod export;
 mod profile;
 
 fn main() {}
