@@ -1,4 +1,4 @@
 pub mod export;
-mod profile;
+pub mod profile;
 
 fn main() {}
