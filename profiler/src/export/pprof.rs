@@ -186,6 +186,16 @@ fn events_per_sample(event: &EventInfo) -> Option<u64> {
     }
 }
 
+/// The pprof unit of an event's estimated count: pprof scales and names time units, and would
+/// glue any other unit ("CPU-cycles") to the numbers, so those are plain counts.
+fn value_unit(event: &EventInfo) -> &'static str {
+    if event.unit == "nanoseconds" {
+        "nanoseconds"
+    } else {
+        "count"
+    }
+}
+
 /// Counts are u64, pprof values i64: saturate rather than wrap to negative.
 fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
@@ -224,8 +234,7 @@ struct Builder<'a> {
     /// (name, filename) string indexes -> function id.
     function_ids: HashMap<(i64, i64), u64>,
     frame_locations: HashMap<FrameId, u64>,
-    user_lost_location: Option<u64>,
-    kernel_lost_location: Option<u64>,
+    pseudo_locations: HashMap<&'static str, u64>,
     /// (pid, tid) -> command name.
     comms: HashMap<(u32, u32), &'a str>,
     containers: HashMap<(u32, u32), &'a str>,
@@ -241,8 +250,7 @@ impl<'a> Builder<'a> {
             mapping_ids: HashMap::new(),
             function_ids: HashMap::new(),
             frame_locations: HashMap::new(),
-            user_lost_location: None,
-            kernel_lost_location: None,
+            pseudo_locations: HashMap::new(),
             comms: profile
                 .threads
                 .iter()
@@ -295,12 +303,8 @@ impl<'a> Builder<'a> {
             self.out.sample_type.push(sample_type);
             let events_per_sample = events_per_sample(event);
             if events_per_sample.is_some() {
-                let unit = if event.unit == "nanoseconds" {
-                    "nanoseconds"
-                } else {
-                    "count"
-                };
-                let event_type = self.value_type(&format!("{}_event", event.name), unit);
+                let event_type =
+                    self.value_type(&format!("{}_event", event.name), value_unit(event));
                 self.out.sample_type.push(event_type);
             }
             self.columns.push(EventColumns {
@@ -321,12 +325,7 @@ impl<'a> Builder<'a> {
         self.out.time_nanos = to_i64(meta.start_unix_ns);
         self.out.duration_nanos = to_i64(meta.duration_ns);
         if let Some(event) = profile.events.first() {
-            let unit = if event.unit.is_empty() {
-                "count"
-            } else {
-                &event.unit
-            };
-            self.out.period_type = Some(self.value_type(&event.name, unit));
+            self.out.period_type = Some(self.value_type(&event.name, value_unit(event)));
             self.out.period = events_per_sample(event).map_or(0, to_i64);
         }
         let mut comments = vec![format!(
@@ -349,23 +348,25 @@ impl<'a> Builder<'a> {
 
     /// One mapping per module and load address among the sampled frames, the most sampled first.
     fn mappings(&mut self) {
+        #[derive(Default)]
         struct Span<'a> {
             frames: Vec<&'a Frame>,
             samples: u64,
         }
         let profile = self.profile;
-        let mut spans: BTreeMap<MappingKey<'a>, Span<'a>> = BTreeMap::new();
-        for sample in &profile.stacks {
+        let mut frame_samples: HashMap<FrameId, u64> = HashMap::new();
+        for sample in profile.stacks.iter().filter(|s| s.count > 0) {
             for &id in &sample.frames {
-                let frame = &profile.frames[id as usize];
-                if let Some(key) = MappingKey::of(frame) {
-                    let span = spans.entry(key).or_insert_with(|| Span {
-                        frames: Vec::new(),
-                        samples: 0,
-                    });
-                    span.frames.push(frame);
-                    span.samples += sample.count;
-                }
+                *frame_samples.entry(id).or_default() += sample.count;
+            }
+        }
+        let mut spans: BTreeMap<MappingKey<'a>, Span<'a>> = BTreeMap::new();
+        for (id, samples) in frame_samples {
+            let frame = &profile.frames[id as usize];
+            if let Some(key) = MappingKey::of(frame) {
+                let span = spans.entry(key).or_default();
+                span.frames.push(frame);
+                span.samples += samples;
             }
         }
         let mut spans: Vec<_> = spans.into_iter().collect();
@@ -381,6 +382,7 @@ impl<'a> Builder<'a> {
             let highest = span.frames.iter().map(|f| f.address).max().unwrap_or(0);
             let all = |has: fn(&Frame) -> bool| span.frames.iter().all(|f| has(f));
             let id = self.out.mapping.len() as u64 + 1;
+            // Every frame of a span comes from the same file, so any build ID is the file's.
             let build_id = span
                 .frames
                 .iter()
@@ -455,22 +457,8 @@ impl<'a> Builder<'a> {
     fn location(&mut self, entry: StackEntry<'a>) -> u64 {
         match entry {
             StackEntry::Frame(id, frame) => self.frame_location(id, frame),
-            StackEntry::UserStackLost => match self.user_lost_location {
-                Some(id) => id,
-                None => {
-                    let id = self.pseudo_location(StackEntry::USER_STACK_LOST);
-                    self.user_lost_location = Some(id);
-                    id
-                }
-            },
-            StackEntry::KernelStackLost => match self.kernel_lost_location {
-                Some(id) => id,
-                None => {
-                    let id = self.pseudo_location(StackEntry::KERNEL_STACK_LOST);
-                    self.kernel_lost_location = Some(id);
-                    id
-                }
-            },
+            StackEntry::UserStackLost => self.pseudo_location(StackEntry::USER_STACK_LOST),
+            StackEntry::KernelStackLost => self.pseudo_location(StackEntry::KERNEL_STACK_LOST),
         }
     }
 
@@ -491,9 +479,15 @@ impl<'a> Builder<'a> {
         id
     }
 
-    fn pseudo_location(&mut self, name: &str) -> u64 {
+    /// A location with no address or mapping, for a pseudo-function.
+    fn pseudo_location(&mut self, name: &'static str) -> u64 {
+        if let Some(&id) = self.pseudo_locations.get(name) {
+            return id;
+        }
         let line = vec![self.line(name, None, None)];
-        self.push_location(0, 0, line)
+        let id = self.push_location(0, 0, line);
+        self.pseudo_locations.insert(name, id);
+        id
     }
 
     fn push_location(&mut self, mapping_id: u64, address: u64, line: Vec<proto::Line>) -> u64 {
