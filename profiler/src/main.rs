@@ -1,21 +1,9 @@
-//! The `profiler` command: a thin front over the library modules.
-
-mod aggregate;
-mod capture;
-mod cli;
-mod commands;
-mod drain;
-mod events;
-mod import;
-mod profile;
-mod record;
-mod scope;
-mod report;
-mod symbolize;
+//! The `profiler` command: parse the arguments, run the command, print errors with their causes.
 
 use std::process::ExitCode;
 
 use clap::Parser;
+use profiler::{cli, commands};
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();

@@ -1,6 +1,7 @@
 //! The profile: what a recording produced, symbolized, independent of where it came from (a live
 //! recording, a profile file, an imported perf.data). Every report and export reads this.
 
+pub mod file;
 pub mod from_capture;
 mod model;
 

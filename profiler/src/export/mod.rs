@@ -1,0 +1,275 @@
+//! Export of a [`Profile`] to the formats other tools read: folded stacks (FlameGraph scripts,
+//! speedscope), flame graph SVG (inferno) and pprof (`go tool pprof`, Pyroscope).
+//!
+//! Every export walks call stacks the same way, root first, through [`stack_root_first`], so a
+//! stack looks the same in each format. Exports index `Profile::frames` and `Profile::events`
+//! directly: a profile built by the recorder or read by `profile::file` refers only to frames and
+//! events it holds.
+
+pub mod flamegraph;
+pub mod folded;
+pub mod pprof;
+
+use std::fmt;
+use std::io;
+
+use crate::profile::{EventIndex, EventInfo, Frame, FrameId, Profile, StackSample};
+
+#[derive(Debug)]
+pub enum ExportError {
+    /// The event index asked for is not one of the profile's events.
+    UnknownEvent {
+        event: EventIndex,
+        events: usize,
+    },
+    /// The event has no stack samples, so there is nothing to draw.
+    NoSamples {
+        event: String,
+    },
+    Io(io::Error),
+}
+
+impl fmt::Display for ExportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExportError::UnknownEvent { event, events } => write!(
+                f,
+                "event index {event} does not exist: the profile has {events} event(s), \
+                 numbered from 0"
+            ),
+            ExportError::NoSamples { event } => write!(
+                f,
+                "event {event} has no stack samples: nothing to export (was it recorded \
+                 with call stacks, and did the workload run long enough to be sampled?)"
+            ),
+            ExportError::Io(e) => write!(f, "cannot write the export: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ExportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ExportError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for ExportError {
+    fn from(e: io::Error) -> Self {
+        ExportError::Io(e)
+    }
+}
+
+/// The event at `event`, or the error that names how many events there are.
+fn event_info(profile: &Profile, event: EventIndex) -> Result<&EventInfo, ExportError> {
+    profile
+        .events
+        .get(event as usize)
+        .ok_or(ExportError::UnknownEvent {
+            event,
+            events: profile.events.len(),
+        })
+}
+
+/// One entry of a call stack as the exports show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StackEntry<'a> {
+    Frame(FrameId, &'a Frame),
+    /// The user part of the stack could not be read; counted in the profile's losses. Shown at
+    /// the root so the samples keep their weight instead of silently vanishing.
+    UserStackLost,
+    /// The kernel part of the stack could not be read; shown at the leaf.
+    KernelStackLost,
+}
+
+impl StackEntry<'_> {
+    /// Pseudo-function name of a lost part of a stack.
+    const USER_STACK_LOST: &'static str = "[user stack lost]";
+    const KERNEL_STACK_LOST: &'static str = "[kernel stack lost]";
+}
+
+/// The entries of a sample's stack, root (outermost user caller) first, leaf last.
+fn stack_root_first<'a>(
+    profile: &'a Profile,
+    sample: &'a StackSample,
+) -> impl Iterator<Item = StackEntry<'a>> + 'a {
+    let user_lost = sample.user_stack_lost.then_some(StackEntry::UserStackLost);
+    let kernel_lost = sample
+        .kernel_stack_lost
+        .then_some(StackEntry::KernelStackLost);
+    // `StackSample::frames` is leaf first.
+    let frames = sample
+        .frames
+        .iter()
+        .rev()
+        .map(|&id| StackEntry::Frame(id, &profile.frames[id as usize]));
+    user_lost.into_iter().chain(frames).chain(kernel_lost)
+}
+
+/// The stack samples of one event.
+fn samples_of(profile: &Profile, event: EventIndex) -> impl Iterator<Item = &StackSample> {
+    profile
+        .stacks
+        .iter()
+        .filter(move |s| s.event == event && s.count > 0)
+}
+
+#[cfg(test)]
+pub(crate) mod test_profile {
+    //! The hand-built profile every export test reads: two events, kernel and user frames,
+    //! inlined frames, a stripped frame, a lost user stack.
+
+    use crate::profile::*;
+
+    pub const MAIN: FrameId = 0;
+    pub const RUN: FrameId = 1;
+    /// `compute` with `vec_sum` and `add_lanes` inlined at the sampled address.
+    pub const COMPUTE_INLINED: FrameId = 2;
+    pub const STRIPPED: FrameId = 3;
+    pub const SYSCALL: FrameId = 4;
+    pub const PAGE_FAULT: FrameId = 5;
+    pub const WORKER: FrameId = 6;
+
+    pub const APP: &str = "/opt/app/bin/app";
+    pub const LIBBLOB: &str = "/usr/lib/libblob.so";
+    pub const KERNEL: &str = "[kernel.kallsyms]";
+    /// Where `app` was loaded: address - module_offset.
+    pub const APP_BASE: u64 = 0x5555_5555_4000;
+    pub const LIBBLOB_BASE: u64 = 0x7f00_0000_0000;
+
+    fn user(function: &str, module_offset: u64, line: u32) -> Frame {
+        Frame {
+            address: APP_BASE + module_offset,
+            kernel: false,
+            module: APP.into(),
+            module_offset,
+            build_id: Some("a1b2c3d4".into()),
+            function: Some(function.into()),
+            function_address: Some(APP_BASE + (module_offset & !0xff)),
+            file: Some("src/app.rs".into()),
+            line: Some(line),
+            inlined: Vec::new(),
+        }
+    }
+
+    fn kernel(function: &str, address: u64) -> Frame {
+        Frame {
+            address,
+            kernel: true,
+            module: KERNEL.into(),
+            module_offset: address - 0xffff_ffff_8100_0000,
+            build_id: None,
+            function: Some(function.into()),
+            function_address: Some(address & !0xff),
+            file: None,
+            line: None,
+            inlined: Vec::new(),
+        }
+    }
+
+    pub fn profile() -> Profile {
+        let mut compute_inlined = user("compute", 0x1290, 42);
+        compute_inlined.inlined = vec![
+            InlinedFrame {
+                function: "vec_sum".into(),
+                file: Some("src/vec.rs".into()),
+                line: Some(7),
+            },
+            InlinedFrame {
+                function: "add_lanes".into(),
+                file: Some("src/simd.rs".into()),
+                line: Some(88),
+            },
+        ];
+        let frames = vec![
+            user("main", 0x1010, 10),
+            user("run", 0x1220, 40),
+            compute_inlined,
+            Frame {
+                address: LIBBLOB_BASE + 0x4a10,
+                module: LIBBLOB.into(),
+                module_offset: 0x4a10,
+                build_id: Some("ffee0011".into()),
+                ..Frame::default()
+            },
+            kernel("do_syscall_64", 0xffff_ffff_8100_1234),
+            kernel("exc_page_fault", 0xffff_ffff_8100_5678),
+            // `[u8; 4]` carries the `;` that folded stacks use as a separator.
+            user("<[u8; 4] as app::Worker>::run", 0x1400, 77),
+        ];
+        let stack = |tid: u32, event: EventIndex, frames: Vec<FrameId>, count: u64| StackSample {
+            pid: 100,
+            tid,
+            event,
+            frames,
+            count,
+            ..StackSample::default()
+        };
+        Profile {
+            meta: ProfileMeta {
+                profiler_version: "0.1.0".into(),
+                hostname: "testhost".into(),
+                kernel_release: "6.18.0".into(),
+                target: "-- ./app".into(),
+                start_unix_ns: 1_700_000_000_000_000_000,
+                duration_ns: 2_000_000_000,
+            },
+            events: vec![
+                EventInfo {
+                    name: "cpu-clock".into(),
+                    period: None,
+                    frequency: Some(1000),
+                    unit: "nanoseconds".into(),
+                    precise: false,
+                },
+                EventInfo {
+                    name: "page-faults".into(),
+                    period: Some(10),
+                    frequency: None,
+                    unit: "events".into(),
+                    precise: false,
+                },
+            ],
+            threads: vec![
+                ThreadInfo {
+                    pid: 100,
+                    tid: 100,
+                    comm: "app".into(),
+                    container: None,
+                },
+                ThreadInfo {
+                    pid: 100,
+                    tid: 101,
+                    comm: "app worker".into(),
+                    container: Some("docker-1234".into()),
+                },
+                ThreadInfo {
+                    pid: 100,
+                    tid: 102,
+                    comm: "app".into(),
+                    container: None,
+                },
+            ],
+            frames,
+            stacks: vec![
+                // cpu-clock: 60 in the inlined loop (from two threads named `app`, which folded
+                // stacks merge), 25 in the syscall, 10 in stripped code, 5 with the user stack
+                // lost.
+                stack(100, 0, vec![COMPUTE_INLINED, RUN, MAIN], 45),
+                stack(102, 0, vec![COMPUTE_INLINED, RUN, MAIN], 15),
+                stack(100, 0, vec![SYSCALL, RUN, MAIN], 25),
+                stack(101, 0, vec![STRIPPED, WORKER], 10),
+                StackSample {
+                    user_stack_lost: true,
+                    ..stack(100, 0, vec![SYSCALL], 5)
+                },
+                // page-faults: 7 samples, in user and kernel code.
+                stack(100, 1, vec![PAGE_FAULT, COMPUTE_INLINED, RUN, MAIN], 4),
+                stack(101, 1, vec![PAGE_FAULT, WORKER], 3),
+            ],
+            ..Profile::default()
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The profiler: an eBPF sampling profiler's agent. The modules follow the data:
+//! events (what to count) -> capture (open counters, load the kernel program, side-band) ->
+//! drain (lossless map drain) -> symbolize -> profile (the model, files) -> aggregate (views)
+//! -> report / export. `import` brings perf.data files into the same model.
+
+pub mod aggregate;
+pub mod capture;
+pub mod cli;
+pub mod commands;
+pub mod drain;
+pub mod events;
+pub mod export;
+pub mod import;
+pub mod profile;
+pub mod record;
+pub mod report;
+pub mod scope;
+pub mod symbolize;

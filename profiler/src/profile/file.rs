@@ -1,0 +1,771 @@
+//! The profile file that `record -o FILE` writes and `report -i FILE` reads: one self-contained
+//! [`Profile`] (samples, stacks, symbols resolved at record time, mappings and build IDs, events,
+//! loss counters, host and kernel), readable offline on another machine.
+//!
+//! Layout, integers little-endian:
+//!
+//! | offset | size | content                                                          |
+//! |--------|------|------------------------------------------------------------------|
+//! | 0      | 8    | magic `EBPFPROF`                                                 |
+//! | 8      | 4    | format version ([`FORMAT_VERSION`])                              |
+//! | 12     | 4    | CRC-32 of everything from offset 16 to the end                   |
+//! | 16     | 8    | payload length: bytes after the header                           |
+//! | 24     | 8    | decoded length: bytes of the serialized profile                  |
+//! | 32     |      | payload: the profile serialized with postcard, compressed with zstd |
+//!
+//! Why these encodings: postcard's wire format is specified and stable across its 1.x releases,
+//! compact (varints, no field names) and among the fastest serde formats to decode, which is what
+//! reading a million-sample profile needs; zstd decompresses several times faster than deflate at
+//! a better ratio. postcard is not self-describing, so the serialized shape of the model is fixed
+//! per format version: a change to the model that changes its serde shape must raise
+//! [`FORMAT_VERSION`], and keep reading older formats through a frozen copy of their model
+//! (the `format_1_file_still_reads` test fails when the shape changes).
+//!
+//! Writing goes to a temporary file in the target's directory, synced, then renamed over the
+//! target, so a crash leaves either the old file or the new one, never half a file.
+
+use std::fmt;
+use std::fs::{self, File, Permissions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use super::{EventIndex, FrameId, Profile};
+
+pub const MAGIC: [u8; 8] = *b"EBPFPROF";
+/// The format this profiler writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// perf.data files start with this.
+const PERF_DATA_MAGIC: [u8; 8] = *b"PERFILE2";
+const HEADER_LEN: usize = 32;
+/// Start of the bytes the checksum covers.
+const CHECKED_FROM: usize = 16;
+/// zstd's default level: fast enough for large profiles at record time.
+const ZSTD_LEVEL: i32 = 3;
+
+/// An error reading or writing a profile file, naming the file when there is one.
+#[derive(Debug)]
+pub struct ProfileFileError {
+    path: Option<PathBuf>,
+    kind: ProfileFileErrorKind,
+}
+
+#[derive(Debug)]
+pub enum ProfileFileErrorKind {
+    Io {
+        action: &'static str,
+        source: io::Error,
+    },
+    /// A perf.data file was given where a profile file was expected.
+    PerfData,
+    /// The file does not start with [`MAGIC`].
+    NotAProfile {
+        start: Vec<u8>,
+    },
+    UnsupportedVersion {
+        found: u32,
+    },
+    /// Shorter than the header the format needs.
+    TruncatedHeader {
+        actual: usize,
+    },
+    /// Shorter than the payload its header announces.
+    Truncated {
+        expected: u64,
+        actual: u64,
+    },
+    TrailingBytes {
+        extra: u64,
+    },
+    ChecksumMismatch {
+        stored: u32,
+        computed: u32,
+    },
+    Decompress(io::Error),
+    DecodedLength {
+        expected: u64,
+        actual: u64,
+    },
+    Decode(postcard::Error),
+    /// The profile decoded but refers to frames or events it does not hold.
+    Inconsistent(String),
+    Encode(postcard::Error),
+    Compress(io::Error),
+}
+
+impl ProfileFileError {
+    fn new(kind: ProfileFileErrorKind) -> Self {
+        ProfileFileError { path: None, kind }
+    }
+
+    fn io(path: &Path, action: &'static str, source: io::Error) -> Self {
+        ProfileFileError::new(ProfileFileErrorKind::Io { action, source }).in_file(path)
+    }
+
+    fn in_file(mut self, path: &Path) -> Self {
+        self.path = Some(path.to_owned());
+        self
+    }
+
+    pub fn kind(&self) -> &ProfileFileErrorKind {
+        &self.kind
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+}
+
+impl fmt::Display for ProfileFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(path) = &self.path {
+            write!(f, "{}: ", path.display())?;
+        }
+        fmt::Display::fmt(&self.kind, f)
+    }
+}
+
+impl fmt::Display for ProfileFileErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use ProfileFileErrorKind::*;
+        match self {
+            Io { action, source } => write!(f, "{action}: {source}"),
+            PerfData => write!(
+                f,
+                "looks like a perf.data file, not a profiler profile: \
+                 use `profiler report -i perf.data`"
+            ),
+            NotAProfile { start } => write!(
+                f,
+                "not a profiler profile: it starts with \"{}\", profile files start with \"{}\"",
+                start.escape_ascii(),
+                MAGIC.escape_ascii()
+            ),
+            UnsupportedVersion { found } if *found > FORMAT_VERSION => write!(
+                f,
+                "written by a newer profiler (format {found}); this one reads format \
+                 {FORMAT_VERSION}: read it with a newer profiler"
+            ),
+            UnsupportedVersion { found } => write!(
+                f,
+                "corrupt: format {found} is not one any profiler wrote \
+                 (this one reads format {FORMAT_VERSION})"
+            ),
+            TruncatedHeader { actual } => write!(
+                f,
+                "truncated: a profile file starts with a {HEADER_LEN}-byte header, \
+                 this one has {actual} bytes in all (incomplete copy?)"
+            ),
+            Truncated { expected, actual } => write!(
+                f,
+                "truncated: header says {expected} bytes of payload, file has {actual} \
+                 (incomplete copy?)"
+            ),
+            TrailingBytes { extra } => write!(
+                f,
+                "corrupt: {extra} bytes follow the payload its header announces"
+            ),
+            ChecksumMismatch { stored, computed } => write!(
+                f,
+                "corrupt: checksum mismatch (stored {stored:08x}, computed {computed:08x}): \
+                 the file was damaged after it was written"
+            ),
+            Decompress(e) => write!(f, "corrupt: the payload does not decompress: {e}"),
+            DecodedLength { expected, actual } => write!(
+                f,
+                "corrupt: the payload decompresses to {actual} bytes, its header says {expected}"
+            ),
+            Decode(e) => write!(
+                f,
+                "corrupt: the payload is not a format {FORMAT_VERSION} profile: {e}"
+            ),
+            Inconsistent(what) => write!(f, "corrupt: {what}"),
+            Encode(e) => write!(f, "cannot serialize the profile: {e}"),
+            Compress(e) => write!(f, "cannot compress the profile: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ProfileFileError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        use ProfileFileErrorKind::*;
+        match &self.kind {
+            Io { source, .. } | Decompress(source) | Compress(source) => Some(source),
+            Decode(e) | Encode(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Writes `profile` to `path` through a temporary file and a rename: the file at `path` is
+/// always either what was there before or the complete new profile.
+pub fn write_profile(path: impl AsRef<Path>, profile: &Profile) -> Result<(), ProfileFileError> {
+    let path = path.as_ref();
+    let bytes = encode_profile(profile).map_err(|e| e.in_file(path))?;
+    let Some(name) = path.file_name() else {
+        let not_a_file = io::Error::new(io::ErrorKind::InvalidInput, "not a file name");
+        return Err(ProfileFileError::io(
+            path,
+            "cannot write a profile",
+            not_a_file,
+        ));
+    };
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".");
+    // Dropping `temp` on any error below removes the temporary file.
+    let mut temp = tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".tmp")
+        // As for any file the user creates (the umask applies), not tempfile's private 0600.
+        .permissions(Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| {
+            ProfileFileError::io(path, "cannot create a temporary file in its directory", e)
+        })?;
+    temp.write_all(&bytes)
+        .map_err(|e| ProfileFileError::io(path, "cannot write", e))?;
+    temp.as_file()
+        .sync_all()
+        .map_err(|e| ProfileFileError::io(path, "cannot flush to disk", e))?;
+    temp.persist(path).map_err(|e| {
+        ProfileFileError::io(path, "cannot rename the temporary file over it", e.error)
+    })?;
+    // The rename is durable only once the directory is.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ProfileFileError::io(path, "cannot flush its directory to disk", e))
+}
+
+/// Reads the profile file at `path`.
+pub fn read_profile(path: impl AsRef<Path>) -> Result<Profile, ProfileFileError> {
+    let path = path.as_ref();
+    let bytes = fs::read(path).map_err(|e| ProfileFileError::io(path, "cannot read", e))?;
+    decode_profile(&bytes).map_err(|e| e.in_file(path))
+}
+
+/// The bytes of a profile file holding `profile`.
+pub fn encode_profile(profile: &Profile) -> Result<Vec<u8>, ProfileFileError> {
+    let serialized = postcard::to_allocvec(profile)
+        .map_err(|e| ProfileFileError::new(ProfileFileErrorKind::Encode(e)))?;
+    frame_payload(&serialized)
+}
+
+/// Compresses a serialized profile and puts the header in front.
+fn frame_payload(serialized: &[u8]) -> Result<Vec<u8>, ProfileFileError> {
+    let payload = zstd::bulk::compress(serialized, ZSTD_LEVEL)
+        .map_err(|e| ProfileFileError::new(ProfileFileErrorKind::Compress(e)))?;
+    let mut file = Vec::with_capacity(HEADER_LEN + payload.len());
+    file.extend_from_slice(&MAGIC);
+    file.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    file.extend_from_slice(&[0; 4]);
+    file.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    file.extend_from_slice(&(serialized.len() as u64).to_le_bytes());
+    file.extend_from_slice(&payload);
+    let crc = crc32fast::hash(&file[CHECKED_FROM..]);
+    file[12..16].copy_from_slice(&crc.to_le_bytes());
+    Ok(file)
+}
+
+/// Decodes the bytes of a profile file. Never panics, whatever the bytes.
+pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
+    use ProfileFileErrorKind::*;
+    let fail = |kind| Err(ProfileFileError::new(kind));
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+
+    let start = &bytes[..bytes.len().min(MAGIC.len())];
+    if start == PERF_DATA_MAGIC {
+        return fail(PerfData);
+    }
+    if !MAGIC.starts_with(start) {
+        return fail(NotAProfile {
+            start: start.to_vec(),
+        });
+    }
+    // The version comes first: a newer format may have another header.
+    if bytes.len() < 12 {
+        return fail(TruncatedHeader {
+            actual: bytes.len(),
+        });
+    }
+    let version = u32_at(8);
+    if version != FORMAT_VERSION {
+        return fail(UnsupportedVersion { found: version });
+    }
+    if bytes.len() < HEADER_LEN {
+        return fail(TruncatedHeader {
+            actual: bytes.len(),
+        });
+    }
+    let stored_crc = u32_at(12);
+    let payload_len = u64_at(16);
+    let decoded_len = u64_at(24);
+    let payload = &bytes[HEADER_LEN..];
+    let actual = payload.len() as u64;
+    if actual < payload_len {
+        return fail(Truncated {
+            expected: payload_len,
+            actual,
+        });
+    }
+    if actual > payload_len {
+        return fail(TrailingBytes {
+            extra: actual - payload_len,
+        });
+    }
+    let computed_crc = crc32fast::hash(&bytes[CHECKED_FROM..]);
+    if computed_crc != stored_crc {
+        return fail(ChecksumMismatch {
+            stored: stored_crc,
+            computed: computed_crc,
+        });
+    }
+
+    // Read at most one byte more than announced, so a lying header cannot make us inflate
+    // without bound, and reserve no more than the payload could plausibly need up front.
+    let mut decoded = Vec::with_capacity(decoded_len.min(actual.saturating_mul(32)) as usize);
+    zstd::stream::read::Decoder::with_buffer(payload)
+        .and_then(|decoder| {
+            decoder
+                .take(decoded_len.saturating_add(1))
+                .read_to_end(&mut decoded)
+        })
+        .map_err(|e| ProfileFileError::new(Decompress(e)))?;
+    if decoded.len() as u64 != decoded_len {
+        return fail(DecodedLength {
+            expected: decoded_len,
+            actual: decoded.len() as u64,
+        });
+    }
+    let profile: Profile = match postcard::take_from_bytes(&decoded) {
+        Ok((profile, [])) => profile,
+        Ok((_, rest)) => {
+            return fail(Inconsistent(format!(
+                "{} bytes follow the serialized profile",
+                rest.len()
+            )))
+        }
+        Err(e) => return fail(Decode(e)),
+    };
+    check_references(&profile).map_err(|what| ProfileFileError::new(Inconsistent(what)))?;
+    Ok(profile)
+}
+
+/// Every frame and event a profile refers to must be in it: reports index them directly.
+fn check_references(profile: &Profile) -> Result<(), String> {
+    let frames = profile.frames.len();
+    let events = profile.events.len();
+    let check = |what: &str, index: usize, event: EventIndex, frame_ids: &[FrameId]| {
+        if event as usize >= events {
+            return Err(format!(
+                "{what} {index} is for event {event}, but the profile has {events} event(s)"
+            ));
+        }
+        match frame_ids.iter().find(|&&id| id as usize >= frames) {
+            Some(id) => Err(format!(
+                "{what} {index} refers to frame {id}, but the profile has {frames} frame(s)"
+            )),
+            None => Ok(()),
+        }
+    };
+    for (i, s) in profile.stacks.iter().enumerate() {
+        check("stack sample", i, s.event, &s.frames)?;
+    }
+    for (i, s) in profile.instructions.iter().enumerate() {
+        check("instruction sample", i, s.event, &[s.frame])?;
+    }
+    for (i, s) in profile.data_lines.iter().enumerate() {
+        check("data cache-line sample", i, s.event, &[s.frame])?;
+    }
+    for (i, h) in profile.latency.iter().enumerate() {
+        check("latency histogram", i, h.event, &[h.frame])?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::export::test_profile;
+    use crate::profile::*;
+
+    /// The export tests' profile plus every other part a profile carries.
+    fn full_profile() -> Profile {
+        let mut profile = test_profile::profile();
+        let frame = test_profile::COMPUTE_INLINED;
+        let stats = Stats {
+            count: 60,
+            latency_count: 3,
+            latency_sum: 900,
+            latency_max: 500,
+        };
+        profile.instructions = vec![InstructionSample {
+            pid: 100,
+            event: 0,
+            frame,
+            stats,
+        }];
+        profile.data_lines = vec![DataLineSample {
+            pid: 100,
+            event: 1,
+            line: 0x7fff_0000_1040,
+            frame,
+            stats,
+            per_cpu: vec![3, 1],
+        }];
+        profile.latency = vec![LatencyHistogram {
+            event: 1,
+            frame,
+            buckets: vec![(3, 2), (17, 2)],
+        }];
+        profile.losses = Losses {
+            samples_fired: vec![102, 7],
+            counters: BTreeMap::from([("user stacks lost: stack-map hash collision".into(), 2)]),
+        };
+        profile.stacks[0].per_cpu = vec![40, 5];
+        profile.stacks[0].cgroup = 1234;
+        profile
+    }
+
+    fn error(bytes: &[u8]) -> ProfileFileError {
+        decode_profile(bytes).expect_err("the bytes are not a valid profile file")
+    }
+
+    fn file_names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn profile_round_trips_through_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.prof");
+        let profile = full_profile();
+        write_profile(&path, &profile).unwrap();
+        assert_eq!(read_profile(&path).unwrap(), profile);
+        assert_eq!(file_names(dir.path()), ["run.prof"]);
+    }
+
+    #[test]
+    fn rewriting_replaces_the_file_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.prof");
+        write_profile(&path, &full_profile()).unwrap();
+        let smaller = test_profile::profile();
+        write_profile(&path, &smaller).unwrap();
+        assert_eq!(read_profile(&path).unwrap(), smaller);
+        assert_eq!(file_names(dir.path()), ["run.prof"]);
+    }
+
+    #[test]
+    fn failed_write_leaves_no_file_and_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+
+        let missing_dir = dir.path().join("no-such-dir").join("run.prof");
+        let err = write_profile(&missing_dir, &full_profile()).unwrap_err();
+        assert!(
+            err.to_string().starts_with(&format!(
+                "{}: cannot create a temporary file in its directory: ",
+                missing_dir.display()
+            )),
+            "{err}"
+        );
+        assert!(!missing_dir.exists());
+
+        // A directory in the way makes the final rename fail after the data was written.
+        let occupied = dir.path().join("run.prof");
+        fs::create_dir(&occupied).unwrap();
+        fs::write(occupied.join("keep"), b"x").unwrap();
+        let err = write_profile(&occupied, &full_profile()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("cannot rename the temporary file over it"),
+            "{err}"
+        );
+        assert!(occupied.join("keep").exists());
+        assert_eq!(file_names(dir.path()), ["run.prof"]);
+    }
+
+    #[test]
+    fn truncation_at_every_length_is_an_error() {
+        let bytes = encode_profile(&test_profile::profile()).unwrap();
+        let payload = bytes.len() - HEADER_LEN;
+        for len in 0..bytes.len() {
+            let message = error(&bytes[..len]).to_string();
+            if len < HEADER_LEN {
+                assert_eq!(
+                    message,
+                    format!(
+                        "truncated: a profile file starts with a 32-byte header, this one has \
+                         {len} bytes in all (incomplete copy?)"
+                    )
+                );
+            } else {
+                assert_eq!(
+                    message,
+                    format!(
+                        "truncated: header says {payload} bytes of payload, file has {} \
+                         (incomplete copy?)",
+                        len - HEADER_LEN
+                    )
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn any_flipped_byte_after_the_version_is_detected() {
+        let bytes = encode_profile(&test_profile::profile()).unwrap();
+        for at in 12..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0x40;
+            let err = error(&damaged);
+            match err.kind() {
+                ProfileFileErrorKind::ChecksumMismatch { .. } => {
+                    assert!(err.to_string().starts_with("corrupt: checksum mismatch"))
+                }
+                // The payload length itself was hit.
+                ProfileFileErrorKind::Truncated { .. }
+                | ProfileFileErrorKind::TrailingBytes { .. } => assert!((16..24).contains(&at)),
+                other => panic!("byte {at} flipped gave {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn other_files_are_named_for_what_they_are() {
+        assert_eq!(
+            error(b"PERFILE2\x68\x00\x00\x00\x00\x00\x00\x00").to_string(),
+            "looks like a perf.data file, not a profiler profile: \
+             use `profiler report -i perf.data`"
+        );
+        assert_eq!(
+            error(b"#!/bin/sh\necho").to_string(),
+            r##"not a profiler profile: it starts with "#!/bin/s", profile files start with "EBPFPROF""##
+        );
+        assert_eq!(
+            error(b"EBPFPRO!").to_string(),
+            r#"not a profiler profile: it starts with "EBPFPRO!", profile files start with "EBPFPROF""#
+        );
+
+        let mut newer = encode_profile(&test_profile::profile()).unwrap();
+        newer[8..12].copy_from_slice(&7u32.to_le_bytes());
+        assert_eq!(
+            error(&newer).to_string(),
+            "written by a newer profiler (format 7); this one reads format 1: \
+             read it with a newer profiler"
+        );
+        newer[8..12].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(
+            error(&newer).to_string(),
+            "corrupt: format 0 is not one any profiler wrote (this one reads format 1)"
+        );
+    }
+
+    #[test]
+    fn read_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("perf.data");
+        let err = read_profile(&path).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&format!("{}: cannot read: ", path.display())),
+            "{err}"
+        );
+        fs::write(&path, b"PERFILE2 and the rest").unwrap();
+        let err = read_profile(&path).unwrap_err();
+        assert_eq!(err.path(), Some(path.as_path()));
+        assert!(matches!(err.kind(), ProfileFileErrorKind::PerfData));
+    }
+
+    #[test]
+    fn dangling_frame_reference_is_corrupt_not_a_later_panic() {
+        let mut profile = test_profile::profile();
+        profile.stacks[2].frames.push(99);
+        let bytes = encode_profile(&profile).unwrap();
+        assert_eq!(
+            error(&bytes).to_string(),
+            "corrupt: stack sample 2 refers to frame 99, but the profile has 7 frame(s)"
+        );
+        profile = test_profile::profile();
+        profile.stacks[0].event = 2;
+        let bytes = encode_profile(&profile).unwrap();
+        assert_eq!(
+            error(&bytes).to_string(),
+            "corrupt: stack sample 0 is for event 2, but the profile has 2 event(s)"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = decode_profile(&bytes);
+        }
+
+        #[test]
+        fn mutated_files_never_panic(
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            keep in any::<prop::sample::Index>(),
+        ) {
+            let mut bytes = encode_profile(&full_profile()).unwrap();
+            for (at, byte) in edits {
+                let at = at.index(bytes.len());
+                bytes[at] = byte;
+            }
+            bytes.truncate(keep.index(bytes.len() + 1));
+            let _ = decode_profile(&bytes);
+        }
+
+        /// Edits inside the serialized profile, framed with a valid checksum, reach the
+        /// deserializer and the reference checks: whatever decodes must be safe to index.
+        #[test]
+        fn mutated_payloads_decode_to_consistent_profiles_or_errors(
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        ) {
+            let mut serialized = postcard::to_allocvec(&full_profile()).unwrap();
+            for (at, byte) in edits {
+                let at = at.index(serialized.len());
+                serialized[at] = byte;
+            }
+            if let Ok(profile) = decode_profile(&frame_payload(&serialized).unwrap()) {
+                prop_assert!(check_references(&profile).is_ok());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod format_1 {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::profile::*;
+
+    /// A small profile with every type of the model and every optional field set, so any change
+    /// to the serialized shape shows.
+    pub(super) fn profile() -> Profile {
+        let frame = Frame {
+            address: 0x401136,
+            kernel: false,
+            module: "/usr/bin/demo".into(),
+            module_offset: 0x1136,
+            build_id: Some("0badc0de".into()),
+            function: Some("spin".into()),
+            function_address: Some(0x401120),
+            file: Some("demo.c".into()),
+            line: Some(12),
+            inlined: vec![InlinedFrame {
+                function: "step".into(),
+                file: Some("demo.h".into()),
+                line: Some(3),
+            }],
+        };
+        let stats = Stats {
+            count: 9,
+            latency_count: 2,
+            latency_sum: 300,
+            latency_max: 200,
+        };
+        Profile {
+            meta: ProfileMeta {
+                profiler_version: "0.1.0".into(),
+                hostname: "h".into(),
+                kernel_release: "6.18.0".into(),
+                target: "-p 42".into(),
+                start_unix_ns: 1_700_000_000_000_000_000,
+                duration_ns: 1_000_000_000,
+            },
+            events: vec![EventInfo {
+                name: "cycles".into(),
+                period: Some(9_999_991),
+                frequency: Some(4000),
+                unit: "CPU-cycles".into(),
+                precise: true,
+            }],
+            threads: vec![ThreadInfo {
+                pid: 42,
+                tid: 43,
+                comm: "demo".into(),
+                container: Some("web.service".into()),
+            }],
+            frames: vec![frame],
+            stacks: vec![StackSample {
+                pid: 42,
+                tid: 43,
+                event: 0,
+                cgroup: 7,
+                frames: vec![0],
+                user_stack_lost: false,
+                kernel_stack_lost: true,
+                count: 9,
+                per_cpu: vec![4, 5],
+            }],
+            instructions: vec![InstructionSample {
+                pid: 42,
+                event: 0,
+                frame: 0,
+                stats,
+            }],
+            data_lines: vec![DataLineSample {
+                pid: 42,
+                event: 0,
+                line: 0x7ffd_0000_0040,
+                frame: 0,
+                stats,
+                per_cpu: vec![9],
+            }],
+            latency: vec![LatencyHistogram {
+                event: 0,
+                frame: 0,
+                buckets: vec![(5, 1), (9, 1)],
+            }],
+            losses: Losses {
+                samples_fired: vec![10],
+                counters: BTreeMap::from([("samples lost: stack-count map full".into(), 1)]),
+            },
+        }
+    }
+
+    /// A file this profiler wrote in format 1, from [`profile`].
+    const FILE: [&str; 6] = [
+        "4542504650524f4601000000bfde6ebde900000000000000f20000000000000028b52ffd20f205070082cd3335704bd3",
+        "01e462ae0f8442096b305fec616f2d00ebe1f8d65a5d6a8cca54776f9e2b5c0e919f6fbb13656d4d9bfc88e16ab4de64",
+        "2719b7b67388b7ca22a7751b9d1e68c5e1a8c0e1cd465cedcd2a3c79e48ffebcee4792108d9cf3454b3fc6d3bca85bfa",
+        "035ff4ee033445ba73cbad1c861f3895d05fce60ae6117c3d76bd2abb266c0279b2dab17a5611675c11d45d02f6736af",
+        "1483b8542cad1a21f02dab17a4489f1a18162212cc218706e4b85a2a41a13b1b1f13b920c383a2c3a22267838378a767",
+        "ca848a44802c9fb222e7130400a449decc4401286bd0b2b907",
+    ];
+
+    #[test]
+    fn format_1_file_still_reads() {
+        let hex = FILE.concat();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let decoded = decode_profile(&bytes).unwrap_or_else(|e| {
+            panic!(
+                "{e}\nThe serialized shape of the profile model changed: raise FORMAT_VERSION \
+                 and keep reading format 1 through a frozen copy of its model."
+            )
+        });
+        assert_eq!(
+            decoded,
+            profile(),
+            "format 1 decodes to another profile: the serialized shape of the model changed"
+        );
+    }
+}
