@@ -78,15 +78,10 @@ const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
 /// program run takes microseconds, so this only trips when something is badly wrong.
 const QUIESCENCE_TIMEOUT: Duration = Duration::from_secs(1);
 
+#[derive(Default)]
 pub struct Drainer {
     /// The generation the program writes to now.
     active: u32,
-}
-
-impl Default for Drainer {
-    fn default() -> Self {
-        Drainer { active: 0 }
-    }
 }
 
 impl Drainer {

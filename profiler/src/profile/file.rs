@@ -423,6 +423,7 @@ mod tests {
             per_cpu: vec![3, 1],
         }];
         profile.latency = vec![LatencyHistogram {
+            pid: 100,
             event: 1,
             frame,
             buckets: vec![(3, 2), (17, 2)],
@@ -728,6 +729,7 @@ mod format_1 {
                 per_cpu: vec![9],
             }],
             latency: vec![LatencyHistogram {
+                pid: 42,
                 event: 0,
                 frame: 0,
                 buckets: vec![(5, 1), (9, 1)],
@@ -741,12 +743,12 @@ mod format_1 {
 
     /// A file this profiler wrote in format 1, from [`profile`].
     const FILE: [&str; 6] = [
-        "4542504650524f4601000000bfde6ebde900000000000000f20000000000000028b52ffd20f205070082cd3335704bd3",
-        "01e462ae0f8442096b305fec616f2d00ebe1f8d65a5d6a8cca54776f9e2b5c0e919f6fbb13656d4d9bfc88e16ab4de64",
-        "2719b7b67388b7ca22a7751b9d1e68c5e1a8c0e1cd465cedcd2a3c79e48ffebcee4792108d9cf3454b3fc6d3bca85bfa",
-        "035ff4ee033445ba73cbad1c861f3895d05fce60ae6117c3d76bd2abb266c0279b2dab17a5611675c11d45d02f6736af",
-        "1483b8542cad1a21f02dab17a4489f1a18162212cc218706e4b85a2a41a13b1b1f13b920c383a2c3a22267838378a767",
-        "ca848a44802c9fb222e7130400a449decc4401286bd0b2b907",
+        "4542504650524f460100000047a6c061e900000000000000f30000000000000028b52ffd20f3050700524d3335704bd3",
+        "01e462ae0f8442096b305fec616f2d00ebe1f8d65a5d6a8cca54656f9e2b5c0e919f6fbb13656d4d9bfc88e16ab4de64",
+        "a71db7b67390b7ca24a7755b9d1e6ac561a9c0e1cd4adcf666159e3cf2477f602409d1c8395f3ce9c7801a18bd27fd89",
+        "30fa7b077814e9ce2db7391c3ff03aa1c39cc15cc32e8eef8bd6abb268c0279b2deb8bd2308bbae08e2278306736ef8a",
+        "415c1a4fab2304be657d458af4a981612122c13c7268408edb56890addd9f898c805191e141d1615391b1cc83b3d7426",
+        "54260264399d95499f05004005419ae4cd4c1480b2062d9b7b",
     ];
 
     #[test]

@@ -70,8 +70,8 @@ pub fn render(profile: &Profile, options: &TextOptions) -> String {
         let _ = writeln!(out, "\nEvent {} ({rate}): {total} samples", event.name);
         let _ = writeln!(
             out,
-            "\n  {:>8} {:>6} {:>8} {:>6}  {:<48} {}",
-            "self", "self%", "total", "total%", "function", "module"
+            "\n  {:>8} {:>6} {:>8} {:>6}  {:<48} module",
+            "self", "self%", "total", "total%", "function"
         );
         for row in function_rows(profile, index).iter().take(options.top) {
             let _ = writeln!(
