@@ -1,5 +1,6 @@
-//! Command-line arguments as the user writes them (clap). Resolving them into options is done by
-//! the commands.
+//! Command-line arguments as the user writes them (clap). The commands resolve them into options.
+
+use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -16,13 +17,26 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Sample a command, processes or the whole system and print a report.
+    /// Sample a command, processes, cgroups or the whole system and print a report.
     Record(RecordArgs),
+    /// Report on a profile file (`record -o`).
+    Report(ReportArgs),
+    /// The events this machine can sample or count, with default overflow values.
+    List {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Samples per second per CPU (the kernel adjusts the overflow period).
+    /// Events to sample: names, aliases, `pmu/terms/`, `rNNNN`, with `:ukpp` modifiers and
+    /// `/period=N/`, `/freq=HZ/` or `name,N` overflow values (repeat or comma-separate).
+    /// Default: cycles, or cpu-clock where there is no hardware PMU.
+    #[arg(short = 'e', long = "event", value_name = "EVENTS")]
+    pub events: Vec<String>,
+    /// Samples per second per CPU for every event (the kernel adjusts the overflow period).
     #[arg(
         short = 'F',
         long = "freq",
@@ -30,8 +44,8 @@ pub struct RecordArgs {
         conflicts_with = "period"
     )]
     pub frequency: Option<u64>,
-    /// Sample every N events (the overflow value).
-    #[arg(short = 'c', long, value_name = "N")]
+    /// Sample every N events, for every event (the overflow value; Caliper's -s).
+    #[arg(short = 'c', short_alias = 's', long, value_name = "N")]
     pub period: Option<u64>,
     /// Profile every CPU (all processes).
     #[arg(short = 'a', long = "all-cpus", conflicts_with_all = ["pids", "command"])]
@@ -45,27 +59,41 @@ pub struct RecordArgs {
         conflicts_with = "command"
     )]
     pub pids: Vec<u32>,
+    /// Only samples in this cgroup (v2 path, absolute or relative to the mount) and below.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+    /// Only samples of this container (docker, containerd, CRI-O, podman id or unique prefix).
+    #[arg(long, value_name = "ID")]
+    pub container: Option<String>,
+    /// Only samples of this user (name or number).
+    #[arg(long, value_name = "USER")]
+    pub uid: Option<String>,
     /// Stop after this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub duration: Option<f64>,
+    /// Write the profile to this file (read it back with `profiler report -i`).
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Also stream every sample, time-ordered, through a ring buffer into this file (JSON lines).
+    #[arg(long, value_name = "FILE")]
+    pub raw: Option<PathBuf>,
+    /// Report the capture's own cost: ns per sample in the kernel, map memory, drain time.
+    #[arg(long)]
+    pub stats: bool,
     /// How often the agent drains the kernel maps, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub drain_interval: u64,
     /// Entries of the stack map (per generation): more entries, fewer hash collisions.
     #[arg(long, value_name = "N", default_value_t = 16384)]
     pub stack_map_entries: u32,
+    /// Entries of the sample maps (stacks, instructions, data cache lines) per generation.
+    #[arg(long, value_name = "N", default_value_t = 16384)]
+    pub map_entries: u32,
     /// Do not collect kernel call stacks.
     #[arg(long)]
     pub no_kernel_stacks: bool,
-    /// Functions in the report.
-    #[arg(long, value_name = "N", default_value_t = 20)]
-    pub top: usize,
-    /// Hot call paths in the report.
-    #[arg(long, value_name = "N", default_value_t = 5)]
-    pub paths: usize,
-    /// Print the report as JSON (schema profiler.report/1).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub report: ReportOutput,
     /// The command to launch and profile.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -75,4 +103,36 @@ impl RecordArgs {
     pub fn duration(&self) -> Option<std::time::Duration> {
         self.duration.map(std::time::Duration::from_secs_f64)
     }
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The profile file to read.
+    #[arg(short = 'i', long, value_name = "FILE")]
+    pub input: PathBuf,
+    #[command(flatten)]
+    pub report: ReportOutput,
+}
+
+/// What to print and which files to export, for `record` and `report` alike.
+#[derive(Debug, Args)]
+pub struct ReportOutput {
+    /// Functions in the report.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
+    /// Hot call paths in the report.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub paths: usize,
+    /// Print the report as JSON (schema profiler.report/1).
+    #[arg(long)]
+    pub json: bool,
+    /// Write folded stacks (for flamegraph.pl, speedscope) of the first event to this file.
+    #[arg(long, value_name = "FILE")]
+    pub folded: Option<PathBuf>,
+    /// Write a flame graph SVG of the first event to this file.
+    #[arg(long, value_name = "FILE")]
+    pub flamegraph: Option<PathBuf>,
+    /// Write a pprof profile (gzipped protobuf, all events) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
 }

@@ -1,131 +1,189 @@
 //! Each subcommand: resolve the arguments into options, run, print.
 
-use std::{io::Write, path::Path, process::ExitCode, time::Duration};
+use std::{fs::File, io::Write, path::Path, process::ExitCode, time::Duration};
 
-use anyhow::Result;
-use perf_event_open_sys::bindings::{
-    perf_event_attr, PERF_COUNT_HW_CPU_CYCLES, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_HARDWARE,
-    PERF_TYPE_SOFTWARE,
-};
+use anyhow::{Context, Result};
 
 use crate::{
-    capture::{
-        counters::{Sampling, SamplingEvent, StackCapture},
-        program::MapSizes,
+    capture::{btf::Btf, counters::StackCapture, program::MapSizes},
+    cli::{Command, RecordArgs, ReportArgs, ReportOutput},
+    events::{override_sampling, parse_event_list, run_list, PmuRegistry, Sampling},
+    export::{flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof},
+    profile::{
+        file::{read_profile, write_profile},
+        Profile,
     },
-    cli::{Command, RecordArgs},
-    profile::EventInfo,
-    record::{record, RecordOptions, TargetSpec},
+    record::{record, RecordOptions, Recording, TargetSpec},
     report::{
         json,
         text::{render, TextOptions},
+    },
+    scope::{
+        cgroup::{cgroup2_mount, cgroup_subtree_ids, resolve_cgroup_dir},
+        container::find_container_cgroup,
+        resolve_uid,
     },
 };
 
 pub async fn run(command: Command) -> Result<ExitCode> {
     match command {
         Command::Record(args) => run_record(args).await,
+        Command::Report(args) => run_report(args),
+        Command::List { json } => {
+            print(&run_list(json)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
-/// Default sampling rate: 999 Hz, off the 1 kHz beat of timers and periodic work.
-const DEFAULT_FREQUENCY: u64 = 999;
+fn print(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
+}
 
-/// cycles where the machine has a hardware PMU, cpu-clock elsewhere (said once).
-fn default_event(sampling: Sampling) -> (SamplingEvent, EventInfo) {
-    let has_pmu = Path::new("/sys/bus/event_source/devices/cpu").exists();
-    let (name, type_, config, unit) = if has_pmu {
-        (
-            "cycles",
-            PERF_TYPE_HARDWARE,
-            PERF_COUNT_HW_CPU_CYCLES,
-            "CPU-cycles",
-        )
+/// The events to sample: as given, or cycles (cpu-clock where there is no hardware PMU, said
+/// once), with any global overflow override.
+fn resolve_events(args: &RecordArgs, pmus: &PmuRegistry) -> Result<Vec<crate::events::EventSpec>> {
+    let text = if args.events.is_empty() {
+        if pmus.has_hardware_pmu() {
+            "cycles".to_string()
+        } else {
+            eprintln!(
+                "note: no hardware PMU on this machine (a virtual machine?): sampling cpu-clock \
+                 instead of cycles"
+            );
+            "cpu-clock".to_string()
+        }
     } else {
-        eprintln!("note: no hardware PMU on this machine (a virtual machine?): sampling cpu-clock instead of cycles");
-        (
-            "cpu-clock",
-            PERF_TYPE_SOFTWARE,
-            PERF_COUNT_SW_CPU_CLOCK,
-            "nanoseconds",
-        )
+        args.events.join(",")
     };
-    let mut attr = perf_event_attr::default();
-    attr.type_ = type_;
-    attr.config = u64::from(config);
-    let event = SamplingEvent {
-        name: name.to_string(),
-        attr,
-        sampling,
+    let mut specs = parse_event_list(&text, pmus)?;
+    let global = match (args.period, args.frequency) {
+        (Some(period), _) => Some(Sampling::Period(period)),
+        (None, Some(hz)) => Some(Sampling::Frequency(hz)),
+        (None, None) => None,
     };
-    let (period, frequency) = match sampling {
-        Sampling::Period(p) => (Some(p), None),
-        Sampling::Frequency(hz) => (None, Some(hz)),
+    if let Some(sampling) = global {
+        override_sampling(&mut specs, sampling)?;
+    }
+    Ok(specs)
+}
+
+/// Cgroup ids to keep: the subtree of `--cgroup` or of `--container`'s cgroup.
+fn resolve_cgroups(args: &RecordArgs) -> Result<Vec<u64>> {
+    let directory = match (&args.cgroup, &args.container) {
+        (None, None) => return Ok(Vec::new()),
+        (Some(path), _) => resolve_cgroup_dir(path, &cgroup2_mount()?)?,
+        (None, Some(id)) => find_container_cgroup(&cgroup2_mount()?, id)?,
     };
-    let info = EventInfo {
-        name: name.to_string(),
-        period,
-        frequency,
-        unit: unit.to_string(),
-        precise: false,
-    };
-    (event, info)
+    cgroup_subtree_ids(&directory)
+        .with_context(|| format!("reading the cgroup tree under {}", directory.display()))
 }
 
 async fn run_record(args: RecordArgs) -> Result<ExitCode> {
-    let sampling = match (args.period, args.frequency) {
-        (Some(period), _) => Sampling::Period(period),
-        (None, Some(hz)) => Sampling::Frequency(hz),
-        (None, None) => Sampling::Frequency(DEFAULT_FREQUENCY),
-    };
+    let pmus = PmuRegistry::live()?;
+    let events = resolve_events(&args, &pmus)?;
+    let cgroups = resolve_cgroups(&args)?;
+    let uid = args.uid.as_deref().map(resolve_uid).transpose()?;
     let target = if !args.command.is_empty() {
         TargetSpec::Command(args.command.clone())
     } else if !args.pids.is_empty() {
         TargetSpec::Processes(args.pids.clone())
-    } else if args.all_cpus {
+    } else if args.all_cpus || !cgroups.is_empty() || uid.is_some() {
         TargetSpec::System
     } else {
         anyhow::bail!(
-            "nothing to profile: give a command after `--`, processes with -p PID, or -a for \
-             all CPUs"
+            "nothing to profile: give a command after `--`, processes with -p PID, a cgroup, \
+             container or user, or -a for all CPUs"
         );
     };
+    let offsets = match Btf::from_sys_fs().and_then(|btf| btf.kernel_offsets()) {
+        Ok(offsets) => Some(offsets),
+        Err(e) => {
+            eprintln!("warning: {e}");
+            None
+        }
+    };
+    let entries = args.map_entries;
     let options = RecordOptions {
-        events: vec![default_event(sampling)],
+        events,
+        pmus,
         target,
         duration: args.duration(),
         drain_interval: Duration::from_millis(args.drain_interval.max(10)),
         sizes: MapSizes {
             stacks: args.stack_map_entries,
+            stack_counts: entries,
+            instructions: entries,
+            data_lines: entries,
             ..MapSizes::default()
         },
         stacks: StackCapture {
             user: true,
             kernel: !args.no_kernel_stacks,
         },
-        raw: false,
-        cgroups: Vec::new(),
-        uid: None,
-        offsets: None,
+        raw: args.raw.clone(),
+        stats: args.stats,
+        cgroups,
+        uid,
+        offsets,
     };
     let recording = record(options).await?;
-    let report = if args.json {
-        json::render(&recording.profile, args.top, args.paths)?
+    if let Some(path) = &args.output {
+        write_profile(path, &recording.profile)
+            .with_context(|| format!("writing the profile to {}", path.display()))?;
+        eprintln!("profile written to {}", path.display());
+    }
+    if args.stats {
+        eprint!("{}", recording.stats_text());
+    }
+    report(&recording.profile, &args.report)?;
+    if let Some(code) = command_failure(&recording) {
+        eprintln!("note: the profiled command exited with status {code}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn command_failure(recording: &Recording) -> Option<i32> {
+    recording
+        .command_status
+        .and_then(|status| status.code())
+        .filter(|code| *code != 0)
+}
+
+fn run_report(args: ReportArgs) -> Result<ExitCode> {
+    let profile = read_profile(&args.input)?;
+    report(&profile, &args.report)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn create(path: &Path) -> Result<File> {
+    File::create(path).with_context(|| format!("cannot create {}", path.display()))
+}
+
+/// Writes the requested exports, then prints the report.
+fn report(profile: &Profile, output: &ReportOutput) -> Result<()> {
+    if let Some(path) = &output.folded {
+        write_folded(profile, 0, &mut create(path)?)?;
+    }
+    if let Some(path) = &output.flamegraph {
+        write_flamegraph(profile, 0, create(path)?)?;
+    }
+    if let Some(path) = &output.pprof {
+        write_pprof(profile, create(path)?)?;
+    }
+    let text = if output.json {
+        json::render(profile, output.top, output.paths)?
     } else {
         render(
-            &recording.profile,
+            profile,
             &TextOptions {
-                top: args.top,
-                paths: args.paths,
+                top: output.top,
+                paths: output.paths,
             },
         )
     };
-    std::io::stdout().write_all(report.as_bytes())?;
-    Ok(match recording.command_status.and_then(|s| s.code()) {
-        Some(code) if code != 0 => {
-            eprintln!("note: the profiled command exited with status {code}");
-            ExitCode::SUCCESS
-        }
-        _ => ExitCode::SUCCESS,
-    })
+    print(&text)
 }

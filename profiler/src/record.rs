@@ -20,11 +20,14 @@ use tokio::{
 
 use crate::{
     capture::{
-        counters::{open_sampling_counters, SamplingEvent, StackCapture, Target},
+        counters::{open_sampling_counters, StackCapture, Target},
         program::{CaptureProgram, MapSizes},
+        raw::RawStream,
         sideband::{ProcessTable, Sideband},
+        stats::CaptureStats,
     },
     drain::{read_accounting, Accounting, Drained, Drainer},
+    events::{EventSpec, PmuRegistry, Sampling, SystemFacts},
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
 };
 
@@ -54,28 +57,53 @@ impl TargetSpec {
 }
 
 pub struct RecordOptions {
-    pub events: Vec<(SamplingEvent, EventInfo)>,
+    pub events: Vec<EventSpec>,
+    pub pmus: PmuRegistry,
     pub target: TargetSpec,
     pub duration: Option<Duration>,
     pub drain_interval: Duration,
     pub sizes: MapSizes,
     pub stacks: StackCapture,
-    pub raw: bool,
+    /// Stream every sample, time-ordered, into this file (JSON lines).
+    pub raw: Option<std::path::PathBuf>,
+    /// Measure the capture's own cost.
+    pub stats: bool,
     /// Keep only samples in these cgroups (ids).
     pub cgroups: Vec<u64>,
     pub uid: Option<u32>,
     pub offsets: Option<KernelOffsets>,
 }
 
-/// The outcome of a recording: the profile and what the command's exit said.
+/// The outcome of a recording: the profile, the capture's accounting and cost, and what the
+/// command's exit said.
 pub struct Recording {
     pub profile: Profile,
     pub accounting: Accounting,
     pub command_status: Option<std::process::ExitStatus>,
-    pub drain_time: Duration,
-    pub drains: u32,
-    pub program_runs: u64,
-    pub program_run_time: Duration,
+    pub stats: CaptureStats,
+}
+
+impl Recording {
+    /// The `--stats` lines.
+    pub fn stats_text(&self) -> String {
+        self.stats
+            .render(self.accounting.samples_fired.iter().sum())
+    }
+}
+
+/// What reports say about an event.
+pub fn event_info(spec: &EventSpec) -> EventInfo {
+    let (period, frequency) = match spec.sampling {
+        Sampling::Period(period) => (Some(period), None),
+        Sampling::Frequency(hz) => (None, Some(hz)),
+    };
+    EventInfo {
+        name: spec.name.clone(),
+        period,
+        frequency,
+        unit: spec.unit.clone(),
+        precise: spec.precise(),
+    }
 }
 
 /// A command started stopped: a shell trampoline waits on a pipe and then execs the command, so
@@ -146,7 +174,7 @@ fn capture_config(options: &RecordOptions) -> CaptureConfig {
     if options.stacks.kernel {
         flags |= CAPTURE_KERNEL_STACKS;
     }
-    if options.raw {
+    if options.raw.is_some() {
         flags |= CAPTURE_RAW;
     }
     if !options.cgroups.is_empty() {
@@ -199,8 +227,22 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         ));
     }
     let config = capture_config(&options);
+    let facts = SystemFacts::read(&options.pmus);
+    // While held, the kernel counts the program's runs and run time.
+    let _stats_enabled = if options.stats {
+        Some(
+            aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                .context("enabling BPF run-time statistics (BPF_ENABLE_STATS) for --stats")?,
+        )
+    } else {
+        None
+    };
     let mut program = CaptureProgram::load(&config, &options.sizes)?;
     program.filter_cgroups(&options.cgroups)?;
+    let mut raw = match &options.raw {
+        Some(path) => Some(RawStream::create(path, program.take_raw_samples()?)?),
+        None => None,
+    };
 
     let mut command = match &options.target {
         TargetSpec::Command(argv) => Some(spawn_stopped(argv)?),
@@ -218,14 +260,13 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     };
 
     let mut processes = ProcessTable::default();
-    let mut sideband = Sideband::open(&target)?;
+    let mut sideband = Sideband::open(&target, &options.pmus, &facts)?;
     match &target {
         Target::Processes(pids) => pids.iter().for_each(|pid| processes.scan_process(*pid)),
         Target::System => processes.scan_all(),
         Target::Command(_) => {}
     }
-    let sampling: Vec<SamplingEvent> = options.events.iter().map(|(s, _)| s.clone()).collect();
-    let mut counters = open_sampling_counters(&sampling, &target, options.stacks)?;
+    let mut counters = open_sampling_counters(&options.events, &target, options.stacks, &facts)?;
     for counter in &mut counters {
         program.attach(&mut counter.counter)?;
         if config.flags & CAPTURE_EVENT_IDS != 0 {
@@ -263,6 +304,12 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
                 None => std::future::pending().await,
             }
         };
+        let raw_ready = async {
+            match &raw {
+                Some(stream) => stream.readable().await,
+                None => std::future::pending().await,
+            }
+        };
         let command_exit = async {
             match &mut command {
                 Some(stopped) => stopped.child.wait().await,
@@ -276,6 +323,12 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
                 drainer.drain(&mut program, &mut drained)?;
                 drain_time += started.elapsed();
                 drains += 1;
+            }
+            ready = raw_ready => {
+                ready.context("waiting on the raw sample ring buffer")?;
+                if let Some(stream) = &mut raw {
+                    stream.write_ready()?;
+                }
             }
             status = command_exit => {
                 command_status = Some(status.context("waiting for the command")?);
@@ -296,8 +349,19 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     drainer.drain_all(&mut program, &mut drained)?;
     drain_time += started.elapsed();
     drains += 2;
+    if let Some(stream) = &mut raw {
+        stream.finish()?;
+    }
     let accounting = read_accounting(&program, options.events.len())?;
     let (program_runs, program_run_time) = program.run_statistics()?;
+    let stats = CaptureStats {
+        program_runs,
+        program_run_time,
+        map_bytes: program.map_memory()?,
+        drain_time,
+        drains,
+        raw_samples_written: raw.as_ref().map_or(0, RawStream::written),
+    };
 
     if stop != Stop::CommandExited {
         if let Some(stopped) = &mut command {
@@ -315,15 +379,12 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         start_unix_ns: unix_ns(start),
         duration_ns: duration.as_nanos() as u64,
     };
-    let events = options.events.into_iter().map(|(_, info)| info).collect();
+    let events = options.events.iter().map(event_info).collect();
     let profile = assemble(meta, events, &drained, &processes, &accounting);
     Ok(Recording {
         profile,
         accounting,
         command_status,
-        drain_time,
-        drains,
-        program_runs,
-        program_run_time,
+        stats,
     })
 }

@@ -5,25 +5,8 @@ use std::{fs, io};
 
 use anyhow::{anyhow, bail, Context, Result};
 use perf_event::{events::Software, Builder, Counter, SampleFlag};
-use perf_event_open_sys::bindings::perf_event_attr;
 
-/// How often an event samples.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Sampling {
-    /// Every Nth event (the overflow value).
-    Period(u64),
-    /// About N samples per second; the kernel adjusts the period.
-    Frequency(u64),
-}
-
-/// An event to sample: the event part of a `perf_event_attr` (type, config, exclude bits,
-/// precise_ip) and its sampling rate.
-#[derive(Clone)]
-pub struct SamplingEvent {
-    pub name: String,
-    pub attr: perf_event_attr,
-    pub sampling: Sampling,
-}
+use crate::events::{open_error, EventSpec, OpenAs, Scope, SystemFacts};
 
 /// What to profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,55 +99,34 @@ fn place(builder: &mut Builder, target: &Target, pid: Option<u32>, cpu: Option<u
     builder.enable_on_exec(matches!(target, Target::Command(_)));
 }
 
-/// Why a counter could not be opened, said so the user can act on it.
-pub fn explain_open_error(what: &str, error: &io::Error) -> anyhow::Error {
-    let paranoid = fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into());
-    let hint = match error.raw_os_error() {
-        Some(libc::EACCES) | Some(libc::EPERM) => format!(
-            "no permission: run as root, or grant CAP_PERFMON and CAP_BPF (system-wide or other \
-             users' processes need them; kernel.perf_event_paranoid is {paranoid})"
-        ),
-        Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) => {
-            "this machine cannot count it (no hardware PMU: a virtual machine? `profiler list` \
-             shows what is available here)"
-                .to_string()
-        }
-        Some(libc::ESRCH) => "the process exited".to_string(),
-        Some(libc::EMFILE) => {
-            "too many open files: raise the limit (`ulimit -n`) or profile fewer CPUs/threads"
-                .to_string()
-        }
-        _ => "the kernel refused this event configuration".to_string(),
-    };
-    anyhow!("cannot open {what}: {error}: {hint}")
-}
-
 /// Opens one sampling counter per event and placement, disabled.
 pub fn open_sampling_counters(
-    events: &[SamplingEvent],
+    events: &[EventSpec],
     target: &Target,
     stacks: StackCapture,
+    facts: &SystemFacts,
 ) -> Result<Vec<EventCounter>> {
     let placements = placements(target)?;
+    let how = OpenAs {
+        scope: match target {
+            Target::System => Scope::SystemWide,
+            _ => Scope::Task,
+        },
+        sampling: true,
+    };
     let mut counters = Vec::new();
     for (index, event) in events.iter().enumerate() {
         let mut opened_any = false;
         for &(pid, cpu) in &placements {
             let mut builder = Builder::new(Software::DUMMY);
-            *builder.attrs_mut() = event.attr;
-            builder.attrs_mut().size = std::mem::size_of::<perf_event_attr>() as u32;
+            event.attr.apply(builder.attrs_mut());
+            event.sampling.apply(builder.attrs_mut());
             place(&mut builder, target, pid, cpu);
-            match event.sampling {
-                Sampling::Period(period) => builder.sample_period(period),
-                Sampling::Frequency(hz) => builder.sample_frequency(hz),
-            };
             let mut flags =
                 SampleFlag::IP | SampleFlag::TID | SampleFlag::PERIOD | SampleFlag::ADDR;
             // The kernel refuses stack helpers on precise events unless callchains are sampled;
             // for other events the helpers walk the registers themselves, which is cheaper.
-            if event.attr.precise_ip() > 0 && (stacks.user || stacks.kernel) {
+            if event.precise() && (stacks.user || stacks.kernel) {
                 flags |= SampleFlag::CALLCHAIN;
                 builder
                     .exclude_callchain_user(false)
@@ -181,7 +143,7 @@ pub fn open_sampling_counters(
                 }
                 // A thread that exits while we open counters is not an error; the others stay.
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) && pid.is_some() => continue,
-                Err(e) => return Err(explain_open_error(&format!("event '{}'", event.name), &e)),
+                Err(e) => return Err(open_error(event, &e, how, facts).into()),
             }
         }
         if !opened_any {

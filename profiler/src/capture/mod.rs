@@ -4,4 +4,6 @@
 pub mod btf;
 pub mod counters;
 pub mod program;
+pub mod raw;
 pub mod sideband;
+pub mod stats;

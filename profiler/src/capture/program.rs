@@ -66,7 +66,7 @@ pub struct CaptureProgram {
     pub losses: PerCpuArray<MapData, u64>,
     event_ids: HashMap<MapData, u64, u32>,
     cgroup_filter: HashMap<MapData, u64, u8>,
-    pub raw_samples: Option<RingBuf<MapData>>,
+    raw_samples: Option<RingBuf<MapData>>,
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
@@ -170,6 +170,24 @@ impl CaptureProgram {
                 .context("filling the cgroup filter map")?;
         }
         Ok(())
+    }
+
+    /// The ring buffer of `record --raw`, handed to its reader once.
+    pub fn take_raw_samples(&mut self) -> Result<RingBuf<MapData>> {
+        self.raw_samples
+            .take()
+            .ok_or_else(|| anyhow!("the raw sample ring buffer was already taken"))
+    }
+
+    /// Kernel memory locked by the program's maps.
+    pub fn map_memory(&self) -> Result<u64> {
+        let ids = self.program()?.info()?.map_ids()?.unwrap_or_default();
+        let mut total = 0;
+        for id in ids {
+            let fd = aya::maps::MapInfo::from_id(id)?.fd()?;
+            total += super::stats::fdinfo_memlock(fd.as_fd().as_raw_fd());
+        }
+        Ok(total)
     }
 
     /// The kernel's run-time statistics of the program: (runs, total run time). Zero unless

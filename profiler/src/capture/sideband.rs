@@ -8,7 +8,8 @@ use std::{collections::HashMap, fs, path::PathBuf};
 use anyhow::{Context, Result};
 use perf_event::{data::Record as PerfRecord, events::Software, Builder, Sampler};
 
-use super::counters::{explain_open_error, online_cpus, threads_of, Target};
+use super::counters::{online_cpus, threads_of, Target};
+use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
 
 /// `misc` bit of a COMM record sent by exec: the address space was replaced.
 const MISC_COMM_EXEC: u16 = 1 << 13;
@@ -210,7 +211,15 @@ pub struct Sideband {
 }
 
 impl Sideband {
-    pub fn open(target: &Target) -> Result<Sideband> {
+    pub fn open(target: &Target, pmus: &PmuRegistry, facts: &SystemFacts) -> Result<Sideband> {
+        let dummy = parse_event("dummy", pmus)?;
+        let how = OpenAs {
+            scope: match target {
+                Target::System => Scope::SystemWide,
+                _ => Scope::Task,
+            },
+            sampling: false,
+        };
         // The kernel refuses to mmap inherited per-task events on all CPUs (every child would
         // write one buffer): open them per (task, CPU), as perf does.
         let cpus = online_cpus()?;
@@ -249,7 +258,7 @@ impl Sideband {
             let counter = match builder.build() {
                 Ok(counter) => counter,
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
-                Err(e) => return Err(explain_open_error("the side-band event", &e)),
+                Err(e) => return Err(open_error(&dummy, &e, how, facts).into()),
             };
             samplers.push(
                 counter

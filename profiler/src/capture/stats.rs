@@ -1,0 +1,96 @@
+//! `record --stats`: what the capture itself costs, from the kernel's BPF run-time statistics,
+//! the maps' locked memory, and the agent's drain time.
+
+use std::{fmt::Write, time::Duration};
+
+/// The kernel's own budget per sample: at its default maximum of 100,000 samples/s and 25% of
+/// a CPU, 2,500 ns before it throttles ("perf: interrupt took too long").
+pub const KERNEL_BUDGET_NS: f64 = 2500.0;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CaptureStats {
+    /// Program runs counted by the kernel (BPF_ENABLE_STATS held during the run).
+    pub program_runs: u64,
+    pub program_run_time: Duration,
+    /// Memory locked by the program's maps (fdinfo memlock).
+    pub map_bytes: u64,
+    pub drain_time: Duration,
+    pub drains: u32,
+    pub raw_samples_written: u64,
+}
+
+impl CaptureStats {
+    pub fn ns_per_sample(&self) -> Option<f64> {
+        (self.program_runs > 0)
+            .then(|| self.program_run_time.as_nanos() as f64 / self.program_runs as f64)
+    }
+
+    pub fn render(&self, samples_fired: u64) -> String {
+        let mut out = String::from("Capture cost:\n");
+        match self.ns_per_sample() {
+            Some(ns) => {
+                let _ = writeln!(
+                    out,
+                    "  in the kernel: {ns:.0} ns per sample over {} runs ({:.1}% of the kernel's \
+                     {KERNEL_BUDGET_NS:.0} ns budget); {samples_fired} samples fired",
+                    self.program_runs,
+                    100.0 * ns / KERNEL_BUDGET_NS
+                );
+            }
+            None => {
+                let _ = writeln!(out, "  in the kernel: no runs counted");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "  map memory: {:.1} MiB locked",
+            self.map_bytes as f64 / (1024.0 * 1024.0)
+        );
+        let drains = self.drains.max(1);
+        let _ = writeln!(
+            out,
+            "  drains: {} taking {:.1} ms in all, {:.2} ms each on average",
+            self.drains,
+            self.drain_time.as_secs_f64() * 1e3,
+            self.drain_time.as_secs_f64() * 1e3 / f64::from(drains)
+        );
+        if self.raw_samples_written > 0 {
+            let _ = writeln!(out, "  raw samples written: {}", self.raw_samples_written);
+        }
+        out
+    }
+}
+
+/// `memlock:` of a BPF map or program file descriptor, from /proc/self/fdinfo.
+pub fn fdinfo_memlock(fd: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("memlock:"))
+                .and_then(|value| value.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_cost_per_sample_against_the_budget() {
+        let stats = CaptureStats {
+            program_runs: 1000,
+            program_run_time: Duration::from_micros(1250),
+            map_bytes: 3 * 1024 * 1024,
+            drain_time: Duration::from_millis(10),
+            drains: 4,
+            raw_samples_written: 0,
+        };
+        assert_eq!(stats.ns_per_sample(), Some(1250.0));
+        let text = stats.render(1000);
+        assert!(text.contains("1250 ns per sample over 1000 runs (50.0% of the kernel's 2500 ns"));
+        assert!(text.contains("3.0 MiB locked"));
+        assert!(text.contains("drains: 4 taking 10.0 ms in all, 2.50 ms each"));
+    }
+}
