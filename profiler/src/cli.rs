@@ -18,9 +18,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Sample a command, processes, cgroups or the whole system and print a report.
-    Record(RecordArgs),
+    Record(Box<RecordArgs>),
     /// Report on a profile file (`record -o`).
-    Report(ReportArgs),
+    Report(Box<ReportArgs>),
     /// The events this machine can sample or count, with default overflow values.
     List {
         /// As JSON.

@@ -27,8 +27,8 @@ use crate::{
 
 pub async fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Record(args) => run_record(args).await,
-        Command::Report(args) => run_report(args),
+        Command::Record(args) => run_record(*args).await,
+        Command::Report(args) => run_report(*args),
         Command::List { json } => {
             print(&run_list(json)?)?;
             Ok(ExitCode::SUCCESS)
