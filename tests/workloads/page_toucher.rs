@@ -30,7 +30,8 @@ fn main() {
     let mut region = vec![0u8; pages * PAGE + PAGE];
     let offset = region.as_ptr().align_offset(PAGE);
     let aligned = &mut region[offset..offset + pages * PAGE];
-    println!(
+    // On stderr: a profiler's report owns stdout.
+    eprintln!(
         "region {:#x} pages {pages} line {line}",
         aligned.as_ptr() as usize
     );

@@ -1,0 +1,304 @@
+//! In-kernel capture on the real kernel: data addresses, conservation of samples, cgroup scope,
+//! reported losses.
+
+mod common;
+
+use std::{collections::BTreeSet, process::Command};
+
+use common::{profiler, workload};
+use profiler::profile::{file::read_profile, Profile};
+
+const PAGE: u64 = 4096;
+
+/// (region start, pages, line) that page_toucher printed.
+fn touched_region(stderr: &str) -> (u64, u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("region "))
+        .unwrap_or_else(|| panic!("page_toucher printed no region:\n{stderr}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let start = u64::from_str_radix(words[1].trim_start_matches("0x"), 16).unwrap();
+    (start, words[3].parse().unwrap(), words[5].parse().unwrap())
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("profiler-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Offsets inside the region of the data lines the profile attributes page faults to.
+fn sampled_line_offsets(profile: &Profile, region: (u64, u64, u64)) -> Vec<(u64, u64)> {
+    let (start, pages, _) = region;
+    let end = start + pages * PAGE;
+    let mut lines: Vec<(u64, u64)> = profile
+        .data_lines
+        .iter()
+        .filter(|d| (start..end).contains(&d.line))
+        .map(|d| (d.line - start, d.stats.count))
+        .collect();
+    lines.sort_unstable();
+    lines
+}
+
+#[test]
+fn page_faults_land_on_exactly_the_touched_cache_lines() {
+    let dir = temp_dir("faults");
+    let file = dir.join("faults.prof");
+    let toucher = workload("page_toucher");
+    let output = profiler(&[
+        "record",
+        "-e",
+        "page-faults",
+        "-c",
+        "1",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        toucher.to_str().unwrap(),
+        "3000",
+        "7",
+    ]);
+    let region = touched_region(&String::from_utf8_lossy(&output.stderr));
+    assert_eq!((region.1, region.2), (3000, 7));
+    let profile = read_profile(&file).unwrap();
+    let lines = sampled_line_offsets(&profile, region);
+    // One fault per page, each on line 7 of its page: nothing else, nothing missing.
+    let expected: Vec<(u64, u64)> = (0..3000).map(|page| (page * PAGE + 7 * 64, 1)).collect();
+    assert_eq!(lines.len(), expected.len());
+    assert_eq!(lines, expected);
+    // The instruction that faulted is touch_pages.
+    let touch = profile
+        .data_lines
+        .iter()
+        .filter(|d| (region.0..region.0 + 3000 * PAGE).contains(&d.line))
+        .map(|d| profile.frames[d.frame as usize].display_name())
+        .collect::<BTreeSet<_>>();
+    assert_eq!(
+        touch,
+        BTreeSet::from(["page_toucher::touch_pages".to_string()])
+    );
+
+    // perf, on the same workload, sees the same offsets.
+    let perf_data = dir.join("perf.data");
+    let perf = Command::new("perf")
+        .args(["record", "-q", "-e", "page-faults", "-c", "1", "-d", "-o"])
+        .arg(&perf_data)
+        .arg("--")
+        .arg(&toucher)
+        .args(["3000", "7"])
+        .output()
+        .expect("perf is installed (cargo xtask setup installs linux-perf)");
+    assert!(
+        perf.status.success(),
+        "{}",
+        String::from_utf8_lossy(&perf.stderr)
+    );
+    let perf_region = touched_region(&String::from_utf8_lossy(&perf.stderr));
+    let script = Command::new("perf")
+        .args(["script", "-F", "addr", "-i"])
+        .arg(&perf_data)
+        .output()
+        .unwrap();
+    let mut perf_offsets: Vec<u64> = String::from_utf8_lossy(&script.stdout)
+        .lines()
+        .filter_map(|l| u64::from_str_radix(l.trim(), 16).ok())
+        .filter(|a| (perf_region.0..perf_region.0 + 3000 * PAGE).contains(a))
+        .map(|a| (a & !63) - perf_region.0)
+        .collect();
+    perf_offsets.sort_unstable();
+    let ours: Vec<u64> = lines.iter().map(|(offset, _)| *offset).collect();
+    assert_eq!(
+        ours, perf_offsets,
+        "perf record -d disagrees on the faulting lines"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// (program runs the kernel counted, samples fired) from `--stats` on stderr.
+fn kernel_runs(stderr: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("ns per sample over"))
+        .unwrap_or_else(|| panic!("no --stats output:\n{stderr}"));
+    line.split("over ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn assert_conserved(args: &[&str], minimum: u64) {
+    let dir = temp_dir("conservation");
+    let file = dir.join("c.prof");
+    let mut all = vec![
+        "record",
+        "--stats",
+        "--drain-interval",
+        "20",
+        "-o",
+        file.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let output = profiler(&all);
+    let profile = read_profile(&file).unwrap();
+    let fired: u64 = profile.losses.samples_fired.iter().sum();
+    let drained: u64 = profile.stacks.iter().map(|s| s.count).sum();
+    let lost = profile.losses.counters["samples lost: stack-count map full"]
+        + profile.losses.counters["samples lost: unregistered perf event"];
+    assert!(
+        fired >= minimum,
+        "only {fired} samples fired, expected at least {minimum}"
+    );
+    assert_eq!(
+        fired,
+        drained + lost,
+        "fired {fired} != drained {drained} + lost {lost}"
+    );
+    // The kernel's own count of program runs: every run is a fired sample.
+    let runs = kernel_runs(&String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        runs, fired,
+        "the kernel ran the program {runs} times, {fired} counted"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn conservation_at_10_khz_cpu_clock() {
+    let cpu_split = workload("cpu_split");
+    assert_conserved(
+        &[
+            "-e",
+            "cpu-clock",
+            "-F",
+            "10000",
+            "--",
+            cpu_split.to_str().unwrap(),
+        ],
+        5000,
+    );
+}
+
+#[test]
+fn conservation_at_period_1_page_faults() {
+    let toucher = workload("page_toucher");
+    assert_conserved(
+        &[
+            "-e",
+            "page-faults",
+            "-c",
+            "1",
+            "--",
+            toucher.to_str().unwrap(),
+            "50000",
+        ],
+        50000,
+    );
+}
+
+#[test]
+fn a_tiny_stack_map_reports_its_losses() {
+    let dir = temp_dir("tiny");
+    let file = dir.join("tiny.prof");
+    profiler(&[
+        "record",
+        "-F",
+        "4999",
+        "--stack-map-entries",
+        "2",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        "for i in $(seq 300); do ls -R /usr/share/doc > /dev/null; done",
+    ]);
+    let profile = read_profile(&file).unwrap();
+    let stack_losses: u64 = profile
+        .losses
+        .counters
+        .iter()
+        .filter(|(what, _)| what.contains("stacks lost"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        stack_losses > 0,
+        "no stack losses reported: {:?}",
+        profile.losses.counters
+    );
+    let marked = profile
+        .stacks
+        .iter()
+        .filter(|s| s.user_stack_lost || s.kernel_stack_lost)
+        .count();
+    assert!(marked > 0, "no sample is marked as having lost its stack");
+    // Samples whose stacks were lost are still counted.
+    let fired: u64 = profile.losses.samples_fired.iter().sum();
+    let drained: u64 = profile.stacks.iter().map(|s| s.count).sum();
+    assert_eq!(fired, drained);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The cgroup v2 mount (hybrid layouts mount it at /sys/fs/cgroup/unified).
+fn cgroup2_mount() -> std::path::PathBuf {
+    profiler::scope::cgroup::cgroup2_mount().expect("cgroup v2 is mounted")
+}
+
+#[test]
+fn a_cgroup_scoped_run_sees_only_that_cgroup() {
+    let cgroup = cgroup2_mount().join(format!("profiler-test-{}", std::process::id()));
+    std::fs::create_dir_all(&cgroup).unwrap();
+    let cpu_split = workload("cpu_split");
+    // One cpu_split inside the cgroup, one outside, both running during the recording.
+    let inside = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec {} 12000",
+            cgroup.display(),
+            cpu_split.display()
+        ))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut outside = Command::new(&cpu_split)
+        .arg("12000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let dir = temp_dir("cgroup");
+    let file = dir.join("cg.prof");
+    profiler(&[
+        "record",
+        "--cgroup",
+        cgroup.to_str().unwrap(),
+        "--duration",
+        "1.5",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    let profile = read_profile(&file).unwrap();
+    let mut inside = inside;
+    inside.kill().ok();
+    outside.kill().ok();
+    inside.wait().ok();
+    outside.wait().ok();
+    std::fs::remove_dir(&cgroup).ok();
+    let pids: BTreeSet<u32> = profile.stacks.iter().map(|s| s.pid).collect();
+    assert_eq!(
+        pids,
+        BTreeSet::from([inside.id()]),
+        "samples from outside the cgroup (outside pid {})",
+        outside.id()
+    );
+    let samples: u64 = profile.stacks.iter().map(|s| s.count).sum();
+    assert!(
+        samples > 500,
+        "too few samples from the cgroup's busy process: {samples}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
