@@ -89,6 +89,9 @@ pub struct RecordArgs {
     /// Entries of the sample maps (stacks, instructions, data cache lines) per generation.
     #[arg(long, value_name = "N", default_value_t = 16384)]
     pub map_entries: u32,
+    /// Kernel BTF to read structure offsets from (default: /sys/kernel/btf/vmlinux).
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<PathBuf>,
     /// Do not collect kernel call stacks.
     #[arg(long)]
     pub no_kernel_stacks: bool,

@@ -99,7 +99,11 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
              container or user, or -a for all CPUs"
         );
     };
-    let offsets = match Btf::from_sys_fs().and_then(|btf| btf.kernel_offsets()) {
+    let btf = match &args.btf {
+        Some(path) => Btf::from_file(path),
+        None => Btf::from_sys_fs(),
+    };
+    let offsets = match btf.and_then(|btf| btf.kernel_offsets()) {
         Ok(offsets) => Some(offsets),
         Err(e) => {
             eprintln!("warning: {e}");

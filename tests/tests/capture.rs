@@ -250,7 +250,10 @@ fn cgroup2_mount() -> std::path::PathBuf {
 
 #[test]
 fn a_cgroup_scoped_run_sees_only_that_cgroup() {
-    let cgroup = cgroup2_mount().join(format!("profiler-test-{}", std::process::id()));
+    // Named like a docker scope, so the run also shows container attribution.
+    let container_id = format!("{:0>64x}", 0xc0ffee_u64 + u64::from(std::process::id()));
+    let parent = cgroup2_mount().join(format!("profiler-test-{}", std::process::id()));
+    let cgroup = parent.join(format!("docker-{container_id}.scope"));
     std::fs::create_dir_all(&cgroup).unwrap();
     let cpu_split = workload("cpu_split");
     // One cpu_split inside the cgroup, one outside, both running during the recording.
@@ -288,6 +291,7 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
     inside.wait().ok();
     outside.wait().ok();
     std::fs::remove_dir(&cgroup).ok();
+    std::fs::remove_dir(&parent).ok();
     let pids: BTreeSet<u32> = profile.stacks.iter().map(|s| s.pid).collect();
     assert_eq!(
         pids,
@@ -300,5 +304,100 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
         samples > 500,
         "too few samples from the cgroup's busy process: {samples}"
     );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn without_btf_it_captures_ips_and_stacks_and_says_what_is_missing() {
+    let dir = temp_dir("nobtf");
+    let file = dir.join("nobtf.prof");
+    let toucher = workload("page_toucher");
+    let output = profiler(&[
+        "record",
+        "--btf",
+        "/nonexistent/vmlinux",
+        "-e",
+        "page-faults",
+        "-c",
+        "1",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        toucher.to_str().unwrap(),
+        "500",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("kernel BTF not found at /nonexistent/vmlinux")
+            && stderr.contains("IPs and stacks only"),
+        "{stderr}"
+    );
+    let profile = read_profile(&file).unwrap();
+    let touch: u64 = profile
+        .stacks
+        .iter()
+        .filter(|s| {
+            s.frames.first().is_some_and(|leaf| {
+                profile.frames[*leaf as usize].display_name() == "page_toucher::touch_pages"
+            })
+        })
+        .map(|s| s.count)
+        .sum();
+    assert_eq!(touch, 500, "one sample per touched page, with its stack");
+    assert!(
+        profile.data_lines.is_empty(),
+        "no data addresses without BTF offsets"
+    );
+
+    // Several events need the event ids that only BTF offsets give: a clear refusal.
+    let refused = Command::new(common::profiler_bin())
+        .args([
+            "record",
+            "--btf",
+            "/nonexistent/vmlinux",
+            "-e",
+            "cpu-clock,page-faults",
+        ])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr)
+        .contains("several events at once needs kernel BTF"));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn several_pids_are_profiled_together() {
+    let cpu_split = workload("cpu_split");
+    let mut first = Command::new(&cpu_split)
+        .arg("12000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut second = Command::new(&cpu_split)
+        .arg("12000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids = format!("{},{}", first.id(), second.id());
+    let dir = temp_dir("pids");
+    let file = dir.join("pids.prof");
+    profiler(&[
+        "record",
+        "-p",
+        &pids,
+        "--duration",
+        "1",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    first.kill().ok();
+    second.kill().ok();
+    first.wait().ok();
+    second.wait().ok();
+    let profile = read_profile(&file).unwrap();
+    let seen: BTreeSet<u32> = profile.stacks.iter().map(|s| s.pid).collect();
+    assert_eq!(seen, BTreeSet::from([first.id(), second.id()]));
     std::fs::remove_dir_all(dir).ok();
 }

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use profiler_common::capture::KernelOffsets;
 
@@ -55,7 +55,7 @@ mod kind {
 #[derive(Debug)]
 pub enum BtfError {
     /// The running kernel publishes no BTF.
-    NotFound,
+    NotFound { path: PathBuf },
     /// The BTF file exists but could not be read.
     Unreadable { path: PathBuf, source: io::Error },
     /// The bytes are not valid BTF.
@@ -70,11 +70,12 @@ pub enum BtfError {
 impl fmt::Display for BtfError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BtfError::NotFound => write!(
+            BtfError::NotFound { path } => write!(
                 f,
-                "kernel BTF not found at {KERNEL_BTF_PATH}: the kernel needs \
-                 CONFIG_DEBUG_INFO_BTF=y; without it the profiler captures IPs and stacks only \
-                 (no data addresses or latencies)"
+                "kernel BTF not found at {}: the kernel needs CONFIG_DEBUG_INFO_BTF=y (or give \
+                 a BTF file with --btf); without it the profiler captures IPs and stacks only \
+                 (no data addresses, latencies, or several events at once)",
+                path.display()
             ),
             BtfError::Unreadable { path, source } => write!(
                 f,
@@ -148,10 +149,17 @@ struct TypeRecord {
 impl Btf {
     /// Reads the running kernel's BTF.
     pub fn from_sys_fs() -> Result<Btf, BtfError> {
-        let bytes = std::fs::read(KERNEL_BTF_PATH).map_err(|source| match source.kind() {
-            io::ErrorKind::NotFound => BtfError::NotFound,
+        Btf::from_file(Path::new(KERNEL_BTF_PATH))
+    }
+
+    /// Reads BTF from a file (the kernel's, or one shipped separately for kernels without it).
+    pub fn from_file(path: &Path) -> Result<Btf, BtfError> {
+        let bytes = std::fs::read(path).map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound => BtfError::NotFound {
+                path: path.to_path_buf(),
+            },
             _ => BtfError::Unreadable {
-                path: KERNEL_BTF_PATH.into(),
+                path: path.to_path_buf(),
                 source,
             },
         })?;

@@ -1,7 +1,7 @@
 //! Assembling a [`Profile`] from a live capture: drained aggregates, the process table and the
 //! kernel's sample accounting.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use profiler_common::capture::LossKind;
 
@@ -12,6 +12,10 @@ use super::{
 use crate::{
     capture::sideband::ProcessTable,
     drain::{Accounting, Drained},
+    scope::{
+        cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
+        container::classify_cgroup_path,
+    },
     symbolize::{CodeAddress, FrameTable},
 };
 
@@ -35,6 +39,29 @@ fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> 
             ip.saturating_sub(1)
         },
     })
+}
+
+/// The container or systemd unit of every cgroup id on this machine (the ids samples carry),
+/// by walking the cgroup v2 tree. The root cgroup is no workload.
+fn cgroup_workloads() -> HashMap<u64, String> {
+    let Ok(mount) = cgroup2_mount() else {
+        return HashMap::new();
+    };
+    cgroup_subtree(&mount)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|dir| {
+            let relative = dir.strip_prefix(&mount).ok()?.to_str()?.to_string();
+            if relative.is_empty() {
+                return None;
+            }
+            let id = cgroup_id(&dir).ok()?;
+            Some((
+                id,
+                classify_cgroup_path(&format!("/{relative}")).to_string(),
+            ))
+        })
+        .collect()
 }
 
 pub fn assemble(
@@ -126,13 +153,14 @@ pub fn assemble(
         .keys()
         .map(|s| (s.pid, s.tid, s.cgroup))
         .collect();
+    let workloads = cgroup_workloads();
     let threads = threads
         .into_iter()
-        .map(|(pid, tid, _)| ThreadInfo {
+        .map(|(pid, tid, cgroup)| ThreadInfo {
             pid,
             tid,
             comm: processes.thread_name(pid, tid),
-            container: None,
+            container: workloads.get(&cgroup).cloned(),
         })
         .collect();
 
