@@ -111,3 +111,37 @@ fn every_fired_sample_is_drained_or_reported_lost() {
         "fired {fired} != drained {drained} + lost {lost}"
     );
 }
+
+#[test]
+fn ctrl_c_stops_a_system_wide_run_and_drains_everything() {
+    common::require_root();
+    let child = std::process::Command::new(common::profiler_bin())
+        .args(["record", "-a", "--json", "-F", "999"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let cpu_split = workload("cpu_split");
+    std::process::Command::new(&cpu_split)
+        .arg("3000")
+        .output()
+        .unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let event = &report["events"][0];
+    assert_eq!(
+        event["samples_fired"], event["samples"],
+        "every fired sample drained after SIGINT"
+    );
+    assert!(
+        self_percent(event, "cpu_split::heavy_work") > 5.0,
+        "{event:#}"
+    );
+}

@@ -69,6 +69,67 @@ pub fn run_command(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Passed and failed tests in one `test result:` line of cargo test.
+fn test_result_counts(line: &str) -> Option<(u64, u64)> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let count = |word: &str| {
+        rest.split(';').find_map(|part| {
+            part.trim()
+                .strip_suffix(word)?
+                .split_whitespace()
+                .last()?
+                .parse()
+                .ok()
+        })
+    };
+    Some((count(" passed")?, count(" failed")?))
+}
+
+/// Runs cargo test, echoing its output, and ends with one closing line over every test binary:
+/// cargo's own last line is that of whichever binary ran last, often one with no tests.
+fn run_tests(command: &mut Command) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+
+    eprintln!("xtask: running {command:?}");
+    let mut child = command
+        .current_dir(workspace_root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot start cargo test")?;
+    let (mut passed, mut failed) = (0, 0);
+    let stdout = child.stdout.take().expect("stdout is piped");
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some((p, f)) = test_result_counts(&line) {
+            passed += p;
+            failed += f;
+        }
+    }
+    let status = child.wait()?;
+    println!("tests: {passed} passed, {failed} failed");
+    if !status.success() {
+        bail!("cargo test failed with {status}");
+    }
+    if passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_result_counts;
+
+    #[test]
+    fn reads_cargo_test_result_lines() {
+        let line = "test result: ok. 123 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; \
+                    finished in 10.86s";
+        assert_eq!(test_result_counts(line), Some((123, 2)));
+        assert_eq!(test_result_counts("running 4 tests"), None);
+    }
+}
+
 fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
@@ -137,7 +198,7 @@ fn run(task: Task) -> Result<()> {
             }
             // Kernel tests count samples: one at a time, so they do not disturb each other.
             test.arg("--test-threads=1");
-            run_command(&mut test)
+            run_tests(&mut test)
         }
     }
 }

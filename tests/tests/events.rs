@@ -1,0 +1,104 @@
+//! Choosing events from the command line: the list, several events at once, and bad specs.
+
+mod common;
+
+use std::{path::Path, process::Command};
+
+use common::{profiler, profiler_bin, profiler_json, self_percent, workload};
+
+#[test]
+fn list_shows_software_events_available_and_hardware_events_with_the_reason() {
+    let output = profiler(&["list", "--json"]);
+    let listing: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let entries: Vec<&serde_json::Value> = listing["sections"]
+        .as_array()
+        .expect("sections")
+        .iter()
+        .flat_map(|section| section["entries"].as_array().unwrap())
+        .collect();
+    let entry = |name: &str| {
+        *entries
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not listed"))
+    };
+    for software in ["cpu-clock", "task-clock", "page-faults", "context-switches"] {
+        let status = &entry(software)["availability"]["status"];
+        assert_eq!(status, "available", "{software}");
+    }
+    let cycles = entry("cycles");
+    if Path::new("/sys/bus/event_source/devices/cpu").exists() {
+        println!("this machine has a hardware PMU: cycles should be available");
+        assert_eq!(cycles["availability"]["status"], "available");
+    } else {
+        assert_ne!(cycles["availability"]["status"], "available");
+        let reason = cycles["availability"]["reason"].as_str().unwrap();
+        assert!(reason.contains("no hardware PMU"), "{reason}");
+    }
+    // The text form says the same, aliases first.
+    let text = String::from_utf8(profiler(&["list"]).stdout).unwrap();
+    assert!(text.contains("cpu-clock") && text.contains("no hardware PMU"));
+}
+
+#[test]
+fn two_events_in_one_run_each_get_their_samples() {
+    let toucher = workload("page_toucher");
+    let (report, _) = profiler_json(&[
+        "record",
+        "--json",
+        "-e",
+        "cpu-clock,page-faults/period=1/",
+        "--",
+        toucher.to_str().unwrap(),
+        "30000",
+    ]);
+    let events = report["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0]["name"], "cpu-clock");
+    assert_eq!(events[1]["name"], "page-faults");
+    assert!(
+        events[0]["samples"].as_u64().unwrap() > 0,
+        "no cpu-clock samples"
+    );
+    let faults = events[1]["samples"].as_u64().unwrap();
+    assert!(
+        faults >= 30000,
+        "{faults} page-fault samples for 30000 touched pages"
+    );
+    assert!(self_percent(&events[1], "page_toucher::touch_pages") > 90.0);
+}
+
+fn failing(args: &[&str]) -> String {
+    let output = Command::new(profiler_bin()).args(args).output().unwrap();
+    assert!(!output.status.success(), "profiler {args:?} should fail");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn bad_event_specs_get_clear_errors() {
+    let unknown = failing(&["record", "-e", "cycels", "--", "true"]);
+    assert!(unknown.contains("unknown event 'cycels'") && unknown.contains("Did you mean: cycles"));
+    let conflict = failing(&[
+        "record",
+        "-e",
+        "cpu-clock/period=10,freq=100/",
+        "--",
+        "true",
+    ]);
+    assert!(conflict.contains("cpu-clock"), "{conflict}");
+    let modifiers = failing(&["record", "-e", "cycles:pppp", "--", "true"]);
+    assert!(modifiers.contains("cycles:pppp"), "{modifiers}");
+    let pmu = failing(&["record", "-e", "ibs_op//", "--", "true"]);
+    assert!(pmu.contains("ibs_op"), "{pmu}");
+    if !Path::new("/sys/bus/event_source/devices/cpu").exists() {
+        let no_pmu = failing(&["record", "-e", "cycles", "--", "true"]);
+        assert!(no_pmu.contains("no hardware PMU"), "{no_pmu}");
+    }
+    let missing = failing(&["record", "--", "/nonexistent/program"]);
+    assert!(
+        missing.contains("cannot run '/nonexistent/program'"),
+        "{missing}"
+    );
+    let gone = failing(&["record", "-p", "999999999"]);
+    assert!(gone.contains("process 999999999 does not exist"), "{gone}");
+}
