@@ -117,19 +117,6 @@ fn run_tests(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::test_result_counts;
-
-    #[test]
-    fn reads_cargo_test_result_lines() {
-        let line = "test result: ok. 123 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; \
-                    finished in 10.86s";
-        assert_eq!(test_result_counts(line), Some((123, 2)));
-        assert_eq!(test_result_counts("running 4 tests"), None);
-    }
-}
-
 fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
@@ -200,5 +187,18 @@ fn run(task: Task) -> Result<()> {
             test.arg("--test-threads=1");
             run_tests(&mut test)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_result_counts;
+
+    #[test]
+    fn reads_cargo_test_result_lines() {
+        let line = "test result: ok. 123 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; \
+                    finished in 10.86s";
+        assert_eq!(test_result_counts(line), Some((123, 2)));
+        assert_eq!(test_result_counts("running 4 tests"), None);
     }
 }
