@@ -123,7 +123,14 @@ impl<'a> FrameTable<'a> {
             .enable_code_info(true)
             .enable_inlined_fns(true)
             .build();
+        let progress = progress_bar(by_file.len() as u64 + 1, "symbolizing");
         for (path, entries) in by_file {
+            progress.set_message(
+                path.file_name()
+                    .map(|name| name.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            );
+            progress.inc(1);
             let offsets: Vec<u64> = entries.iter().map(|(offset, _, _)| *offset).collect();
             let source = Source::Elf(Elf::new(&path));
             let results = symbolizer
@@ -137,6 +144,8 @@ impl<'a> FrameTable<'a> {
                 self.resolved.insert(address, id);
             }
         }
+        progress.set_message("kernel");
+        progress.inc(1);
         if !kernel.is_empty() {
             let source = Source::Kernel(Kernel::default());
             let addrs: Vec<u64> = kernel.iter().map(|a| a.address).collect();
@@ -161,6 +170,7 @@ impl<'a> FrameTable<'a> {
                 self.resolved.insert(address, id);
             }
         }
+        progress.finish_and_clear();
         let mut perf_maps = perf_map::PerfMaps::default();
         for (address, mut frame) in unresolved {
             if let Some((name, start)) = perf_maps.lookup(address.pid, address.address) {
@@ -174,6 +184,23 @@ impl<'a> FrameTable<'a> {
             self.resolved.insert(address, id);
         }
     }
+}
+
+/// A progress bar on stderr when it is a terminal (symbolizing a large profile takes seconds);
+/// hidden otherwise, so logs and pipes stay clean.
+pub fn progress_bar(length: u64, what: &'static str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(length).with_prefix(what);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {wide_msg}")
+    {
+        bar.set_style(style);
+    }
+    bar
 }
 
 /// Where to open a mapped file: through the process's root while it lives (containers have
