@@ -89,6 +89,12 @@ pub struct RecordArgs {
     /// Entries of the sample maps (stacks, instructions, data cache lines) per generation.
     #[arg(long, value_name = "N", default_value_t = 16384)]
     pub map_entries: u32,
+    /// Entries of the latency-histogram map (one histogram per process, event and instruction).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub latency_map_entries: u32,
+    /// Size of the `--raw` ring buffer in KiB (rounded up to a power of two pages).
+    #[arg(long, value_name = "KIB", default_value_t = 4096)]
+    pub ring_buffer_kib: u32,
     /// Kernel BTF to read structure offsets from (default: /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE")]
     pub btf: Option<PathBuf>,

@@ -122,7 +122,8 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
             stack_counts: entries,
             instructions: entries,
             data_lines: entries,
-            ..MapSizes::default()
+            latencies: args.latency_map_entries,
+            ring_buffer_bytes: (args.ring_buffer_kib.max(4) * 1024).next_power_of_two(),
         },
         stacks: StackCapture {
             user: true,
