@@ -3,7 +3,7 @@
 //! symbolize later). Existing processes are read from /proc at start; changes arrive as
 //! PERF_RECORD_MMAP2/COMM/FORK/EXIT from a dummy perf event on the same target.
 
-use std::{collections::HashMap, fs, path::PathBuf};
+use std::{collections::HashMap, fs, os::fd::AsRawFd, path::PathBuf};
 
 use anyhow::{Context, Result};
 use perf_event::{data::Record as PerfRecord, events::Software, Builder, Sampler};
@@ -205,9 +205,25 @@ impl ProcessTable {
     }
 }
 
-/// Dummy perf events that only deliver side-band records for the target.
+/// Dummy perf events that only deliver side-band records for the target: one ring buffer per
+/// CPU, the other events of that CPU (one per thread) redirected into it, as perf does, so a
+/// process with many threads does not lock a buffer per thread.
 pub struct Sideband {
     samplers: Vec<Sampler>,
+    redirected: Vec<perf_event::Counter>,
+}
+
+/// Sends `counter`'s records into `into`'s ring buffer (PERF_EVENT_IOC_SET_OUTPUT).
+fn redirect_output(counter: &perf_event::Counter, into: &Sampler) -> std::io::Result<()> {
+    // SAFETY: both file descriptors are open perf events owned by the caller for the call's
+    // duration; the ioctl only links their ring buffers.
+    let result = unsafe {
+        perf_event_open_sys::ioctls::SET_OUTPUT(counter.as_raw_fd(), into.as_raw_fd())
+    };
+    if result < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Sideband {
@@ -236,7 +252,9 @@ impl Sideband {
             .iter()
             .flat_map(|task| cpus.iter().map(move |cpu| (*task, *cpu)))
             .collect();
-        let mut samplers = Vec::new();
+        let mut samplers: Vec<Sampler> = Vec::new();
+        let mut redirected = Vec::new();
+        let mut ring_of_cpu: HashMap<usize, usize> = HashMap::new();
         for (pid, cpu) in placements {
             let mut builder = Builder::new(Software::DUMMY);
             match pid {
@@ -260,25 +278,45 @@ impl Sideband {
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                 Err(e) => return Err(open_error(&dummy, &e, how, facts).into()),
             };
-            samplers.push(
-                counter
-                    .sampled(SIDEBAND_BUFFER_BYTES)
-                    .context("mapping the side-band ring buffer")?,
-            );
+            match ring_of_cpu.get(&cpu) {
+                Some(&ring) => {
+                    redirect_output(&counter, &samplers[ring])
+                        .context("redirecting a side-band event into its CPU's ring buffer")?;
+                    redirected.push(counter);
+                }
+                None => {
+                    ring_of_cpu.insert(cpu, samplers.len());
+                    samplers.push(
+                        counter
+                            .sampled(SIDEBAND_BUFFER_BYTES)
+                            .context("mapping the side-band ring buffer")?,
+                    );
+                }
+            }
         }
-        Ok(Sideband { samplers })
+        Ok(Sideband {
+            samplers,
+            redirected,
+        })
+    }
+
+    fn counters(&mut self) -> impl Iterator<Item = &mut perf_event::Counter> {
+        self.samplers
+            .iter_mut()
+            .map(|sampler| sampler.as_counter_mut())
+            .chain(self.redirected.iter_mut())
     }
 
     pub fn enable(&mut self) -> Result<()> {
-        for sampler in &mut self.samplers {
-            sampler.enable()?;
+        for counter in self.counters() {
+            counter.enable()?;
         }
         Ok(())
     }
 
     pub fn disable(&mut self) -> Result<()> {
-        for sampler in &mut self.samplers {
-            sampler.disable()?;
+        for counter in self.counters() {
+            counter.disable()?;
         }
         Ok(())
     }
