@@ -243,6 +243,14 @@ fn a_tiny_stack_map_reports_its_losses() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// User + system CPU time of a process, in clock ticks (/proc/PID/stat fields 14 and 15).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
 /// The cgroup v2 mount (hybrid layouts mount it at /sys/fs/cgroup/unified).
 fn cgroup2_mount() -> std::path::PathBuf {
     profiler::scope::cgroup::cgroup2_mount().expect("cgroup v2 is mounted")
@@ -273,6 +281,7 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
+    let outside_cpu_before = cpu_ticks(outside.id());
     let dir = temp_dir("cgroup");
     let file = dir.join("cg.prof");
     profiler(&[
@@ -285,6 +294,7 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
         file.to_str().unwrap(),
     ]);
     let profile = read_profile(&file).unwrap();
+    let outside_ran = cpu_ticks(outside.id()) - outside_cpu_before;
     let mut inside = inside;
     inside.kill().ok();
     outside.kill().ok();

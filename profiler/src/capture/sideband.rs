@@ -217,9 +217,8 @@ pub struct Sideband {
 fn redirect_output(counter: &perf_event::Counter, into: &Sampler) -> std::io::Result<()> {
     // SAFETY: both file descriptors are open perf events owned by the caller for the call's
     // duration; the ioctl only links their ring buffers.
-    let result = unsafe {
-        perf_event_open_sys::ioctls::SET_OUTPUT(counter.as_raw_fd(), into.as_raw_fd())
-    };
+    let result =
+        unsafe { perf_event_open_sys::ioctls::SET_OUTPUT(counter.as_raw_fd(), into.as_raw_fd()) };
     if result < 0 {
         return Err(std::io::Error::last_os_error());
     }
