@@ -18,6 +18,8 @@ pub struct Cli {
 pub enum Command {
     /// Sample a command, processes or the whole system and print a report.
     Record(RecordArgs),
+    /// Count events exactly over a command, processes or the whole system.
+    Stat(crate::stat::StatArgs),
 }
 
 #[derive(Debug, Args)]

@@ -25,6 +25,7 @@ use crate::{
 pub async fn run(command: Command) -> Result<ExitCode> {
     match command {
         Command::Record(args) => run_record(args).await,
+        Command::Stat(args) => crate::stat::run_stat(args).await,
     }
 }
 
