@@ -21,6 +21,8 @@ pub enum Command {
     Record(Box<RecordArgs>),
     /// Report on a profile file (`record -o`).
     Report(Box<ReportArgs>),
+    /// Count events exactly for the whole run (HP Caliper's exact counts, like perf stat).
+    Stat(Box<crate::stat::StatArgs>),
     /// The events this machine can sample or count, with default overflow values.
     List {
         /// As JSON.

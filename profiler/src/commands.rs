@@ -29,6 +29,7 @@ pub async fn run(command: Command) -> Result<ExitCode> {
     match command {
         Command::Record(args) => run_record(*args).await,
         Command::Report(args) => run_report(*args),
+        Command::Stat(args) => crate::stat::run_stat(*args).await,
         Command::List { json } => {
             print(&run_list(json)?)?;
             Ok(ExitCode::SUCCESS)

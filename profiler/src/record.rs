@@ -2,11 +2,7 @@
 //! until the target exits, the duration ends or the user interrupts, then drain everything
 //! that is left and assemble the profile.
 
-use std::{
-    io::Write,
-    os::{fd::AsRawFd, unix::process::CommandExt as _},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
-};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
@@ -28,6 +24,7 @@ use crate::{
     },
     drain::{read_accounting, Accounting, Drained, Drainer},
     events::{EventSpec, PmuRegistry, Sampling, SystemFacts},
+    launch::spawn_stopped,
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
 };
 
@@ -104,62 +101,6 @@ pub fn event_info(spec: &EventSpec) -> EventInfo {
         unit: spec.unit.clone(),
         precise: spec.precise(),
     }
-}
-
-/// A command started stopped: a shell trampoline waits on a pipe and then execs the command, so
-/// counters can be opened on its pid and enabled (enable_on_exec) exactly at that exec.
-struct StoppedCommand {
-    child: tokio::process::Child,
-    release: std::io::PipeWriter,
-}
-
-/// File descriptor the trampoline reads the go-ahead from.
-const GATE_FD: i32 = 3;
-const TRAMPOLINE: &str = "read -r _ <&3; exec 3<&-; exec \"$@\"";
-
-/// Finds a program the way exec does: a path as given, a bare name on PATH.
-fn resolve_program(program: &str) -> Option<std::path::PathBuf> {
-    if program.contains('/') {
-        return Some(program.into()).filter(|p: &std::path::PathBuf| p.is_file());
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|candidate| candidate.is_file())
-}
-
-fn spawn_stopped(argv: &[String]) -> Result<StoppedCommand> {
-    let program = argv
-        .first()
-        .ok_or_else(|| anyhow!("no command given after --"))?;
-    if resolve_program(program).is_none() {
-        return Err(anyhow!(
-            "cannot run '{program}': no such file, or not on PATH"
-        ));
-    }
-    let (gate, release) = std::io::pipe().context("creating a pipe")?;
-    let gate_fd = gate.as_raw_fd();
-    let mut command = std::process::Command::new("/bin/sh");
-    command
-        .arg("-c")
-        .arg(TRAMPOLINE)
-        .arg("profiler-launch")
-        .args(argv);
-    // SAFETY: runs in the forked child before exec and only calls dup2(2), which is
-    // async-signal-safe; the duplicate has no close-on-exec flag, so the shell inherits it.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::dup2(gate_fd, GATE_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = tokio::process::Command::from(command)
-        .spawn()
-        .context("starting /bin/sh to launch the command")?;
-    drop(gate);
-    Ok(StoppedCommand { child, release })
 }
 
 fn capture_config(options: &RecordOptions) -> CaptureConfig {
@@ -249,12 +190,7 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         _ => None,
     };
     let target = match (&options.target, &command) {
-        (TargetSpec::Command(_), Some(stopped)) => Target::Command(
-            stopped
-                .child
-                .id()
-                .ok_or_else(|| anyhow!("the command exited before it started"))?,
-        ),
+        (TargetSpec::Command(_), Some(stopped)) => Target::Command(stopped.pid()?),
         (TargetSpec::Processes(pids), _) => Target::Processes(pids.clone()),
         _ => Target::System,
     };
@@ -276,10 +212,7 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     let start = SystemTime::now();
     if let Some(stopped) = &mut command {
         // Counters with enable_on_exec start when the command execs, which this releases.
-        stopped
-            .release
-            .write_all(b"go\n")
-            .context("starting the command")?;
+        stopped.release()?;
     } else {
         sideband.enable()?;
         for counter in &mut counters {

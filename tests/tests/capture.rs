@@ -310,9 +310,24 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
         outside.id()
     );
     let samples: u64 = profile.stacks.iter().map(|s| s.count).sum();
+    // The machine may be busy: what matters is that the cgroup's process was seen and the
+    // outside one, which ran meanwhile, was not.
     assert!(
-        samples > 500,
+        samples > 20,
         "too few samples from the cgroup's busy process: {samples}"
+    );
+    assert!(
+        outside_ran > 0,
+        "the outside process did not run during the recording"
+    );
+    let containers: BTreeSet<Option<String>> = profile
+        .threads
+        .iter()
+        .map(|t| t.container.clone())
+        .collect();
+    assert_eq!(
+        containers,
+        BTreeSet::from([Some(format!("docker:{}", &container_id[..12]))])
     );
     std::fs::remove_dir_all(dir).ok();
 }

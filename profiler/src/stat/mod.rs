@@ -1,0 +1,433 @@
+//! `profiler stat`: exact counts of events over a whole run (HP Caliper's exact counts beside
+//! its sampled metrics), for a launched command (counted from its exec, into its threads and
+//! children), running processes or the whole system; scaled for multiplexing and marked when
+//! scaled; with derived ratios ([`metrics`]) and, on request, per-thread or per-CPU breakdowns
+//! ([`counters`] says how per-thread counts are obtained). The run ends when the command exits,
+//! the counted processes are gone, `--duration` passes, or on Ctrl-C / SIGTERM.
+
+pub mod assemble;
+pub mod count;
+pub mod counters;
+pub mod metrics;
+pub mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use tokio::signal::unix::{signal, SignalKind};
+
+use self::assemble::assemble;
+use self::count::Count;
+use self::counters::{CountScope, CounterSet, Split, ThreadId};
+use crate::events::{parse_event_list, EventAttr, EventSpec, PmuRegistry, SystemFacts};
+use crate::launch::{spawn_stopped, StoppedCommand};
+
+/// `profiler stat` arguments.
+#[derive(Debug, clap::Args)]
+pub struct StatArgs {
+    /// Events to count: repeat or comma-separate (`profiler list` shows them). Default:
+    /// task-clock (cpu-clock with -a), context-switches, cpu-migrations, page-faults, cycles,
+    /// instructions, branches, branch-misses.
+    #[arg(short = 'e', long = "event", value_name = "EVENTS")]
+    pub events: Vec<String>,
+    /// Count on every CPU (all processes).
+    #[arg(short = 'a', long = "all-cpus", conflicts_with_all = ["pids", "command"])]
+    pub all_cpus: bool,
+    /// Count running processes (repeat or comma-separate), their threads and children.
+    #[arg(
+        short = 'p',
+        long = "pid",
+        value_name = "PID",
+        value_delimiter = ',',
+        conflicts_with = "command"
+    )]
+    pub pids: Vec<u32>,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    /// Counts per thread (with the thread's name), then the totals. Not with -a.
+    #[arg(long, conflicts_with_all = ["all_cpus", "per_cpu"])]
+    pub per_thread: bool,
+    /// Counts per CPU, then the totals.
+    #[arg(long)]
+    pub per_cpu: bool,
+    /// Print the report as JSON (schema profiler.stat/1).
+    #[arg(long)]
+    pub json: bool,
+    /// Write the report to this file instead of standard error.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// The command to launch and count.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// The events counted when `-e` is not given. Hardware ones show as not supported, with the
+/// reason, where the machine has no PMU.
+const DEFAULT_EVENTS: &str =
+    "task-clock,context-switches,cpu-migrations,page-faults,cycles,instructions,branches,branch-misses";
+/// System-wide, task-clock would count the idle task too; cpu-clock says what it is.
+const DEFAULT_SYSTEM_EVENTS: &str =
+    "cpu-clock,context-switches,cpu-migrations,page-faults,cycles,instructions,branches,branch-misses";
+
+/// How often per-thread ring buffers are drained and `-p` targets checked for exit.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What to count, as the user said it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StatTarget {
+    Command(Vec<String>),
+    Processes(Vec<u32>),
+    System,
+}
+
+impl StatTarget {
+    fn describe(&self) -> String {
+        match self {
+            StatTarget::Command(argv) => format!("'{}'", argv.join(" ")),
+            StatTarget::Processes(pids) => format!(
+                "process {}",
+                pids.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            StatTarget::System => "all CPUs".to_string(),
+        }
+    }
+}
+
+impl StatArgs {
+    fn target(&self) -> Result<StatTarget> {
+        if !self.command.is_empty() {
+            Ok(StatTarget::Command(self.command.clone()))
+        } else if !self.pids.is_empty() {
+            Ok(StatTarget::Processes(self.pids.clone()))
+        } else if self.all_cpus {
+            Ok(StatTarget::System)
+        } else {
+            Err(anyhow!(
+                "nothing to count: give a command after `--`, processes with -p PID, or -a for \
+                 all CPUs"
+            ))
+        }
+    }
+
+    fn duration(&self) -> Result<Option<Duration>> {
+        self.duration
+            .map(|seconds| {
+                Duration::try_from_secs_f64(seconds).map_err(|_| {
+                    anyhow!("--duration {seconds}: give a positive number of seconds, e.g. 2.5")
+                })
+            })
+            .transpose()
+    }
+
+    fn event_specs(&self, registry: &PmuRegistry, system_wide: bool) -> Result<Vec<EventSpec>> {
+        if self.events.is_empty() {
+            let defaults = if system_wide {
+                DEFAULT_SYSTEM_EVENTS
+            } else {
+                DEFAULT_EVENTS
+            };
+            return Ok(parse_event_list(defaults, registry)?);
+        }
+        let mut specs = Vec::new();
+        for list in &self.events {
+            specs.extend(parse_event_list(list, registry)?);
+        }
+        Ok(specs)
+    }
+}
+
+/// One event's result over the whole target.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatEvent {
+    pub name: String,
+    /// As the user wrote it.
+    pub text: String,
+    pub unit: String,
+    /// Multiply counts by this to get `unit` (sysfs `.scale`, e.g. RAPL energy).
+    pub scale: Option<f64>,
+    pub attr: EventAttr,
+    /// The count, or why the event cannot be counted here.
+    pub total: Result<Count, String>,
+}
+
+/// A thread's own counts (per-thread breakdown).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThreadRow {
+    pub thread: ThreadId,
+    pub name: String,
+    /// Other threads whose counts are in this row: the kernel gave them no count of their own
+    /// (they were still running when counting stopped).
+    pub also_counts: u32,
+    /// Per event, `None` where the event is not supported.
+    pub counts: Vec<Option<Count>>,
+}
+
+/// One CPU's counts (per-CPU breakdown).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuRow {
+    pub cpu: u32,
+    pub counts: Vec<Option<Count>>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Breakdown {
+    None,
+    Threads(Vec<ThreadRow>),
+    Cpus(Vec<CpuRow>),
+}
+
+/// How the launched command ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommandEnd {
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+    /// Still running when counting stopped (duration, Ctrl-C): the profiler ended it.
+    Stopped,
+}
+
+/// Everything `profiler stat` reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatReport {
+    pub target: String,
+    pub elapsed: Duration,
+    pub events: Vec<StatEvent>,
+    pub breakdown: Breakdown,
+    pub command: Option<CommandEnd>,
+    /// Per-thread records the kernel dropped (full ring buffer): those threads' counts stay in
+    /// the row of the thread that started them.
+    pub lost_thread_records: u64,
+}
+
+/// Whether a process still runs (exists and is not a zombie).
+fn process_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+fn command_end(status: std::process::ExitStatus) -> Option<CommandEnd> {
+    use std::os::unix::process::ExitStatusExt as _;
+    status
+        .code()
+        .map(CommandEnd::Exited)
+        .or_else(|| status.signal().map(CommandEnd::Signaled))
+}
+
+/// `profiler stat`'s exit code: the command's, as a shell reports it, else success.
+fn exit_code(end: Option<CommandEnd>) -> ExitCode {
+    match end {
+        Some(CommandEnd::Exited(code)) => ExitCode::from(code.clamp(0, 255) as u8),
+        Some(CommandEnd::Signaled(signal)) => ExitCode::from((128 + signal).clamp(0, 255) as u8),
+        Some(CommandEnd::Stopped) | None => ExitCode::SUCCESS,
+    }
+}
+
+/// Runs `profiler stat`. Its exit code is the launched command's (128 + N when signal N killed
+/// it), or success.
+pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
+    let target = args.target()?;
+    let duration = args.duration()?;
+    let registry = PmuRegistry::live().context("reading the PMUs from /sys")?;
+    let specs = args.event_specs(&registry, target == StatTarget::System)?;
+    let facts = SystemFacts::read(&registry);
+    let split = Split {
+        per_cpu: args.per_cpu,
+        per_thread: args.per_thread,
+    };
+
+    let mut command: Option<StoppedCommand> = match &target {
+        StatTarget::Command(argv) => Some(spawn_stopped(argv)?),
+        _ => None,
+    };
+    let scope = match (&target, &command) {
+        (StatTarget::Processes(pids), _) => CountScope::processes(pids)?,
+        (_, Some(stopped)) => CountScope::Command(stopped.pid()?),
+        _ => CountScope::System,
+    };
+    let mut counters = CounterSet::open(&specs, &scope, split, &facts)?;
+
+    let start = Instant::now();
+    match &mut command {
+        // Counters with enable_on_exec start when the command execs, which this releases.
+        Some(stopped) => stopped.release()?,
+        None => counters.enable()?,
+    }
+    let mut ticker = tokio::time::interval(POLL_INTERVAL);
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let deadline = duration.map(|d| tokio::time::Instant::now() + d);
+    let mut command_status = None;
+    loop {
+        let until_deadline = async {
+            match deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
+            }
+        };
+        let command_exit = async {
+            match &mut command {
+                Some(stopped) => stopped.child.wait().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = ticker.tick() => {
+                counters.drain();
+                if let StatTarget::Processes(pids) = &target {
+                    if !pids.iter().any(|&pid| process_running(pid)) {
+                        break;
+                    }
+                }
+            }
+            status = command_exit => {
+                command_status = Some(status.context("waiting for the command")?);
+                break;
+            }
+            _ = until_deadline => break,
+            _ = interrupt.recv() => break,
+            _ = terminate.recv() => break,
+        }
+    }
+    counters.disable()?;
+    let elapsed = start.elapsed();
+    let mut command_end = command_status.and_then(command_end);
+    if command_status.is_none() {
+        if let Some(stopped) = &mut command {
+            // Counting was stopped by the user: the launched command does not outlive it. Its
+            // threads' exit records still arrive, with the counts frozen at the stop.
+            let _ = stopped.child.start_kill();
+            let _ = stopped.child.wait().await;
+            command_end = Some(CommandEnd::Stopped);
+        }
+    }
+    counters.drain();
+    let readings = counters.read()?;
+    let unsupported = counters.unsupported().to_vec();
+    let log = counters.into_log();
+    let (events, breakdown) = assemble(&specs, &unsupported, &readings, &log, split);
+    let report = StatReport {
+        target: target.describe(),
+        elapsed,
+        events,
+        breakdown,
+        command: command_end,
+        lost_thread_records: log.lost,
+    };
+
+    let text = if args.json {
+        render::json(&report)?
+    } else {
+        render::text(&report)
+    };
+    match &args.output {
+        Some(path) => std::fs::write(path, text)
+            .with_context(|| format!("writing the report to {}", path.display()))?,
+        None => eprint!("{text}"),
+    }
+    Ok(exit_code(report.command))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        stat: StatArgs,
+    }
+
+    fn args(line: &[&str]) -> Result<StatArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("stat").chain(line.iter().copied())).map(|cli| cli.stat)
+    }
+
+    #[test]
+    fn the_target_is_a_command_processes_or_all_cpus() {
+        let command = args(&["-e", "page-faults", "--", "ls", "-l"]).unwrap();
+        assert_eq!(
+            command.target().unwrap(),
+            StatTarget::Command(vec!["ls".to_string(), "-l".to_string()])
+        );
+        assert_eq!(
+            args(&["-p", "1,2", "-p", "3"]).unwrap().target().unwrap(),
+            StatTarget::Processes(vec![1, 2, 3])
+        );
+        assert_eq!(args(&["-a"]).unwrap().target().unwrap(), StatTarget::System);
+        let err = args(&[]).unwrap().target().unwrap_err();
+        assert!(err.to_string().starts_with("nothing to count"), "{err}");
+        assert!(args(&["-a", "-p", "1"]).is_err());
+        assert!(args(&["-a", "--per-thread"]).is_err());
+        assert!(args(&["--per-thread", "--per-cpu", "--", "ls"]).is_err());
+    }
+
+    #[test]
+    fn durations_must_be_positive_numbers() {
+        let parsed = args(&["-a", "--duration", "2.5"]).unwrap();
+        assert_eq!(
+            parsed.duration().unwrap(),
+            Some(Duration::from_millis(2_500))
+        );
+        let err = args(&["-a", "--duration=-1"])
+            .unwrap()
+            .duration()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--duration -1: give a positive number of seconds, e.g. 2.5"
+        );
+    }
+
+    #[test]
+    fn events_default_to_the_perf_stat_set_and_accumulate() {
+        let registry = PmuRegistry::default();
+        let names = |specs: Vec<EventSpec>| -> Vec<String> {
+            specs.into_iter().map(|spec| spec.name).collect()
+        };
+        let defaults = args(&["--", "ls"]).unwrap();
+        let task = names(defaults.event_specs(&registry, false).unwrap());
+        assert_eq!(task[0], "task-clock");
+        assert_eq!(task.len(), 8);
+        let system = names(defaults.event_specs(&registry, true).unwrap());
+        assert_eq!(system[0], "cpu-clock");
+        let given = args(&["-e", "insts,cycles", "-e", "page-faults", "--", "ls"]).unwrap();
+        assert_eq!(
+            names(given.event_specs(&registry, false).unwrap()),
+            ["instructions", "cycles", "page-faults"]
+        );
+        let err = args(&["-e", "cycels", "--", "ls"])
+            .unwrap()
+            .event_specs(&registry, false)
+            .unwrap_err();
+        assert!(err
+            .to_string()
+            .starts_with("unknown event 'cycels'. Did you mean: cycles"));
+    }
+
+    #[test]
+    fn the_exit_code_is_the_commands() {
+        assert_eq!(exit_code(Some(CommandEnd::Exited(3))), ExitCode::from(3));
+        assert_eq!(
+            exit_code(Some(CommandEnd::Signaled(9))),
+            ExitCode::from(137)
+        );
+        assert_eq!(exit_code(Some(CommandEnd::Stopped)), ExitCode::SUCCESS);
+        assert_eq!(exit_code(None), ExitCode::SUCCESS);
+    }
+
+    #[test]
+    fn zombies_and_missing_processes_are_not_running() {
+        assert!(process_running(std::process::id()));
+        assert!(!process_running(u32::MAX - 1));
+    }
+}

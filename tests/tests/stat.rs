@@ -1,0 +1,273 @@
+//! `profiler stat` on the bundled workloads: exact counts, unsupported events, per-thread
+//! attribution, errors.
+
+mod common;
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
+
+use common::{profiler_bin, require_root, workload};
+use serde_json::Value;
+
+/// Runs `profiler stat ARGS`, returning its output whatever the exit status.
+fn stat(args: &[&str]) -> Output {
+    require_root();
+    Command::new(profiler_bin())
+        .arg("stat")
+        .args(args)
+        .output()
+        .expect("the profiler runs")
+}
+
+/// A report file in the temporary directory, removed when dropped.
+struct ReportFile(PathBuf);
+
+impl ReportFile {
+    fn new(name: &str) -> ReportFile {
+        ReportFile(
+            std::env::temp_dir().join(format!("profiler-stat-{name}-{}.json", std::process::id())),
+        )
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("a UTF-8 temporary path")
+    }
+
+    fn json(&self) -> Value {
+        let text = std::fs::read_to_string(&self.0).expect("the report was written");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
+    }
+}
+
+impl Drop for ReportFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Runs `profiler stat --json -o FILE ARGS`, asserting success, and parses the report.
+fn stat_json(name: &str, args: &[&str]) -> Value {
+    let report = ReportFile::new(name);
+    let mut all = vec!["--json", "-o", report.path()];
+    all.extend_from_slice(args);
+    let output = stat(&all);
+    assert!(
+        output.status.success(),
+        "profiler stat {all:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    report.json()
+}
+
+fn event<'a>(events: &'a Value, name: &str) -> &'a Value {
+    events
+        .as_array()
+        .expect("an event list")
+        .iter()
+        .find(|event| event["event"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {events}"))
+}
+
+#[test]
+fn page_faults_of_a_launched_command_are_all_counted() {
+    let pages = 5000;
+    let toucher = workload("page_toucher");
+    let report = stat_json(
+        "page-faults",
+        &[
+            "-e",
+            "page-faults",
+            "--",
+            toucher.to_str().unwrap(),
+            &pages.to_string(),
+        ],
+    );
+    assert_eq!(report["schema"], "profiler.stat/1");
+    assert_eq!(report["command"]["exit_code"], 0);
+    let faults = event(&report["events"], "page-faults");
+    assert_eq!(faults["supported"], true);
+    assert_eq!(faults["scaled"], false, "software events never multiplex");
+    let count = faults["count"].as_u64().expect("a count");
+    // Every fresh page faults once; the loader and allocator add a few hundred more.
+    assert!(
+        (pages..pages + 2_000).contains(&count),
+        "{count} page faults for {pages} fresh pages"
+    );
+    assert_eq!(faults["metrics"][0]["metric"], "per_second");
+}
+
+#[test]
+fn hardware_events_without_a_pmu_are_reported_not_supported_with_the_reason() {
+    if std::path::Path::new("/sys/bus/event_source/devices/cpu").exists() {
+        eprintln!("skipped: this machine has a hardware PMU, so cycles are supported");
+        return;
+    }
+    let output = stat(&["-e", "cycles,task-clock", "--", "/bin/true"]);
+    assert!(
+        output.status.success(),
+        "an unsupported event must not fail the run: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8_lossy(&output.stderr);
+    let cycles = text
+        .lines()
+        .find(|line| line.contains(" cycles"))
+        .unwrap_or_else(|| panic!("no cycles line:\n{text}"));
+    assert!(cycles.trim_start().starts_with("<not supported>"), "{text}");
+    assert!(
+        text.contains("cycles: no hardware PMU: virtual machine?"),
+        "{text}"
+    );
+    let clock = text
+        .lines()
+        .find(|line| line.contains(" task-clock"))
+        .unwrap_or_else(|| panic!("no task-clock line:\n{text}"));
+    assert!(clock.contains(" msec task-clock"), "{text}");
+    assert!(clock.contains("CPUs utilized"), "{text}");
+
+    let report = stat_json("cycles", &["-e", "cycles", "--", "/bin/true"]);
+    let cycles = event(&report["events"], "cycles");
+    assert_eq!(cycles["supported"], false);
+    assert!(cycles["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("no hardware PMU"));
+    assert!(cycles.get("count").is_none());
+}
+
+#[test]
+fn unknown_events_name_the_nearest_and_fail() {
+    let output = stat(&["-e", "page-fualts", "--", "/bin/true"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("unknown event 'page-fualts'. Did you mean: page-faults"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_commands_exit_status_is_passed_on() {
+    let output = stat(&["-e", "task-clock", "--", "/bin/sh", "-c", "exit 3"]);
+    assert_eq!(output.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("exited with status 3"));
+}
+
+#[test]
+fn per_thread_counts_follow_each_threads_own_work() {
+    let threads = workload("threads");
+    let report = stat_json(
+        "per-thread",
+        &[
+            "--per-thread",
+            "-e",
+            "task-clock,context-switches",
+            "--",
+            threads.to_str().unwrap(),
+            "4",
+        ],
+    );
+    let rows = report["threads"].as_array().expect("per-thread rows");
+    let clock_of = |name: &str| -> u64 {
+        let row = rows
+            .iter()
+            .find(|row| row["name"] == name)
+            .unwrap_or_else(|| panic!("no thread {name} in {rows:?}"));
+        assert_eq!(row["also_counts"], 0, "{row}");
+        event(&row["events"], "task-clock")["count"]
+            .as_u64()
+            .expect("a count")
+    };
+    // Thread spin-i does (i + 1) units of the same work.
+    let clocks: Vec<u64> = (0..4).map(|i| clock_of(&format!("spin-{i}"))).collect();
+    for (i, pair) in clocks.windows(2).enumerate() {
+        assert!(
+            pair[0] < pair[1],
+            "spin-{i} ran {} ns, spin-{} {} ns: {clocks:?}",
+            pair[0],
+            i + 1,
+            pair[1]
+        );
+    }
+    let unit = clocks[0] as f64;
+    for (i, &clock) in clocks.iter().enumerate() {
+        let units = clock as f64 / unit;
+        assert!(
+            (units - (i + 1) as f64).abs() < 0.35 * (i + 1) as f64,
+            "spin-{i} did {units:.2} units of work: {clocks:?}"
+        );
+    }
+    // The rows add up to the total.
+    let total = event(&report["events"], "task-clock")["count"]
+        .as_u64()
+        .unwrap();
+    let sum: u64 = rows
+        .iter()
+        .map(|row| {
+            event(&row["events"], "task-clock")["count"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(sum, total);
+    let main = rows
+        .iter()
+        .find(|row| row["name"] == "threads")
+        .expect("the main thread has a row");
+    assert!(
+        event(&main["events"], "task-clock")["count"]
+            .as_u64()
+            .unwrap()
+            < clocks[0],
+        "the main thread only waits: {main}"
+    );
+}
+
+#[test]
+fn running_processes_are_counted_until_they_exit() {
+    let threads = workload("threads");
+    let mut child = Command::new(&threads)
+        .args(["2", "10"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the workload starts");
+    let pid = child.id().to_string();
+    let report = stat_json("pid", &["-e", "task-clock", "-p", &pid, "--duration", "30"]);
+    child.wait().expect("the workload ends");
+    let elapsed = report["elapsed_ns"].as_u64().unwrap();
+    assert!(
+        elapsed < 20_000_000_000,
+        "stat stopped when the process exited"
+    );
+    let clock = event(&report["events"], "task-clock")["count"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        clock > 100_000_000,
+        "two threads spinning: {clock} ns of CPU"
+    );
+    assert!(report["command"].is_null());
+}
+
+#[test]
+fn system_wide_counts_split_per_cpu() {
+    let report = stat_json(
+        "per-cpu",
+        &["-a", "--per-cpu", "-e", "cpu-clock", "--duration", "0.3"],
+    );
+    let cpus = report["cpus"].as_array().expect("per-CPU rows");
+    let online = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(cpus.len(), online);
+    for cpu in cpus {
+        // cpu-clock system-wide is wall time on every CPU.
+        let clock = event(&cpu["events"], "cpu-clock")["count"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            (250_000_000..400_000_000).contains(&clock),
+            "{clock} ns in 0.3 s: {cpu}"
+        );
+    }
+}
