@@ -49,6 +49,10 @@ pub struct RecordArgs {
     /// Sample every N events, for every event (the overflow value; Caliper's -s).
     #[arg(short = 'c', short_alias = 's', long, value_name = "N")]
     pub period: Option<u64>,
+    /// Pick each event's overflow value from a short counting pass so that it samples about HZ
+    /// times per second (a launched command, not yet running, is sampled at HZ instead).
+    #[arg(long, value_name = "HZ", conflicts_with_all = ["period", "frequency"])]
+    pub target_rate: Option<u64>,
     /// Profile every CPU (all processes).
     #[arg(short = 'a', long = "all-cpus", conflicts_with_all = ["pids", "command"])]
     pub all_cpus: bool,

@@ -7,7 +7,10 @@ use anyhow::{Context, Result};
 use crate::{
     capture::{btf::Btf, counters::StackCapture, program::MapSizes},
     cli::{Command, RecordArgs, ReportArgs, ReportOutput},
-    events::{override_sampling, parse_event_list, run_list, PmuRegistry, Sampling},
+    events::{
+        calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
+        override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
+    },
     export::{flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof},
     profile::{
         file::{read_profile, write_profile},
@@ -46,7 +49,7 @@ fn print(text: &str) -> Result<()> {
 
 /// The events to sample: as given, or cycles (cpu-clock where there is no hardware PMU, said
 /// once), with any global overflow override.
-fn resolve_events(args: &RecordArgs, pmus: &PmuRegistry) -> Result<Vec<crate::events::EventSpec>> {
+fn resolve_events(args: &RecordArgs, pmus: &PmuRegistry) -> Result<Vec<EventSpec>> {
     let text = if args.events.is_empty() {
         if pmus.has_hardware_pmu() {
             "cycles".to_string()
@@ -72,6 +75,28 @@ fn resolve_events(args: &RecordArgs, pmus: &PmuRegistry) -> Result<Vec<crate::ev
     Ok(specs)
 }
 
+/// `--target-rate`: overflow values from a counting pass on the same scope, printed (and kept
+/// in the profile's events). A command not started yet cannot be counted: it samples at the
+/// rate as a frequency.
+fn calibrate_events(events: &mut [EventSpec], target: &TargetSpec, rate: u64) -> Result<()> {
+    let scope = match target {
+        TargetSpec::Command(_) => {
+            eprintln!(
+                "note: --target-rate with a launched command: sampling every event at {rate} Hz \
+                 (there is nothing to count before it starts)"
+            );
+            override_sampling(events, Sampling::Frequency(rate))?;
+            return Ok(());
+        }
+        TargetSpec::Processes(pids) => CalibrationTarget::Pids(pids.clone()),
+        TargetSpec::System => CalibrationTarget::System,
+    };
+    for calibration in calibrate(events, &scope, rate, DEFAULT_PASS)? {
+        eprintln!("calibration: {}", calibration.describe(rate));
+    }
+    Ok(())
+}
+
 /// Cgroup ids to keep: the subtree of `--cgroup` or of `--container`'s cgroup.
 fn resolve_cgroups(args: &RecordArgs) -> Result<Vec<u64>> {
     let directory = match (&args.cgroup, &args.container) {
@@ -85,7 +110,7 @@ fn resolve_cgroups(args: &RecordArgs) -> Result<Vec<u64>> {
 
 async fn run_record(args: RecordArgs) -> Result<ExitCode> {
     let pmus = PmuRegistry::live()?;
-    let events = resolve_events(&args, &pmus)?;
+    let mut events = resolve_events(&args, &pmus)?;
     let cgroups = resolve_cgroups(&args)?;
     let uid = args.uid.as_deref().map(resolve_uid).transpose()?;
     let target = if !args.command.is_empty() {
@@ -104,6 +129,9 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
         Some(path) => Btf::from_file(path),
         None => Btf::from_sys_fs(),
     };
+    if let Some(rate) = args.target_rate {
+        calibrate_events(&mut events, &target, rate)?;
+    }
     let offsets = match btf.and_then(|btf| btf.kernel_offsets()) {
         Ok(offsets) => Some(offsets),
         Err(e) => {

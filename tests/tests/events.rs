@@ -102,3 +102,43 @@ fn bad_event_specs_get_clear_errors() {
     let gone = failing(&["record", "-p", "999999999"]);
     assert!(gone.contains("process 999999999 does not exist"), "{gone}");
 }
+
+#[test]
+fn target_rate_calibrates_each_event_near_the_rate() {
+    let cpu_split = workload("cpu_split");
+    let mut busy = Command::new(&cpu_split)
+        .arg("20000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = busy.id().to_string();
+    let output = profiler(&[
+        "record",
+        "--json",
+        "-p",
+        &pid,
+        "-e",
+        "cpu-clock,task-clock",
+        "--target-rate",
+        "300",
+        "--duration",
+        "2",
+    ]);
+    busy.kill().ok();
+    busy.wait().ok();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.matches("calibration: ").count(), 2, "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    for event in report["events"].as_array().unwrap() {
+        let period = event["period"]
+            .as_u64()
+            .expect("a calibrated period is stored");
+        // A busy thread's clock runs at about 1e9 ns/s: 300 samples/s is a period near 3.3e6.
+        assert!((1_000_000..10_000_000).contains(&period), "{event:#}");
+        let samples = event["samples"].as_u64().unwrap();
+        assert!(
+            (150..=900).contains(&samples),
+            "{samples} samples in 2 s at 300/s: {event:#}"
+        );
+    }
+}
