@@ -149,6 +149,9 @@ fn kernel_release() -> String {
         .unwrap_or_default()
 }
 
+/// How often the side-band records (new mappings, exec, exit) are read.
+const SIDEBAND_INTERVAL: Duration = Duration::from_millis(50);
+
 /// Why the recording stopped.
 #[derive(Debug, PartialEq, Eq)]
 enum Stop {
@@ -226,6 +229,8 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     let mut drains = 0u32;
     let mut ticker = interval(options.drain_interval);
     ticker.tick().await;
+    let mut sideband_ticker = interval(SIDEBAND_INTERVAL);
+    sideband_ticker.tick().await;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
     let deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
@@ -250,6 +255,8 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
             }
         };
         tokio::select! {
+            // Mappings are read often so their files are opened while short-lived processes live.
+            _ = sideband_ticker.tick() => sideband.read_into(&mut processes),
             _ = ticker.tick() => {
                 let started = Instant::now();
                 sideband.read_into(&mut processes);

@@ -145,3 +145,42 @@ fn ctrl_c_stops_a_system_wide_run_and_drains_everything() {
         "{event:#}"
     );
 }
+
+#[test]
+fn a_process_in_another_mount_namespace_is_symbolized_after_it_exits() {
+    // The workload runs from a tmpfs mounted only inside its own mount namespace (as in a
+    // container): once it exits, its binary's path leads nowhere on the host.
+    let hidden = std::env::temp_dir().join(format!("profiler-ns-{}", std::process::id()));
+    std::fs::create_dir_all(&hidden).unwrap();
+    let script = format!(
+        "mount -t tmpfs none {dir} && cp {bin} {dir}/cpu_split_ns && exec {dir}/cpu_split_ns 2000",
+        dir = hidden.display(),
+        bin = workload("cpu_split").display()
+    );
+    let (report, stderr) = profiler_json(&[
+        "record",
+        "--json",
+        "--",
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    assert!(
+        std::fs::read_dir(&hidden).unwrap().next().is_none(),
+        "the host must not see the namespace's files"
+    );
+    std::fs::remove_dir(&hidden).ok();
+    let event = &report["events"][0];
+    let heavy = event["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "cpu_split::heavy_work")
+        .unwrap_or_else(|| panic!("heavy_work not symbolized: {event:#}\n{stderr}"));
+    assert_eq!(heavy["module"], "cpu_split_ns");
+    assert!(heavy["self_percent"].as_f64().unwrap() > 30.0, "{heavy:#}");
+}

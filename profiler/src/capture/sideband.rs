@@ -3,7 +3,12 @@
 //! symbolize later). Existing processes are read from /proc at start; changes arrive as
 //! PERF_RECORD_MMAP2/COMM/FORK/EXIT from a dummy perf event on the same target.
 
-use std::{collections::HashMap, fs, os::fd::AsRawFd, path::PathBuf};
+use std::{
+    collections::HashMap,
+    fs,
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    path::PathBuf,
+};
 
 use anyhow::{Context, Result};
 use perf_event::{data::Record as PerfRecord, events::Software, Builder, Sampler};
@@ -27,6 +32,42 @@ pub struct Mapping {
     pub path: String,
     pub executable: bool,
     pub build_id: Option<Vec<u8>>,
+    /// The mapped file as opened while the process lived (see [`MappedFiles`]).
+    pub file: Option<FileIdentity>,
+}
+
+/// A file by device and inode: the same library mapped by many processes is opened once.
+pub type FileIdentity = (u64, u64);
+
+/// Most mapped files kept open: enough for a system's distinct binaries and libraries, well
+/// under the usual descriptor limit.
+const MAX_OPEN_FILES: usize = 4096;
+
+/// The files of executable mappings, opened through the mapping process's root while it lives.
+/// A process in another mount namespace (a container) that exits before the report is still
+/// symbolized from these descriptors: its paths mean nothing on the host afterwards.
+#[derive(Debug, Default)]
+pub struct MappedFiles {
+    by_identity: HashMap<FileIdentity, fs::File>,
+}
+
+impl MappedFiles {
+    /// Opens `path` as `pid` sees it; returns the file's identity.
+    fn open(&mut self, pid: u32, path: &str) -> Option<FileIdentity> {
+        let file = fs::File::open(format!("/proc/{pid}/root{path}")).ok()?;
+        let metadata = file.metadata().ok()?;
+        let identity = (metadata.dev(), metadata.ino());
+        if !self.by_identity.contains_key(&identity) && self.by_identity.len() < MAX_OPEN_FILES {
+            self.by_identity.insert(identity, file);
+        }
+        self.by_identity.contains_key(&identity).then_some(identity)
+    }
+
+    /// A path that reaches the opened file from this process, while the table lives.
+    pub fn path(&self, identity: FileIdentity) -> Option<PathBuf> {
+        let file = self.by_identity.get(&identity)?;
+        Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
+    }
 }
 
 impl Mapping {
@@ -55,6 +96,7 @@ pub struct ProcessTable {
     pub threads: HashMap<u32, String>,
     /// Side-band records the kernel dropped (its ring buffer was full).
     pub lost_records: u64,
+    pub files: MappedFiles,
 }
 
 /// Parses one line of /proc/PID/maps.
@@ -73,6 +115,7 @@ pub fn parse_maps_line(line: &str) -> Option<Mapping> {
         executable: perms.as_bytes().get(2) == Some(&b'x'),
         path,
         build_id: None,
+        file: None,
     })
 }
 
@@ -89,12 +132,8 @@ impl ProcessTable {
             return;
         };
         let mut mappings: Vec<Mapping> = maps.lines().filter_map(parse_maps_line).collect();
-        for mapping in mappings.iter_mut().filter(|m| m.executable && m.is_file()) {
-            let in_its_root = PathBuf::from(format!("/proc/{pid}/root{}", mapping.path));
-            mapping.build_id = blazesym::helper::read_elf_build_id(&in_its_root)
-                .ok()
-                .flatten()
-                .map(|id| id.to_vec());
+        for mapping in &mut mappings {
+            self.open_mapped_file(pid, mapping);
         }
         let comm = read_comm(&format!("/proc/{pid}/comm")).unwrap_or_default();
         for tid in threads_of(pid).unwrap_or_default() {
@@ -110,6 +149,23 @@ impl ProcessTable {
                 exited: false,
             },
         );
+    }
+
+    /// Opens an executable mapping's file while its process lives, and reads its build ID from
+    /// it when the kernel did not send one.
+    fn open_mapped_file(&mut self, pid: u32, mapping: &mut Mapping) {
+        if !(mapping.executable && mapping.is_file()) {
+            return;
+        }
+        mapping.file = self.files.open(pid, &mapping.path);
+        if mapping.build_id.is_none() {
+            if let Some(path) = mapping.file.and_then(|identity| self.files.path(identity)) {
+                mapping.build_id = blazesym::helper::read_elf_build_id(&path)
+                    .ok()
+                    .flatten()
+                    .map(|id| id.to_vec());
+            }
+        }
     }
 
     /// Records every running process.
@@ -129,14 +185,16 @@ impl ProcessTable {
     pub fn apply(&mut self, record: &PerfRecord, misc: u16) {
         match record {
             PerfRecord::Mmap2(mmap) => {
-                let mapping = Mapping {
+                let mut mapping = Mapping {
                     start: mmap.addr,
                     end: mmap.addr + mmap.len,
                     file_offset: mmap.pgoff,
                     path: String::from_utf8_lossy(&mmap.filename).into_owned(),
                     executable: mmap.prot & libc::PROT_EXEC as u32 != 0,
                     build_id: mmap.build_id().map(<[u8]>::to_vec),
+                    file: None,
                 };
+                self.open_mapped_file(mmap.pid, &mut mapping);
                 let process = self.processes.entry(mmap.pid).or_default();
                 process.mappings.push(mapping);
             }

@@ -95,7 +95,10 @@ impl<'a> FrameTable<'a> {
                         build_id: mapping.build_id.as_deref().map(hex),
                         ..Frame::default()
                     };
-                    let path = elf_path(address.pid, &mapping.path);
+                    let path = mapping
+                        .file
+                        .and_then(|identity| self.processes.files.path(identity))
+                        .unwrap_or_else(|| elf_path(address.pid, &mapping.path));
                     by_file
                         .entry(path)
                         .or_default()
@@ -203,8 +206,9 @@ pub fn progress_bar(length: u64, what: &'static str) -> indicatif::ProgressBar {
     bar
 }
 
-/// Where to open a mapped file: through the process's root while it lives (containers have
-/// other mount namespaces), else the path as the host sees it.
+/// Where to open a mapped file that was not opened while its process lived: through the
+/// process's root if it still lives (containers have other mount namespaces), else the path as
+/// the host sees it.
 fn elf_path(pid: u32, path: &str) -> PathBuf {
     let in_its_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
     if in_its_root.exists() {
