@@ -16,10 +16,7 @@ use crate::{
     cli::{Command, RecordArgs},
     profile::EventInfo,
     record::{record, RecordOptions, TargetSpec},
-    report::{
-        json,
-        text::{render, TextOptions},
-    },
+    report::{render_report, ViewArgs},
 };
 
 pub async fn run(command: Command) -> Result<ExitCode> {
@@ -109,17 +106,13 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
         offsets: None,
     };
     let recording = record(options).await?;
-    let report = if args.json {
-        json::render(&recording.profile, args.top, args.paths)?
-    } else {
-        render(
-            &recording.profile,
-            &TextOptions {
-                top: args.top,
-                paths: args.paths,
-            },
-        )
+    let view = ViewArgs {
+        top: args.top,
+        paths: args.paths,
+        json: args.json,
+        ..ViewArgs::default()
     };
+    let report = render_report(&recording.profile, &view)?;
     std::io::stdout().write_all(report.as_bytes())?;
     Ok(match recording.command_status.and_then(|s| s.code()) {
         Some(code) if code != 0 => {

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use profiler_common::capture::LossKind;
 
 use super::{
-    DataLineSample, EventInfo, InstructionSample, LatencyHistogram, Losses, Profile, ProfileMeta,
-    StackSample, Stats, ThreadInfo,
+    DataAccess, DataLineSample, EventInfo, InstructionSample, LatencyHistogram, Losses, Profile,
+    ProfileMeta, StackSample, Stats, ThreadInfo,
 };
 use crate::{
     capture::sideband::ProcessTable,
@@ -103,6 +103,9 @@ pub fn assemble(
             frame: table.frame(code(key.pid, key.ip)),
             stats: stats(s),
             per_cpu: per_cpu.clone(),
+            // The capture does not record the thread or the access kind of data samples yet.
+            tid: None,
+            access: DataAccess::Unknown,
         })
         .collect();
     let latency = drained
@@ -161,5 +164,10 @@ pub fn assemble(
         data_lines,
         latency,
         losses,
+        // Filled after assembly from the module files and the side-band process table
+        // (`aggregate::code::capture_code`, `aggregate::dataspace::capture_data_objects`).
+        code: Vec::new(),
+        memory_maps: Vec::new(),
+        data_symbols: Vec::new(),
     }
 }
