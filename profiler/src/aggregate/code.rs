@@ -165,6 +165,7 @@ pub fn disassemble(bytes: &[u8], address: u64) -> Vec<DecodedInstruction> {
     options.set_first_operand_char_index(7);
     options.set_branch_leading_zeros(false);
     options.set_uppercase_hex(false);
+    options.set_rip_relative_addresses(true);
     let end = address + bytes.len() as u64;
     let mut instruction = Instruction::default();
     let mut decoded = Vec::new();
@@ -221,6 +222,8 @@ mod tests {
         let offsets: Vec<u32> = decoded.iter().map(|i| i.offset).collect();
         assert_eq!(offsets, [0, 1, 4, 6, 8, 11, 12]);
         assert_eq!(decoded[4].address, 0x401008);
+        let call = disassemble(&[0xff, 0x15, 0x10, 0, 0, 0], 0x1000);
+        assert_eq!(call[0].text, "callq  *0x10(%rip)");
     }
 
     #[test]
@@ -241,5 +244,117 @@ mod tests {
         });
         assert!(code_of(&profile, &frame).is_some());
         assert!(code_of(&profile, &Frame::default()).is_none());
+    }
+
+    /// A function of this test binary with a loop and a call, disassembled by objdump and by
+    /// this module.
+    #[no_mangle]
+    #[inline(never)]
+    pub extern "C" fn profiler_objdump_probe(n: u64) -> u64 {
+        let mut x = n | 1;
+        for i in 0..n {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+            x ^= x >> 29;
+        }
+        x
+    }
+
+    /// Whether two AT&T mnemonics name the same instruction: binutils 2.40 leaves out the
+    /// operand-size suffix where the size is implied (`call *0x10(%rip)`), iced-x86 prints it
+    /// (`callq`).
+    fn same_mnemonic(ours: &str, theirs: &str) -> bool {
+        ours == theirs
+            || ours
+                .strip_suffix(['b', 'w', 'l', 'q'])
+                .is_some_and(|base| base == theirs)
+    }
+
+    /// (address, mnemonic) of every instruction objdump prints for `symbol`.
+    fn objdump(binary: &Path, symbol: &str) -> Vec<(u64, String)> {
+        let output = std::process::Command::new("objdump")
+            .args([
+                "-d",
+                "--no-show-raw-insn",
+                &format!("--disassemble={symbol}"),
+            ])
+            .arg(binary)
+            .output()
+            .expect("objdump runs (install binutils)");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .filter_map(|line| {
+                let (address, rest) = line.trim_start().split_once(":\t")?;
+                let address = u64::from_str_radix(address, 16).ok()?;
+                Some((address, rest.split_whitespace().next()?.to_string()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn captured_code_disassembles_like_objdump() {
+        assert_eq!(profiler_objdump_probe(3), profiler_objdump_probe(3));
+        let binary = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&binary).unwrap();
+        let elf = object::File::parse(bytes.as_slice()).unwrap();
+        let symbol = sized_symbols(&elf, SymbolKind::Text)
+            .into_iter()
+            .find(|s| s.name == "profiler_objdump_probe")
+            .expect("the probe is in the symbol table");
+        let file_offset = (0..bytes.len() as u64)
+            .step_by(4096)
+            .find_map(|page| {
+                let address = address_of_file_offset(&elf, page)?;
+                (address <= symbol.address && symbol.address < address + 4096)
+                    .then(|| page + (symbol.address - address))
+            })
+            .expect("the probe's file offset");
+        // A sample 4 bytes into the probe, as recorded at the link-time address.
+        let mut profile = Profile {
+            frames: vec![Frame {
+                address: symbol.address + 4,
+                module: binary.to_string_lossy().into_owned(),
+                module_offset: file_offset + 4,
+                function: Some(symbol.name.clone()),
+                function_address: Some(symbol.address),
+                ..Frame::default()
+            }],
+            instructions: vec![crate::profile::InstructionSample {
+                pid: std::process::id(),
+                ..Default::default()
+            }],
+            ..Profile::default()
+        };
+        capture_code(&mut profile);
+        let code = code_of(&profile, &profile.frames[0]).expect("the probe's code is captured");
+        assert_eq!(code.address, symbol.address);
+        assert_eq!(code.bytes.len() as u64, symbol.size);
+        let ours: Vec<(u64, String)> = disassemble(&code.bytes, code.address)
+            .into_iter()
+            .map(|i| (i.address, i.mnemonic))
+            .collect();
+        let theirs = objdump(&binary, &symbol.name);
+        assert!(ours.len() > 5, "{ours:?}");
+        assert_eq!(ours.len(), theirs.len(), "{ours:?}\n{theirs:?}");
+        for (ours, theirs) in ours.iter().zip(&theirs) {
+            assert_eq!(ours.0, theirs.0, "addresses differ: {ours:?} {theirs:?}");
+            assert!(
+                same_mnemonic(&ours.1, &theirs.1),
+                "mnemonics differ: {ours:?} {theirs:?}"
+            );
+        }
+        // The line table places instructions in this file (or in what it inlined).
+        assert!(
+            code.lines
+                .iter()
+                .any(|l| l.file.ends_with("aggregate/code.rs")),
+            "{:?}",
+            code.lines
+        );
+        assert!(code
+            .lines
+            .iter()
+            .all(|l| l.line > 0 && (l.offset as u64) < symbol.size));
     }
 }

@@ -331,3 +331,145 @@ pub fn data_line_details(
     };
     details
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::{
+        filter::SampleFilter,
+        test_samples::{self, HEAP_LINE, SHARED_LINE},
+    };
+
+    fn touch(name: &str, samples: u64, stores: u64) -> Touch {
+        Touch {
+            name: name.into(),
+            samples,
+            stores,
+        }
+    }
+
+    #[test]
+    fn a_line_written_by_two_threads_hints_false_sharing() {
+        let profile = test_samples::profile();
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let line = data_line_details(&profile, 1, &selection, 100, SHARED_LINE);
+        assert_eq!((line.samples, line.loads, line.stores), (4, 1, 3));
+        assert_eq!(
+            line.instructions,
+            [touch("compute+0x90", 3, 2), touch("compute+0xa4", 1, 1)]
+        );
+        assert_eq!(line.functions, [touch("compute", 4, 3)]);
+        assert_eq!(
+            line.threads.unwrap(),
+            [touch("app 100", 3, 2), touch("app worker 101", 1, 1)]
+        );
+        assert_eq!(line.cpus, [touch("cpu 0", 3, 0), touch("cpu 1", 1, 0)]);
+        assert_eq!(line.sharing, Some(SharingHint::SeveralWriters(2)));
+        assert_eq!(line.latency.unwrap().max, 80);
+        match line.object {
+            DataObject::Variables(v) => assert_eq!(v.len(), 2),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn lines_without_threads_or_access_kinds_say_so() {
+        let profile = test_samples::profile();
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let line = data_line_details(&profile, 1, &selection, 100, HEAP_LINE);
+        assert_eq!(line.object, DataObject::Heap);
+        assert_eq!((line.samples, line.loads, line.stores), (3, 0, 0));
+        assert_eq!(line.threads, None);
+        assert_eq!(line.sharing, None);
+        assert_eq!(
+            line.functions,
+            [touch("<[u8; 4] as app::Worker>::run", 3, 0)]
+        );
+    }
+
+    #[test]
+    fn addresses_are_described_by_their_mapping() {
+        let profile = test_samples::profile();
+        let describe =
+            |address: u64| describe_data_address(&profile, 100, address).describe(address);
+        assert_eq!(describe(SHARED_LINE), "counter_a, counter_b (app)");
+        assert_eq!(describe(0x5555_6000_1000), "heap");
+        assert_eq!(describe(0x7ffc_0000_1000), "stack");
+        assert_eq!(describe(0x7f00_1000_0040), "anonymous memory");
+        assert_eq!(describe(0x7f00_2000_0040), "file /data/table.db+0x2040");
+        assert_eq!(describe(0x7ffc_1000_0000), "[vdso]");
+        assert_eq!(describe(0x10), "unknown");
+        assert_eq!(
+            describe_data_address(&profile, 7, SHARED_LINE),
+            DataObject::Unknown
+        );
+        // A line inside a larger variable names the offset into it.
+        let mut big = profile.clone();
+        big.data_symbols[0].size = 0x100;
+        big.data_symbols.truncate(1);
+        let inside = SHARED_LINE + 0x40;
+        assert_eq!(
+            describe_data_address(&big, 100, inside).describe(inside),
+            "counter_a+0x40 (app)"
+        );
+    }
+
+    /// A global variable of this test binary: its line is found through the live mappings.
+    #[no_mangle]
+    static PROFILER_DATA_PROBE: [u64; 16] = [7; 16];
+
+    /// 64 KiB of zeros: bss, most of it past the file's last page, in anonymous memory.
+    #[no_mangle]
+    static PROFILER_BSS_PROBE: [std::sync::atomic::AtomicU64; 8192] =
+        [const { std::sync::atomic::AtomicU64::new(0) }; 8192];
+
+    #[test]
+    fn variables_of_a_running_binary_are_captured() {
+        let address = std::hint::black_box(&PROFILER_DATA_PROBE) as *const _ as u64;
+        let line = address & !(CACHE_LINE - 1);
+        let bss = std::hint::black_box(&PROFILER_BSS_PROBE) as *const _ as u64;
+        let bss_end_line = (bss + 8192 * 8 - 1) & !(CACHE_LINE - 1);
+        let pid = std::process::id();
+        let mut processes = ProcessTable::default();
+        processes.scan_process(pid);
+        let sample = |line| crate::profile::DataLineSample {
+            pid,
+            line,
+            ..Default::default()
+        };
+        let mut profile = Profile {
+            data_lines: vec![sample(line), sample(bss_end_line)],
+            ..Profile::default()
+        };
+        capture_data_objects(&mut profile, &processes);
+        assert_eq!(profile.memory_maps.len(), 1);
+        assert!(profile.memory_maps[0]
+            .mappings
+            .iter()
+            .any(|m| m.path == "[stack]"));
+        let probe = profile
+            .data_symbols
+            .iter()
+            .find(|s| s.name == "PROFILER_DATA_PROBE")
+            .unwrap_or_else(|| panic!("probe not found in {:?}", profile.data_symbols));
+        assert_eq!((probe.address, probe.size), (address, 128));
+        assert_eq!(
+            probe.module,
+            std::env::current_exe().unwrap().to_string_lossy()
+        );
+        match describe_data_address(&profile, pid, line) {
+            DataObject::Variables(v) => assert!(v.iter().any(|v| v.name == "PROFILER_DATA_PROBE")),
+            other => panic!("{other:?}"),
+        }
+        // The line at the end of the bss probe lies in anonymous memory after the file's pages.
+        let end = describe_data_address(&profile, pid, bss_end_line).describe(bss_end_line);
+        let probe_end = format!("PROFILER_BSS_PROBE+{:#x}", bss_end_line - bss);
+        assert!(
+            end.split(", ").any(|name| name.starts_with(&probe_end)),
+            "{end}"
+        );
+        assert!(!end.contains("_ZN"), "names are demangled: {end}");
+    }
+}

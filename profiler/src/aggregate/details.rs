@@ -297,3 +297,143 @@ fn lay_out(
     }
     rows
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::{filter::SampleFilter, test_samples};
+
+    fn compute() -> FunctionName {
+        FunctionName {
+            name: "compute".into(),
+            module: "app".into(),
+        }
+    }
+
+    fn details(profile: &Profile, event: EventIndex, function: &FunctionName) -> FunctionDetails {
+        let filter = SampleFilter::default();
+        let selection = Selection::new(profile, &filter);
+        function_details(profile, event, &selection, function).expect("sampled function")
+    }
+
+    fn instructions(details: &FunctionDetails) -> Vec<&InstructionRow> {
+        details
+            .rows
+            .iter()
+            .filter_map(|row| match row {
+                DetailRow::Instruction(i) => Some(i),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn statements(details: &FunctionDetails) -> Vec<(Option<&str>, u32, bool, u64)> {
+        details
+            .rows
+            .iter()
+            .filter_map(|row| match row {
+                DetailRow::Statement(s) => {
+                    Some((s.file.as_deref(), s.line, s.out_of_order, s.samples))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn disassembled_function_by_statement_and_cache_line() {
+        let profile = test_samples::profile();
+        let details = details(&profile, 0, &compute());
+        assert_eq!(details.source, CodeSource::Disassembled);
+        assert_eq!((details.samples, details.event_samples), (65, 100));
+        // Every instruction: push, mov, 0xaa nops, pop, ret.
+        let rows = instructions(&details);
+        assert_eq!(rows.len(), 2 + 0xaa + 2);
+        assert_eq!(rows[0].text.as_deref(), Some("push   %rbp"));
+        assert_eq!(rows.last().unwrap().text.as_deref(), Some("ret"));
+        assert_eq!(
+            statements(&details),
+            [
+                (Some("src/app.rs"), 40, false, 5),
+                (Some("src/app.rs"), 41, false, 0),
+                (Some("src/vec.rs"), 7, false, 50),
+                (Some("src/app.rs"), 39, true, 10),
+            ]
+        );
+        // 0x80..0x90 has no line: inherited from 0x7f (line 41), approximate.
+        let at = |offset: u64| *rows.iter().find(|r| r.offset == offset).unwrap();
+        assert_eq!((at(0x85).line, at(0x85).approximate_line), (Some(41), true));
+        assert_eq!((at(0x90).line, at(0x90).approximate_line), (Some(7), false));
+        assert_eq!((at(0x90).samples, at(0x90).slot), (50, 0x10));
+        // Cache lines 0x1200, 0x1240, 0x1280: two rows of dashes, no gap; totals on first rows.
+        let boundaries = details
+            .rows
+            .iter()
+            .filter(|r| **r == DetailRow::CacheLineBoundary)
+            .count();
+        assert_eq!(boundaries, 2);
+        assert!(!details.rows.contains(&DetailRow::Gap));
+        assert_eq!(at(0x0).cache_line_samples, Some(5));
+        assert_eq!(at(0x40).cache_line_samples, Some(0));
+        assert_eq!(at(0x80).cache_line_samples, Some(60));
+        assert_eq!(at(0x81).cache_line_samples, None);
+        // The dashes come right before the first instruction of the next line.
+        let dash = details
+            .rows
+            .iter()
+            .position(|r| *r == DetailRow::CacheLineBoundary)
+            .unwrap();
+        match &details.rows[dash + 1] {
+            DetailRow::Statement(s) => assert_eq!(s.line, 41),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn without_code_only_sampled_instructions_with_gaps() {
+        let profile = test_samples::profile_without_code();
+        let details = details(&profile, 0, &compute());
+        assert_eq!(details.source, CodeSource::NotCaptured);
+        let rows = instructions(&details);
+        let offsets: Vec<(u64, u64)> = rows.iter().map(|r| (r.offset, r.samples)).collect();
+        assert_eq!(offsets, [(0x4, 5), (0x90, 50), (0xa4, 10)]);
+        assert!(rows.iter().all(|r| r.text.is_none()));
+        // Lines 0x1200 and 0x1280 are not adjacent: tildes between them.
+        let gap = details
+            .rows
+            .iter()
+            .position(|r| *r == DetailRow::Gap)
+            .unwrap();
+        assert!(matches!(details.rows[gap - 1], DetailRow::Instruction(ref i) if i.offset == 0x4));
+        // Lines from the frames: the innermost inlined location of compute+0x90.
+        assert_eq!(
+            statements(&details),
+            [
+                (Some("src/app.rs"), 40, false, 5),
+                (Some("src/simd.rs"), 88, false, 50),
+                (Some("src/app.rs"), 39, true, 10),
+            ]
+        );
+    }
+
+    #[test]
+    fn kernel_functions_say_their_code_is_not_captured() {
+        let profile = test_samples::profile();
+        let fault = FunctionName {
+            name: "exc_page_fault".into(),
+            module: "[kernel.kallsyms]".into(),
+        };
+        let details = details(&profile, 1, &fault);
+        assert_eq!(details.source, CodeSource::Kernel);
+        let rows = instructions(&details);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].offset, rows[0].samples, rows[0].line),
+            (0x78, 3, None)
+        );
+        assert_eq!(rows[0].latency.as_ref().unwrap().max, 2000);
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        assert!(function_details(&profile, 0, &selection, &fault).is_none());
+    }
+}

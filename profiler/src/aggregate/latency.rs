@@ -286,4 +286,31 @@ mod tests {
         let summary = accumulator.summary().unwrap();
         assert!(summary.p50.unwrap() >= 1 << 31);
     }
+
+    #[test]
+    fn distributions_of_the_event_its_functions_and_lines() {
+        let profile = crate::aggregate::test_samples::profile();
+        let filter = crate::aggregate::filter::SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let found = distributions(&profile, 1, &selection, 5);
+        let labels: Vec<(&str, &str, u64)> = found
+            .iter()
+            .map(|d| (d.scope.name(), d.label.as_str(), d.summary.samples))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("event", "all samples", 7),
+                ("function", "compute", 4),
+                ("function", "exc_page_fault", 3),
+                ("line", "src/simd.rs:88", 4),
+                ("line", "exc_page_fault", 3),
+            ]
+        );
+        let buckets: u64 = found[0].buckets.iter().map(|(_, n)| n).sum();
+        assert_eq!(buckets, 7);
+        assert!(found[0].summary.max >= 1920);
+        assert!(distributions(&profile, 0, &selection, 5).is_empty());
+        assert_eq!(distributions(&profile, 1, &selection, 1).len(), 3);
+    }
 }

@@ -8,4 +8,6 @@ pub mod filter;
 pub mod functions;
 pub mod latency;
 pub mod module_file;
+#[cfg(test)]
+pub mod test_samples;
 pub mod views;

@@ -25,6 +25,18 @@ pub fn build_id(module: &object::File) -> Option<String> {
     module.build_id().ok().flatten().map(crate::symbolize::hex)
 }
 
+/// A symbol's name as people write it: Rust and C++ names demangled (without Rust's hash, as
+/// blazesym names functions).
+pub fn demangle(name: &str) -> String {
+    if let Ok(rust) = rustc_demangle::try_demangle(name) {
+        return format!("{rust:#}");
+    }
+    cpp_demangle::Symbol::new(name)
+        .ok()
+        .and_then(|symbol| symbol.demangle().ok())
+        .unwrap_or_else(|| name.to_string())
+}
+
 /// A symbol with its extent, at its link-time address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModuleSymbol {
@@ -42,7 +54,7 @@ pub fn sized_symbols(module: &object::File, kind: SymbolKind) -> Vec<ModuleSymbo
         .filter(|s| s.kind() == kind && s.size() > 0 && s.is_definition())
         .filter_map(|s| {
             Some(ModuleSymbol {
-                name: s.name().ok()?.to_string(),
+                name: demangle(s.name().ok()?),
                 address: s.address(),
                 size: s.size(),
             })
@@ -87,4 +99,20 @@ pub fn in_segments(module: &object::File, address: u64) -> bool {
     module
         .segments()
         .any(|s| (s.address()..s.address() + s.size()).contains(&address))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_and_cpp_names_are_demangled() {
+        assert_eq!(demangle("_ZN3log5STATE17hfaaf2b14f31f4970E"), "log::STATE");
+        assert_eq!(
+            demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
+            "core::fmt::write"
+        );
+        assert_eq!(demangle("_ZN2ns7counterE"), "ns::counter");
+        assert_eq!(demangle("counter_a"), "counter_a");
+    }
 }

@@ -548,3 +548,274 @@ fn functions_by_samples(profile: &Profile, frames: &HashMap<FrameId, u64>) -> Ve
     functions.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     functions.into_iter().map(|(name, _)| name).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::test_samples::{self, HEAP_LINE, SHARED_LINE};
+    use crate::export::test_profile;
+
+    fn view(profile: &Profile, kind: ViewKind, event: EventIndex, filter: &SampleFilter) -> View {
+        build_view(
+            profile,
+            kind,
+            event,
+            &ViewOptions {
+                filter,
+                sort: SortKey::Samples,
+                top: 20,
+            },
+        )
+    }
+
+    fn names(view: &View) -> Vec<String> {
+        view.rows.iter().map(|r| r.key.name()).collect()
+    }
+
+    fn samples(view: &View) -> Vec<u64> {
+        view.rows.iter().map(|r| r.samples).collect()
+    }
+
+    fn percents(view: &View) -> Vec<(f64, f64)> {
+        view.rows
+            .iter()
+            .map(|r| (r.percent, r.cumulative_percent))
+            .collect()
+    }
+
+    #[test]
+    fn threads_by_samples_with_running_share() {
+        let profile = test_samples::profile();
+        let view = view(&profile, ViewKind::Thread, 0, &SampleFilter::default());
+        assert_eq!(view.total_samples, 100);
+        assert_eq!(
+            names(&view),
+            ["app 100/100", "app 100/102", "app worker 100/101"]
+        );
+        assert_eq!(samples(&view), [75, 15, 10]);
+        assert_eq!(percents(&view), [(75.0, 75.0), (15.0, 90.0), (10.0, 100.0)]);
+        // cpu-clock at a frequency, without recorded periods: no estimate; no latency.
+        assert_eq!(view.scale, EventScale::Unknown);
+        assert!(view
+            .rows
+            .iter()
+            .all(|r| r.estimated_events.is_none() && r.latency.is_none()));
+    }
+
+    #[test]
+    fn modules_and_functions_count_the_leaf() {
+        let profile = test_samples::profile();
+        let filter = SampleFilter::default();
+        let modules = view(&profile, ViewKind::Module, 0, &filter);
+        assert_eq!(
+            names(&modules),
+            [
+                test_profile::APP,
+                test_profile::KERNEL,
+                test_profile::LIBBLOB
+            ]
+        );
+        assert_eq!(samples(&modules), [60, 30, 10]);
+        let functions = view(&profile, ViewKind::Function, 0, &filter);
+        let rows: Vec<(String, u64, Option<u64>)> = functions
+            .rows
+            .iter()
+            .map(|r| (r.key.name(), r.samples, r.total_samples))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("compute".to_string(), 60, Some(60)),
+                ("do_syscall_64".to_string(), 30, Some(30)),
+                ("libblob.so+0x4a10".to_string(), 10, Some(10)),
+                ("main".to_string(), 0, Some(85)),
+                ("run".to_string(), 0, Some(85)),
+                ("<[u8; 4] as app::Worker>::run".to_string(), 0, Some(10)),
+            ]
+        );
+        assert_eq!(functions.rows[3].total_percent, Some(85.0));
+        assert_eq!(functions.rows[2].cumulative_percent, 100.0);
+    }
+
+    #[test]
+    fn lines_use_the_innermost_inlined_location() {
+        let profile = test_samples::profile();
+        let lines = view(&profile, ViewKind::Line, 0, &SampleFilter::default());
+        let rows: Vec<(String, String, u64)> = lines
+            .rows
+            .iter()
+            .map(|r| match &r.key {
+                RowKey::Line { function, .. } => (r.key.name(), function.clone(), r.samples),
+                other => panic!("not a line row: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("src/simd.rs:88".to_string(), "add_lanes".to_string(), 60),
+                ("do_syscall_64".to_string(), "do_syscall_64".to_string(), 30),
+                (
+                    "libblob.so+0x4a10".to_string(),
+                    "libblob.so+0x4a10".to_string(),
+                    10
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn instructions_with_estimates_and_latency() {
+        let profile = test_samples::profile();
+        let filter = SampleFilter::default();
+        let view0 = view(&profile, ViewKind::Instruction, 0, &filter);
+        assert_eq!(view0.total_samples, 100);
+        assert_eq!(
+            names(&view0),
+            [
+                "compute+0x90",
+                "libblob.so+0x4a10",
+                "run+0x20",
+                "compute+0xa4",
+                "compute+0x4",
+                "helper+0x0"
+            ]
+        );
+        match &view0.rows[0].key {
+            RowKey::Instruction {
+                address,
+                module_offset,
+                source,
+                ..
+            } => {
+                assert_eq!(*address, test_profile::APP_BASE + 0x1290);
+                assert_eq!(*module_offset, 0x1290);
+                assert_eq!(source.as_deref(), Some("src/simd.rs:88"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // page-faults every 10 events: 4 samples stand for 40 faults.
+        let view1 = view(&profile, ViewKind::Instruction, 1, &filter);
+        assert_eq!(names(&view1), ["compute+0x90", "exc_page_fault+0x78"]);
+        assert_eq!(view1.rows[0].estimated_events, Some(40.0));
+        let latency = view1.rows[0].latency.as_ref().unwrap();
+        assert_eq!(
+            (latency.samples, latency.mean, latency.max),
+            (4, 100.0, 150)
+        );
+        // 100 is bucket 96..=103: its midpoint, 99.
+        assert_eq!(latency.p50, Some(99));
+        let fault = view1.rows[1].latency.as_ref().unwrap();
+        assert_eq!((fault.mean, fault.max), (1000.0, 2000));
+        assert!(fault.p99.unwrap() >= 1920, "{fault:?}");
+    }
+
+    #[test]
+    fn sort_by_latency_and_name_and_cut_to_top() {
+        let profile = test_samples::profile();
+        let filter = SampleFilter::default();
+        let options = |sort, top| ViewOptions {
+            filter: &filter,
+            sort,
+            top,
+        };
+        let by_latency = build_view(
+            &profile,
+            ViewKind::Instruction,
+            1,
+            &options(SortKey::Latency, 20),
+        );
+        assert_eq!(names(&by_latency), ["exc_page_fault+0x78", "compute+0x90"]);
+        assert_eq!(percents(&by_latency)[0], (300.0 / 7.0, 300.0 / 7.0));
+        let by_name = build_view(&profile, ViewKind::Module, 0, &options(SortKey::Name, 2));
+        // Paths sort before labels (`/` < `[`).
+        assert_eq!(names(&by_name), [test_profile::APP, test_profile::LIBBLOB]);
+        assert_eq!((by_name.total_rows, by_name.rows.len()), (3, 2));
+    }
+
+    #[test]
+    fn icache_lines_group_instructions_by_64_bytes() {
+        let profile = test_samples::profile();
+        let view = view(&profile, ViewKind::IcacheLine, 0, &SampleFilter::default());
+        let rows: Vec<(u64, Vec<String>, u64)> = view
+            .rows
+            .iter()
+            .map(|r| match &r.key {
+                RowKey::IcacheLine {
+                    module_offset,
+                    functions,
+                    ..
+                } => (*module_offset, functions.clone(), r.samples),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (
+                    0x1280,
+                    vec!["compute".to_string(), "helper".to_string()],
+                    65
+                ),
+                (0x1200, vec!["run".to_string(), "compute".to_string()], 20),
+                (0x4a00, vec!["libblob.so+0x4a10".to_string()], 15),
+            ]
+        );
+        assert_eq!(
+            view.rows[0].key.name(),
+            format!("{:#018x}", test_profile::APP_BASE + 0x1280)
+        );
+    }
+
+    #[test]
+    fn dcache_lines_name_their_objects() {
+        let profile = test_samples::profile();
+        let view = view(&profile, ViewKind::DcacheLine, 1, &SampleFilter::default());
+        assert_eq!(view.total_samples, 7);
+        let rows: Vec<(u64, String, u64)> = view
+            .rows
+            .iter()
+            .map(|r| match &r.key {
+                RowKey::DcacheLine {
+                    address, object, ..
+                } => (*address, object.describe(*address), r.samples),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (SHARED_LINE, "counter_a, counter_b (app)".to_string(), 4),
+                (HEAP_LINE, "heap".to_string(), 3),
+            ]
+        );
+        let latency = view.rows[0].latency.as_ref().unwrap();
+        // Stores at 40 (x2) and 80, a load at 10.
+        assert_eq!((latency.mean, latency.max, latency.p50), (42.5, 80, None));
+    }
+
+    #[test]
+    fn filters_keep_shares_of_the_selected_samples() {
+        let profile = test_samples::profile();
+        let only_app = SampleFilter {
+            module: Some("app".into()),
+            ..SampleFilter::default()
+        };
+        let view1 = view(&profile, ViewKind::Instruction, 1, &only_app);
+        assert_eq!(names(&view1), ["compute+0x90"]);
+        assert_eq!(view1.total_samples, 7);
+        let worker = SampleFilter {
+            comm: Some("app worker".into()),
+            ..SampleFilter::default()
+        };
+        let functions = view(&profile, ViewKind::Function, 0, &worker);
+        assert_eq!(functions.total_samples, 10);
+        assert_eq!(functions.rows[0].key.name(), "libblob.so+0x4a10");
+        assert_eq!(functions.rows[0].percent, 100.0);
+        let nobody = SampleFilter {
+            pids: vec![1],
+            ..SampleFilter::default()
+        };
+        let empty = view(&profile, ViewKind::Thread, 0, &nobody);
+        assert_eq!((empty.total_samples, empty.rows.len()), (0, 0));
+    }
+}

@@ -346,8 +346,8 @@ fn key_columns(kind: ViewKind) -> Vec<Column> {
         ],
         ViewKind::IcacheLine => vec![
             number("address"),
-            number("module offset"),
-            name("functions", Shorten::KeepStart),
+            name("module+offset", Shorten::KeepEnd),
+            optional("functions", Shorten::KeepStart),
         ],
         ViewKind::DcacheLine => vec![
             number("pid"),
@@ -479,31 +479,61 @@ fn render_paths(title: &str, paths: &[CallPath], total: u64, out: &mut String) {
     );
 }
 
-/// Words joined with `, ` and wrapped at [`WIDTH`] under a label.
+/// Items joined with `, ` and wrapped at [`WIDTH`] after a label; an item longer than a line
+/// is broken between words.
 fn wrapped(out: &mut String, label: &str, items: &[String]) {
-    let lead = format!("{INDENT}{INDENT}{label:<14}");
-    let mut line = lead.clone();
+    let lead = format!("{INDENT}{INDENT}{label:<13} ");
+    let room = WIDTH - chars(&lead);
+    let mut lines = vec![String::new()];
     for (i, item) in items.iter().enumerate() {
-        let item = fit(item, WIDTH - lead.len() - 1, Shorten::KeepEnd);
-        let separator = if i + 1 < items.len() { "," } else { "" };
-        if line.len() > lead.len() && chars(&line) + 1 + chars(&item) + 1 > WIDTH {
-            let _ = writeln!(out, "{}", line.trim_end());
-            line = " ".repeat(lead.len());
+        let item = if i + 1 < items.len() {
+            format!("{item},")
+        } else {
+            item.clone()
+        };
+        let pieces: Vec<String> = if chars(&item) <= room {
+            vec![item]
+        } else {
+            item.split(' ')
+                .map(|word| fit(word, room, Shorten::KeepEnd))
+                .collect()
+        };
+        for piece in pieces {
+            let current = lines.last_mut().expect("one line at least");
+            if current.is_empty() {
+                *current = piece;
+            } else if chars(current) + 1 + chars(&piece) > room {
+                lines.push(piece);
+            } else {
+                current.push(' ');
+                current.push_str(&piece);
+            }
         }
-        if chars(&line) > lead.len() {
-            line.push(' ');
-        }
-        line.push_str(&item);
-        line.push_str(separator);
     }
-    let _ = writeln!(out, "{}", line.trim_end());
+    for (n, line) in lines.iter().enumerate() {
+        let prefix = if n == 0 {
+            lead.clone()
+        } else {
+            " ".repeat(chars(&lead))
+        };
+        let _ = writeln!(out, "{prefix}{line}");
+    }
+}
+
+/// `1 store`, `2 stores`.
+fn plural(count: u64, noun: &str) -> String {
+    if count == 1 {
+        format!("{count} {noun}")
+    } else {
+        format!("{count} {noun}s")
+    }
 }
 
 fn touches(list: &[Touch], stores_known: bool) -> Vec<String> {
     list.iter()
         .map(|t| {
             if stores_known && t.stores > 0 {
-                format!("{} {} ({} stores)", t.name, t.samples, t.stores)
+                format!("{} {} ({})", t.name, t.samples, plural(t.stores, "store"))
             } else {
                 format!("{} {}", t.name, t.samples)
             }
@@ -527,14 +557,15 @@ fn render_data_line(line: &DataLineDetails, out: &mut String) {
         )
     );
     let access_known = line.loads + line.stores > 0;
-    let mut summary = format!("{} samples", line.samples);
+    let mut summary = vec![plural(line.samples, "sample")];
     if access_known {
-        let _ = write!(summary, " ({} loads, {} stores)", line.loads, line.stores);
+        summary.push(plural(line.loads, "load"));
+        summary.push(plural(line.stores, "store"));
     }
     if let Some(l) = &line.latency {
-        let _ = write!(summary, ", latency avg {} max {}", compact(l.mean), l.max);
+        summary.push(format!("latency avg {} max {}", compact(l.mean), l.max));
     }
-    wrapped(out, "samples", &[summary]);
+    wrapped(out, "accesses", &summary);
     wrapped(
         out,
         "instructions",
@@ -553,17 +584,17 @@ fn render_data_line(line: &DataLineDetails, out: &mut String) {
     match line.sharing {
         Some(SharingHint::SeveralWriters(n)) => wrapped(
             out,
-            "false sharing?",
+            "sharing",
             &[format!(
-                "{n} threads write this line: if they write different variables, pad or \
-                 separate them"
+                "false sharing? {n} threads write this line (if they write different \
+                 variables, separate them by a cache line)"
             )],
         ),
         Some(SharingHint::SeveralThreadsUnknownAccess(n)) => wrapped(
             out,
-            "shared",
+            "sharing",
             &[format!(
-                "{n} threads touch this line (stores not distinguished: no data source)"
+                "{n} threads touch this line (loads and stores not told apart: no data source)"
             )],
         ),
         None => {}
@@ -601,15 +632,24 @@ fn render_details(details: &FunctionDetails, out: &mut String) {
     );
     let _ = writeln!(
         out,
-        "{INDENT}Slot: byte in the 64-byte cache line; Offset: from the function's start\n"
+        "{INDENT}cache ln: samples of the 64-byte cache line, on its first row; Slot: byte in the \
+         line;\n{INDENT}Offset: from the function's start\n"
     );
     let _ = writeln!(
         out,
         "{INDENT}{:>7} {:>5} {:>8} {:>7} {:>6} {:>4} {:>7}  >Statement / instruction",
-        "samples", "%", "line tot", "lat avg", "Line", "Slot", "Offset"
+        "samples", "%", "cache ln", "lat avg", "Line", "Slot", "Offset"
     );
     // Columns before the statement/instruction text.
     const LEAD: usize = 2 + 7 + 1 + 5 + 1 + 8 + 1 + 7 + 1 + 6 + 1 + 4 + 1 + 7 + 2;
+    let samples = |n: u64| if n == 0 { String::new() } else { count(n) };
+    let share_of = |n: u64| {
+        if n == 0 {
+            String::new()
+        } else {
+            percent(share(n, details.event_samples))
+        }
+    };
     for row in &details.rows {
         let text = match row {
             DetailRow::Statement(statement) => {
@@ -619,9 +659,9 @@ fn render_details(details: &FunctionDetails, out: &mut String) {
                     None => format!("line {}", statement.line),
                 };
                 format!(
-                    "{INDENT}{:>7} {:>5} {:>8} {:>7} {:>6} {:>4} {:>7}{marker}{}",
-                    count(statement.samples),
-                    percent(share(statement.samples, details.event_samples)),
+                    "{INDENT}{:>7} {:>5} {:>8} {:>7} {:>6} {:>4} {:>7}{marker} {}",
+                    samples(statement.samples),
+                    share_of(statement.samples),
                     "",
                     "",
                     statement.line,
@@ -636,7 +676,6 @@ fn render_details(details: &FunctionDetails, out: &mut String) {
                     Some(line) => line.to_string(),
                     None => String::new(),
                 };
-                let samples = |n: u64| if n == 0 { String::new() } else { count(n) };
                 let text = instruction
                     .text
                     .clone()
@@ -644,11 +683,7 @@ fn render_details(details: &FunctionDetails, out: &mut String) {
                 format!(
                     "{INDENT}{:>7} {:>5} {:>8} {:>7} {:>6} {:>4} {:>7}    {}",
                     samples(instruction.samples),
-                    if instruction.samples == 0 {
-                        String::new()
-                    } else {
-                        percent(share(instruction.samples, details.event_samples))
-                    },
+                    share_of(instruction.samples),
                     instruction
                         .cache_line_samples
                         .map_or(String::new(), samples),
@@ -743,7 +778,7 @@ fn render_distributions(distributions: &[Distribution], out: &mut String) {
     table(
         out,
         &[
-            name("of", Shorten::KeepStart),
+            name("scope", Shorten::KeepStart),
             name("name", Shorten::KeepEnd),
             number("samples"),
             number("avg"),
