@@ -60,6 +60,17 @@ pub enum SortKey {
     Name,
 }
 
+impl SortKey {
+    /// The name of the key as `--sort` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SortKey::Samples => "samples",
+            SortKey::Latency => "latency",
+            SortKey::Name => "name",
+        }
+    }
+}
+
 /// What a row counts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RowKey {

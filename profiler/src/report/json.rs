@@ -633,11 +633,7 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
             comm: args.comm.as_deref(),
             module: args.module.as_deref(),
             top: args.top,
-            sort: match args.sort {
-                crate::aggregate::views::SortKey::Samples => "samples",
-                crate::aggregate::views::SortKey::Latency => "latency",
-                crate::aggregate::views::SortKey::Name => "name",
-            },
+            sort: args.sort.name(),
         },
         meta: &profile.meta,
         events,

@@ -484,6 +484,8 @@ fn render_paths(title: &str, paths: &[CallPath], total: u64, out: &mut String) {
 fn wrapped(out: &mut String, label: &str, items: &[String]) {
     let lead = format!("{INDENT}{INDENT}{label:<13} ");
     let room = WIDTH - chars(&lead);
+    let none = ["none recorded".to_string()];
+    let items = if items.is_empty() { &none[..] } else { items };
     let mut lines = vec![String::new()];
     for (i, item) in items.iter().enumerate() {
         let item = if i + 1 < items.len() {
