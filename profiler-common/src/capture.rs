@@ -34,14 +34,38 @@ pub struct InstructionKey {
     pub ip: u64,
 }
 
-/// Key of the data cache-line map: samples per (process, event, 64-byte line, instruction).
+/// Key of the data cache-line map: samples per (thread, event, access, 64-byte line,
+/// instruction). The thread and access type show false sharing: several threads storing to one
+/// line.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DataLineKey {
     pub pid: u32,
+    pub tid: u32,
     pub event: u32,
+    /// One of the `ACCESS_*` values.
+    pub access: u32,
     pub line: u64,
     pub ip: u64,
+}
+
+/// The access is not known (the PMU gave no data source).
+pub const ACCESS_UNKNOWN: u32 = 0;
+pub const ACCESS_LOAD: u32 = 1;
+pub const ACCESS_STORE: u32 = 2;
+
+/// The access type of a sample from its `perf_mem_data_src` (mem_op: LOAD 2, STORE 4).
+#[inline(always)]
+pub fn access_of_data_source(data_src: u64) -> u32 {
+    const MEM_OP_LOAD: u64 = 2;
+    const MEM_OP_STORE: u64 = 4;
+    if data_src & MEM_OP_STORE != 0 {
+        ACCESS_STORE
+    } else if data_src & MEM_OP_LOAD != 0 {
+        ACCESS_LOAD
+    } else {
+        ACCESS_UNKNOWN
+    }
 }
 
 /// Key of the latency-histogram map: one histogram per (process, event, instruction pointer).
@@ -266,7 +290,7 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<StackKey>(), 32);
         assert_eq!(size_of::<InstructionKey>(), 16);
-        assert_eq!(size_of::<DataLineKey>(), 24);
+        assert_eq!(size_of::<DataLineKey>(), 32);
         assert_eq!(size_of::<LatencyKey>(), 16);
         assert_eq!(size_of::<SampleStats>(), 32);
         assert_eq!(size_of::<KernelOffsets>(), 48);
@@ -281,6 +305,14 @@ mod tests {
         }
         let whole: usize = LossKind::ALL.iter().filter(|k| k.loses_sample()).count();
         assert_eq!(whole, 2);
+    }
+
+    #[test]
+    fn access_comes_from_the_memory_operation() {
+        assert_eq!(access_of_data_source(0x2), ACCESS_LOAD);
+        assert_eq!(access_of_data_source(0x4), ACCESS_STORE);
+        assert_eq!(access_of_data_source(0x1), ACCESS_UNKNOWN);
+        assert_eq!(access_of_data_source(0), ACCESS_UNKNOWN);
     }
 
     #[test]

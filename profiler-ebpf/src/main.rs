@@ -21,10 +21,10 @@ use aya_ebpf::{
 };
 use profiler_common::{
     capture::{
-        sample_flags, CaptureConfig, DataLineKey, InstructionKey, LatencyKey, LossKind, RawSample,
+        access_of_data_source, sample_flags, CaptureConfig, DataLineKey, InstructionKey, LatencyKey, LossKind, RawSample,
         SampleStats, StackKey, CACHE_LINE_BYTES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
         CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_USER_STACKS,
-        CONTROL_GENERATION, LOST_STACK, MAX_EVENTS, NO_STACK,
+        CONTROL_GENERATION, ACCESS_UNKNOWN, LOST_STACK, MAX_EVENTS, NO_STACK,
     },
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
 };
@@ -70,6 +70,10 @@ static INFLIGHT: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 /// Program runs per event index, counted before anything can fail.
 #[map]
 static SAMPLES_FIRED: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_EVENTS as u32, 0);
+/// Sum of the sample periods per event index: the event count that frequency-sampled events
+/// (whose period the kernel adjusts) stand for.
+#[map]
+static PERIOD_SUMS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MAX_EVENTS as u32, 0);
 /// Samples dropped by the uid or cgroup filter (not losses: the user asked for it).
 #[map]
 static SAMPLES_FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
@@ -168,6 +172,8 @@ fn capture(ctx: &PerfEventContext) {
         return;
     };
     add(&SAMPLES_FIRED, event, 1);
+    // SAFETY: the kernel rewrites this context read into a load of the sample's period.
+    add(&PERIOD_SUMS, event, unsafe { (*ctx.ctx).sample_period });
 
     // Enter the current generation, then check it did not flip in between: the agent waits for
     // INFLIGHT of the old generation to reach zero before draining it.
@@ -410,9 +416,16 @@ fn record(
         LossKind::InstructionsFull,
     );
     if data.flags & sample_flags::ADDR != 0 {
+        let access = if data.flags & sample_flags::DATA_SRC != 0 {
+            access_of_data_source(data.data_src)
+        } else {
+            ACCESS_UNKNOWN
+        };
         let line = DataLineKey {
             pid,
+            tid,
             event,
+            access,
             line: data.addr & !(CACHE_LINE_BYTES - 1),
             ip,
         };

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::report::ViewArgs;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "profiler",
@@ -132,15 +134,8 @@ pub struct ReportArgs {
 /// What to print and which files to export, for `record` and `report` alike.
 #[derive(Debug, Args)]
 pub struct ReportOutput {
-    /// Functions in the report.
-    #[arg(long, value_name = "N", default_value_t = 20)]
-    pub top: usize,
-    /// Hot call paths in the report.
-    #[arg(long, value_name = "N", default_value_t = 5)]
-    pub paths: usize,
-    /// Print the report as JSON (schema profiler.report/1).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub view: ViewArgs,
     /// Write folded stacks (for flamegraph.pl, speedscope) of the first event to this file.
     #[arg(long, value_name = "FILE")]
     pub folded: Option<PathBuf>,
@@ -150,4 +145,62 @@ pub struct ReportOutput {
     /// Write a pprof profile (gzipped protobuf, all events) to this file.
     #[arg(long, value_name = "FILE")]
     pub pprof: Option<PathBuf>,
+}
+
+/// The command line, with `report`'s sample filters also under their plain names (`--event`,
+/// `--pid`, `--comm`, `--module`): only `record` needs the `--only-` prefix, where `-e/--event`
+/// and `-p/--pid` choose what to sample.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+
+    Cli::command().mut_subcommand("report", |report| {
+        report
+            .mut_arg("only_event", |arg| arg.visible_alias("event"))
+            .mut_arg("only_pids", |arg| arg.visible_alias("pid"))
+            .mut_arg("only_comm", |arg| arg.visible_alias("comm"))
+            .mut_arg("only_module", |arg| arg.visible_alias("module"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::FromArgMatches;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn report_filters_take_plain_names_and_record_keeps_its_own() {
+        let parse = |args: &[&str]| {
+            Cli::from_arg_matches(&command().try_get_matches_from(args).unwrap())
+                .unwrap()
+                .command
+        };
+        let Command::Report(report) = parse(&[
+            "profiler", "report", "-i", "f", "--pid", "7", "--event", "cycles",
+        ]) else {
+            panic!("not a report");
+        };
+        assert_eq!(report.report.view.pids, vec![7]);
+        assert_eq!(report.report.view.event.as_deref(), Some("cycles"));
+        let Command::Record(record) = parse(&[
+            "profiler",
+            "record",
+            "-p",
+            "7",
+            "--only-pid",
+            "8",
+            "-e",
+            "cycles",
+        ]) else {
+            panic!("not a record");
+        };
+        assert_eq!(record.pids, vec![7]);
+        assert_eq!(record.report.view.pids, vec![8]);
+        assert_eq!(record.events, vec!["cycles"]);
+    }
 }

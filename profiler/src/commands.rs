@@ -17,10 +17,7 @@ use crate::{
         Profile,
     },
     record::{record, RecordOptions, Recording, TargetSpec},
-    report::{
-        json,
-        text::{render, TextOptions},
-    },
+    report::render_report,
     scope::{
         cgroup::{cgroup2_mount, cgroup_subtree_ids, resolve_cgroup_dir},
         container::find_container_cgroup,
@@ -208,16 +205,6 @@ fn report(profile: &Profile, output: &ReportOutput) -> Result<()> {
     if let Some(path) = &output.pprof {
         write_pprof(profile, create(path)?)?;
     }
-    let text = if output.json {
-        json::render(profile, output.top, output.paths)?
-    } else {
-        render(
-            profile,
-            &TextOptions {
-                top: output.top,
-                paths: output.paths,
-            },
-        )
-    };
+    let text = render_report(profile, &output.view)?;
     print(&text)
 }

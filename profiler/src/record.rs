@@ -15,6 +15,7 @@ use tokio::{
 };
 
 use crate::{
+    aggregate::{code::capture_code, dataspace::capture_data_objects},
     capture::{
         counters::{open_sampling_counters, StackCapture, Target},
         program::{CaptureProgram, MapSizes},
@@ -320,7 +321,11 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         duration_ns: duration.as_nanos() as u64,
     };
     let events = options.events.iter().map(event_info).collect();
-    let profile = assemble(meta, events, &drained, &processes, &accounting);
+    let mut profile = assemble(meta, events, &drained, &processes, &accounting);
+    // What offline reports need from files that may be gone by then: the sampled functions'
+    // code and the processes' data mappings and variables.
+    capture_code(&mut profile);
+    capture_data_objects(&mut profile, &processes);
     Ok(Recording {
         profile,
         accounting,

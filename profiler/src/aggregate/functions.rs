@@ -1,8 +1,12 @@
-//! Functions by self and total samples, and the hottest call paths.
+//! Functions as reports name them, finding one by name, and sample totals.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
 
 use crate::profile::{module_basename, EventIndex, Frame, Profile};
+
+use super::filter::Selection;
 
 /// A function as reports name it: the symbol, or module+offset for stripped code.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -20,79 +24,52 @@ impl FunctionName {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FunctionRow {
-    pub function: FunctionName,
-    /// Samples whose leaf frame is in this function.
-    pub self_samples: u64,
-    /// Samples with this function anywhere on the stack (counted once per sample).
-    pub total_samples: u64,
-}
-
-/// Per-function samples of one event, hottest self first.
-pub fn function_rows(profile: &Profile, event: EventIndex) -> Vec<FunctionRow> {
-    let names: Vec<FunctionName> = profile.frames.iter().map(FunctionName::of).collect();
-    let mut rows: HashMap<&FunctionName, (u64, u64)> = HashMap::new();
-    for stack in profile.stacks.iter().filter(|s| s.event == event) {
-        if let Some(leaf) = stack.frames.first() {
-            rows.entry(&names[*leaf as usize]).or_default().0 += stack.count;
-        }
-        let mut seen = HashSet::new();
-        for frame in &stack.frames {
-            let name = &names[*frame as usize];
-            if seen.insert(name) {
-                rows.entry(name).or_default().1 += stack.count;
+/// The function a user named: an exact name, else the only function whose name contains it.
+/// Functions of modules that `--only-module` leaves out are not candidates.
+pub fn find_function(
+    profile: &Profile,
+    selection: &Selection,
+    wanted: &str,
+) -> Result<FunctionName> {
+    // Samples per function (leaf and callers), to list the likeliest candidates first.
+    let mut known: BTreeMap<FunctionName, u64> = BTreeMap::new();
+    for stack in &profile.stacks {
+        for id in &stack.frames {
+            let frame = &profile.frames[*id as usize];
+            if selection.module(frame) {
+                *known.entry(FunctionName::of(frame)).or_default() += stack.count;
             }
         }
     }
-    let mut rows: Vec<FunctionRow> = rows
-        .into_iter()
-        .map(|(function, (self_samples, total_samples))| FunctionRow {
-            function: function.clone(),
-            self_samples,
-            total_samples,
-        })
-        .collect();
-    rows.sort_by(|a, b| {
-        (b.self_samples, b.total_samples, &a.function).cmp(&(
-            a.self_samples,
-            a.total_samples,
-            &b.function,
-        ))
-    });
-    rows
-}
-
-/// A call path (function names, leaf first) and its samples.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CallPath {
-    pub functions: Vec<String>,
-    pub samples: u64,
-}
-
-/// The hottest call paths of one event by function (stacks that differ only in addresses inside
-/// the same functions are merged).
-pub fn hot_paths(profile: &Profile, event: EventIndex, limit: usize) -> Vec<CallPath> {
-    let mut paths: HashMap<Vec<String>, u64> = HashMap::new();
-    for stack in profile.stacks.iter().filter(|s| s.event == event) {
-        let functions = stack
-            .frames
-            .iter()
-            .map(|f| profile.frames[*f as usize].display_name())
-            .collect();
-        *paths.entry(functions).or_default() += stack.count;
+    let exact: Vec<&FunctionName> = known.keys().filter(|f| f.name == wanted).collect();
+    let candidates: Vec<&FunctionName> = if exact.is_empty() {
+        known.keys().filter(|f| f.name.contains(wanted)).collect()
+    } else {
+        exact
+    };
+    match candidates.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => bail!(
+            "no function named or containing `{wanted}` in the sampled call stacks; list them \
+             with `--by function`"
+        ),
+        many => {
+            let mut many: Vec<&FunctionName> = many.to_vec();
+            many.sort_by(|a, b| known[b].cmp(&known[a]).then(a.cmp(b)));
+            let names: Vec<String> = many
+                .iter()
+                .take(10)
+                .map(|f| format!("{} ({})", f.name, f.module))
+                .collect();
+            bail!(
+                "`{wanted}` matches {} functions; give the full name (and --only-module if \
+                 names repeat across modules): {}{}",
+                many.len(),
+                names.join(", "),
+                if many.len() > 10 { ", ..." } else { "" }
+            )
+        }
     }
-    let mut paths: Vec<CallPath> = paths
-        .into_iter()
-        .map(|(functions, samples)| CallPath { functions, samples })
-        .collect();
-    paths.sort_by(|a, b| {
-        b.samples
-            .cmp(&a.samples)
-            .then(a.functions.cmp(&b.functions))
-    });
-    paths.truncate(limit);
-    paths
 }
 
 /// Samples of one event.
@@ -103,4 +80,40 @@ pub fn event_samples(profile: &Profile, event: EventIndex) -> u64 {
         .filter(|s| s.event == event)
         .map(|s| s.count)
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{aggregate::filter::SampleFilter, export::test_profile};
+
+    #[test]
+    fn functions_are_found_by_exact_name_or_unique_part() {
+        let profile = test_profile::profile();
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let found = find_function(&profile, &selection, "compute").unwrap();
+        assert_eq!(found.name, "compute");
+        assert_eq!(found.module, "app");
+        assert_eq!(
+            find_function(&profile, &selection, "page_fa").unwrap().name,
+            "exc_page_fault"
+        );
+        // `run` is a function, and part of `<[u8; 4] as app::Worker>::run`: exact wins.
+        assert_eq!(
+            find_function(&profile, &selection, "run").unwrap().name,
+            "run"
+        );
+        let error = find_function(&profile, &selection, "u")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("matches") && error.contains("run (app)"),
+            "{error}"
+        );
+        let error = find_function(&profile, &selection, "nope")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("no function"), "{error}");
+    }
 }

@@ -1,3 +1,13 @@
 //! Aggregation of a profile into the rows that reports show.
 
+pub mod callgraph;
+pub mod code;
+pub mod dataspace;
+pub mod details;
+pub mod filter;
 pub mod functions;
+pub mod latency;
+pub mod module_file;
+#[cfg(test)]
+pub mod test_samples;
+pub mod views;

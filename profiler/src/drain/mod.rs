@@ -55,6 +55,8 @@ impl Drained {
 pub struct Accounting {
     /// Program runs per event index.
     pub samples_fired: Vec<u64>,
+    /// Sum of sample periods per event index.
+    pub period_sums: Vec<u64>,
     pub samples_filtered: u64,
     pub losses: [u64; LossKind::COUNT],
 }
@@ -236,6 +238,9 @@ pub fn read_accounting(program: &CaptureProgram, events: usize) -> Result<Accoun
         accounting
             .samples_fired
             .push(sum(&program.samples_fired, event)?);
+        accounting
+            .period_sums
+            .push(sum(&program.period_sums, event)?);
     }
     for kind in LossKind::ALL {
         accounting.losses[kind as usize] = sum(&program.losses, kind as u32)?;

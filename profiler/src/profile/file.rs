@@ -421,6 +421,8 @@ mod tests {
             frame,
             stats,
             per_cpu: vec![3, 1],
+            tid: Some(101),
+            access: DataAccess::Store,
         }];
         profile.latency = vec![LatencyHistogram {
             pid: 100,
@@ -431,6 +433,7 @@ mod tests {
         profile.losses = Losses {
             samples_fired: vec![102, 7],
             counters: BTreeMap::from([("user stacks lost: stack-map hash collision".into(), 2)]),
+            period_sums: vec![0, 70],
         };
         profile.stacks[0].per_cpu = vec![40, 5];
         profile.stacks[0].cgroup = 1234;
@@ -727,6 +730,8 @@ mod format_1 {
                 frame: 0,
                 stats,
                 per_cpu: vec![9],
+                tid: Some(43),
+                access: DataAccess::Load,
             }],
             latency: vec![LatencyHistogram {
                 pid: 42,
@@ -737,18 +742,48 @@ mod format_1 {
             losses: Losses {
                 samples_fired: vec![10],
                 counters: BTreeMap::from([("samples lost: stack-count map full".into(), 1)]),
+                period_sums: vec![89_999_919],
             },
+            code: vec![CodeBytes {
+                module: "/usr/bin/demo".into(),
+                build_id: Some("0badc0de".into()),
+                file_offset: 0x1120,
+                address: 0x401120,
+                bytes: vec![0x55, 0x48, 0x89, 0xe5, 0xc3],
+                lines: vec![CodeLine {
+                    offset: 1,
+                    file: "demo.c".into(),
+                    line: 11,
+                }],
+            }],
+            memory_maps: vec![ProcessMemoryMap {
+                pid: 42,
+                mappings: vec![MemoryMapping {
+                    start: 0x7ffd_0000_0000,
+                    end: 0x7ffd_0002_1000,
+                    file_offset: 0,
+                    path: "[stack]".into(),
+                }],
+            }],
+            data_symbols: vec![DataSymbol {
+                pid: 42,
+                address: 0x404040,
+                size: 8,
+                name: "counter".into(),
+                module: "/usr/bin/demo".into(),
+            }],
         }
     }
 
     /// A file this profiler wrote in format 1, from [`profile`].
-    const FILE: [&str; 6] = [
-        "4542504650524f460100000047a6c061e900000000000000f30000000000000028b52ffd20f3050700524d3335704bd3",
-        "01e462ae0f8442096b305fec616f2d00ebe1f8d65a5d6a8cca54656f9e2b5c0e919f6fbb13656d4d9bfc88e16ab4de64",
-        "a71db7b67390b7ca24a7755b9d1e6ac561a9c0e1cd4adcf666159e3cf2477f602409d1c8395f3ce9c7801a18bd27fd89",
-        "30fa7b077814e9ce2db7391c3ff03aa1c39cc15cc32e8eef8bd6abb268c0279b2deb8bd2308bbae08e2278306736ef8a",
-        "415c1a4fab2304be657d458af4a981612122c13c7268408edb56890addd9f898c805191e141d1615391b1cc83b3d7426",
-        "54260264399d95499f05004005419ae4cd4c1480b2062d9b7b",
+    const FILE: [&str; 7] = [
+        "4542504650524f46010000001a3a14d72301000000000000610100000000000028b52ffd606100cd0800e2cf3b37506d",
+        "3506d01bbd5390588a9042a9818ac1ad1a6c7683837e28a17ecba5f4835c19841ba2a4a8741abfa9a70c5aaf9862def8",
+        "e5b62f930c649e2855627fec1916263a71ee7d7b0b7e0608454226b2cedb91cdc5ff7d6643356e605586a6883107bc95",
+        "ba3a28b5f8553a7f23b869eb959f7a54e975ea52c2b1f7fe50fb6bd44ea528b58fa04a9dd24ff4b29f5c33e652430738",
+        "bed2ebe69c0fbd5143cf9d86bb8dd328b73c2298bb2cf4b88cd4661640ebe6789eb1f740667db90c61b908e60ebaecb1",
+        "8c0242e5721ef2e8905ce70f4760e9930e91cd16d808a9f8c0b0d87b80a01ab148bb06985b2069ae5dccd5a20e005a48",
+        "8c861c30dc50d9d1c728154be3318b23dbc2948cc09c6c90e67b331d05a0964173e71e",
     ];
 
     #[test]

@@ -3,11 +3,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use profiler_common::capture::LossKind;
+use profiler_common::capture::{LossKind, ACCESS_LOAD, ACCESS_STORE};
 
 use super::{
-    DataLineSample, EventInfo, InstructionSample, LatencyHistogram, Losses, Profile, ProfileMeta,
-    StackSample, Stats, ThreadInfo,
+    DataAccess, DataLineSample, EventInfo, InstructionSample, LatencyHistogram, Losses, Profile,
+    ProfileMeta, StackSample, Stats, ThreadInfo,
 };
 use crate::{
     capture::sideband::ProcessTable,
@@ -130,6 +130,13 @@ pub fn assemble(
             frame: table.frame(code(key.pid, key.ip)),
             stats: stats(s),
             per_cpu: per_cpu.clone(),
+            // The capture does not record the thread or the access kind of data samples yet.
+            tid: Some(key.tid),
+            access: match key.access {
+                ACCESS_LOAD => DataAccess::Load,
+                ACCESS_STORE => DataAccess::Store,
+                _ => DataAccess::Unknown,
+            },
         })
         .collect();
     let latency = drained
@@ -166,6 +173,7 @@ pub fn assemble(
 
     let mut losses = Losses {
         samples_fired: accounting.samples_fired.clone(),
+        period_sums: accounting.period_sums.clone(),
         ..Losses::default()
     };
     for kind in LossKind::ALL {
@@ -189,5 +197,10 @@ pub fn assemble(
         data_lines,
         latency,
         losses,
+        // Filled after assembly from the module files and the side-band process table
+        // (`aggregate::code::capture_code`, `aggregate::dataspace::capture_data_objects`).
+        code: Vec::new(),
+        memory_maps: Vec::new(),
+        data_symbols: Vec::new(),
     }
 }

@@ -19,6 +19,14 @@ pub struct Profile {
     pub data_lines: Vec<DataLineSample>,
     pub latency: Vec<LatencyHistogram>,
     pub losses: Losses,
+    /// Machine code and line table of every sampled user function, read from its module at
+    /// record time, so the function details view disassembles offline.
+    pub code: Vec<CodeBytes>,
+    /// Memory mappings of the processes with data-address samples, as they were at the end of
+    /// the recording: what a data address belongs to (file, heap, stack, anonymous).
+    pub memory_maps: Vec<ProcessMemoryMap>,
+    /// Global variables (ELF data symbols) that sampled data cache lines overlap.
+    pub data_symbols: Vec<DataSymbol>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -142,6 +150,20 @@ pub struct DataLineSample {
     pub frame: FrameId,
     pub stats: Stats,
     pub per_cpu: Vec<u64>,
+    /// Thread that made the access, when the capture recorded it.
+    pub tid: Option<u32>,
+    /// Whether the access was a load or a store (from the sample's data source).
+    pub access: DataAccess,
+}
+
+/// The kind of a sampled data access (`perf_mem_data_src.mem_op`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub enum DataAccess {
+    /// The sample carried no data source (software events, or a PMU that does not say).
+    #[default]
+    Unknown,
+    Load,
+    Store,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -170,4 +192,59 @@ pub struct Losses {
     pub samples_fired: Vec<u64>,
     /// Loss counters by name (`profiler_common::capture::LossKind::describe`).
     pub counters: BTreeMap<String, u64>,
+    /// Sum of the overflow periods of the fired samples, per event (empty when not captured):
+    /// with frequency sampling the kernel varies the period, and the mean period estimates the
+    /// events each sample stands for.
+    pub period_sums: Vec<u64>,
+}
+
+/// The bytes of one function as its module file holds them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CodeBytes {
+    /// Module path as in [`Frame::module`].
+    pub module: String,
+    pub build_id: Option<String>,
+    /// Offset in the module's file of the function's first byte.
+    pub file_offset: u64,
+    /// Link-time virtual address of the function's first byte (as `objdump -d` shows it).
+    pub address: u64,
+    pub bytes: Vec<u8>,
+    /// Source location of every instruction that has one, by offset in `bytes`, ascending.
+    pub lines: Vec<CodeLine>,
+}
+
+/// The source location of one instruction: the innermost inlined location when inlined.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CodeLine {
+    pub offset: u32,
+    pub file: String,
+    pub line: u32,
+}
+
+/// The memory mappings of one process.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProcessMemoryMap {
+    pub pid: u32,
+    /// In the order they were made: where mappings overlap, the last one holds the address.
+    pub mappings: Vec<MemoryMapping>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemoryMapping {
+    pub start: u64,
+    pub end: u64,
+    /// Offset in the file of `start`.
+    pub file_offset: u64,
+    /// File path, a kernel label (`[heap]`, `[stack]`, `[vdso]`), or empty for anonymous memory.
+    pub path: String,
+}
+
+/// A global variable of a module, at its address in one process.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DataSymbol {
+    pub pid: u32,
+    pub address: u64,
+    pub size: u64,
+    pub name: String,
+    pub module: String,
 }

@@ -1,25 +1,200 @@
-//! The default text report: per event, the top functions by self and total samples, the hottest
-//! call paths, and the sample accounting with every kind of loss.
+//! The text report: per event, the chosen view as an aligned table that fits 100 columns
+//! (names are shortened, never the numbers), the details the view carries (data cache lines,
+//! function statements and instructions, callers or callees, hot call paths, latency
+//! percentiles), then the sample accounting with every kind of loss.
 
 use std::fmt::Write;
 
 use crate::{
-    aggregate::functions::{event_samples, function_rows, hot_paths},
-    profile::Profile,
+    aggregate::{
+        callgraph::{CallPath, Direction, Neighbours},
+        dataspace::{DataLineDetails, SharingHint, Touch},
+        details::{CodeSource, DetailRow, FunctionDetails},
+        filter::EventScale,
+        functions::event_samples,
+        latency::{Distribution, LatencySummary},
+        views::{RowKey, View, ViewKind, ViewRow},
+    },
+    profile::{module_basename, Profile},
 };
 
-pub struct TextOptions {
-    pub top: usize,
-    pub paths: usize,
+use super::{Content, EventSection, Report};
+
+/// Every line of the report fits this many columns.
+pub const WIDTH: usize = 100;
+const INDENT: &str = "  ";
+/// Narrowest a shortened name gets before its column is left out.
+const MIN_NAME: usize = 12;
+
+/// How a text column is shortened when the names do not fit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shorten {
+    /// Numbers: never shortened, right-aligned.
+    Never,
+    /// Names whose end tells them apart (functions, paths): keep the end.
+    KeepEnd,
+    /// Lists (leaf-first call paths, function lists): keep the start.
+    KeepStart,
 }
 
-impl Default for TextOptions {
-    fn default() -> Self {
-        TextOptions { top: 20, paths: 5 }
+struct Column {
+    header: &'static str,
+    shorten: Shorten,
+    /// May be left out when the columns before it need the room.
+    optional: bool,
+}
+
+const fn number(header: &'static str) -> Column {
+    Column {
+        header,
+        shorten: Shorten::Never,
+        optional: false,
     }
 }
 
-fn percent(part: u64, total: u64) -> f64 {
+const fn name(header: &'static str, shorten: Shorten) -> Column {
+    Column {
+        header,
+        shorten,
+        optional: false,
+    }
+}
+
+const fn optional(header: &'static str, shorten: Shorten) -> Column {
+    Column {
+        header,
+        shorten,
+        optional: true,
+    }
+}
+
+fn chars(text: &str) -> usize {
+    text.chars().count()
+}
+
+/// Shortens `text` to `width` characters with an ellipsis, keeping its start or its end.
+fn fit(text: &str, width: usize, shorten: Shorten) -> String {
+    let count = chars(text);
+    if count <= width || shorten == Shorten::Never {
+        return text.to_string();
+    }
+    match shorten {
+        Shorten::KeepEnd => {
+            let tail: String = text.chars().skip(count - (width - 1)).collect();
+            format!("…{tail}")
+        }
+        _ => {
+            let head: String = text.chars().take(width - 1).collect();
+            format!("{head}…")
+        }
+    }
+}
+
+/// Writes an aligned table: numbers at their natural width, names sharing what is left of
+/// [`WIDTH`] in column order, optional names left out when no room remains.
+fn table(out: &mut String, columns: &[Column], rows: &[Vec<String>]) {
+    let natural: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, column)| {
+            rows.iter()
+                .map(|row| chars(&row[i]))
+                .chain([chars(column.header)])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let fixed: usize = columns
+        .iter()
+        .zip(&natural)
+        .filter(|(c, _)| c.shorten == Shorten::Never)
+        .map(|(_, w)| w + 1)
+        .sum();
+    let mut room = WIDTH.saturating_sub(INDENT.len() + fixed);
+    let mut widths = natural.clone();
+    let names: Vec<usize> = (0..columns.len())
+        .filter(|i| columns[*i].shorten != Shorten::Never)
+        .collect();
+    for (n, &i) in names.iter().enumerate() {
+        // Leave each later required name its minimum.
+        let later: usize = names[n + 1..]
+            .iter()
+            .filter(|j| !columns[**j].optional)
+            .map(|j| natural[*j].min(MIN_NAME) + 1)
+            .sum();
+        let available = room.saturating_sub(later + 1);
+        widths[i] = if columns[i].optional && available < MIN_NAME.min(natural[i]) {
+            0
+        } else {
+            natural[i].min(available)
+        };
+        if widths[i] > 0 {
+            room = room.saturating_sub(widths[i] + 1);
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::from(INDENT);
+        for ((column, width), cell) in columns.iter().zip(&widths).zip(cells) {
+            if *width == 0 {
+                continue;
+            }
+            if text.len() > INDENT.len() {
+                text.push(' ');
+            }
+            if column.shorten == Shorten::Never {
+                let _ = write!(text, "{cell:>width$}");
+            } else {
+                let _ = write!(text, "{:<width$}", fit(cell, *width, column.shorten));
+            }
+        }
+        text.trim_end().to_string()
+    };
+    let _ = writeln!(out, "{}", line(&mut columns.iter().map(|c| c.header)));
+    for row in rows {
+        let _ = writeln!(out, "{}", line(&mut row.iter().map(String::as_str)));
+    }
+}
+
+/// A count or estimate in at most 5 characters: `999`, `12.3K`, `1.23M`, `456G`.
+fn compact(value: f64) -> String {
+    if value < 1000.0 {
+        return if value.fract() == 0.0 || value >= 100.0 {
+            format!("{value:.0}")
+        } else {
+            format!("{value:.1}")
+        };
+    }
+    let mut scaled = value;
+    let mut unit = 0;
+    const UNITS: [&str; 6] = ["", "K", "M", "G", "T", "P"];
+    while scaled >= 999.5 && unit < UNITS.len() - 1 {
+        scaled /= 1000.0;
+        unit += 1;
+    }
+    let digits = if scaled < 9.995 {
+        2
+    } else if scaled < 99.95 {
+        1
+    } else {
+        0
+    };
+    format!("{scaled:.digits$}{}", UNITS[unit])
+}
+
+/// Sample counts in full up to 7 digits.
+fn count(value: u64) -> String {
+    if value < 10_000_000 {
+        value.to_string()
+    } else {
+        compact(value as f64)
+    }
+}
+
+fn percent(value: f64) -> String {
+    format!("{value:.1}")
+}
+
+fn share(part: u64, total: u64) -> f64 {
     if total == 0 {
         0.0
     } else {
@@ -27,80 +202,595 @@ fn percent(part: u64, total: u64) -> f64 {
     }
 }
 
-/// Shortens a name to `width` characters, keeping its end where the distinguishing part is.
-fn fit(name: &str, width: usize) -> String {
-    let count = name.chars().count();
-    if count <= width {
-        name.to_string()
-    } else {
-        let tail: String = name.chars().skip(count - (width - 1)).collect();
-        format!("…{tail}")
+fn latency_cells(latency: Option<&LatencySummary>) -> [String; 5] {
+    let dash = || "-".to_string();
+    match latency {
+        None => [dash(), dash(), dash(), dash(), dash()],
+        Some(l) => {
+            let p = |v: Option<u64>| v.map_or_else(dash, |v| compact(v as f64));
+            [
+                compact(l.mean),
+                p(l.p50),
+                p(l.p90),
+                p(l.p99),
+                compact(l.max as f64),
+            ]
+        }
     }
 }
 
-/// Shortens a call path to `width` characters, keeping its start: the leaf.
-fn fit_path(path: &str, width: usize) -> String {
-    if path.chars().count() <= width {
-        path.to_string()
-    } else {
-        let head: String = path.chars().take(width - 1).collect();
-        format!("{head}…")
-    }
-}
+const LATENCY_COLUMNS: [Column; 5] = [
+    number("lat avg"),
+    number("p50"),
+    number("p90"),
+    number("p99"),
+    number("max"),
+];
 
-pub fn render(profile: &Profile, options: &TextOptions) -> String {
+pub fn render(report: &Report) -> String {
     let mut out = String::new();
+    let profile = report.profile;
     let meta = &profile.meta;
     let _ = writeln!(
         out,
-        "Profile of {} on {} (kernel {}), {:.2} s",
-        meta.target,
-        meta.hostname,
-        meta.kernel_release,
-        meta.duration_ns as f64 / 1e9
+        "{}",
+        fit(
+            &format!(
+                "Profile of {} on {} (kernel {}), {:.2} s",
+                meta.target,
+                meta.hostname,
+                meta.kernel_release,
+                meta.duration_ns as f64 / 1e9
+            ),
+            WIDTH,
+            Shorten::KeepStart
+        )
     );
-    for (index, event) in profile.events.iter().enumerate() {
-        let index = index as u32;
-        let total = event_samples(profile, index);
-        let rate = match (event.period, event.frequency) {
-            (Some(period), _) => format!("every {period} {}", event.unit),
-            (None, Some(hz)) => format!("{hz} Hz"),
-            (None, None) => String::new(),
-        };
-        let _ = writeln!(out, "\nEvent {} ({rate}): {total} samples", event.name);
-        let _ = writeln!(
-            out,
-            "\n  {:>8} {:>6} {:>8} {:>6}  {:<48} module",
-            "self", "self%", "total", "total%", "function"
-        );
-        for row in function_rows(profile, index).iter().take(options.top) {
-            let _ = writeln!(
-                out,
-                "  {:>8} {:>5.1}% {:>8} {:>5.1}%  {:<48} {}",
-                row.self_samples,
-                percent(row.self_samples, total),
-                row.total_samples,
-                percent(row.total_samples, total),
-                fit(&row.function.name, 48),
-                fit(&row.function.module, 20)
-            );
-        }
-        let paths = hot_paths(profile, index, options.paths);
-        if !paths.is_empty() {
-            let _ = writeln!(out, "\n  Hot call paths (leaf first):");
-        }
-        for path in paths {
-            let _ = writeln!(
-                out,
-                "  {:>8} {:>5.1}%  {}",
-                path.samples,
-                percent(path.samples, total),
-                fit_path(&path.functions.join(" <- "), 84)
-            );
-        }
+    for section in &report.sections {
+        render_section(report, section, &mut out);
     }
     render_accounting(profile, &mut out);
     out
+}
+
+fn event_header(report: &Report, section: &EventSection, samples: u64, what: &str) -> String {
+    let event = &report.profile.events[section.event as usize];
+    let rate = match (event.period, event.frequency) {
+        (Some(period), _) => format!("every {period} {}", event.unit),
+        (None, Some(hz)) => format!("{hz} Hz"),
+        (None, None) => "rate unknown".to_string(),
+    };
+    fit(
+        &format!("\nEvent {} ({rate}), {what}: {samples} samples", event.name),
+        WIDTH + 1,
+        Shorten::KeepStart,
+    )
+}
+
+fn render_section(report: &Report, section: &EventSection, out: &mut String) {
+    match &section.content {
+        Content::View { view, lines } => {
+            let what = format!("by {}", view.kind.name());
+            let _ = writeln!(
+                out,
+                "{}",
+                event_header(report, section, view.total_samples, &what)
+            );
+            let _ = writeln!(out, "{INDENT}{}", view.scale.describe());
+            render_view(view, out);
+            for line in lines {
+                render_data_line(line, out);
+            }
+            render_paths(
+                "Hot call paths (leaf first):",
+                &section.hot_paths,
+                view.total_samples,
+                out,
+            );
+        }
+        Content::Function(details) => {
+            let samples = details.as_ref().map_or(0, |d| d.event_samples);
+            let function = report.args.function.as_deref().unwrap_or_default();
+            let what = format!("function {function}");
+            let _ = writeln!(out, "{}", event_header(report, section, samples, &what));
+            match details {
+                Some(details) => render_details(details, out),
+                None => {
+                    let _ = writeln!(out, "{INDENT}no instruction samples in this function");
+                }
+            }
+        }
+        Content::CallGraph(graph) => {
+            let what = match graph.direction {
+                Direction::Callers => "callers",
+                Direction::Callees => "callees",
+            };
+            let _ = writeln!(
+                out,
+                "{}",
+                event_header(report, section, graph.event_samples, what)
+            );
+            render_call_graph(graph, out);
+            render_paths(
+                &format!(
+                    "Hot call paths through {} (leaf first):",
+                    graph.function.name
+                ),
+                &section.hot_paths,
+                graph.event_samples,
+                out,
+            );
+        }
+    }
+    if let Some(distributions) = &section.latency {
+        render_distributions(distributions, out);
+    }
+}
+
+/// The key columns of a view and their cells for one row.
+fn key_columns(kind: ViewKind) -> Vec<Column> {
+    match kind {
+        ViewKind::Thread => vec![number("pid/tid"), name("thread", Shorten::KeepStart)],
+        ViewKind::Module => vec![name("module", Shorten::KeepEnd)],
+        ViewKind::Function => vec![
+            name("function", Shorten::KeepEnd),
+            optional("module", Shorten::KeepEnd),
+        ],
+        ViewKind::Line => vec![
+            name("location", Shorten::KeepEnd),
+            optional("function", Shorten::KeepEnd),
+        ],
+        ViewKind::Instruction => vec![
+            name("instruction", Shorten::KeepEnd),
+            optional("source", Shorten::KeepEnd),
+        ],
+        ViewKind::IcacheLine => vec![
+            number("address"),
+            name("module+offset", Shorten::KeepEnd),
+            optional("functions", Shorten::KeepStart),
+        ],
+        ViewKind::DcacheLine => vec![
+            number("pid"),
+            number("address"),
+            name("object", Shorten::KeepEnd),
+        ],
+    }
+}
+
+fn key_cells(key: &RowKey) -> Vec<String> {
+    match key {
+        RowKey::Thread { pid, tid, comm } => vec![format!("{pid}/{tid}"), comm.clone()],
+        RowKey::Module { module } => vec![if module.is_empty() {
+            "(no module)".to_string()
+        } else {
+            module.clone()
+        }],
+        RowKey::Function(function) => vec![function.name.clone(), function.module.clone()],
+        RowKey::Line { function, .. } => vec![key.name(), function.clone()],
+        RowKey::Instruction {
+            location, source, ..
+        } => vec![location.clone(), source.clone().unwrap_or_default()],
+        RowKey::IcacheLine {
+            address,
+            module,
+            module_offset,
+            functions,
+        } => vec![
+            format!("{address:#x}"),
+            format!("{}+{module_offset:#x}", module_basename(module)),
+            functions.join(", "),
+        ],
+        RowKey::DcacheLine {
+            pid,
+            address,
+            object,
+        } => vec![
+            pid.to_string(),
+            format!("{address:#x}"),
+            object.describe(*address),
+        ],
+    }
+}
+
+fn render_view(view: &View, out: &mut String) {
+    let function = view.kind == ViewKind::Function;
+    let estimates = view.scale != EventScale::Unknown;
+    let latency = view.rows.iter().any(|r| r.latency.is_some());
+    let mut columns = vec![
+        number(if function { "self" } else { "samples" }),
+        number("%"),
+        number("cum%"),
+    ];
+    if function {
+        columns.extend([number("total"), number("%")]);
+    }
+    if estimates {
+        columns.push(number("events"));
+    }
+    if latency {
+        columns.extend(LATENCY_COLUMNS);
+    }
+    columns.extend(key_columns(view.kind));
+    let rows: Vec<Vec<String>> = view
+        .rows
+        .iter()
+        .map(|row: &ViewRow| {
+            let mut cells = vec![
+                count(row.samples),
+                percent(row.percent),
+                percent(row.cumulative_percent),
+            ];
+            if let (Some(total), Some(total_percent)) = (row.total_samples, row.total_percent) {
+                cells.extend([count(total), percent(total_percent)]);
+            }
+            if estimates {
+                cells.push(row.estimated_events.map_or("-".into(), compact));
+            }
+            if latency {
+                cells.extend(latency_cells(row.latency.as_ref()));
+            }
+            cells.extend(key_cells(&row.key));
+            cells
+        })
+        .collect();
+    let _ = writeln!(out);
+    if rows.is_empty() {
+        let _ = writeln!(out, "{INDENT}no samples");
+        return;
+    }
+    table(out, &columns, &rows);
+    if view.total_rows > view.rows.len() {
+        let _ = writeln!(
+            out,
+            "{INDENT}({} of {} rows; --top N shows more)",
+            view.rows.len(),
+            view.total_rows
+        );
+    }
+}
+
+fn render_paths(title: &str, paths: &[CallPath], total: u64, out: &mut String) {
+    if paths.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n{INDENT}{}",
+        fit(title, WIDTH - INDENT.len(), Shorten::KeepStart)
+    );
+    let rows: Vec<Vec<String>> = paths
+        .iter()
+        .map(|path| {
+            vec![
+                count(path.samples),
+                percent(share(path.samples, total)),
+                path.functions.join(" <- "),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            number("samples"),
+            number("%"),
+            name("path", Shorten::KeepStart),
+        ],
+        &rows,
+    );
+}
+
+/// Items joined with `, ` and wrapped at [`WIDTH`] after a label; an item longer than a line
+/// is broken between words.
+fn wrapped(out: &mut String, label: &str, items: &[String]) {
+    let lead = format!("{INDENT}{INDENT}{label:<13} ");
+    let room = WIDTH - chars(&lead);
+    let none = ["none recorded".to_string()];
+    let items = if items.is_empty() { &none[..] } else { items };
+    let mut lines = vec![String::new()];
+    for (i, item) in items.iter().enumerate() {
+        let item = if i + 1 < items.len() {
+            format!("{item},")
+        } else {
+            item.clone()
+        };
+        let pieces: Vec<String> = if chars(&item) <= room {
+            vec![item]
+        } else {
+            item.split(' ')
+                .map(|word| fit(word, room, Shorten::KeepEnd))
+                .collect()
+        };
+        for piece in pieces {
+            let current = lines.last_mut().expect("one line at least");
+            if current.is_empty() {
+                *current = piece;
+            } else if chars(current) + 1 + chars(&piece) > room {
+                lines.push(piece);
+            } else {
+                current.push(' ');
+                current.push_str(&piece);
+            }
+        }
+    }
+    for (n, line) in lines.iter().enumerate() {
+        let prefix = if n == 0 {
+            lead.clone()
+        } else {
+            " ".repeat(chars(&lead))
+        };
+        let _ = writeln!(out, "{prefix}{line}");
+    }
+}
+
+/// `1 store`, `2 stores`.
+fn plural(count: u64, noun: &str) -> String {
+    if count == 1 {
+        format!("{count} {noun}")
+    } else {
+        format!("{count} {noun}s")
+    }
+}
+
+fn touches(list: &[Touch], stores_known: bool) -> Vec<String> {
+    list.iter()
+        .map(|t| {
+            if stores_known && t.stores > 0 {
+                format!("{} {} ({})", t.name, t.samples, plural(t.stores, "store"))
+            } else {
+                format!("{} {}", t.name, t.samples)
+            }
+        })
+        .collect()
+}
+
+fn render_data_line(line: &DataLineDetails, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "\n{INDENT}{}",
+        fit(
+            &format!(
+                "Line {:#x} of pid {}: {}",
+                line.line,
+                line.pid,
+                line.object.describe(line.line)
+            ),
+            WIDTH - INDENT.len(),
+            Shorten::KeepStart
+        )
+    );
+    let access_known = line.loads + line.stores > 0;
+    let mut summary = vec![plural(line.samples, "sample")];
+    if access_known {
+        summary.push(plural(line.loads, "load"));
+        summary.push(plural(line.stores, "store"));
+    }
+    if let Some(l) = &line.latency {
+        summary.push(format!("latency avg {} max {}", compact(l.mean), l.max));
+    }
+    wrapped(out, "accesses", &summary);
+    wrapped(
+        out,
+        "instructions",
+        &touches(&line.instructions, access_known),
+    );
+    wrapped(out, "functions", &touches(&line.functions, access_known));
+    match &line.threads {
+        Some(threads) => wrapped(out, "threads", &touches(threads, access_known)),
+        None => wrapped(
+            out,
+            "threads",
+            &["not recorded by this capture".to_string()],
+        ),
+    }
+    wrapped(out, "cpus", &touches(&line.cpus, false));
+    match line.sharing {
+        Some(SharingHint::SeveralWriters(n)) => wrapped(
+            out,
+            "sharing",
+            &[format!(
+                "false sharing? {n} threads write this line (if they write different \
+                 variables, separate them by a cache line)"
+            )],
+        ),
+        Some(SharingHint::SeveralThreadsUnknownAccess(n)) => wrapped(
+            out,
+            "sharing",
+            &[format!(
+                "{n} threads touch this line (loads and stores not told apart: no data source)"
+            )],
+        ),
+        None => {}
+    }
+}
+
+fn render_details(details: &FunctionDetails, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "{INDENT}{}: {} of {} instruction samples ({:.1}%)",
+        fit(
+            &format!("{} ({})", details.function.name, details.function.module),
+            60,
+            Shorten::KeepEnd
+        ),
+        details.samples,
+        details.event_samples,
+        share(details.samples, details.event_samples)
+    );
+    let source = match details.source {
+        CodeSource::Disassembled => {
+            "instructions disassembled from the code captured at record time"
+        }
+        CodeSource::Kernel => {
+            "kernel code: its bytes are not captured; sampled instructions only, no disassembly"
+        }
+        CodeSource::NotCaptured => {
+            "code not captured (module unreadable at record time): sampled instructions only"
+        }
+    };
+    let _ = writeln!(out, "{INDENT}{source}");
+    let _ = writeln!(
+        out,
+        "{INDENT}Line: ~ inherited from the instruction before; *> statement out of source order;"
+    );
+    let _ = writeln!(
+        out,
+        "{INDENT}cache ln: samples of the 64-byte cache line, on its first row; Slot: byte in the \
+         line;\n{INDENT}Offset: from the function's start\n"
+    );
+    let _ = writeln!(
+        out,
+        "{INDENT}{:>7} {:>5} {:>8} {:>7} {:>6} {:>4} {:>7}  >Statement / instruction",
+        "samples", "%", "cache ln", "lat avg", "Line", "Slot", "Offset"
+    );
+    // Columns before the statement/instruction text.
+    const LEAD: usize = 2 + 7 + 1 + 5 + 1 + 8 + 1 + 7 + 1 + 6 + 1 + 4 + 1 + 7 + 2;
+    let samples = |n: u64| if n == 0 { String::new() } else { count(n) };
+    let share_of = |n: u64| {
+        if n == 0 {
+            String::new()
+        } else {
+            percent(share(n, details.event_samples))
+        }
+    };
+    for row in &details.rows {
+        let text = match row {
+            DetailRow::Statement(statement) => {
+                let marker = if statement.out_of_order { "*>" } else { " >" };
+                let location = match &statement.file {
+                    Some(file) => format!("{}:{}", module_basename(file), statement.line),
+                    None => format!("line {}", statement.line),
+                };
+                format!(
+                    "{INDENT}{:>7} {:>5} {:>8} {:>7} {:>6} {:>4} {:>7}{marker} {}",
+                    samples(statement.samples),
+                    share_of(statement.samples),
+                    "",
+                    "",
+                    statement.line,
+                    "",
+                    "",
+                    fit(&location, WIDTH - LEAD, Shorten::KeepEnd)
+                )
+            }
+            DetailRow::Instruction(instruction) => {
+                let line = match instruction.line {
+                    Some(line) if instruction.approximate_line => format!("~{line}"),
+                    Some(line) => line.to_string(),
+                    None => String::new(),
+                };
+                let text = instruction
+                    .text
+                    .clone()
+                    .unwrap_or_else(|| format!("{:#x}", instruction.address));
+                format!(
+                    "{INDENT}{:>7} {:>5} {:>8} {:>7} {:>6} {:>4} {:>7}    {}",
+                    samples(instruction.samples),
+                    share_of(instruction.samples),
+                    instruction
+                        .cache_line_samples
+                        .map_or(String::new(), samples),
+                    instruction
+                        .latency
+                        .as_ref()
+                        .map_or(String::new(), |l| compact(l.mean)),
+                    line,
+                    instruction.slot,
+                    format!("+{:#x}", instruction.offset),
+                    fit(&text, WIDTH - LEAD - 2, Shorten::KeepStart)
+                )
+            }
+            DetailRow::CacheLineBoundary => format!("{INDENT}{}", "-".repeat(WIDTH - INDENT.len())),
+            DetailRow::Gap => format!("{INDENT}{}", "~".repeat(WIDTH - INDENT.len())),
+        };
+        let _ = writeln!(out, "{}", text.trim_end());
+    }
+}
+
+fn render_call_graph(graph: &Neighbours, out: &mut String) {
+    let _ = writeln!(
+        out,
+        "{INDENT}{}: on the stack in {} samples ({:.1}%), leaf in {}\n",
+        fit(
+            &format!("{} ({})", graph.function.name, graph.function.module),
+            60,
+            Shorten::KeepEnd
+        ),
+        graph.total_samples,
+        share(graph.total_samples, graph.event_samples),
+        graph.self_samples
+    );
+    let (header, none) = match graph.direction {
+        Direction::Callers => ("caller", "(no caller captured: outermost frame)"),
+        Direction::Callees => ("callee", "(self: the function is the leaf)"),
+    };
+    let rows: Vec<Vec<String>> = graph
+        .neighbours
+        .iter()
+        .map(|n| {
+            let (function, module) = match &n.function {
+                Some(f) => (f.name.clone(), f.module.clone()),
+                None => (none.to_string(), String::new()),
+            };
+            vec![
+                count(n.samples),
+                percent(share(n.samples, graph.total_samples)),
+                function,
+                module,
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        let _ = writeln!(out, "{INDENT}not on any sampled stack of this event");
+        return;
+    }
+    table(
+        out,
+        &[
+            number("samples"),
+            number("%"),
+            name(header, Shorten::KeepEnd),
+            optional("module", Shorten::KeepEnd),
+        ],
+        &rows,
+    );
+}
+
+fn render_distributions(distributions: &[Distribution], out: &mut String) {
+    let _ = writeln!(out, "\n{INDENT}Latency percentiles (cycles):");
+    if distributions.is_empty() {
+        let _ = writeln!(out, "{INDENT}no latency histograms for this event");
+        return;
+    }
+    let rows: Vec<Vec<String>> = distributions
+        .iter()
+        .map(|d| {
+            let [mean, p50, p90, p99, max] = latency_cells(Some(&d.summary));
+            vec![
+                d.scope.name().to_string(),
+                d.label.clone(),
+                count(d.summary.samples),
+                mean,
+                p50,
+                p90,
+                p99,
+                max,
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            name("scope", Shorten::KeepStart),
+            name("name", Shorten::KeepEnd),
+            number("samples"),
+            number("avg"),
+            number("p50"),
+            number("p90"),
+            number("p99"),
+            number("max"),
+        ],
+        &rows,
+    );
 }
 
 fn render_accounting(profile: &Profile, out: &mut String) {
@@ -111,15 +801,22 @@ fn render_accounting(profile: &Profile, out: &mut String) {
         let drained = event_samples(profile, index as u32);
         let _ = writeln!(
             out,
-            "  {}: {fired} fired in the kernel, {drained} drained",
-            event.name
+            "{INDENT}{}",
+            fit(
+                &format!(
+                    "{}: {fired} fired in the kernel, {drained} drained",
+                    event.name
+                ),
+                WIDTH - INDENT.len(),
+                Shorten::KeepStart
+            )
         );
     }
     let nonzero: Vec<_> = losses.counters.iter().filter(|(_, n)| **n > 0).collect();
     if nonzero.is_empty() {
-        let _ = writeln!(out, "  no losses");
+        let _ = writeln!(out, "{INDENT}no losses");
     }
     for (what, count) in nonzero {
-        let _ = writeln!(out, "  {count:>10}  {what}");
+        let _ = writeln!(out, "{INDENT}{count:>10}  {what}");
     }
 }

@@ -1,0 +1,216 @@
+//! The call graph around one function (its callers and callees with sample counts) and the
+//! hottest call paths, from the sampled call stacks.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::profile::{EventIndex, Profile};
+
+use super::{filter::Selection, functions::FunctionName};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    Callers,
+    Callees,
+}
+
+/// A caller or callee and the samples of the stacks where it is one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Neighbour {
+    /// `None`: for callers, the function was the outermost frame of the stack (its caller was
+    /// not captured); for callees, the function itself was the leaf (self samples).
+    pub function: Option<FunctionName>,
+    pub samples: u64,
+}
+
+/// Callers or callees of a function in one event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Neighbours {
+    pub function: FunctionName,
+    pub direction: Direction,
+    /// Samples of the event that pass the filters.
+    pub event_samples: u64,
+    /// Samples with the function anywhere on the stack.
+    pub total_samples: u64,
+    /// Samples with the function as the leaf.
+    pub self_samples: u64,
+    /// Most samples first. A stack counts once per neighbour, however often the function
+    /// recurses in it.
+    pub neighbours: Vec<Neighbour>,
+}
+
+pub fn neighbours(
+    profile: &Profile,
+    event: EventIndex,
+    selection: &Selection,
+    function: &FunctionName,
+    direction: Direction,
+) -> Neighbours {
+    let mut result = Neighbours {
+        function: function.clone(),
+        direction,
+        event_samples: 0,
+        total_samples: 0,
+        self_samples: 0,
+        neighbours: Vec::new(),
+    };
+    let mut counts: HashMap<Option<FunctionName>, u64> = HashMap::new();
+    for stack in profile
+        .stacks
+        .iter()
+        .filter(|s| s.event == event && selection.thread(s.pid, s.tid))
+    {
+        result.event_samples += stack.count;
+        let names: Vec<FunctionName> = stack
+            .frames
+            .iter()
+            .map(|id| FunctionName::of(&profile.frames[*id as usize]))
+            .collect();
+        let positions: Vec<usize> = (0..names.len())
+            .filter(|i| names[*i] == *function)
+            .collect();
+        if positions.is_empty() {
+            continue;
+        }
+        result.total_samples += stack.count;
+        if positions[0] == 0 {
+            result.self_samples += stack.count;
+        }
+        let mut seen = HashSet::new();
+        for position in positions {
+            // Stacks are leaf first: the caller is one frame further, the callee one nearer.
+            let neighbour = match direction {
+                Direction::Callers => names.get(position + 1).cloned(),
+                Direction::Callees => position.checked_sub(1).map(|i| names[i].clone()),
+            };
+            if seen.insert(neighbour.clone()) {
+                *counts.entry(neighbour).or_default() += stack.count;
+            }
+        }
+    }
+    result.neighbours = counts
+        .into_iter()
+        .map(|(function, samples)| Neighbour { function, samples })
+        .collect();
+    result
+        .neighbours
+        .sort_by(|a, b| b.samples.cmp(&a.samples).then(a.function.cmp(&b.function)));
+    result
+}
+
+/// A call path (function names, leaf first) and its samples.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallPath {
+    pub functions: Vec<String>,
+    pub samples: u64,
+}
+
+/// The hottest call paths of one event by function (stacks that differ only in addresses inside
+/// the same functions are merged), optionally only those through one function.
+pub fn hot_paths(
+    profile: &Profile,
+    event: EventIndex,
+    selection: &Selection,
+    through: Option<&FunctionName>,
+    limit: usize,
+) -> Vec<CallPath> {
+    let mut paths: HashMap<Vec<String>, u64> = HashMap::new();
+    for stack in profile
+        .stacks
+        .iter()
+        .filter(|s| s.event == event && selection.thread(s.pid, s.tid))
+    {
+        let frames = stack.frames.iter().map(|id| &profile.frames[*id as usize]);
+        if let Some(function) = through {
+            if !frames.clone().any(|f| FunctionName::of(f) == *function) {
+                continue;
+            }
+        }
+        let functions = frames.map(|f| f.display_name()).collect();
+        *paths.entry(functions).or_default() += stack.count;
+    }
+    let mut paths: Vec<CallPath> = paths
+        .into_iter()
+        .map(|(functions, samples)| CallPath { functions, samples })
+        .collect();
+    paths.sort_by(|a, b| {
+        b.samples
+            .cmp(&a.samples)
+            .then(a.functions.cmp(&b.functions))
+    });
+    paths.truncate(limit);
+    paths
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{aggregate::filter::SampleFilter, export::test_profile};
+
+    fn name(function: &str) -> Option<FunctionName> {
+        Some(FunctionName {
+            name: function.into(),
+            module: "app".into(),
+        })
+    }
+
+    fn entries(neighbours: &Neighbours) -> Vec<(Option<String>, u64)> {
+        neighbours
+            .neighbours
+            .iter()
+            .map(|n| (n.function.as_ref().map(|f| f.name.clone()), n.samples))
+            .collect()
+    }
+
+    #[test]
+    fn callers_and_callees_of_run() {
+        let profile = test_profile::profile();
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let run = name("run").unwrap();
+        let callers = neighbours(&profile, 0, &selection, &run, Direction::Callers);
+        assert_eq!(callers.event_samples, 100);
+        assert_eq!(callers.total_samples, 85);
+        assert_eq!(callers.self_samples, 0);
+        assert_eq!(entries(&callers), [(Some("main".into()), 85)]);
+        let callees = neighbours(&profile, 0, &selection, &run, Direction::Callees);
+        assert_eq!(
+            entries(&callees),
+            [
+                (Some("compute".into()), 60),
+                (Some("do_syscall_64".into()), 25)
+            ]
+        );
+        // The syscall: 5 samples had no user stack, so no caller was captured.
+        let syscall = FunctionName {
+            name: "do_syscall_64".into(),
+            module: "[kernel.kallsyms]".into(),
+        };
+        let callers = neighbours(&profile, 0, &selection, &syscall, Direction::Callers);
+        assert_eq!(entries(&callers), [(Some("run".into()), 25), (None, 5)]);
+        let callees = neighbours(&profile, 0, &selection, &syscall, Direction::Callees);
+        assert_eq!(entries(&callees), [(None, 30)]);
+        assert_eq!(callees.self_samples, 30);
+    }
+
+    #[test]
+    fn hot_paths_through_a_function() {
+        let profile = test_profile::profile();
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let all = hot_paths(&profile, 0, &selection, None, 10);
+        assert_eq!(all[0].functions, ["compute", "run", "main"]);
+        assert_eq!(all[0].samples, 60);
+        assert_eq!(all.len(), 4);
+        let through = hot_paths(&profile, 0, &selection, name("run").as_ref(), 10);
+        let samples: Vec<u64> = through.iter().map(|p| p.samples).collect();
+        assert_eq!(samples, [60, 25]);
+        let filter = SampleFilter {
+            comm: Some("app worker".into()),
+            ..SampleFilter::default()
+        };
+        let selection = Selection::new(&profile, &filter);
+        let worker = hot_paths(&profile, 0, &selection, None, 10);
+        assert_eq!(worker.len(), 1);
+        assert_eq!(worker[0].samples, 10);
+    }
+}

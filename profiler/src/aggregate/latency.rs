@@ -1,0 +1,316 @@
+//! Latency of a group of samples: mean and maximum from the per-instruction statistics, and
+//! percentiles from the kernel's log-linear bucket counts merged into an hdrhistogram.
+
+use std::collections::{BTreeMap, HashMap};
+
+use hdrhistogram::Histogram;
+use profiler_common::latency::bucket_range;
+
+use crate::profile::{EventIndex, Profile, Stats};
+
+use super::{filter::Selection, functions::FunctionName, views::innermost_location};
+
+/// Latency of the samples of one report row. Percentiles are `None` when no bucket counts were
+/// captured for these samples (only sums and maxima).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencySummary {
+    /// Samples that carried a latency.
+    pub samples: u64,
+    pub mean: f64,
+    pub max: u64,
+    pub p50: Option<u64>,
+    pub p90: Option<u64>,
+    pub p99: Option<u64>,
+}
+
+/// Accumulates latency statistics and bucket counts of the samples of one row.
+#[derive(Clone, Debug, Default)]
+pub struct LatencyAccumulator {
+    samples: u64,
+    sum: u64,
+    max: u64,
+    distribution: Option<Histogram<u64>>,
+}
+
+/// The value a bucket's samples are recorded at: its midpoint, so that percentiles are off by
+/// at most half the bucket's width.
+pub fn representative_value(bucket: usize) -> u64 {
+    let (low, high) = bucket_range(bucket);
+    low + (high - low) / 2
+}
+
+/// An empty histogram for latencies of the u32 range at the buckets' precision.
+fn new_histogram() -> Histogram<u64> {
+    // Three significant digits are finer than the kernel buckets (1/8 relative width), so the
+    // merge adds no error of its own.
+    Histogram::new_with_max(u64::from(u32::MAX), 3).expect("valid hdrhistogram bounds")
+}
+
+impl LatencyAccumulator {
+    pub fn add_stats(&mut self, stats: &Stats) {
+        self.samples += stats.latency_count;
+        self.sum += stats.latency_sum;
+        self.max = self.max.max(stats.latency_max);
+    }
+
+    /// Adds sparse `(bucket, count)` pairs of a [`crate::profile::LatencyHistogram`].
+    pub fn add_buckets(&mut self, buckets: &[(u16, u64)]) {
+        let histogram = self.distribution.get_or_insert_with(new_histogram);
+        for (bucket, count) in buckets {
+            let value = representative_value(usize::from(*bucket)).min(histogram.high());
+            histogram
+                .record_n(value, *count)
+                .expect("bucket values lie within the histogram's range");
+        }
+    }
+
+    /// `None` when no sample of the row carried a latency.
+    pub fn summary(&self) -> Option<LatencySummary> {
+        let from_buckets = self.distribution.as_ref().filter(|h| !h.is_empty());
+        if self.samples == 0 && from_buckets.is_none() {
+            return None;
+        }
+        let percentile = |q: f64| from_buckets.map(|h| h.value_at_quantile(q));
+        // Rows that only have histograms (no instruction statistics) take mean and max from them.
+        let (samples, mean, max) = match (self.samples, from_buckets) {
+            (0, Some(h)) => (h.len(), h.mean(), h.max()),
+            (n, _) => (n, self.sum as f64 / n as f64, self.max),
+        };
+        Some(LatencySummary {
+            samples,
+            mean,
+            max,
+            p50: percentile(0.50),
+            p90: percentile(0.90),
+            p99: percentile(0.99),
+        })
+    }
+}
+
+/// The latency distribution of a group of instructions: the merged kernel buckets (for plots)
+/// and their summary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Distribution {
+    /// What the distribution is of: `all samples`, a function, a source line.
+    pub label: String,
+    pub scope: DistributionScope,
+    /// Sparse `(bucket, count)`, by bucket.
+    pub buckets: Vec<(u16, u64)>,
+    pub summary: LatencySummary,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DistributionScope {
+    Event,
+    Function,
+    Line,
+}
+
+impl DistributionScope {
+    pub fn name(self) -> &'static str {
+        match self {
+            DistributionScope::Event => "event",
+            DistributionScope::Function => "function",
+            DistributionScope::Line => "line",
+        }
+    }
+}
+
+/// Latency distributions of one event: all its samples, then the `top` functions and the `top`
+/// source lines with the most latency samples.
+pub fn distributions(
+    profile: &Profile,
+    event: EventIndex,
+    selection: &Selection,
+    top: usize,
+) -> Vec<Distribution> {
+    let mut all: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut by_function: HashMap<String, BTreeMap<u16, u64>> = HashMap::new();
+    let mut by_line: HashMap<String, BTreeMap<u16, u64>> = HashMap::new();
+    for histogram in profile.latency.iter().filter(|h| {
+        h.event == event
+            && selection.process(h.pid)
+            && selection.module(&profile.frames[h.frame as usize])
+    }) {
+        let frame = &profile.frames[histogram.frame as usize];
+        let (file, line, function) = innermost_location(frame);
+        let line = match (file, line) {
+            (Some(file), Some(line)) => format!("{file}:{line}"),
+            _ => function,
+        };
+        for map in [
+            &mut all,
+            by_function.entry(FunctionName::of(frame).name).or_default(),
+            by_line.entry(line).or_default(),
+        ] {
+            for (bucket, count) in &histogram.buckets {
+                *map.entry(*bucket).or_default() += count;
+            }
+        }
+    }
+    if all.is_empty() {
+        return Vec::new();
+    }
+    let mut result = vec![distribution(
+        "all samples".into(),
+        DistributionScope::Event,
+        all,
+    )];
+    for (scope, groups) in [
+        (DistributionScope::Function, by_function),
+        (DistributionScope::Line, by_line),
+    ] {
+        let mut group: Vec<Distribution> = groups
+            .into_iter()
+            .map(|(label, buckets)| distribution(label, scope, buckets))
+            .collect();
+        group.sort_by(|a, b| {
+            b.summary
+                .samples
+                .cmp(&a.summary.samples)
+                .then(a.label.cmp(&b.label))
+        });
+        group.truncate(top);
+        result.extend(group);
+    }
+    result
+}
+
+fn distribution(
+    label: String,
+    scope: DistributionScope,
+    buckets: BTreeMap<u16, u64>,
+) -> Distribution {
+    let buckets: Vec<(u16, u64)> = buckets.into_iter().collect();
+    let mut accumulator = LatencyAccumulator::default();
+    accumulator.add_buckets(&buckets);
+    Distribution {
+        label,
+        scope,
+        summary: accumulator
+            .summary()
+            .expect("a distribution has at least one sample"),
+        buckets,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use profiler_common::latency::{bucket_index, LATENCY_BUCKETS};
+
+    use super::*;
+
+    /// Sparse bucket counts of some latencies, as the kernel program makes them.
+    fn bucketize(latencies: &[u64]) -> Vec<(u16, u64)> {
+        let mut counts = vec![0u64; LATENCY_BUCKETS];
+        for latency in latencies {
+            counts[bucket_index(*latency)] += 1;
+        }
+        counts
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(bucket, n)| (bucket as u16, *n))
+            .collect()
+    }
+
+    /// The exact percentile of sorted values: the smallest value with at least q of them at or
+    /// below it (hdrhistogram's definition).
+    fn exact(sorted: &[u64], q: f64) -> u64 {
+        let rank = ((q * sorted.len() as f64).ceil() as usize).max(1);
+        sorted[rank - 1]
+    }
+
+    #[test]
+    fn percentiles_of_merged_buckets_lie_within_the_bucket_width() {
+        // A bimodal load-latency shape: many L1 hits around 5 cycles, a tail of misses to
+        // several hundred cycles, split over two histograms (two instructions) that merge.
+        let mut hits: Vec<u64> = (0..900).map(|i| 4 + i % 5).collect();
+        let misses: Vec<u64> = (0..100).map(|i| 200 + i * 7).collect();
+        let mut accumulator = LatencyAccumulator::default();
+        accumulator.add_buckets(&bucketize(&hits));
+        accumulator.add_buckets(&bucketize(&misses));
+        hits.extend(&misses);
+        hits.sort_unstable();
+        let summary = accumulator.summary().unwrap();
+        assert_eq!(summary.samples, 1000);
+        for (q, got) in [
+            (0.50, summary.p50.unwrap()),
+            (0.90, summary.p90.unwrap()),
+            (0.99, summary.p99.unwrap()),
+        ] {
+            let truth = exact(&hits, q);
+            let (low, high) = bucket_range(bucket_index(truth));
+            let slack = (high - low) / 2 + 1;
+            assert!(
+                got.abs_diff(truth) <= slack.max(truth / 1000 + 1),
+                "p{}: {got}, true value {truth}, bucket {low}..={high}",
+                q * 100.0
+            );
+        }
+        assert_eq!(exact(&hits, 0.5), 6);
+        // The 990th of 1000 values is the miss at 823, in bucket 768..=831.
+        assert_eq!(summary.p99, Some(799), "{summary:?}");
+        // The maximum comes from the top bucket: at most its width away.
+        let (low, high) = bucket_range(bucket_index(893));
+        assert!((low..=high + 1).contains(&summary.max), "{summary:?}");
+    }
+
+    #[test]
+    fn statistics_give_mean_and_max_without_percentiles() {
+        let mut accumulator = LatencyAccumulator::default();
+        accumulator.add_stats(&Stats {
+            count: 10,
+            latency_count: 4,
+            latency_sum: 400,
+            latency_max: 250,
+        });
+        accumulator.add_stats(&Stats {
+            count: 3,
+            latency_count: 1,
+            latency_sum: 100,
+            latency_max: 100,
+        });
+        let summary = accumulator.summary().unwrap();
+        assert_eq!(summary.samples, 5);
+        assert_eq!(summary.mean, 100.0);
+        assert_eq!(summary.max, 250);
+        assert_eq!(summary.p50, None);
+        assert!(LatencyAccumulator::default().summary().is_none());
+    }
+
+    #[test]
+    fn the_last_bucket_is_recorded_at_the_histogram_limit() {
+        let mut accumulator = LatencyAccumulator::default();
+        accumulator.add_buckets(&[((LATENCY_BUCKETS - 1) as u16, 2)]);
+        let summary = accumulator.summary().unwrap();
+        assert!(summary.p50.unwrap() >= 1 << 31);
+    }
+
+    #[test]
+    fn distributions_of_the_event_its_functions_and_lines() {
+        let profile = crate::aggregate::test_samples::profile();
+        let filter = crate::aggregate::filter::SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let found = distributions(&profile, 1, &selection, 5);
+        let labels: Vec<(&str, &str, u64)> = found
+            .iter()
+            .map(|d| (d.scope.name(), d.label.as_str(), d.summary.samples))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("event", "all samples", 7),
+                ("function", "compute", 4),
+                ("function", "exc_page_fault", 3),
+                ("line", "src/simd.rs:88", 4),
+                ("line", "exc_page_fault", 3),
+            ]
+        );
+        let buckets: u64 = found[0].buckets.iter().map(|(_, n)| n).sum();
+        assert_eq!(buckets, 7);
+        assert!(found[0].summary.max >= 1920);
+        assert!(distributions(&profile, 0, &selection, 5).is_empty());
+        assert_eq!(distributions(&profile, 1, &selection, 1).len(), 3);
+    }
+}

@@ -1,0 +1,118 @@
+//! Reading load modules (ELF files) at record time: where a file offset lies in the module's
+//! address space, its symbols, and the load bias of a mapping.
+
+use std::{fs, path::PathBuf};
+
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+
+/// The bytes of a module file, read through the root of one of the processes that mapped it
+/// (processes in containers see other files at the same path), else as the host sees the path.
+pub fn read_module(pids: impl IntoIterator<Item = u32>, path: &str) -> Option<(PathBuf, Vec<u8>)> {
+    let candidates = pids
+        .into_iter()
+        .map(|pid| PathBuf::from(format!("/proc/{pid}/root{path}")))
+        .chain([PathBuf::from(path)]);
+    for candidate in candidates {
+        if let Ok(bytes) = fs::read(&candidate) {
+            return Some((candidate, bytes));
+        }
+    }
+    None
+}
+
+/// The hex build ID of a parsed module.
+pub fn build_id(module: &object::File) -> Option<String> {
+    module.build_id().ok().flatten().map(crate::symbolize::hex)
+}
+
+/// A symbol's name as people write it: Rust and C++ names demangled (without Rust's hash, as
+/// blazesym names functions).
+pub fn demangle(name: &str) -> String {
+    if let Ok(rust) = rustc_demangle::try_demangle(name) {
+        return format!("{rust:#}");
+    }
+    cpp_demangle::Symbol::new(name)
+        .ok()
+        .and_then(|symbol| symbol.demangle().ok())
+        .unwrap_or_else(|| name.to_string())
+}
+
+/// A symbol with its extent, at its link-time address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleSymbol {
+    pub name: String,
+    pub address: u64,
+    pub size: u64,
+}
+
+/// Symbols of one kind with a size, from the symbol table or, in stripped files, the dynamic
+/// symbol table; sorted by address.
+pub fn sized_symbols(module: &object::File, kind: SymbolKind) -> Vec<ModuleSymbol> {
+    let mut symbols: Vec<ModuleSymbol> = module
+        .symbols()
+        .chain(module.dynamic_symbols())
+        .filter(|s| s.kind() == kind && s.size() > 0 && s.is_definition())
+        .filter_map(|s| {
+            Some(ModuleSymbol {
+                name: demangle(s.name().ok()?),
+                address: s.address(),
+                size: s.size(),
+            })
+        })
+        .collect();
+    symbols.sort_by(|a, b| (a.address, &a.name).cmp(&(b.address, &b.name)));
+    symbols.dedup();
+    symbols
+}
+
+/// Link-time address of a file offset, through the loadable segment holding it.
+pub fn address_of_file_offset(module: &object::File, offset: u64) -> Option<u64> {
+    module.segments().find_map(|segment| {
+        let (start, size) = segment.file_range();
+        (start..start + size)
+            .contains(&offset)
+            .then(|| segment.address() + (offset - start))
+    })
+}
+
+/// How far a mapping of the module at `start` (file offset `file_offset`) moved its link-time
+/// addresses: runtime address = link-time address + bias (wrapping).
+pub fn load_bias(module: &object::File, start: u64, file_offset: u64) -> Option<u64> {
+    module.segments().find_map(|segment| {
+        let (segment_offset, size) = segment.file_range();
+        // Mappings start on a page boundary below the segment's first byte.
+        let page_start = segment_offset & !0xfff;
+        (page_start..segment_offset + size)
+            .contains(&file_offset)
+            .then(|| {
+                let linked = segment
+                    .address()
+                    .wrapping_add(file_offset)
+                    .wrapping_sub(segment_offset);
+                start.wrapping_sub(linked)
+            })
+    })
+}
+
+/// Whether a link-time address lies in one of the module's loadable segments (bss included).
+pub fn in_segments(module: &object::File, address: u64) -> bool {
+    module
+        .segments()
+        .any(|s| (s.address()..s.address() + s.size()).contains(&address))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_and_cpp_names_are_demangled() {
+        assert_eq!(demangle("_ZN3log5STATE17hfaaf2b14f31f4970E"), "log::STATE");
+        assert_eq!(
+            demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
+            "core::fmt::write"
+        );
+        assert_eq!(demangle("_ZN2ns7counterE"), "ns::counter");
+        assert_eq!(demangle("counter_a"), "counter_a");
+    }
+}

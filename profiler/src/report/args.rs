@@ -1,0 +1,124 @@
+//! The report's command-line options, shared by `record` (report at the end) and `report -i`.
+//! The sample filters are named `--only-*` so that they never collide with the options that
+//! choose what `record` samples (`-p/--pid`, `-e/--event`).
+
+use std::path::PathBuf;
+
+use clap::{Args, FromArgMatches};
+
+use crate::aggregate::{
+    filter::SampleFilter,
+    views::{SortKey, ViewKind},
+};
+
+#[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Report")]
+pub struct ViewArgs {
+    /// What each row of the report is.
+    #[arg(long = "by", value_enum, value_name = "VIEW", default_value_t = ViewKind::Function)]
+    pub by: ViewKind,
+    /// Only this event, by name or index (default: every event, one after the other).
+    #[arg(id = "only_event", long = "only-event", value_name = "NAME|INDEX")]
+    pub event: Option<String>,
+    /// Only samples of these processes (repeat or comma-separate).
+    #[arg(
+        id = "only_pids",
+        long = "only-pid",
+        value_name = "PID",
+        value_delimiter = ','
+    )]
+    pub pids: Vec<u32>,
+    /// Only samples of threads with this name (samples that know only their process: of
+    /// processes with a thread of this name).
+    #[arg(id = "only_comm", long = "only-comm", value_name = "NAME")]
+    pub comm: Option<String>,
+    /// Only rows of code in this load module (path or file name).
+    #[arg(id = "only_module", long = "only-module", value_name = "MODULE")]
+    pub module: Option<String>,
+    /// Rows per view.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
+    /// Row order.
+    #[arg(long, value_enum, value_name = "KEY", default_value_t = SortKey::Samples)]
+    pub sort: SortKey,
+    /// Hot call paths shown with the function view and the call graph.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub paths: usize,
+    /// Statements and instructions of a function, by cache line.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["callers", "callees"])]
+    pub function: Option<String>,
+    /// The callers of a function, with the samples of the stacks through each.
+    #[arg(long, value_name = "NAME", conflicts_with = "callees")]
+    pub callers: Option<String>,
+    /// The functions a function calls, with the samples of the stacks through each.
+    #[arg(long, value_name = "NAME")]
+    pub callees: Option<String>,
+    /// Latency percentiles per event, function and line; with a file name, also plot them
+    /// into that SVG file.
+    #[arg(long, value_name = "FILE.svg", num_args = 0..=1)]
+    pub histogram: Option<Option<PathBuf>>,
+    /// Print the report as JSON (schema profiler.report/1, docs/json-report.md).
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ViewArgs {
+    pub fn filter(&self) -> SampleFilter {
+        SampleFilter {
+            pids: self.pids.clone(),
+            comm: self.comm.clone(),
+            module: self.module.clone(),
+        }
+    }
+}
+
+impl Default for ViewArgs {
+    /// The options of a command line that gives none.
+    fn default() -> Self {
+        let matches = ViewArgs::augment_args(clap::Command::new("report"))
+            .try_get_matches_from(["report"])
+            .expect("the defaults parse");
+        ViewArgs::from_arg_matches(&matches).expect("the defaults parse")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        view: ViewArgs,
+    }
+
+    #[test]
+    fn parses_views_filters_and_the_optional_svg() {
+        let view = Command::try_parse_from([
+            "report",
+            "--by",
+            "dcache-line",
+            "--only-pid",
+            "4,5",
+            "--sort",
+            "latency",
+            "--histogram",
+        ])
+        .unwrap()
+        .view;
+        assert_eq!(view.by, ViewKind::DcacheLine);
+        assert_eq!(view.pids, [4, 5]);
+        assert_eq!(view.sort, SortKey::Latency);
+        assert_eq!(view.histogram, Some(None));
+        let view = Command::try_parse_from(["report", "--histogram", "lat.svg"])
+            .unwrap()
+            .view;
+        assert_eq!(view.histogram, Some(Some(PathBuf::from("lat.svg"))));
+        assert_eq!(view.by, ViewKind::Function);
+        assert_eq!((view.top, view.paths), (20, 5));
+        assert_eq!(ViewArgs::default().by, ViewKind::Function);
+        assert!(Command::try_parse_from(["report", "--callers", "a", "--callees", "b"]).is_err());
+    }
+}
