@@ -95,8 +95,19 @@ fn every_fired_sample_is_drained_or_reported_lost() {
     let fired = event["samples_fired"].as_u64().unwrap();
     let drained = event["samples"].as_u64().unwrap();
     let losses = &report["losses"];
-    let lost = losses["samples lost: stack-count map full"].as_u64().unwrap()
-        + losses["samples lost: unregistered perf event"].as_u64().unwrap();
-    assert!(fired > 1000, "expected thousands of samples at 4999 Hz, got {fired}");
-    assert_eq!(fired, drained + lost, "fired {fired} != drained {drained} + lost {lost}");
+    let lost = losses["samples lost: stack-count map full"]
+        .as_u64()
+        .unwrap()
+        + losses["samples lost: unregistered perf event"]
+            .as_u64()
+            .unwrap();
+    assert!(
+        fired > 1000,
+        "expected thousands of samples at 4999 Hz, got {fired}"
+    );
+    assert_eq!(
+        fired,
+        drained + lost,
+        "fired {fired} != drained {drained} + lost {lost}"
+    );
 }

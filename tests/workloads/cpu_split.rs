@@ -33,7 +33,10 @@ fn timed(spent: &mut u64, work: impl FnOnce() -> u64) -> u64 {
 fn churn(units: u64, seed: u64) -> u64 {
     let mut x = seed | 1;
     for _ in 0..units * 20_000 {
-        x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407));
+        x = black_box(
+            x.wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407),
+        );
         x ^= x >> 29;
     }
     x

@@ -30,7 +30,10 @@ fn main() {
     let mut region = vec![0u8; pages * PAGE + PAGE];
     let offset = region.as_ptr().align_offset(PAGE);
     let aligned = &mut region[offset..offset + pages * PAGE];
-    println!("region {:#x} pages {pages} line {line}", aligned.as_ptr() as usize);
+    println!(
+        "region {:#x} pages {pages} line {line}",
+        aligned.as_ptr() as usize
+    );
     touch_pages(aligned, line);
     black_box(&region);
 }

@@ -106,19 +106,31 @@ fn setup_ebpf_toolchain() -> Result<()> {
             let llvm = debian_rustc_llvm_major()?;
             apt_install(&[&format!("llvm-{llvm}-dev"), "libzstd-dev", "zlib1g-dev"])?;
             install
-                .args(["--no-default-features", "--features", &format!("llvm-{llvm}")])
+                .args([
+                    "--no-default-features",
+                    "--features",
+                    &format!("llvm-{llvm}"),
+                ])
                 .env("LLVM_PREFIX", format!("/usr/lib/llvm-{llvm}"));
         }
         eprintln!("xtask setup: building bpf-linker");
         run_command(&mut install)?;
     }
-    ebpf_toolchain::detect().map(drop).map_err(|missing| anyhow!("{missing}"))
+    ebpf_toolchain::detect()
+        .map(drop)
+        .map_err(|missing| anyhow!("{missing}"))
 }
 
 pub fn all(purpose: Purpose) -> Result<()> {
     setup_ebpf_toolchain()?;
     if purpose == Purpose::Test && have_apt() {
-        apt_install(&["linux-perf", "bpftool", "binutils", "golang-go", "golang-github-google-pprof-dev"])?;
+        apt_install(&[
+            "linux-perf",
+            "bpftool",
+            "binutils",
+            "golang-go",
+            "golang-github-google-pprof-dev",
+        ])?;
     }
     Ok(())
 }

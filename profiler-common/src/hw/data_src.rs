@@ -564,15 +564,30 @@ mod tests {
             // Exactly this field is non-zero.
             for (other_shift, _, other_read) in fields {
                 if other_shift != shift {
-                    assert_eq!(other_read(&decoded), 0, "field at {other_shift} set by bits of {shift}");
+                    assert_eq!(
+                        other_read(&decoded),
+                        0,
+                        "field at {other_shift} set by bits of {shift}"
+                    );
                 }
             }
             // The bits just outside the range belong to someone else.
-            let outside = if shift == 0 { 1u64 << width } else { (1u64 << (shift - 1)) | (1u64 << (shift + width)) };
-            assert_eq!(read(&DataSource::decode(outside)), 0, "field at bit {shift}");
+            let outside = if shift == 0 {
+                1u64 << width
+            } else {
+                (1u64 << (shift - 1)) | (1u64 << (shift + width))
+            };
+            assert_eq!(
+                read(&DataSource::decode(outside)),
+                0,
+                "field at bit {shift}"
+            );
         }
         // Reserved bits 46-63 decode to nothing.
-        assert_eq!(DataSource::decode(!DATA_SRC_FIELD_BITS), DataSource::default());
+        assert_eq!(
+            DataSource::decode(!DATA_SRC_FIELD_BITS),
+            DataSource::default()
+        );
     }
 
     #[test]
@@ -599,9 +614,15 @@ mod tests {
             assert_eq!(decoded.encode(), raw & DATA_SRC_FIELD_BITS, "raw {raw:#x}");
             assert_eq!(DataSource::decode(decoded.encode()), decoded);
         }
-        assert_eq!(DataSource::NOT_AVAILABLE.encode(), 1 | (1 << 5) | (1 << 19) | (1 << 24) | (1 << 26));
+        assert_eq!(
+            DataSource::NOT_AVAILABLE.encode(),
+            1 | (1 << 5) | (1 << 19) | (1 << 24) | (1 << 26)
+        );
         // Out-of-range values keep only the bits that fit.
-        let wide = DataSource { mem_op: MemOp(0xff), ..DataSource::default() };
+        let wide = DataSource {
+            mem_op: MemOp(0xff),
+            ..DataSource::default()
+        };
         assert_eq!(wide.encode(), 0x1f);
     }
 
@@ -619,15 +640,33 @@ mod tests {
         assert_eq!(hit(MemLevel::L2).level_label(), "L2 hit");
         assert_eq!(hit(MemLevel::L3).level_label(), "L3 hit");
         assert_eq!(hit(MemLevel::LOC_RAM).level_label(), "Local RAM hit");
-        assert_eq!(hit(MemLevel::REM_RAM1).level_label(), "Remote RAM (1 hop) hit");
-        assert_eq!(hit(MemLevel::REM_RAM2).level_label(), "Remote RAM (2 hops) hit");
-        assert_eq!(hit(MemLevel::REM_CCE1).level_label(), "Remote Cache (1 hop) hit");
-        assert_eq!(hit(MemLevel::REM_CCE2).level_label(), "Remote Cache (2 hops) hit");
+        assert_eq!(
+            hit(MemLevel::REM_RAM1).level_label(),
+            "Remote RAM (1 hop) hit"
+        );
+        assert_eq!(
+            hit(MemLevel::REM_RAM2).level_label(),
+            "Remote RAM (2 hops) hit"
+        );
+        assert_eq!(
+            hit(MemLevel::REM_CCE1).level_label(),
+            "Remote Cache (1 hop) hit"
+        );
+        assert_eq!(
+            hit(MemLevel::REM_CCE2).level_label(),
+            "Remote Cache (2 hops) hit"
+        );
         // AMD pre-Zen4 "L3 or remote cache" names its nearest level.
-        assert_eq!(hit(MemLevel::L3 | MemLevel::REM_CCE1).level_label(), "L3 hit");
+        assert_eq!(
+            hit(MemLevel::L3 | MemLevel::REM_CCE1).level_label(),
+            "L3 hit"
+        );
         assert_eq!(source(|d| d.mem_lvl = MemLevel::IO).level_label(), "I/O");
         assert_eq!(hit(MemLevel::UNC).level_label(), "Uncached hit");
-        assert_eq!(source(|d| d.mem_lvl = MemLevel::L3 | MemLevel::MISS).level_label(), "L3 miss");
+        assert_eq!(
+            source(|d| d.mem_lvl = MemLevel::L3 | MemLevel::MISS).level_label(),
+            "L3 miss"
+        );
         assert_eq!(source(|d| d.mem_lvl = MemLevel::NA).level_label(), "N/A");
         assert_eq!(DataSource::NOT_AVAILABLE.level_label(), "N/A");
 
@@ -651,16 +690,28 @@ mod tests {
         });
         assert_eq!(any_cache.level_label(), "Remote cache");
         assert_eq!(any_cache.locality_label(), "Remote core, same node");
-        assert_eq!(source(|d| d.mem_lvl_num = LevelNum::PMEM).level_label(), "PMEM");
-        assert_eq!(source(|d| d.mem_lvl_num = LevelNum::CXL).level_label(), "CXL");
-        assert_eq!(source(|d| d.mem_lvl_num = LevelNum::L2_MHB).level(), MemoryLevel::L2MissHandlingBuffer);
+        assert_eq!(
+            source(|d| d.mem_lvl_num = LevelNum::PMEM).level_label(),
+            "PMEM"
+        );
+        assert_eq!(
+            source(|d| d.mem_lvl_num = LevelNum::CXL).level_label(),
+            "CXL"
+        );
+        assert_eq!(
+            source(|d| d.mem_lvl_num = LevelNum::L2_MHB).level(),
+            MemoryLevel::L2MissHandlingBuffer
+        );
         // NA and the unassigned 7 fall back to mem_lvl.
         let fallback = source(|d| {
             d.mem_lvl_num = LevelNum::NA;
             d.mem_lvl = MemLevel::L2 | MemLevel::HIT;
         });
         assert_eq!(fallback.level_label(), "L2 hit");
-        assert_eq!(source(|d| d.mem_lvl_num = LevelNum(7)).level(), MemoryLevel::NotAvailable);
+        assert_eq!(
+            source(|d| d.mem_lvl_num = LevelNum(7)).level(),
+            MemoryLevel::NotAvailable
+        );
     }
 
     #[test]
@@ -668,18 +719,42 @@ mod tests {
         assert_eq!(source(|d| d.mem_snoop = Snoop::NONE).snoop_label(), "None");
         assert_eq!(source(|d| d.mem_snoop = Snoop::HIT).snoop_label(), "Hit");
         assert_eq!(source(|d| d.mem_snoop = Snoop::MISS).snoop_label(), "Miss");
-        assert_eq!(source(|d| d.mem_snoop = Snoop::HIT | Snoop::HITM).snoop_label(), "HitM");
+        assert_eq!(
+            source(|d| d.mem_snoop = Snoop::HIT | Snoop::HITM).snoop_label(),
+            "HitM"
+        );
         assert_eq!(source(|d| d.mem_snoopx = SnoopX::FWD).snoop_label(), "Fwd");
-        assert_eq!(source(|d| d.mem_snoopx = SnoopX::PEER).snoop_label(), "Peer");
+        assert_eq!(
+            source(|d| d.mem_snoopx = SnoopX::PEER).snoop_label(),
+            "Peer"
+        );
         assert_eq!(source(|d| d.mem_snoop = Snoop::NA).snoop_label(), "N/A");
 
-        assert_eq!(source(|d| d.mem_dtlb = Tlb::HIT | Tlb::L1 | Tlb::L2).tlb_label(), "L1 or L2 hit");
-        assert_eq!(source(|d| d.mem_dtlb = Tlb::HIT | Tlb::L1).tlb_label(), "L1 hit");
-        assert_eq!(source(|d| d.mem_dtlb = Tlb::HIT | Tlb::L2).tlb_label(), "L2 hit");
-        assert_eq!(source(|d| d.mem_dtlb = Tlb::MISS | Tlb::L2).tlb_label(), "L2 miss");
+        assert_eq!(
+            source(|d| d.mem_dtlb = Tlb::HIT | Tlb::L1 | Tlb::L2).tlb_label(),
+            "L1 or L2 hit"
+        );
+        assert_eq!(
+            source(|d| d.mem_dtlb = Tlb::HIT | Tlb::L1).tlb_label(),
+            "L1 hit"
+        );
+        assert_eq!(
+            source(|d| d.mem_dtlb = Tlb::HIT | Tlb::L2).tlb_label(),
+            "L2 hit"
+        );
+        assert_eq!(
+            source(|d| d.mem_dtlb = Tlb::MISS | Tlb::L2).tlb_label(),
+            "L2 miss"
+        );
         assert_eq!(source(|d| d.mem_dtlb = Tlb::MISS).tlb_label(), "miss");
-        assert_eq!(source(|d| d.mem_dtlb = Tlb::HIT | Tlb::WK).tlb_label(), "Walker hit");
-        assert_eq!(source(|d| d.mem_dtlb = Tlb::OS).tlb_label(), "OS fault handler");
+        assert_eq!(
+            source(|d| d.mem_dtlb = Tlb::HIT | Tlb::WK).tlb_label(),
+            "Walker hit"
+        );
+        assert_eq!(
+            source(|d| d.mem_dtlb = Tlb::OS).tlb_label(),
+            "OS fault handler"
+        );
         assert_eq!(source(|d| d.mem_dtlb = Tlb::NA).tlb_label(), "N/A");
 
         assert_eq!(source(|d| d.mem_lock = Lock::LOCKED).lock_label(), "Yes");
@@ -687,7 +762,10 @@ mod tests {
         assert_eq!(source(|d| d.mem_lock = Lock(0)).lock_label(), "N/A");
 
         assert_eq!(source(|d| d.mem_blk = Block::DATA).block_label(), "Data");
-        assert_eq!(source(|d| d.mem_blk = Block::DATA | Block::ADDR).block_label(), "Data, Addr");
+        assert_eq!(
+            source(|d| d.mem_blk = Block::DATA | Block::ADDR).block_label(),
+            "Data, Addr"
+        );
         assert_eq!(source(|d| d.mem_blk = Block::NA).block_label(), "N/A");
 
         let remote = |hops| {
@@ -696,7 +774,10 @@ mod tests {
                 d.mem_hops = hops;
             })
         };
-        assert_eq!(remote(Hops::HOPS_2).locality_label(), "Remote socket, same board");
+        assert_eq!(
+            remote(Hops::HOPS_2).locality_label(),
+            "Remote socket, same board"
+        );
         assert_eq!(remote(Hops::HOPS_3).locality_label(), "Remote board");
         assert_eq!(remote(Hops(0)).locality_label(), "Remote");
 

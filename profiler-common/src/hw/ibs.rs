@@ -466,7 +466,10 @@ impl IbsDataSource {
     pub const fn reports_cache_state(self) -> bool {
         matches!(
             self,
-            IbsDataSource::LocalCache | IbsDataSource::LocalCcx | IbsDataSource::NearCcx | IbsDataSource::FarCcx
+            IbsDataSource::LocalCache
+                | IbsDataSource::LocalCcx
+                | IbsDataSource::NearCcx
+                | IbsDataSource::FarCcx
         )
     }
 }
@@ -547,7 +550,12 @@ fn read_caps(payload: &[u8]) -> Result<IbsCaps, IbsRawError> {
     let len = payload.len();
     let word = match payload.first_chunk::<4>() {
         Some(word) => word,
-        None => return Err(IbsRawError::Truncated { needed: CAPS_BYTES, available: len }),
+        None => {
+            return Err(IbsRawError::Truncated {
+                needed: CAPS_BYTES,
+                available: len,
+            })
+        }
     };
     if !(len - CAPS_BYTES).is_multiple_of(REG_BYTES) {
         return Err(IbsRawError::Misaligned { len });
@@ -561,7 +569,10 @@ fn read_caps(payload: &[u8]) -> Result<IbsCaps, IbsRawError> {
 fn check_registers(payload: &[u8], registers: usize) -> Result<(), IbsRawError> {
     let needed = CAPS_BYTES + registers * REG_BYTES;
     if payload.len() < needed {
-        return Err(IbsRawError::Truncated { needed, available: payload.len() });
+        return Err(IbsRawError::Truncated {
+            needed,
+            available: payload.len(),
+        });
     }
     Ok(())
 }
@@ -571,9 +582,15 @@ fn check_registers(payload: &[u8], registers: usize) -> Result<(), IbsRawError> 
 #[inline(always)]
 fn register(payload: &[u8], index: usize) -> Result<u64, IbsRawError> {
     let start = CAPS_BYTES + index * REG_BYTES;
-    match payload.get(start..).and_then(|rest| rest.first_chunk::<8>()) {
+    match payload
+        .get(start..)
+        .and_then(|rest| rest.first_chunk::<8>())
+    {
         Some(bytes) => Ok(u64::from_le_bytes(*bytes)),
-        None => Err(IbsRawError::Truncated { needed: start + REG_BYTES, available: payload.len() }),
+        None => Err(IbsRawError::Truncated {
+            needed: start + REG_BYTES,
+            available: payload.len(),
+        }),
     }
 }
 
@@ -582,7 +599,12 @@ fn register(payload: &[u8], index: usize) -> Result<u64, IbsRawError> {
 fn raw_field_payload(raw_field: &[u8]) -> Result<&[u8], IbsRawError> {
     let size = match raw_field.first_chunk::<4>() {
         Some(word) => u32::from_le_bytes(*word) as usize,
-        None => return Err(IbsRawError::Truncated { needed: 4, available: raw_field.len() }),
+        None => {
+            return Err(IbsRawError::Truncated {
+                needed: 4,
+                available: raw_field.len(),
+            })
+        }
     };
     let available = raw_field.len() - 4;
     match raw_field.get(4..).and_then(|rest| rest.get(..size)) {
@@ -614,7 +636,11 @@ impl IbsFetchSample {
             ctl: FetchCtl(register(payload, 0)?),
             lin_addr: register(payload, 1)?,
             phys_addr: register(payload, 2)?,
-            ext_ctl: if caps.fetch_ctl_ext() { Some(FetchExtCtl(register(payload, 3)?)) } else { None },
+            ext_ctl: if caps.fetch_ctl_ext() {
+                Some(FetchExtCtl(register(payload, 3)?))
+            } else {
+                None
+            },
         })
     }
 
@@ -639,7 +665,11 @@ impl IbsFetchSample {
         let zen4 = self.caps.zen4();
         IbsFetch {
             linear_address: self.lin_addr,
-            physical_address: if ctl.phys_addr_valid() { Some(self.phys_addr) } else { None },
+            physical_address: if ctl.phys_addr_valid() {
+                Some(self.phys_addr)
+            } else {
+                None
+            },
             outcome: if killed {
                 FetchOutcome::Killed
             } else if completed {
@@ -648,16 +678,27 @@ impl IbsFetchSample {
                 FetchOutcome::Aborted
             },
             latency: ctl.latency(),
-            ic_miss: if errata.fetch_ic_miss { None } else { Some(ctl.ic_miss()) },
+            ic_miss: if errata.fetch_ic_miss {
+                None
+            } else {
+                Some(ctl.ic_miss())
+            },
             // An L1 hit is only known for a fetch that translated (valid physical address).
             itlb: if ctl.l1_tlb_miss() || ctl.phys_addr_valid() {
-                Some(TlbOutcome::from_miss_bits(ctl.l1_tlb_miss(), ctl.l2_tlb_miss()))
+                Some(TlbOutcome::from_miss_bits(
+                    ctl.l1_tlb_miss(),
+                    ctl.l2_tlb_miss(),
+                ))
             } else {
                 None
             },
             page_size: ctl.l1_tlb_page_size(errata.fetch_page_size_table),
             l2_miss: if completed { Some(ctl.l2_miss()) } else { None },
-            op_cache_miss: if zen4 { Some(ctl.op_cache_miss()) } else { None },
+            op_cache_miss: if zen4 {
+                Some(ctl.op_cache_miss())
+            } else {
+                None
+            },
             l3_miss: if zen4 { Some(ctl.l3_miss()) } else { None },
             itlb_refill_latency: self.ext_ctl.map(FetchExtCtl::itlb_refill_latency),
         }
@@ -720,7 +761,10 @@ impl IbsOpSample {
     #[inline(always)]
     pub fn parse(payload: &[u8]) -> Result<IbsOpSample, IbsRawError> {
         let caps = read_caps(payload)?;
-        check_registers(payload, OP_FIXED_REGS + caps.branch_target() as usize + caps.op_data4() as usize)?;
+        check_registers(
+            payload,
+            OP_FIXED_REGS + caps.branch_target() as usize + caps.op_data4() as usize,
+        )?;
         let data4_index = OP_FIXED_REGS + caps.branch_target() as usize;
         Ok(IbsOpSample {
             caps,
@@ -731,8 +775,16 @@ impl IbsOpSample {
             data3: OpData3(register(payload, 4)?),
             dc_lin_addr: register(payload, 5)?,
             dc_phys_addr: register(payload, 6)?,
-            branch_target: if caps.branch_target() { Some(register(payload, OP_FIXED_REGS)?) } else { None },
-            data4: if caps.op_data4() { Some(OpData4(register(payload, data4_index)?)) } else { None },
+            branch_target: if caps.branch_target() {
+                Some(register(payload, OP_FIXED_REGS)?)
+            } else {
+                None
+            },
+            data4: if caps.op_data4() {
+                Some(OpData4(register(payload, data4_index)?))
+            } else {
+                None
+            },
         })
     }
 
@@ -748,7 +800,11 @@ impl IbsOpSample {
         let data = self.data;
         let d3 = self.data3;
         IbsOp {
-            rip: if self.caps.rip_invalid_check() && data.rip_invalid() { None } else { Some(self.rip) },
+            rip: if self.caps.rip_invalid_check() && data.rip_invalid() {
+                None
+            } else {
+                Some(self.rip)
+            },
             tag_to_retire: data.tag_to_retire(),
             completion_to_retire: data.completion_to_retire(),
             microcoded: data.microcoded(),
@@ -767,49 +823,87 @@ impl IbsOpSample {
                 _ => None,
             },
             load_resync: self.data4.map(OpData4::load_resync),
-            memory: if d3.load() || d3.store() { Some(self.decode_memory(errata)) } else { None },
+            memory: if d3.load() || d3.store() {
+                Some(self.decode_memory(errata))
+            } else {
+                None
+            },
         }
     }
 
     #[inline(always)]
     fn decode_memory(&self, errata: IbsErrata) -> IbsMemoryAccess {
         let d3 = self.data3;
-        let erratum_1293 = errata.op_data2_without_mab && (d3.dc_miss_no_mab() || d3.software_prefetch());
+        let erratum_1293 =
+            errata.op_data2_without_mab && (d3.dc_miss_no_mab() || d3.software_prefetch());
         // OP_DATA2 describes loads only.
-        let data2 = if d3.load() && !erratum_1293 { Some(self.data2) } else { None };
+        let data2 = if d3.load() && !erratum_1293 {
+            Some(self.data2)
+        } else {
+            None
+        };
         let source = match data2 {
             Some(data2) => IbsDataSource::decode(data2, self.caps.zen4()),
             None => None,
         };
         let zen5_tlb_layout = self.caps.op_dtlb_page_size();
         let dtlb = if d3.lin_addr_valid() && (!zen5_tlb_layout || d3.phys_addr_valid()) {
-            Some(TlbOutcome::from_miss_bits(d3.l1_dtlb_miss(), d3.l2_dtlb_miss()))
+            Some(TlbOutcome::from_miss_bits(
+                d3.l1_dtlb_miss(),
+                d3.l2_dtlb_miss(),
+            ))
         } else {
             None
         };
         IbsMemoryAccess {
             load: d3.load(),
             store: d3.store(),
-            linear_address: if d3.lin_addr_valid() { Some(self.dc_lin_addr) } else { None },
-            physical_address: if d3.phys_addr_valid() { Some(self.dc_phys_addr) } else { None },
+            linear_address: if d3.lin_addr_valid() {
+                Some(self.dc_lin_addr)
+            } else {
+                None
+            },
+            physical_address: if d3.phys_addr_valid() {
+                Some(self.dc_phys_addr)
+            } else {
+                None
+            },
             dtlb,
             page_size: dtlb_page_size(d3, dtlb, zen5_tlb_layout),
             dc_miss: d3.dc_miss(),
             dc_miss_no_mab: d3.dc_miss_no_mab(),
-            l2_miss: if erratum_1293 { None } else { Some(d3.l2_miss()) },
+            l2_miss: if erratum_1293 {
+                None
+            } else {
+                Some(d3.l2_miss())
+            },
             misaligned: d3.misaligned(),
             uncacheable: d3.uncacheable(),
             write_combining: d3.write_combining(),
             locked: d3.locked(),
             software_prefetch: d3.software_prefetch(),
             width_bytes: d3.access_width_bytes(),
-            open_mem_requests: if erratum_1293 { None } else { Some(d3.open_mem_requests()) },
-            dc_miss_latency: if d3.load() && d3.dc_miss() { Some(d3.dc_miss_latency()) } else { None },
-            dtlb_refill_latency: if d3.l1_dtlb_miss() { Some(d3.dtlb_refill_latency()) } else { None },
+            open_mem_requests: if erratum_1293 {
+                None
+            } else {
+                Some(d3.open_mem_requests())
+            },
+            dc_miss_latency: if d3.load() && d3.dc_miss() {
+                Some(d3.dc_miss_latency())
+            } else {
+                None
+            },
+            dtlb_refill_latency: if d3.l1_dtlb_miss() {
+                Some(d3.dtlb_refill_latency())
+            } else {
+                None
+            },
             source,
             remote_node: source.is_some() && self.data2.remote_node(),
             cache_state: match (data2, source) {
-                (Some(data2), Some(source)) if source.reports_cache_state() && !errata.cache_hit_state => {
+                (Some(data2), Some(source))
+                    if source.reports_cache_state() && !errata.cache_hit_state =>
+                {
                     Some(data2.cache_state())
                 }
                 _ => None,
@@ -907,19 +1001,33 @@ struct Level {
 impl Level {
     #[inline(always)]
     const fn hit(lvl: MemLevel, num: LevelNum) -> Level {
-        Level { lvl: MemLevel(lvl.0 | MemLevel::HIT.0), num, remote: false, hops: Hops(0) }
+        Level {
+            lvl: MemLevel(lvl.0 | MemLevel::HIT.0),
+            num,
+            remote: false,
+            hops: Hops(0),
+        }
     }
 
     /// The level reported as remote; IBS gives no socket detail, so like Linux: one node away.
     #[inline(always)]
     const fn remote(self, hops: Hops) -> Level {
-        Level { remote: true, hops, ..self }
+        Level {
+            remote: true,
+            hops,
+            ..self
+        }
     }
 
     /// Memory Linux reports by `mem_lvl_num` only, remote when the node bit says so.
     #[inline(always)]
     const fn away(num: LevelNum, remote: bool) -> Level {
-        let level = Level { lvl: MemLevel(0), num, remote: false, hops: Hops(0) };
+        let level = Level {
+            lvl: MemLevel(0),
+            num,
+            remote: false,
+            hops: Hops(0),
+        };
         if remote {
             level.remote(Hops::HOPS_1)
         } else {
@@ -946,9 +1054,10 @@ impl IbsMemoryAccess {
         }
         let remote = self.remote_node;
         let from_source = match self.source {
-            Some(IbsDataSource::LocalCache) => {
-                Some(Level { hops: Hops::HOPS_0, ..Level::hit(MemLevel::L3 | MemLevel::REM_CCE1, LevelNum::ANY_CACHE) })
-            }
+            Some(IbsDataSource::LocalCache) => Some(Level {
+                hops: Hops::HOPS_0,
+                ..Level::hit(MemLevel::L3 | MemLevel::REM_CCE1, LevelNum::ANY_CACHE)
+            }),
             Some(IbsDataSource::RemoteCache) | Some(IbsDataSource::FarCcx) => {
                 Some(Level::hit(MemLevel::REM_CCE2, LevelNum::ANY_CACHE).remote(Hops::HOPS_1))
             }
@@ -969,7 +1078,12 @@ impl IbsMemoryAccess {
             Some(level) => level,
             // The miss address buffer only counts when no data source was given.
             None if self.dc_miss_no_mab => Level::hit(MemLevel::LFB, LevelNum::LFB),
-            None => Level { lvl: MemLevel::NA, num: LevelNum::NA, remote: false, hops: Hops(0) },
+            None => Level {
+                lvl: MemLevel::NA,
+                num: LevelNum::NA,
+                remote: false,
+                hops: Hops(0),
+            },
         }
     }
 
@@ -1016,7 +1130,9 @@ impl IbsOp {
         SampleFields {
             data_addr: memory.and_then(|memory| memory.linear_address),
             phys_addr: memory.and_then(|memory| memory.physical_address),
-            load_latency: memory.and_then(|memory| memory.dc_miss_latency).map(u64::from),
+            load_latency: memory
+                .and_then(|memory| memory.dc_miss_latency)
+                .map(u64::from),
             instruction_latency: Some(self.tag_to_retire),
             retire_latency: None,
             completion_to_retire: Some(self.completion_to_retire),
@@ -1042,7 +1158,11 @@ mod tests {
     fn assert_flags<R: Copy>(make: fn(u64) -> R, flags: &[(FlagReader<R>, u32)]) {
         for &(read, position) in flags {
             for b in 0..64 {
-                assert_eq!(read(make(1 << b)), b == position, "flag at bit {position} read bit {b}");
+                assert_eq!(
+                    read(make(1 << b)),
+                    b == position,
+                    "flag at bit {position} read bit {b}"
+                );
             }
             assert!(!read(make(0)));
         }
@@ -1055,7 +1175,11 @@ mod tests {
             let ones = (1u64 << width) - 1;
             assert_eq!(read(make(ones << shift)), ones, "field at {shift}");
             assert_eq!(read(make(1 << shift)), 1, "field at {shift}");
-            assert_eq!(read(make(!(ones << shift))), 0, "field at {shift} reads outside its range");
+            assert_eq!(
+                read(make(!(ones << shift))),
+                0,
+                "field at {shift} reads outside its range"
+            );
         }
     }
 
@@ -1112,12 +1236,16 @@ mod tests {
         );
         assert_eq!(FetchCtl(0x1234).max_count(), 0x12340);
         assert_eq!(FetchCtl(0x0001_0000).current_count(), 16);
-        assert_fields(FetchExtCtl, &[(|r: FetchExtCtl| r.itlb_refill_latency() as u64, 0, 16)]);
+        assert_fields(
+            FetchExtCtl,
+            &[(|r: FetchExtCtl| r.itlb_refill_latency() as u64, 0, 16)],
+        );
     }
 
     #[test]
     fn fetch_page_size_tables() {
-        let ctl = |code: u64, phys_valid: bool| FetchCtl((code << 53) | ((phys_valid as u64) << 52));
+        let ctl =
+            |code: u64, phys_valid: bool| FetchCtl((code << 53) | ((phys_valid as u64) << 52));
         assert_eq!(ctl(0, true).l1_tlb_page_size(false), Some(PageSize::Size4K));
         assert_eq!(ctl(1, true).l1_tlb_page_size(false), Some(PageSize::Size2M));
         assert_eq!(ctl(2, true).l1_tlb_page_size(false), Some(PageSize::Size1G));
@@ -1175,7 +1303,10 @@ mod tests {
         );
         assert_fields(
             OpData,
-            &[(|r: OpData| r.completion_to_retire() as u64, 0, 16), (|r| r.tag_to_retire() as u64, 16, 16)],
+            &[
+                (|r: OpData| r.completion_to_retire() as u64, 0, 16),
+                (|r| r.tag_to_retire() as u64, 16, 16),
+            ],
         );
     }
 
@@ -1192,7 +1323,10 @@ mod tests {
         );
         assert_fields(
             OpData2,
-            &[(|r: OpData2| r.data_source_lo() as u64, 0, 3), (|r| r.data_source_hi() as u64, 6, 2)],
+            &[
+                (|r: OpData2| r.data_source_lo() as u64, 0, 3),
+                (|r| r.data_source_hi() as u64, 6, 2),
+            ],
         );
         assert_eq!(OpData2(0).cache_state(), CacheState::Modified);
         assert_eq!(OpData2(1 << 5).cache_state(), CacheState::Owned);
@@ -1316,13 +1450,22 @@ mod tests {
         let target = with(1 << 5, &[0xb7]);
         assert_eq!((target.branch_target, target.data4), (Some(0xb7), None));
         let data4 = with(1 << 10, &[0xd4]);
-        assert_eq!((data4.branch_target, data4.data4), (None, Some(OpData4(0xd4))));
+        assert_eq!(
+            (data4.branch_target, data4.data4),
+            (None, Some(OpData4(0xd4)))
+        );
         let both = with((1 << 5) | (1 << 10), &[0xb7, 0xd4]);
-        assert_eq!((both.branch_target, both.data4), (Some(0xb7), Some(OpData4(0xd4))));
+        assert_eq!(
+            (both.branch_target, both.data4),
+            (Some(0xb7), Some(OpData4(0xd4)))
+        );
         assert_eq!(both.dc_phys_addr, 0x77);
         // A newer kernel's extra trailing register is ignored.
         let extra = with(0, &[0xee]);
-        assert_eq!((extra.branch_target, extra.data4, extra.dc_phys_addr), (None, None, 0x77));
+        assert_eq!(
+            (extra.branch_target, extra.data4, extra.dc_phys_addr),
+            (None, None, 0x77)
+        );
     }
 
     #[test]
@@ -1330,13 +1473,23 @@ mod tests {
         let plain = IbsFetchSample::parse_raw_field(&raw_field(0, &[0xf1, 0xf2, 0xf3])).unwrap();
         assert_eq!(
             plain,
-            IbsFetchSample { caps: IbsCaps(0), ctl: FetchCtl(0xf1), lin_addr: 0xf2, phys_addr: 0xf3, ext_ctl: None }
+            IbsFetchSample {
+                caps: IbsCaps(0),
+                ctl: FetchCtl(0xf1),
+                lin_addr: 0xf2,
+                phys_addr: 0xf3,
+                ext_ctl: None
+            }
         );
-        let extended = IbsFetchSample::parse_raw_field(&raw_field(1 << 9, &[0xf1, 0xf2, 0xf3, 0xe4])).unwrap();
+        let extended =
+            IbsFetchSample::parse_raw_field(&raw_field(1 << 9, &[0xf1, 0xf2, 0xf3, 0xe4])).unwrap();
         assert_eq!(extended.ext_ctl, Some(FetchExtCtl(0xe4)));
         assert_eq!(
             IbsFetchSample::parse_raw_field(&raw_field(1 << 9, &[0xf1, 0xf2, 0xf3])),
-            Err(IbsRawError::Truncated { needed: 36, available: 28 })
+            Err(IbsRawError::Truncated {
+                needed: 36,
+                available: 28
+            })
         );
     }
 
@@ -1347,30 +1500,67 @@ mod tests {
         assert!(IbsOpSample::parse(payload).is_ok());
         // Every shorter prefix fails without panicking.
         for len in 0..payload.len() {
-            assert!(IbsOpSample::parse(&payload[..len]).is_err(), "prefix of {len} bytes");
-            assert!(IbsFetchSample::parse(&payload[..len.min(27)]).is_err(), "prefix of {len} bytes");
+            assert!(
+                IbsOpSample::parse(&payload[..len]).is_err(),
+                "prefix of {len} bytes"
+            );
+            assert!(
+                IbsFetchSample::parse(&payload[..len.min(27)]).is_err(),
+                "prefix of {len} bytes"
+            );
         }
         assert_eq!(
             IbsOpSample::parse(&payload[..4 + 8 * 8]),
-            Err(IbsRawError::Truncated { needed: 76, available: 68 })
+            Err(IbsRawError::Truncated {
+                needed: 76,
+                available: 68
+            })
         );
-        assert_eq!(IbsOpSample::parse(&payload[..3]), Err(IbsRawError::Truncated { needed: 4, available: 3 }));
-        assert_eq!(IbsOpSample::parse(&payload[..13]), Err(IbsRawError::Misaligned { len: 13 }));
+        assert_eq!(
+            IbsOpSample::parse(&payload[..3]),
+            Err(IbsRawError::Truncated {
+                needed: 4,
+                available: 3
+            })
+        );
+        assert_eq!(
+            IbsOpSample::parse(&payload[..13]),
+            Err(IbsRawError::Misaligned { len: 13 })
+        );
         // The size word promises more than the record holds.
         assert_eq!(
             IbsOpSample::parse_raw_field(&field[..field.len() - 1]),
-            Err(IbsRawError::SizeBeyondRecord { size: 76, available: 75 })
+            Err(IbsRawError::SizeBeyondRecord {
+                size: 76,
+                available: 75
+            })
         );
-        assert_eq!(IbsOpSample::parse_raw_field(&[1, 0]), Err(IbsRawError::Truncated { needed: 4, available: 2 }));
+        assert_eq!(
+            IbsOpSample::parse_raw_field(&[1, 0]),
+            Err(IbsRawError::Truncated {
+                needed: 4,
+                available: 2
+            })
+        );
         let mut huge = field.clone();
         huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(IbsOpSample::parse_raw_field(&huge), Err(IbsRawError::SizeBeyondRecord { .. })));
+        assert!(matches!(
+            IbsOpSample::parse_raw_field(&huge),
+            Err(IbsRawError::SizeBeyondRecord { .. })
+        ));
     }
 
     #[test]
     fn errors_say_what_to_do() {
-        let message = IbsRawError::Truncated { needed: 76, available: 68 }.to_string();
-        assert!(message.contains("76") && message.contains("68") && message.contains("PERF_SAMPLE_RAW"), "{message}");
+        let message = IbsRawError::Truncated {
+            needed: 76,
+            available: 68,
+        }
+        .to_string();
+        assert!(
+            message.contains("76") && message.contains("68") && message.contains("PERF_SAMPLE_RAW"),
+            "{message}"
+        );
         let message = IbsRawError::Misaligned { len: 13 }.to_string();
         assert!(message.contains("ibs_op or ibs_fetch"), "{message}");
     }
@@ -1386,7 +1576,13 @@ mod tests {
                 cache_hit_state: true
             }
         );
-        assert_eq!(IbsErrata::for_cpu(0x19, 0x21), IbsErrata { cache_hit_state: true, ..IbsErrata::default() });
+        assert_eq!(
+            IbsErrata::for_cpu(0x19, 0x21),
+            IbsErrata {
+                cache_hit_state: true,
+                ..IbsErrata::default()
+            }
+        );
         assert_eq!(IbsErrata::for_cpu(0x19, 0x61), IbsErrata::default());
         assert_eq!(IbsErrata::for_cpu(0x17, 0x01), IbsErrata::default());
         assert_eq!(IbsErrata::for_cpu(0x1a, 0x02), IbsErrata::default());
@@ -1419,7 +1615,12 @@ mod tests {
     fn op_sample_fields_follow_linux() {
         // A load that missed the DC and the L2, served by local DRAM in 310 cycles.
         let data = (25u64 << 16) | 7;
-        let sample = op(0, data, 3, LOAD | DC_MISS | L2_MISS | LIN_VALID | PHYS_VALID | (310 << 32));
+        let sample = op(
+            0,
+            data,
+            3,
+            LOAD | DC_MISS | L2_MISS | LIN_VALID | PHYS_VALID | (310 << 32),
+        );
         let fields = sample.decode(IbsErrata::default()).sample_fields();
         assert_eq!(fields.data_addr, Some(0x7fff_0040));
         assert_eq!(fields.phys_addr, Some(0x1_2340));
@@ -1434,17 +1635,29 @@ mod tests {
         assert_eq!(source.lock_label(), "N/A");
 
         // A store: no load latency even with the miss bit, addresses only when valid.
-        let store = op(0, 0, 0, STORE | DC_MISS | (310 << 32)).decode(IbsErrata::default()).sample_fields();
-        assert_eq!((store.data_addr, store.phys_addr, store.load_latency), (None, None, None));
+        let store = op(0, 0, 0, STORE | DC_MISS | (310 << 32))
+            .decode(IbsErrata::default())
+            .sample_fields();
+        assert_eq!(
+            (store.data_addr, store.phys_addr, store.load_latency),
+            (None, None, None)
+        );
         assert_eq!(store.data_source.unwrap().op_label(), "Store");
         assert_eq!(store.data_source.unwrap().tlb_label(), "N/A");
 
         // A mispredicted taken return, not touching memory.
         let branch = (1u64 << 37) | (1 << 36) | (1 << 35) | (1 << 34);
-        let fields = op(0, branch, 0, 0).decode(IbsErrata::default()).sample_fields();
+        let fields = op(0, branch, 0, 0)
+            .decode(IbsErrata::default())
+            .sample_fields();
         assert_eq!(
             fields.branch,
-            Some(BranchOutcome { taken: true, mispredicted: true, is_return: true, fused: false })
+            Some(BranchOutcome {
+                taken: true,
+                mispredicted: true,
+                is_return: true,
+                fused: false
+            })
         );
         assert_eq!(fields.data_source, None);
         assert_eq!(fields.data_addr, None);
@@ -1455,18 +1668,32 @@ mod tests {
         let mut sample = op(1 << 7, 1 << 38, 0, 0);
         assert_eq!(sample.decode(IbsErrata::default()).rip, None);
         sample.caps = IbsCaps(0);
-        assert_eq!(sample.decode(IbsErrata::default()).rip, Some(0x40_1000), "bit 38 is reserved without caps bit 7");
+        assert_eq!(
+            sample.decode(IbsErrata::default()).rip,
+            Some(0x40_1000),
+            "bit 38 is reserved without caps bit 7"
+        );
         sample.branch_target = Some(0x40_2000);
-        assert_eq!(sample.decode(IbsErrata::default()).branch_target, None, "not a branch");
+        assert_eq!(
+            sample.decode(IbsErrata::default()).branch_target,
+            None,
+            "not a branch"
+        );
         sample.data = OpData(1 << 37);
-        assert_eq!(sample.decode(IbsErrata::default()).branch_target, Some(0x40_2000));
+        assert_eq!(
+            sample.decode(IbsErrata::default()).branch_target,
+            Some(0x40_2000)
+        );
         assert_eq!(sample.decode(IbsErrata::default()).load_resync, None);
         sample.data4 = Some(OpData4(1));
         assert_eq!(sample.decode(IbsErrata::default()).load_resync, Some(true));
     }
 
     fn level_of(caps: u32, data2: u64, data3: u64) -> DataSource {
-        op(caps, 0, data2, data3).decode(IbsErrata::default()).data_source().unwrap()
+        op(caps, 0, data2, data3)
+            .decode(IbsErrata::default())
+            .data_source()
+            .unwrap()
     }
 
     #[test]
@@ -1475,24 +1702,41 @@ mod tests {
         assert_eq!(level_of(0, 0, LOAD).level(), MemoryLevel::L1);
         assert_eq!(level_of(0, 0, LOAD).mem_lvl, MemLevel::L1 | MemLevel::HIT);
         assert_eq!(level_of(0, 0, LOAD | DC_MISS).level_label(), "L2 hit");
-        assert_eq!(level_of(0, 0, LOAD | (1 << 14)).level_label(), "Uncached hit");
+        assert_eq!(
+            level_of(0, 0, LOAD | (1 << 14)).level_label(),
+            "Uncached hit"
+        );
         // An uncacheable access to I/O is reported as I/O.
         assert_eq!(level_of(0, 7, missed | (1 << 14)).level_label(), "I/O hit");
 
         // Before Zen 4.
         let local_cache = level_of(0, 2, missed);
-        assert_eq!(local_cache.mem_lvl, MemLevel::L3 | MemLevel::REM_CCE1 | MemLevel::HIT);
         assert_eq!(
-            (local_cache.mem_lvl_num, local_cache.mem_remote, local_cache.mem_hops),
+            local_cache.mem_lvl,
+            MemLevel::L3 | MemLevel::REM_CCE1 | MemLevel::HIT
+        );
+        assert_eq!(
+            (
+                local_cache.mem_lvl_num,
+                local_cache.mem_remote,
+                local_cache.mem_hops
+            ),
             (LevelNum::ANY_CACHE, false, Hops::HOPS_0)
         );
         let remote_cache = level_of(0, 4, missed);
         assert_eq!(remote_cache.mem_lvl, MemLevel::REM_CCE2 | MemLevel::HIT);
-        assert_eq!((remote_cache.mem_remote, remote_cache.mem_hops), (true, Hops::HOPS_1));
+        assert_eq!(
+            (remote_cache.mem_remote, remote_cache.mem_hops),
+            (true, Hops::HOPS_1)
+        );
         let remote_dram = level_of(0, 3 | (1 << 4), missed);
         assert_eq!(remote_dram.mem_lvl, MemLevel::REM_RAM1 | MemLevel::HIT);
         assert_eq!(
-            (remote_dram.mem_lvl_num, remote_dram.mem_remote, remote_dram.mem_hops),
+            (
+                remote_dram.mem_lvl_num,
+                remote_dram.mem_remote,
+                remote_dram.mem_hops
+            ),
             (LevelNum::RAM, true, Hops::HOPS_1)
         );
         assert_eq!(remote_dram.level_label(), "Remote RAM hit");
@@ -1501,20 +1745,38 @@ mod tests {
         // Zen 4.
         assert_eq!(level_of(ZEN4, 1, missed).level_label(), "L3 hit");
         let near = level_of(ZEN4, 2, missed);
-        assert_eq!((near.mem_lvl, near.mem_lvl_num), (MemLevel::REM_CCE1 | MemLevel::HIT, LevelNum::ANY_CACHE));
+        assert_eq!(
+            (near.mem_lvl, near.mem_lvl_num),
+            (MemLevel::REM_CCE1 | MemLevel::HIT, LevelNum::ANY_CACHE)
+        );
         assert_eq!(near.locality_label(), "Remote core, same node");
         let far = level_of(ZEN4, 5, missed);
-        assert_eq!((far.mem_lvl, far.mem_hops), (MemLevel::REM_CCE2 | MemLevel::HIT, Hops::HOPS_1));
+        assert_eq!(
+            (far.mem_lvl, far.mem_hops),
+            (MemLevel::REM_CCE2 | MemLevel::HIT, Hops::HOPS_1)
+        );
         let pmem = level_of(ZEN4, 6 | (1 << 4), missed);
-        assert_eq!((pmem.mem_lvl, pmem.mem_lvl_num, pmem.mem_remote), (MemLevel(0), LevelNum::PMEM, true));
+        assert_eq!(
+            (pmem.mem_lvl, pmem.mem_lvl_num, pmem.mem_remote),
+            (MemLevel(0), LevelNum::PMEM, true)
+        );
         assert_eq!(level_of(ZEN4, 1 << 6, missed).mem_lvl_num, LevelNum::CXL);
         // Peer-agent memory is not in Linux's table: falls to the MAB check, then N/A.
         let peer = level_of(ZEN4, (1 << 6) | 4, missed);
-        assert_eq!((peer.mem_lvl, peer.mem_lvl_num), (MemLevel::NA, LevelNum::NA));
+        assert_eq!(
+            (peer.mem_lvl, peer.mem_lvl_num),
+            (MemLevel::NA, LevelNum::NA)
+        );
         assert_eq!(peer.level_label(), "N/A");
-        assert_eq!(level_of(ZEN4, 0, missed | (1 << 16)).level_label(), "LFB/MAB hit");
+        assert_eq!(
+            level_of(ZEN4, 0, missed | (1 << 16)).level_label(),
+            "LFB/MAB hit"
+        );
         // Stores ignore OP_DATA2 and fall to the MAB check.
-        assert_eq!(level_of(ZEN4, 3, STORE | DC_MISS | L2_MISS).mem_lvl, MemLevel::NA);
+        assert_eq!(
+            level_of(ZEN4, 3, STORE | DC_MISS | L2_MISS).mem_lvl,
+            MemLevel::NA
+        );
     }
 
     #[test]
@@ -1524,7 +1786,12 @@ mod tests {
         let zen3 = IbsErrata::for_cpu(0x19, 0x01);
         let memory = sample.decode(zen3).memory.unwrap();
         assert_eq!(
-            (memory.source, memory.remote_node, memory.l2_miss, memory.open_mem_requests),
+            (
+                memory.source,
+                memory.remote_node,
+                memory.l2_miss,
+                memory.open_mem_requests
+            ),
             (None, false, None, None)
         );
         // With L2 miss unknown and no source, the MAB is what Linux reports.
@@ -1533,11 +1800,17 @@ mod tests {
         let unaffected = sample.decode(IbsErrata::default()).memory.unwrap();
         assert_eq!(unaffected.source, Some(IbsDataSource::Dram));
         assert!(unaffected.remote_node);
-        assert_eq!((unaffected.l2_miss, unaffected.open_mem_requests), (Some(false), Some(5)));
+        assert_eq!(
+            (unaffected.l2_miss, unaffected.open_mem_requests),
+            (Some(false), Some(5))
+        );
         assert_eq!(unaffected.data_source().level_label(), "L2 hit");
 
         // Software prefetch triggers the same erratum.
-        let prefetch = op(0, 0, 3, LOAD | DC_MISS | L2_MISS | (1 << 21)).decode(zen3).memory.unwrap();
+        let prefetch = op(0, 0, 3, LOAD | DC_MISS | L2_MISS | (1 << 21))
+            .decode(zen3)
+            .memory
+            .unwrap();
         assert_eq!(prefetch.source, None);
     }
 
@@ -1547,19 +1820,39 @@ mod tests {
         // Modified line in another CCX: HitM; Owned: not reported.
         assert_eq!(level_of(ZEN4, 2, missed).snoop_label(), "HitM");
         assert_eq!(level_of(ZEN4, 2 | (1 << 5), missed).snoop_label(), "N/A");
-        assert_eq!(level_of(ZEN4, 3, missed).snoop_label(), "N/A", "DRAM has no cache state");
+        assert_eq!(
+            level_of(ZEN4, 3, missed).snoop_label(),
+            "N/A",
+            "DRAM has no cache state"
+        );
         assert_eq!(level_of(0, 2, missed).snoop_label(), "HitM");
-        let unreliable = op(ZEN4, 0, 2, missed).decode(IbsErrata::for_cpu(0x19, 0x21)).memory.unwrap();
-        assert_eq!((unreliable.cache_state, unreliable.data_source().snoop_label()), (None, "N/A"));
+        let unreliable = op(ZEN4, 0, 2, missed)
+            .decode(IbsErrata::for_cpu(0x19, 0x21))
+            .memory
+            .unwrap();
+        assert_eq!(
+            (
+                unreliable.cache_state,
+                unreliable.data_source().snoop_label()
+            ),
+            (None, "N/A")
+        );
 
         let tlb = |bits: u64| level_of(0, 0, LOAD | LIN_VALID | bits);
         assert_eq!(tlb(0).mem_dtlb, Tlb::L1 | Tlb::HIT);
         assert_eq!(tlb(1 << 2).mem_dtlb, Tlb::L2 | Tlb::HIT);
         assert_eq!(tlb((1 << 2) | (1 << 3)).mem_dtlb, Tlb::L2 | Tlb::MISS);
-        assert_eq!(level_of(0, 0, LOAD).mem_dtlb, Tlb::NA, "no valid linear address");
+        assert_eq!(
+            level_of(0, 0, LOAD).mem_dtlb,
+            Tlb::NA,
+            "no valid linear address"
+        );
         // Zen 5 layout: the TLB bits also need a valid physical address.
         assert_eq!(level_of(1 << 19, 0, LOAD | LIN_VALID).mem_dtlb, Tlb::NA);
-        assert_eq!(level_of(1 << 19, 0, LOAD | LIN_VALID | PHYS_VALID).mem_dtlb, Tlb::L1 | Tlb::HIT);
+        assert_eq!(
+            level_of(1 << 19, 0, LOAD | LIN_VALID | PHYS_VALID).mem_dtlb,
+            Tlb::L1 | Tlb::HIT
+        );
 
         assert_eq!(level_of(0, 0, LOAD | (1 << 15)).lock_label(), "Yes");
         assert_eq!(level_of(0, 0, LOAD).mem_lock, Lock::NA);
@@ -1568,7 +1861,11 @@ mod tests {
     #[test]
     fn dtlb_page_sizes_per_layout() {
         let size = |caps: u32, bits: u64| {
-            op(caps, 0, 0, LOAD | LIN_VALID | PHYS_VALID | bits).decode(IbsErrata::default()).memory.unwrap().page_size
+            op(caps, 0, 0, LOAD | LIN_VALID | PHYS_VALID | bits)
+                .decode(IbsErrata::default())
+                .memory
+                .unwrap()
+                .page_size
         };
         let l1_miss = 1u64 << 2;
         assert_eq!(size(0, 0), Some(PageSize::Size4K));
@@ -1586,7 +1883,10 @@ mod tests {
         assert_eq!(size(zen5, 1 << 4), Some(PageSize::Size2M));
         assert_eq!(size(zen5, 2 << 4), Some(PageSize::Size1G));
         assert_eq!(size(zen5, 3 << 4), None);
-        assert_eq!(size(zen5, l1_miss | (1 << 3) | (1 << 4)), Some(PageSize::Size2M));
+        assert_eq!(
+            size(zen5, l1_miss | (1 << 3) | (1 << 4)),
+            Some(PageSize::Size2M)
+        );
     }
 
     #[test]
@@ -1601,18 +1901,31 @@ mod tests {
         let none = IbsErrata::default();
         let killed = sample(0, 17 << 32, None).decode(none);
         assert_eq!(
-            (killed.outcome, killed.itlb, killed.physical_address, killed.l2_miss),
+            (
+                killed.outcome,
+                killed.itlb,
+                killed.physical_address,
+                killed.l2_miss
+            ),
             (FetchOutcome::Killed, None, None, None)
         );
         assert_eq!(killed.latency, 17);
 
-        let completed = sample(ZEN4, (1 << 50) | (1 << 52) | (1 << 58) | (1 << 60) | (1 << 53), Some(42)).decode(none);
+        let completed = sample(
+            ZEN4,
+            (1 << 50) | (1 << 52) | (1 << 58) | (1 << 60) | (1 << 53),
+            Some(42),
+        )
+        .decode(none);
         assert_eq!(completed.outcome, FetchOutcome::Completed);
         assert_eq!(completed.physical_address, Some(0x9_1000));
         assert_eq!(completed.itlb, Some(TlbOutcome::L1Hit));
         assert_eq!(completed.page_size, Some(PageSize::Size2M));
         assert_eq!(completed.l2_miss, Some(true));
-        assert_eq!((completed.op_cache_miss, completed.l3_miss), (Some(true), Some(false)));
+        assert_eq!(
+            (completed.op_cache_miss, completed.l3_miss),
+            (Some(true), Some(false))
+        );
         assert_eq!(completed.ic_miss, Some(false));
         assert_eq!(completed.itlb_refill_latency, Some(42));
 
@@ -1620,9 +1933,14 @@ mod tests {
         assert_eq!(aborted.outcome, FetchOutcome::Aborted);
         assert_eq!(aborted.itlb, Some(TlbOutcome::L1L2Miss));
         assert_eq!(aborted.l2_miss, None, "L2 miss needs a completed fetch");
-        assert_eq!((aborted.op_cache_miss, aborted.l3_miss), (None, None), "Zen 4 bits without caps bit 11");
+        assert_eq!(
+            (aborted.op_cache_miss, aborted.l3_miss),
+            (None, None),
+            "Zen 4 bits without caps bit 11"
+        );
 
-        let zen3 = sample(0, (1 << 50) | (1 << 51) | (1 << 52) | (1 << 53), None).decode(IbsErrata::for_cpu(0x19, 0));
+        let zen3 = sample(0, (1 << 50) | (1 << 51) | (1 << 52) | (1 << 53), None)
+            .decode(IbsErrata::for_cpu(0x19, 0));
         assert_eq!(zen3.ic_miss, None);
         assert_eq!(zen3.page_size, Some(PageSize::Size16K));
     }

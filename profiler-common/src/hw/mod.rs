@@ -71,9 +71,21 @@ impl SampleFields {
     ) -> SampleFields {
         let (load_latency, instruction_latency, retire_latency) = match weight {
             Some(w) => (
-                if w.latency == 0 { None } else { Some(w.latency) },
-                if w.instruction_latency == 0 { None } else { Some(w.instruction_latency) },
-                if w.retire_latency == 0 { None } else { Some(w.retire_latency) },
+                if w.latency == 0 {
+                    None
+                } else {
+                    Some(w.latency)
+                },
+                if w.instruction_latency == 0 {
+                    None
+                } else {
+                    Some(w.instruction_latency)
+                },
+                if w.retire_latency == 0 {
+                    None
+                } else {
+                    Some(w.retire_latency)
+                },
             ),
             None => (None, None, None),
         };
@@ -112,7 +124,12 @@ mod tests {
         // var1 = 250 cycles, var2 = 40, var3 = 0 (not measured by this CPU).
         let weight = SampleWeight::decode(250 | (40 << 32), WeightFormat::Struct);
         let load_l1_hit = 2 | ((8u64 | 2) << 5);
-        let fields = SampleFields::from_perf_sample(Some(0x7f00_1000), None, Some(weight), Some(load_l1_hit));
+        let fields = SampleFields::from_perf_sample(
+            Some(0x7f00_1000),
+            None,
+            Some(weight),
+            Some(load_l1_hit),
+        );
         assert_eq!(fields.data_addr, Some(0x7f00_1000));
         assert_eq!(fields.phys_addr, None);
         assert_eq!(fields.load_latency, Some(250));

@@ -46,7 +46,11 @@ impl SampleWeight {
     #[inline(always)]
     pub const fn decode(raw: u64, format: WeightFormat) -> SampleWeight {
         match format {
-            WeightFormat::Full => SampleWeight { latency: raw, instruction_latency: 0, retire_latency: 0 },
+            WeightFormat::Full => SampleWeight {
+                latency: raw,
+                instruction_latency: 0,
+                retire_latency: 0,
+            },
             WeightFormat::Struct => SampleWeight {
                 latency: field(raw, 0, 32),
                 instruction_latency: field(raw, 32, 16) as u16,
@@ -62,8 +66,14 @@ mod tests {
 
     #[test]
     fn format_follows_the_attribute_bits() {
-        assert_eq!(WeightFormat::from_sample_type(1 << 14), Some(WeightFormat::Full));
-        assert_eq!(WeightFormat::from_sample_type(1 << 24), Some(WeightFormat::Struct));
+        assert_eq!(
+            WeightFormat::from_sample_type(1 << 14),
+            Some(WeightFormat::Full)
+        );
+        assert_eq!(
+            WeightFormat::from_sample_type(1 << 24),
+            Some(WeightFormat::Struct)
+        );
         assert_eq!(WeightFormat::from_sample_type((1 << 3) | (1 << 15)), None);
     }
 
@@ -72,7 +82,11 @@ mod tests {
         let raw = 0xdead_beef_0000_0123;
         assert_eq!(
             SampleWeight::decode(raw, WeightFormat::Full),
-            SampleWeight { latency: raw, instruction_latency: 0, retire_latency: 0 }
+            SampleWeight {
+                latency: raw,
+                instruction_latency: 0,
+                retire_latency: 0
+            }
         );
     }
 
@@ -82,13 +96,38 @@ mod tests {
         let var2 = 0x1234u64;
         let var3 = 0xabcdu64;
         let weight = SampleWeight::decode(var1 | (var2 << 32) | (var3 << 48), WeightFormat::Struct);
-        assert_eq!(weight, SampleWeight { latency: var1, instruction_latency: 0x1234, retire_latency: 0xabcd });
+        assert_eq!(
+            weight,
+            SampleWeight {
+                latency: var1,
+                instruction_latency: 0x1234,
+                retire_latency: 0xabcd
+            }
+        );
         // Each part alone, at exactly its bits.
-        assert_eq!(SampleWeight::decode(1 << 31, WeightFormat::Struct).latency, 1 << 31);
-        assert_eq!(SampleWeight::decode(1 << 32, WeightFormat::Struct).instruction_latency, 1);
-        assert_eq!(SampleWeight::decode(1 << 32, WeightFormat::Struct).latency, 0);
-        assert_eq!(SampleWeight::decode(1 << 47, WeightFormat::Struct).instruction_latency, 1 << 15);
-        assert_eq!(SampleWeight::decode(1 << 48, WeightFormat::Struct).retire_latency, 1);
-        assert_eq!(SampleWeight::decode(1 << 48, WeightFormat::Struct).instruction_latency, 0);
+        assert_eq!(
+            SampleWeight::decode(1 << 31, WeightFormat::Struct).latency,
+            1 << 31
+        );
+        assert_eq!(
+            SampleWeight::decode(1 << 32, WeightFormat::Struct).instruction_latency,
+            1
+        );
+        assert_eq!(
+            SampleWeight::decode(1 << 32, WeightFormat::Struct).latency,
+            0
+        );
+        assert_eq!(
+            SampleWeight::decode(1 << 47, WeightFormat::Struct).instruction_latency,
+            1 << 15
+        );
+        assert_eq!(
+            SampleWeight::decode(1 << 48, WeightFormat::Struct).retire_latency,
+            1
+        );
+        assert_eq!(
+            SampleWeight::decode(1 << 48, WeightFormat::Struct).instruction_latency,
+            0
+        );
     }
 }

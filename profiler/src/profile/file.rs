@@ -652,6 +652,8 @@ mod tests {
 mod format_1 {
     use std::collections::BTreeMap;
 
+    use profiler_common::hw::ibs::events::{IbsFetchCounters, IbsOpCounters};
+
     use super::*;
     use crate::profile::*;
 
@@ -738,17 +740,50 @@ mod format_1 {
                 samples_fired: vec![10],
                 counters: BTreeMap::from([("samples lost: stack-count map full".into(), 1)]),
             },
+            hardware: HardwareProfile {
+                cpu: Some(CpuIdentity {
+                    vendor: "AuthenticAMD".into(),
+                    family: 0x19,
+                    model: 0x11,
+                }),
+                ibs_caps: Some(0x7ff),
+                samples: vec![HardwareSample {
+                    pid: 42,
+                    event: 0,
+                    frame: 0,
+                    line: Some(0x7ffd_0000_0040),
+                    samples: 2,
+                    data_sources: vec![(0x6_8100_0142, 2)],
+                    ibs_op: Some(IbsOpCounters {
+                        all_samples: 2,
+                        loads: 2,
+                        ..IbsOpCounters::default()
+                    }),
+                    ibs_fetch: Some(IbsFetchCounters {
+                        all_samples: 1,
+                        ..IbsFetchCounters::default()
+                    }),
+                }],
+                backtracked: vec![BacktrackedAttribution {
+                    pid: 42,
+                    event: 0,
+                    sampled: 0,
+                    attributed: 0,
+                    samples: 3,
+                }],
+            },
         }
     }
 
     /// A file this profiler wrote in format 1, from [`profile`].
-    const FILE: [&str; 6] = [
-        "4542504650524f460100000047a6c061e900000000000000f30000000000000028b52ffd20f3050700524d3335704bd3",
-        "01e462ae0f8442096b305fec616f2d00ebe1f8d65a5d6a8cca54656f9e2b5c0e919f6fbb13656d4d9bfc88e16ab4de64",
-        "a71db7b67390b7ca24a7755b9d1e6ac561a9c0e1cd4adcf666159e3cf2477f602409d1c8395f3ce9c7801a18bd27fd89",
-        "30fa7b077814e9ce2db7391c3ff03aa1c39cc15cc32e8eef8bd6abb268c0279b2deb8bd2308bbae08e2278306736ef8a",
-        "415c1a4fab2304be657d458af4a981612122c13c7268408edb56890addd9f898c805191e141d1615391b1cc83b3d7426",
-        "54260264399d95499f05004005419ae4cd4c1480b2062d9b7b",
+    const FILE: [&str; 7] = [
+        "4542504650524f46010000002eefcb481801000000000000600100000000000028b52ffd606000750800d28f3b38506d",
+        "d3015004a225218d28f66aacdac5adc533cc6a9711a8edff264273c56c5a5f938a127b038fa2914e6f8b453722ae313c",
+        "aca437d9490651775befbfe52587912f3c2e4f107ac181c383a67618b41c1e3595dff346894ad4be0a836358af89aae1",
+        "5b31e01b7ad5b59ef869f772ca4f5d929425149273ee68ebff901f49755b97a6a4de7d80c6588fce8916dff9ca2b9d2e",
+        "b3a773b013efbcddb2ba699b2ce01750f8d90d03bb0dc6b92336d0327b40b7b5a3e0d84b37b642e0e167b789b17e4540",
+        "34502c9dcf91cfc9aff5aa459d1e899864640390120d128e8d9c11122af19232ba90a10a13f78c666826050b00401e60",
+        "a10502fcf916cede08bb815a8234df9be92800b50c9a3bf7",
     ];
 
     #[test]

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use profiler_common::capture::LossKind;
 
 use super::{
-    DataLineSample, EventInfo, InstructionSample, LatencyHistogram, Losses, Profile, ProfileMeta,
-    StackSample, Stats, ThreadInfo,
+    DataLineSample, EventInfo, HardwareProfile, InstructionSample, LatencyHistogram, Losses,
+    Profile, ProfileMeta, StackSample, Stats, ThreadInfo,
 };
 use crate::{
     capture::sideband::ProcessTable,
@@ -26,7 +26,7 @@ fn stats(s: &profiler_common::capture::SampleStats) -> Stats {
 
 /// Stack addresses as looked up: the leaf as sampled, callers one byte before their return
 /// address (inside the call instruction).
-fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
+pub fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
     ips.iter().enumerate().map(move |(depth, ip)| CodeAddress {
         pid,
         address: if depth == 0 {
@@ -50,14 +50,7 @@ pub fn assemble(
         addresses.extend(lookup_addresses(0, &stack.kernel));
         addresses.extend(lookup_addresses(stack.pid, &stack.user));
     }
-    let code = |pid: u32, ip: u64| CodeAddress {
-        pid: if crate::symbolize::is_kernel_address(ip) {
-            0
-        } else {
-            pid
-        },
-        address: ip,
-    };
+    let code = CodeAddress::sampled;
     addresses.extend(drained.instructions.keys().map(|k| code(k.pid, k.ip)));
     addresses.extend(drained.data_lines.keys().map(|k| code(k.pid, k.ip)));
     addresses.extend(drained.latencies.keys().map(|k| code(k.pid, k.ip)));
@@ -161,5 +154,6 @@ pub fn assemble(
         data_lines,
         latency,
         losses,
+        hardware: HardwareProfile::default(),
     }
 }

@@ -7,10 +7,12 @@
 //! to or divided by event-based sample counts. Events whose register bits no current CPU or
 //! kernel provides are listed with no source and count nothing; they are never approximated.
 //!
-//! Counters are `#[repr(C)]` u64 fields, so they can also serve as eBPF map values.
+//! Counters are `#[repr(C)]` u64 fields, so they can also serve as eBPF map values; with the
+//! `user` feature they serialize, for profile files.
 
 use super::{
-    CacheState, FetchOutcome, IbsCaps, IbsDataSource, IbsErrata, IbsFetch, IbsMemoryAccess, IbsOp, PageSize, TlbOutcome,
+    CacheState, FetchOutcome, IbsCaps, IbsDataSource, IbsErrata, IbsFetch, IbsMemoryAccess, IbsOp,
+    PageSize, TlbOutcome,
 };
 
 /// Whether the running CPU and kernel report an event.
@@ -33,6 +35,7 @@ macro_rules! derived_events {
         $(#[$counters_doc])*
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
         pub struct $Counters {
             $($(#[$doc])* pub $field: u64,)*
         }
@@ -187,13 +190,16 @@ derived_events! {
     }
 }
 
-const NO_FETCH_SAMPLING: Availability =
-    Availability::NotReported("this CPU has no IBS fetch sampling (CPUID 8000_001B EAX bit 1 clear)");
+const NO_FETCH_SAMPLING: Availability = Availability::NotReported(
+    "this CPU has no IBS fetch sampling (CPUID 8000_001B EAX bit 1 clear)",
+);
 const NO_OP_SAMPLING: Availability =
     Availability::NotReported("this CPU has no IBS op sampling (CPUID 8000_001B EAX bit 2 clear)");
-const RESERVED_DATA3_BIT: Availability =
-    Availability::NotReported("its IBS_OP_DATA3 bit exists only on families 10h-16h; current CPUs reserve it");
-const BEFORE_ZEN4: Availability = Availability::NotReported("this data source exists from Zen 4 on (IBS caps bit 11)");
+const RESERVED_DATA3_BIT: Availability = Availability::NotReported(
+    "its IBS_OP_DATA3 bit exists only on families 10h-16h; current CPUs reserve it",
+);
+const BEFORE_ZEN4: Availability =
+    Availability::NotReported("this data source exists from Zen 4 on (IBS caps bit 11)");
 
 impl IbsFetchEvent {
     /// The register bits the event derives from.
@@ -225,7 +231,9 @@ impl IbsFetchEvent {
         }
         match self {
             IbsFetchEvent::IcMiss | IbsFetchEvent::IcHit if errata.fetch_ic_miss => {
-                Availability::NotReported("the IC-miss bit is unreliable on this CPU (erratum 1238)")
+                Availability::NotReported(
+                    "the IC-miss bit is unreliable on this CPU (erratum 1238)",
+                )
             }
             IbsFetchEvent::ItlbRefillLatencyTotal if !caps.fetch_ctl_ext() => {
                 Availability::NotReported("this CPU has no IC_IBS_EXTD_CTL (IBS caps bit 9)")
@@ -343,7 +351,10 @@ impl IbsFetchCounters {
         tally(&mut self.killed, !attempted as u64);
         tally(&mut self.attempted, attempted as u64);
         tally(&mut self.completed, completed as u64);
-        tally(&mut self.aborted, (fetch.outcome == FetchOutcome::Aborted) as u64);
+        tally(
+            &mut self.aborted,
+            (fetch.outcome == FetchOutcome::Aborted) as u64,
+        );
         match fetch.itlb {
             Some(TlbOutcome::L1Hit) => tally(&mut self.l1_itlb_hit, 1),
             Some(TlbOutcome::L1MissL2Hit) => tally(&mut self.itlb_l1_miss_l2_hit, 1),
@@ -375,14 +386,23 @@ impl IbsOpCounters {
     pub fn add(&mut self, op: &IbsOp) {
         tally(&mut self.all_samples, 1);
         tally(&mut self.tag_to_retire_total, op.tag_to_retire as u64);
-        tally(&mut self.completion_to_retire_total, op.completion_to_retire as u64);
+        tally(
+            &mut self.completion_to_retire_total,
+            op.completion_to_retire as u64,
+        );
         if let Some(branch) = op.branch {
             tally(&mut self.branches, 1);
             tally(&mut self.mispredicted_branches, branch.mispredicted as u64);
             tally(&mut self.taken_branches, branch.taken as u64);
-            tally(&mut self.mispredicted_taken_branches, (branch.taken && branch.mispredicted) as u64);
+            tally(
+                &mut self.mispredicted_taken_branches,
+                (branch.taken && branch.mispredicted) as u64,
+            );
             tally(&mut self.returns, branch.is_return as u64);
-            tally(&mut self.mispredicted_returns, (branch.is_return && branch.mispredicted) as u64);
+            tally(
+                &mut self.mispredicted_returns,
+                (branch.is_return && branch.mispredicted) as u64,
+            );
         }
         tally(&mut self.load_resync, (op.load_resync == Some(true)) as u64);
         if let Some(memory) = &op.memory {
@@ -444,8 +464,12 @@ impl IbsOpCounters {
         }
         match source {
             IbsDataSource::LocalCcx => tally(&mut self.nb_local_l3, 1),
-            IbsDataSource::LocalCache | IbsDataSource::NearCcx => tally(&mut self.nb_local_cache, 1),
-            IbsDataSource::RemoteCache | IbsDataSource::FarCcx => tally(&mut self.nb_remote_cache, 1),
+            IbsDataSource::LocalCache | IbsDataSource::NearCcx => {
+                tally(&mut self.nb_local_cache, 1)
+            }
+            IbsDataSource::RemoteCache | IbsDataSource::FarCcx => {
+                tally(&mut self.nb_remote_cache, 1)
+            }
             IbsDataSource::Dram if remote => tally(&mut self.nb_remote_dram, 1),
             IbsDataSource::Dram => tally(&mut self.nb_local_dram, 1),
             IbsDataSource::Io if remote => tally(&mut self.nb_remote_io, 1),
@@ -493,7 +517,11 @@ impl IbsFetchCounters {
 
     /// L1 ITLB misses per attempted fetch.
     pub fn l1_itlb_miss_rate(&self) -> Option<f64> {
-        ratio(self.itlb_l1_miss_l2_hit.saturating_add(self.itlb_l1_l2_miss), self.attempted)
+        ratio(
+            self.itlb_l1_miss_l2_hit
+                .saturating_add(self.itlb_l1_l2_miss),
+            self.attempted,
+        )
     }
 
     /// L1 and L2 ITLB misses per attempted fetch.
@@ -503,7 +531,11 @@ impl IbsFetchCounters {
 
     /// ITLB refill cycles per L1 ITLB miss.
     pub fn average_itlb_refill_latency(&self) -> Option<f64> {
-        ratio(self.itlb_refill_latency_total, self.itlb_l1_miss_l2_hit.saturating_add(self.itlb_l1_l2_miss))
+        ratio(
+            self.itlb_refill_latency_total,
+            self.itlb_l1_miss_l2_hit
+                .saturating_add(self.itlb_l1_l2_miss),
+        )
     }
 }
 
@@ -546,7 +578,11 @@ impl IbsOpCounters {
 
     /// L1 DTLB misses per load/store.
     pub fn l1_dtlb_miss_rate(&self) -> Option<f64> {
-        ratio(self.dtlb_l1_miss_l2_hit.saturating_add(self.dtlb_l1_l2_miss), self.load_store)
+        ratio(
+            self.dtlb_l1_miss_l2_hit
+                .saturating_add(self.dtlb_l1_l2_miss),
+            self.load_store,
+        )
     }
 
     /// L1 and L2 DTLB misses per load/store.
@@ -575,7 +611,9 @@ mod tests {
     extern crate std;
 
     use super::*;
-    use crate::hw::ibs::{FetchCtl, FetchExtCtl, IbsFetchSample, IbsOpSample, OpData, OpData2, OpData3, OpData4};
+    use crate::hw::ibs::{
+        FetchCtl, FetchExtCtl, IbsFetchSample, IbsOpSample, OpData, OpData2, OpData3, OpData4,
+    };
     use std::vec::Vec;
 
     const ZEN4_CAPS: u32 = 0b111 | (1 << 9) | (1 << 10) | (1 << 11);
@@ -610,9 +648,15 @@ mod tests {
             // Completed, IC hit, L1 ITLB hit on a 4K page.
             fetch(COMPLETED | PHYS | latency(10), 0),
             // Completed IC miss that missed L2, L1 ITLB miss L2 hit, 2M page.
-            fetch(COMPLETED | IC_MISS | PHYS | L1_TLB_MISS | FETCH_L2_MISS | (1 << 53) | latency(120), 30),
+            fetch(
+                COMPLETED | IC_MISS | PHYS | L1_TLB_MISS | FETCH_L2_MISS | (1 << 53) | latency(120),
+                30,
+            ),
             // Aborted after missing both ITLBs (L2-miss bit ignored without completion).
-            fetch(IC_MISS | L1_TLB_MISS | L2_TLB_MISS | FETCH_L2_MISS | latency(67), 50),
+            fetch(
+                IC_MISS | L1_TLB_MISS | L2_TLB_MISS | FETCH_L2_MISS | latency(67),
+                50,
+            ),
         ];
         let mut counters = IbsFetchCounters::default();
         for sample in &samples {
@@ -695,11 +739,21 @@ mod tests {
             // Taken, correctly predicted branch.
             op(BRANCH | TAKEN | retire(10, 2), 0, 0, 0),
             // Mispredicted taken return.
-            op(BRANCH | TAKEN | RETURN | MISPREDICTED | retire(30, 4), 0, 0, 0),
+            op(
+                BRANCH | TAKEN | RETURN | MISPREDICTED | retire(30, 4),
+                0,
+                0,
+                0,
+            ),
             // Load hitting the DC and the L1 DTLB (4K), misaligned, with a load resync.
             op(retire(5, 1), 0, LOAD | LIN | (1 << 8), 1),
             // Load missing DC, served by another CCX's Modified line (Zen 4 source 2), 2M L1 DTLB hit.
-            op(retire(200, 3), 2, LOAD | LIN | DC_MISS | L2_MISS | (1 << 4) | miss_latency(150), 0),
+            op(
+                retire(200, 3),
+                2,
+                LOAD | LIN | DC_MISS | L2_MISS | (1 << 4) | miss_latency(150),
+                0,
+            ),
             // Load missing DC, served by remote DRAM, L1 DTLB miss L2 hit on a 1G page.
             op(
                 retire(400, 5),
@@ -711,11 +765,23 @@ mod tests {
             op(
                 retire(50, 5),
                 2 | OWNED,
-                STORE | LIN | DC_MISS | L1_DTLB_MISS | L2_DTLB_MISS | (1 << 14) | (1 << 15) | miss_latency(999),
+                STORE
+                    | LIN
+                    | DC_MISS
+                    | L1_DTLB_MISS
+                    | L2_DTLB_MISS
+                    | (1 << 14)
+                    | (1 << 15)
+                    | miss_latency(999),
                 0,
             ),
             // Load missing DC served by the local L3 in an Owned line, WC.
-            op(retire(100, 0), 1 | OWNED, LOAD | DC_MISS | L2_MISS | (1 << 13) | miss_latency(50), 0),
+            op(
+                retire(100, 0),
+                1 | OWNED,
+                LOAD | DC_MISS | L2_MISS | (1 << 13) | miss_latency(50),
+                0,
+            ),
         ];
         let mut counters = IbsOpCounters::default();
         for sample in &samples {
@@ -790,18 +856,32 @@ mod tests {
 
     #[test]
     fn events_without_a_register_count_nothing_and_say_why() {
-        let counters = IbsOpCounters { all_samples: 5, ..IbsOpCounters::default() };
+        let counters = IbsOpCounters {
+            all_samples: 5,
+            ..IbsOpCounters::default()
+        };
         let all_caps = IbsCaps(u32::MAX);
         for &event in IbsOpEvent::ALL {
-            assert_eq!(event.source().is_some(), counters.get(event).is_some(), "{event:?}");
+            assert_eq!(
+                event.source().is_some(),
+                counters.get(event).is_some(),
+                "{event:?}"
+            );
             if event.source().is_none() {
                 assert!(
-                    matches!(event.availability(all_caps, IbsErrata::default()), Availability::NotReported(_)),
+                    matches!(
+                        event.availability(all_caps, IbsErrata::default()),
+                        Availability::NotReported(_)
+                    ),
                     "{event:?} must never be reported"
                 );
             }
         }
-        let missing: Vec<_> = IbsOpEvent::ALL.iter().filter(|e| e.source().is_none()).map(|e| e.name()).collect();
+        let missing: Vec<_> = IbsOpEvent::ALL
+            .iter()
+            .filter(|e| e.source().is_none())
+            .map(|e| e.name())
+            .collect();
         assert_eq!(
             missing,
             [
@@ -814,7 +894,10 @@ mod tests {
             ]
         );
         for &event in IbsFetchEvent::ALL {
-            assert!(event.source().is_some() && IbsFetchCounters::default().get(event).is_some(), "{event:?}");
+            assert!(
+                event.source().is_some() && IbsFetchCounters::default().get(event).is_some(),
+                "{event:?}"
+            );
         }
         assert_eq!(counters.get(IbsOpEvent::AllSamples), Some(5));
         assert_eq!(counters.get(IbsOpEvent::MabHit), None);
@@ -830,16 +913,30 @@ mod tests {
         assert!(reported(IbsOpEvent::LoadResync.availability(zen4, none)));
         assert!(!reported(IbsOpEvent::NbLocalL3.availability(zen2, none)));
         assert!(reported(IbsOpEvent::NbLocalL3.availability(zen4, none)));
-        assert!(!reported(IbsOpEvent::NbExtensionMemory.availability(zen2, none)));
+        assert!(!reported(
+            IbsOpEvent::NbExtensionMemory.availability(zen2, none)
+        ));
         assert!(reported(IbsOpEvent::NbLocalCache.availability(zen2, none)));
-        assert!(!reported(IbsOpEvent::CacheOwnedState.availability(zen4, IbsErrata::for_cpu(0x19, 0x21))));
-        assert!(!reported(IbsFetchEvent::ItlbRefillLatencyTotal.availability(zen2, none)));
-        assert!(reported(IbsFetchEvent::ItlbRefillLatencyTotal.availability(zen4, none)));
-        assert!(!reported(IbsFetchEvent::IcMiss.availability(zen4, IbsErrata::for_cpu(0x19, 0x01))));
+        assert!(!reported(
+            IbsOpEvent::CacheOwnedState.availability(zen4, IbsErrata::for_cpu(0x19, 0x21))
+        ));
+        assert!(!reported(
+            IbsFetchEvent::ItlbRefillLatencyTotal.availability(zen2, none)
+        ));
+        assert!(reported(
+            IbsFetchEvent::ItlbRefillLatencyTotal.availability(zen4, none)
+        ));
+        assert!(!reported(
+            IbsFetchEvent::IcMiss.availability(zen4, IbsErrata::for_cpu(0x19, 0x01))
+        ));
         assert!(reported(IbsFetchEvent::IcMiss.availability(zen4, none)));
         // Without the sampler, nothing is reported.
-        assert!(IbsOpEvent::ALL.iter().all(|e| !reported(e.availability(IbsCaps(0b011), none))));
-        assert!(IbsFetchEvent::ALL.iter().all(|e| !reported(e.availability(IbsCaps(0b101), none))));
+        assert!(IbsOpEvent::ALL
+            .iter()
+            .all(|e| !reported(e.availability(IbsCaps(0b011), none))));
+        assert!(IbsFetchEvent::ALL
+            .iter()
+            .all(|e| !reported(e.availability(IbsCaps(0b101), none))));
     }
 
     #[test]
@@ -851,6 +948,9 @@ mod tests {
         };
         let mut counters = IbsFetchCounters::default();
         counters.add(&sample.decode(IbsErrata::for_cpu(0x19, 0x01)));
-        assert_eq!((counters.ic_miss, counters.ic_hit, counters.completed), (0, 0, 1));
+        assert_eq!(
+            (counters.ic_miss, counters.ic_hit, counters.completed),
+            (0, 0, 1)
+        );
     }
 }
