@@ -3,5 +3,6 @@
 
 pub mod btf;
 pub mod counters;
+pub mod hardware;
 pub mod program;
 pub mod sideband;
