@@ -394,4 +394,114 @@ mod tests {
             assert!(!is_data_event(&event(name)), "{name}");
         }
     }
+
+    #[test]
+    fn profile_attributions_of_skidding_data_events_move_to_the_access() {
+        use crate::profile::{DataLineSample, LatencyHistogram};
+
+        // A module file whose function `walk` starts at file offset 0x100, mapped at BASE.
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("module.bin");
+        let mut bytes = vec![0u8; 0x100];
+        bytes.extend(code(&[&LOAD, &ADD, &INC]));
+        fs::write(&module, &bytes).unwrap();
+        let sampled = Frame {
+            address: BASE + 7,
+            module: module.to_str().unwrap().to_string(),
+            module_offset: 0x107,
+            function: Some("walk".into()),
+            function_address: Some(BASE),
+            line: Some(12),
+            ..Frame::default()
+        };
+        let stats = Stats {
+            count: 5,
+            latency_count: 1,
+            latency_sum: 40,
+            latency_max: 40,
+        };
+        let event = |name: &str, precise: bool| EventInfo {
+            name: name.into(),
+            precise,
+            ..EventInfo::default()
+        };
+        let mut profile = Profile {
+            events: vec![
+                event("L1-dcache-load-misses", false),
+                event("mem-loads", true),
+            ],
+            frames: vec![sampled.clone()],
+            instructions: [0, 1]
+                .map(|event| InstructionSample {
+                    pid: 9,
+                    event,
+                    frame: 0,
+                    stats,
+                })
+                .to_vec(),
+            data_lines: vec![DataLineSample {
+                pid: 9,
+                event: 0,
+                line: 0x7000_0040,
+                frame: 0,
+                stats,
+                per_cpu: vec![5],
+            }],
+            latency: vec![LatencyHistogram {
+                pid: 9,
+                event: 0,
+                frame: 0,
+                buckets: vec![(26, 1)],
+            }],
+            ..Profile::default()
+        };
+
+        let summary = backtrack_profile(&mut profile);
+        assert_eq!(summary, BacktrackSummary { moved: 1, kept: 0 });
+        assert_eq!(profile.frames.len(), 2);
+        let access = &profile.frames[1];
+        assert_eq!((access.address, access.module_offset), (BASE, 0x100));
+        assert_eq!(access.function.as_deref(), Some("walk"));
+        assert_eq!(access.line, None, "the sampled line is not the access's");
+        // The skidding data event moved; the precise one stayed.
+        let frames: Vec<(EventIndex, FrameId)> = profile
+            .instructions
+            .iter()
+            .map(|i| (i.event, i.frame))
+            .collect();
+        assert_eq!(frames, vec![(0, 1), (1, 0)]);
+        assert_eq!(profile.instructions[0].stats, stats);
+        assert_eq!(
+            (
+                profile.data_lines[0].frame,
+                profile.data_lines[0].per_cpu.as_slice()
+            ),
+            (1, &[5][..])
+        );
+        assert_eq!(
+            (
+                profile.latency[0].frame,
+                profile.latency[0].buckets.as_slice()
+            ),
+            (1, &[(26, 1)][..])
+        );
+        assert_eq!(
+            profile.hardware.backtracked,
+            vec![BacktrackedAttribution {
+                pid: 9,
+                event: 0,
+                sampled: 0,
+                attributed: 1,
+                samples: 5
+            }]
+        );
+        let text =
+            crate::hardware::render_hardware(&profile, crate::hardware::HardwareView::Instruction);
+        assert!(
+            text.contains(
+                "L1-dcache-load-misses: 5 samples of pid 9 at walk+0x0 (sampled at walk+0x7"
+            ),
+            "{text}"
+        );
+    }
 }
