@@ -13,10 +13,31 @@ use profiler_common::hw::data_src::DataSource;
 use profiler_common::hw::ibs::events::{IbsFetchCounters, IbsOpCounters};
 use profiler_common::hw::ibs::{IbsCaps, IbsFetch, IbsOp};
 
-use crate::profile::{EventIndex, FrameId, HardwareSample};
+use crate::profile::{EventIndex, FrameId, HardwareSample, Profile};
 use crate::symbolize::CodeAddress;
 
+pub use backtrack::{backtrack_profile, BacktrackSummary};
 pub use render::{hardware_json, render_hardware, HardwareView};
+
+/// The report options of this module, for `record` and `report`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
+pub struct HardwareArgs {
+    /// Attribute samples of non-precise data events (cache and TLB misses) to the memory access
+    /// before the sampled instruction, walking back over the skid (x86-64 user code).
+    #[arg(long)]
+    pub backtrack: bool,
+    /// Also show what precise samplers reported (perf mem data sources, IBS counters) by
+    /// function, instruction or data cache line.
+    #[arg(long, value_enum, value_name = "VIEW")]
+    pub hardware: Option<HardwareView>,
+}
+
+impl HardwareArgs {
+    /// Applies `--backtrack` to a profile about to be reported.
+    pub fn prepare(&self, profile: &mut Profile) -> Option<BacktrackSummary> {
+        self.backtrack.then(|| backtrack_profile(profile))
+    }
+}
 
 /// Where a hardware sample was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -197,5 +218,39 @@ mod tests {
             (1, 1, 5)
         );
         assert_eq!(with_line.ibs_fetch, None);
+    }
+
+    #[test]
+    fn options_parse_as_flags() {
+        use clap::Parser;
+
+        #[derive(Parser)]
+        struct Command {
+            #[command(flatten)]
+            hardware: HardwareArgs,
+        }
+        let parsed = Command::try_parse_from(["report", "--backtrack", "--hardware", "data-line"])
+            .unwrap()
+            .hardware;
+        assert_eq!(
+            parsed,
+            HardwareArgs {
+                backtrack: true,
+                hardware: Some(HardwareView::DataLine)
+            }
+        );
+        let none = Command::try_parse_from(["report"]).unwrap().hardware;
+        assert_eq!(none, HardwareArgs::default());
+        let err = Command::try_parse_from(["report", "--hardware", "line"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("function, instruction, data-line"), "{err}");
+        let mut profile = Profile::default();
+        assert_eq!(none.prepare(&mut profile), None);
+        assert_eq!(
+            parsed.prepare(&mut profile),
+            Some(BacktrackSummary::default())
+        );
     }
 }

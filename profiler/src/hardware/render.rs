@@ -23,7 +23,7 @@ use crate::profile::{module_basename, Frame, HardwareSample, Profile};
 const TEXT_ROWS: usize = 25;
 
 /// What the rows of a hardware view are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum HardwareView {
     Function,
