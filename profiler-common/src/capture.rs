@@ -1,5 +1,7 @@
 //! Map keys, map values and configuration of the in-kernel capture program.
 
+use crate::hw::ibs::IbsErrata;
+
 /// Most events one recording can sample at once; event indices are `0..MAX_EVENTS`.
 pub const MAX_EVENTS: usize = 16;
 
@@ -123,10 +125,13 @@ pub enum LossKind {
     SampleDataReadFailed = 9,
     /// The raw ring buffer was full: the time-ordered stream misses this sample.
     RingBufferFull = 10,
+    /// An IBS op sample's registers could not be read: its data address, latency and data
+    /// source are lost.
+    IbsRegistersUnreadable = 11,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 12;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
@@ -139,6 +144,7 @@ impl LossKind {
         LossKind::LatencyFull,
         LossKind::SampleDataReadFailed,
         LossKind::RingBufferFull,
+        LossKind::IbsRegistersUnreadable,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
@@ -160,6 +166,9 @@ impl LossKind {
             LossKind::LatencyFull => "latency histograms: map full",
             LossKind::SampleDataReadFailed => "sample data unreadable (address/latency lost)",
             LossKind::RingBufferFull => "raw stream: ring buffer full",
+            LossKind::IbsRegistersUnreadable => {
+                "IBS registers unreadable (address/latency/source lost)"
+            }
         }
     }
 }
@@ -185,6 +194,10 @@ pub struct KernelOffsets {
     pub event_parent: u32,
     pub event_id: u32,
     pub _pad: u32,
+    /// `perf_raw_record.frag.data` and `.frag.size`: the PERF_SAMPLE_RAW payload (the IBS
+    /// registers) and its length.
+    pub raw_frag_data: u32,
+    pub raw_frag_size: u32,
 }
 
 /// Capture options, a read-only global of the program (`CAPTURE_CONFIG`).
@@ -215,6 +228,8 @@ impl CaptureConfig {
             event_parent: 0,
             event_id: 0,
             _pad: 0,
+            raw_frag_data: 0,
+            raw_frag_size: 0,
         },
         flags: 0,
         uid: 0,
@@ -230,6 +245,71 @@ pub const CAPTURE_FILTER_CGROUP: u32 = 1 << 3;
 pub const CAPTURE_FILTER_UID: u32 = 1 << 4;
 /// Several events: map each perf event id to its index through the event map (needs BTF).
 pub const CAPTURE_EVENT_IDS: u32 = 1 << 5;
+
+/// How the program reads PERF_SAMPLE_RAW payloads, a read-only global of the program
+/// (`RAW_DECODING`) the agent sets at load time. All zero: no event's payload is decoded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawDecoding {
+    /// Bit `i` set: event index `i` is an AMD IBS op event, whose raw payload holds the op
+    /// registers.
+    pub ibs_op_events: u32,
+    /// `IBS_ERRATUM_*` bits of the CPU the program runs on.
+    pub ibs_errata: u32,
+}
+
+/// Erratum 1293: OP_DATA2 is invalid with "DC miss, no MAB" or software prefetch.
+pub const IBS_ERRATUM_OP_DATA2_WITHOUT_MAB: u32 = 1 << 0;
+/// Erratum 1238: the fetch IC-miss bit is unreliable.
+pub const IBS_ERRATUM_FETCH_IC_MISS: u32 = 1 << 1;
+/// Erratum 1347: the fetch L1 TLB page size uses another table.
+pub const IBS_ERRATUM_FETCH_PAGE_SIZE_TABLE: u32 = 1 << 2;
+/// The cache-hit-state bit is unreliable.
+pub const IBS_ERRATUM_CACHE_HIT_STATE: u32 = 1 << 3;
+
+impl RawDecoding {
+    pub const EMPTY: RawDecoding = RawDecoding {
+        ibs_op_events: 0,
+        ibs_errata: 0,
+    };
+
+    /// Decoding for IBS op events at `events` (indices below [`MAX_EVENTS`]) on a CPU with
+    /// `errata`.
+    pub fn new(events: impl IntoIterator<Item = u32>, errata: IbsErrata) -> RawDecoding {
+        let flag = |set: bool, bit: u32| if set { bit } else { 0 };
+        RawDecoding {
+            ibs_op_events: events
+                .into_iter()
+                .filter(|&event| (event as usize) < MAX_EVENTS)
+                .fold(0, |bits, event| bits | (1 << event)),
+            ibs_errata: flag(
+                errata.op_data2_without_mab,
+                IBS_ERRATUM_OP_DATA2_WITHOUT_MAB,
+            ) | flag(errata.fetch_ic_miss, IBS_ERRATUM_FETCH_IC_MISS)
+                | flag(
+                    errata.fetch_page_size_table,
+                    IBS_ERRATUM_FETCH_PAGE_SIZE_TABLE,
+                )
+                | flag(errata.cache_hit_state, IBS_ERRATUM_CACHE_HIT_STATE),
+        }
+    }
+
+    #[inline(always)]
+    pub const fn is_ibs_op(&self, event: u32) -> bool {
+        event < MAX_EVENTS as u32 && self.ibs_op_events & (1 << event) != 0
+    }
+
+    #[inline(always)]
+    pub const fn errata(&self) -> IbsErrata {
+        let bits = self.ibs_errata;
+        IbsErrata {
+            op_data2_without_mab: bits & IBS_ERRATUM_OP_DATA2_WITHOUT_MAB != 0,
+            fetch_ic_miss: bits & IBS_ERRATUM_FETCH_IC_MISS != 0,
+            fetch_page_size_table: bits & IBS_ERRATUM_FETCH_PAGE_SIZE_TABLE != 0,
+            cache_hit_state: bits & IBS_ERRATUM_CACHE_HIT_STATE != 0,
+        }
+    }
+}
 
 /// `perf_sample_data.sample_flags` bits (the kernel's PERF_SAMPLE_* values).
 pub mod sample_flags {
@@ -277,6 +357,7 @@ mod pod {
     unsafe impl aya::Pod for LatencyKey {}
     unsafe impl aya::Pod for SampleStats {}
     unsafe impl aya::Pod for CaptureConfig {}
+    unsafe impl aya::Pod for RawDecoding {}
     unsafe impl aya::Pod for RawSample {}
     unsafe impl aya::Pod for crate::latency::LatencyBuckets {}
 }
@@ -293,9 +374,28 @@ mod tests {
         assert_eq!(size_of::<DataLineKey>(), 32);
         assert_eq!(size_of::<LatencyKey>(), 16);
         assert_eq!(size_of::<SampleStats>(), 32);
-        assert_eq!(size_of::<KernelOffsets>(), 48);
-        assert_eq!(size_of::<CaptureConfig>(), 56);
+        assert_eq!(size_of::<KernelOffsets>(), 56);
+        assert_eq!(size_of::<CaptureConfig>(), 64);
+        assert_eq!(size_of::<RawDecoding>(), 8);
         assert_eq!(size_of::<RawSample>(), 88);
+    }
+
+    #[test]
+    fn raw_decoding_round_trips_events_and_errata() {
+        let zen3 = IbsErrata::for_cpu(0x19, 0x01);
+        let decoding = RawDecoding::new([0, 3, 15, 16, 40], zen3);
+        assert_eq!(decoding.ibs_op_events, 0b1000_0000_0000_1001);
+        assert!(decoding.is_ibs_op(3) && decoding.is_ibs_op(15));
+        assert!(!decoding.is_ibs_op(1) && !decoding.is_ibs_op(16) && !decoding.is_ibs_op(40));
+        assert_eq!(decoding.ibs_errata, 0b1111);
+        assert_eq!(decoding.errata(), zen3);
+        let zen3_plus = IbsErrata::for_cpu(0x19, 0x21);
+        assert_eq!(
+            RawDecoding::new([], zen3_plus).ibs_errata,
+            IBS_ERRATUM_CACHE_HIT_STATE
+        );
+        assert_eq!(RawDecoding::new([], zen3_plus).errata(), zen3_plus);
+        assert_eq!(RawDecoding::default(), RawDecoding::EMPTY);
     }
 
     #[test]

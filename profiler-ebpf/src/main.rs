@@ -207,7 +207,8 @@ fn capture(ctx: &PerfEventContext) {
     add(&INFLIGHT, generation, u64::MAX);
 }
 
-/// The event index and, with BTF offsets, the sample's data address, latency and data source.
+/// The event index and, with BTF offsets, the sample's data address, latency and data source;
+/// for AMD IBS op events also decoded from the op registers in PERF_SAMPLE_RAW.
 #[inline(always)]
 fn read_sample_data(ctx: &PerfEventContext, config: &CaptureConfig) -> (Option<u32>, SampleData) {
     let mut data = SampleData::default();
@@ -261,7 +262,102 @@ fn read_sample_data(ctx: &PerfEventContext, config: &CaptureConfig) -> (Option<u
     if flags & sample_flags::DATA_SRC != 0 {
         data.data_src = read(offsets.data_src).unwrap_or(0);
     }
+    let decoding = raw_decoding();
+    if flags & sample_flags::RAW != 0 && event.is_some_and(|event| decoding.is_ibs_op(event)) {
+        match read(offsets.raw).and_then(|raw| read_ibs_op(raw, offsets)) {
+            Some(registers) => add_ibs_op_fields(&registers, &decoding, &mut data),
+            None => lose(LossKind::IbsRegistersUnreadable),
+        }
+    }
     (event, data)
+}
+
+/// Which events' PERF_SAMPLE_RAW payloads are decoded, and the CPU's IBS errata.
+#[unsafe(no_mangle)]
+static RAW_DECODING: profiler_common::capture::RawDecoding =
+    profiler_common::capture::RawDecoding::EMPTY;
+
+#[inline(always)]
+fn raw_decoding() -> profiler_common::capture::RawDecoding {
+    // SAFETY: a plain read of our own read-only global; volatile so the compiler cannot fold
+    // the all-zero initializer that the agent overrides at load time.
+    unsafe { core::ptr::read_volatile(&RAW_DECODING) }
+}
+
+/// Bytes of an IBS op payload: the u32 capability word and OP_CTL .. DC_PHYSADDR.
+const IBS_OP_FIXED_BYTES: usize = 4 + 7 * 8;
+/// With BR_TARGET and OP_DATA4, the most registers Linux sends.
+const IBS_OP_MAX_BYTES: usize = IBS_OP_FIXED_BYTES + 2 * 8;
+
+/// The IBS op registers behind `perf_sample_data.raw` (a `perf_raw_record *`), read in
+/// fixed-size pieces the verifier can bound; `None` when the payload is too short or unreadable.
+#[inline(always)]
+fn read_ibs_op(
+    raw_record: u64,
+    offsets: &profiler_common::capture::KernelOffsets,
+) -> Option<profiler_common::hw::ibs::IbsOpSample> {
+    // SAFETY: kernel reads through the checking helper.
+    let payload = unsafe {
+        bpf_probe_read_kernel((raw_record + offsets.raw_frag_data as u64) as *const u64)
+    }
+    .ok()?;
+    // SAFETY: as above.
+    let size = unsafe {
+        bpf_probe_read_kernel((raw_record + offsets.raw_frag_size as u64) as *const u32)
+    }
+    .ok()? as usize;
+    if payload == 0 || size < IBS_OP_FIXED_BYTES {
+        return None;
+    }
+    let mut bytes = [0u8; IBS_OP_MAX_BYTES];
+    let (fixed, extra) = bytes.split_at_mut(IBS_OP_FIXED_BYTES);
+    // SAFETY: reads into stack buffers of exactly the given lengths, through the helper.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel_buf(payload as *const u8, fixed) }.ok()?;
+    let mut len = IBS_OP_FIXED_BYTES;
+    for register in extra.chunks_exact_mut(8) {
+        if size < len + 8 {
+            break;
+        }
+        // SAFETY: as above; `len + 8 <= size` bytes exist behind `payload`.
+        unsafe {
+            aya_ebpf::helpers::bpf_probe_read_kernel_buf((payload + len as u64) as *const u8, register)
+        }
+        .ok()?;
+        len += 8;
+    }
+    profiler_common::hw::ibs::IbsOpSample::parse(bytes.get(..len)?).ok()
+}
+
+/// Fills what the kernel did not put in `perf_sample_data` (kernels before 6.1 decode nothing
+/// of IBS themselves) from the op registers.
+#[inline(always)]
+fn add_ibs_op_fields(
+    registers: &profiler_common::hw::ibs::IbsOpSample,
+    decoding: &profiler_common::capture::RawDecoding,
+    data: &mut SampleData,
+) {
+    let fields = registers.decode(decoding.errata()).sample_fields();
+    if data.flags & sample_flags::ADDR == 0 {
+        if let Some(addr) = fields.data_addr {
+            data.addr = addr;
+            data.flags |= sample_flags::ADDR;
+        }
+    }
+    if data.flags & sample_flags::PHYS_ADDR == 0 {
+        if let Some(phys_addr) = fields.phys_addr {
+            data.phys_addr = phys_addr;
+            data.flags |= sample_flags::PHYS_ADDR;
+        }
+    }
+    if data.latency == 0 {
+        data.latency = fields.load_latency.unwrap_or(0);
+    }
+    if data.flags & sample_flags::DATA_SRC == 0 {
+        if let Some(source) = fields.data_source {
+            data.data_src = source.encode();
+            data.flags |= sample_flags::DATA_SRC;
+        }
+    }
 }
 
 /// Index of the event that overflowed. With one event there is nothing to look up.

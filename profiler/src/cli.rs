@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::report::ViewArgs;
+use crate::{hardware::HardwareArgs, report::ViewArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -124,7 +124,7 @@ impl RecordArgs {
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// The profile file to read.
+    /// The profile file to read: one `record -o` wrote, or a perf.data from `perf record`.
     #[arg(short = 'i', long, value_name = "FILE")]
     pub input: PathBuf,
     #[command(flatten)]
@@ -136,6 +136,8 @@ pub struct ReportArgs {
 pub struct ReportOutput {
     #[command(flatten)]
     pub view: ViewArgs,
+    #[command(flatten)]
+    pub hardware: HardwareArgs,
     /// Write folded stacks (for flamegraph.pl, speedscope) of the first event to this file.
     #[arg(long, value_name = "FILE")]
     pub folded: Option<PathBuf>,

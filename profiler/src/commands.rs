@@ -5,18 +5,22 @@ use std::{fs::File, io::Write, path::Path, process::ExitCode, time::Duration};
 use anyhow::{Context, Result};
 
 use crate::{
-    capture::{btf::Btf, counters::StackCapture, program::MapSizes},
+    capture::{
+        btf::Btf, counters::StackCapture, hardware::prepare_hardware_event, program::MapSizes,
+    },
     cli::{Command, RecordArgs, ReportArgs, ReportOutput},
     events::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
     },
     export::{flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof},
+    hardware::render::{hardware_json, render_hardware},
+    import::{is_perf_data, profile_from_perf_data_file},
     profile::{
         file::{read_profile, write_profile},
         Profile,
     },
-    record::{record, RecordOptions, Recording, TargetSpec},
+    record::{record, RecordOptions, TargetSpec},
     report::render_report,
     scope::{
         cgroup::{cgroup2_mount, cgroup_subtree_ids, resolve_cgroup_dir},
@@ -68,6 +72,12 @@ fn resolve_events(args: &RecordArgs, pmus: &PmuRegistry) -> Result<Vec<EventSpec
     };
     if let Some(sampling) = global {
         override_sampling(&mut specs, sampling)?;
+    }
+    // After the overrides: IBS periods must still be multiples of 16.
+    for spec in &mut specs {
+        for note in prepare_hardware_event(spec)? {
+            eprintln!("note: {note}");
+        }
     }
     Ok(specs)
 }
@@ -170,23 +180,27 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
     if args.stats {
         eprint!("{}", recording.stats_text());
     }
-    report(&recording.profile, &args.report)?;
-    if let Some(code) = command_failure(&recording) {
+    let mut profile = recording.profile;
+    report(&mut profile, &args.report)?;
+    if let Some(code) = recording
+        .command_status
+        .and_then(|status| status.code())
+        .filter(|code| *code != 0)
+    {
         eprintln!("note: the profiled command exited with status {code}");
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn command_failure(recording: &Recording) -> Option<i32> {
-    recording
-        .command_status
-        .and_then(|status| status.code())
-        .filter(|code| *code != 0)
-}
-
 fn run_report(args: ReportArgs) -> Result<ExitCode> {
-    let profile = read_profile(&args.input)?;
-    report(&profile, &args.report)?;
+    let mut profile = if is_perf_data(&args.input)
+        .with_context(|| format!("cannot read {}", args.input.display()))?
+    {
+        profile_from_perf_data_file(&args.input)?
+    } else {
+        read_profile(&args.input)?
+    };
+    report(&mut profile, &args.report)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -194,8 +208,17 @@ fn create(path: &Path) -> Result<File> {
     File::create(path).with_context(|| format!("cannot create {}", path.display()))
 }
 
-/// Writes the requested exports, then prints the report.
-fn report(profile: &Profile, output: &ReportOutput) -> Result<()> {
+/// Applies `--backtrack`, writes the requested exports, then prints the report (with the
+/// hardware view when asked).
+fn report(profile: &mut Profile, output: &ReportOutput) -> Result<()> {
+    if let Some(summary) = output.hardware.prepare(profile) {
+        eprintln!(
+            "backtracking: {} samples moved to the memory access before the sampled \
+             instruction, {} kept where they were sampled",
+            summary.moved, summary.kept
+        );
+    }
+    let profile = &*profile;
     if let Some(path) = &output.folded {
         write_folded(profile, 0, &mut create(path)?)?;
     }
@@ -205,6 +228,15 @@ fn report(profile: &Profile, output: &ReportOutput) -> Result<()> {
     if let Some(path) = &output.pprof {
         write_pprof(profile, create(path)?)?;
     }
-    let text = render_report(profile, &output.view)?;
+    let mut text = render_report(profile, &output.view)?;
+    if let Some(view) = output.hardware.hardware {
+        if output.view.json {
+            let mut json: serde_json::Value = serde_json::from_str(&text)?;
+            json["hardware"] = hardware_json(profile, view);
+            text = serde_json::to_string_pretty(&json)?;
+        } else {
+            text.push_str(&render_hardware(profile, view));
+        }
+    }
     print(&text)
 }

@@ -1,7 +1,8 @@
 //! The profiler: an eBPF sampling profiler's agent. The modules follow the data:
 //! events (what to count) -> capture (open counters, load the kernel program, side-band) ->
 //! drain (lossless map drain) -> symbolize -> profile (the model, files) -> aggregate (views)
-//! -> report / export. `import` brings perf.data files into the same model.
+//! -> report / export. `import` brings perf.data files into the same model; `hardware` holds
+//! what precise samplers decoded (data sources, IBS) and skid backtracking.
 
 pub mod aggregate;
 pub mod capture;
@@ -10,6 +11,7 @@ pub mod commands;
 pub mod drain;
 pub mod events;
 pub mod export;
+pub mod hardware;
 pub mod import;
 pub mod launch;
 pub mod profile;

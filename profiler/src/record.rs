@@ -18,6 +18,7 @@ use crate::{
     aggregate::{code::capture_code, dataspace::capture_data_objects},
     capture::{
         counters::{open_sampling_counters, StackCapture, Target},
+        hardware::{cpu_identity, raw_decoding},
         program::{CaptureProgram, MapSizes},
         raw::RawStream,
         sideband::{ProcessTable, Sideband},
@@ -182,7 +183,9 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     } else {
         None
     };
-    let mut program = CaptureProgram::load(&config, &options.sizes)?;
+    let cpu = cpu_identity();
+    let raw_decoding = raw_decoding(&options.events, cpu.as_ref());
+    let mut program = CaptureProgram::load(&config, &raw_decoding, &options.sizes)?;
     program.filter_cgroups(&options.cgroups)?;
     let mut raw = match &options.raw {
         Some(path) => Some(RawStream::create(path, program.take_raw_samples()?)?),
@@ -322,6 +325,7 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     };
     let events = options.events.iter().map(event_info).collect();
     let mut profile = assemble(meta, events, &drained, &processes, &accounting);
+    profile.hardware.cpu = cpu;
     // What offline reports need from files that may be gone by then: the sampled functions'
     // code and the processes' data mappings and variables.
     capture_code(&mut profile);

@@ -244,6 +244,8 @@ impl Btf {
         let ctx = "bpf_perf_event_data_kern";
         let sample = "perf_sample_data";
         let event = "perf_event";
+        let raw = "perf_raw_record";
+        let frag = "perf_raw_frag";
         Ok(KernelOffsets {
             valid: 1,
             ctx_data: offset(ctx, "data")?,
@@ -257,6 +259,8 @@ impl Btf {
             event_parent: offset(event, "parent")?,
             event_id: offset(event, "id")?,
             _pad: 0,
+            raw_frag_data: offset(raw, "frag")? + offset(frag, "data")?,
+            raw_frag_size: offset(raw, "frag")? + offset(frag, "size")?,
         })
     }
 
@@ -916,6 +920,15 @@ mod tests {
         assert_eq!(offsets.raw, expected(sample, "raw"));
         assert_eq!(offsets.event_parent, expected("perf_event", "parent"));
         assert_eq!(offsets.event_id, expected("perf_event", "id"));
+        let frag = expected("perf_raw_record", "frag");
+        assert_eq!(
+            offsets.raw_frag_data,
+            frag + expected("perf_raw_frag", "data")
+        );
+        assert_eq!(
+            offsets.raw_frag_size,
+            frag + expected("perf_raw_frag", "size")
+        );
 
         // Every member of every named struct and union, anonymous nesting and bitfields
         // included: thousands of layouts checked against an independent reader.

@@ -4,7 +4,9 @@
 use std::{fs, io};
 
 use anyhow::{anyhow, bail, Context, Result};
-use perf_event::{events::Software, Builder, Counter, SampleFlag};
+use perf_event::{events::Software, Builder, Counter};
+
+use super::hardware::{self, hardware_sample_type};
 
 use crate::events::{open_error, EventSpec, OpenAs, Scope, SystemFacts};
 
@@ -122,17 +124,15 @@ pub fn open_sampling_counters(
             event.attr.apply(builder.attrs_mut());
             event.sampling.apply(builder.attrs_mut());
             place(&mut builder, target, pid, cpu);
-            let mut flags =
-                SampleFlag::IP | SampleFlag::TID | SampleFlag::PERIOD | SampleFlag::ADDR;
-            // The kernel refuses stack helpers on precise events unless callchains are sampled;
-            // for other events the helpers walk the registers themselves, which is cheaper.
-            if event.precise() && (stacks.user || stacks.kernel) {
-                flags |= SampleFlag::CALLCHAIN;
+            // What the PMU must record for the program to read (addresses, weights, data
+            // sources, IBS registers), and callchains where the kernel requires them.
+            let (sample_type, _) = hardware_sample_type(event, stacks.user || stacks.kernel);
+            builder.attrs_mut().sample_type = sample_type;
+            if sample_type & hardware::sample::CALLCHAIN != 0 {
                 builder
                     .exclude_callchain_user(false)
                     .exclude_callchain_kernel(false);
             }
-            builder.sample(flags);
             match builder.build() {
                 Ok(counter) => {
                     opened_any = true;

@@ -3,6 +3,7 @@
 
 pub mod btf;
 pub mod counters;
+pub mod hardware;
 pub mod program;
 pub mod raw;
 pub mod sideband;

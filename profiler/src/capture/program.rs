@@ -11,7 +11,9 @@ use aya::{
 };
 use perf_event::Counter;
 use profiler_common::{
-    capture::{CaptureConfig, DataLineKey, InstructionKey, LatencyKey, SampleStats, StackKey},
+    capture::{
+        CaptureConfig, DataLineKey, InstructionKey, LatencyKey, RawDecoding, SampleStats, StackKey,
+    },
     latency::LatencyBuckets,
 };
 
@@ -92,9 +94,15 @@ fn take_generation(ebpf: &mut Ebpf, generation: usize) -> Result<GenerationMaps>
 
 impl CaptureProgram {
     /// Loads the program with its options; the verifier runs here.
-    pub fn load(config: &CaptureConfig, sizes: &MapSizes) -> Result<CaptureProgram> {
+    pub fn load(
+        config: &CaptureConfig,
+        raw: &RawDecoding,
+        sizes: &MapSizes,
+    ) -> Result<CaptureProgram> {
         let mut loader = EbpfLoader::new();
-        loader.override_global("CAPTURE_CONFIG", config, true);
+        loader
+            .override_global("CAPTURE_CONFIG", config, true)
+            .override_global("RAW_DECODING", raw, true);
         for generation in ["0", "1"] {
             let size = |name: &str| -> &'static str {
                 Box::leak(format!("{name}_{generation}").into_boxed_str())

@@ -194,39 +194,65 @@ impl ProcessTable {
                     build_id: mmap.build_id().map(<[u8]>::to_vec),
                     file: None,
                 };
+                // Live only: a pid in a perf.data import may belong to another process now.
                 self.open_mapped_file(mmap.pid, &mut mapping);
-                let process = self.processes.entry(mmap.pid).or_default();
-                process.mappings.push(mapping);
+                self.map(mmap.pid, mapping);
             }
-            PerfRecord::Comm(comm) => {
-                let name = String::from_utf8_lossy(&comm.comm).into_owned();
-                self.threads.insert(comm.tid, name.clone());
-                let process = self.processes.entry(comm.pid).or_default();
-                if comm.pid == comm.tid {
-                    process.comm = name;
-                }
-                if misc & MISC_COMM_EXEC != 0 {
-                    // exec replaced the address space: older mappings no longer apply.
-                    process.mappings.clear();
-                }
-            }
-            PerfRecord::Fork(fork) if fork.pid != fork.ppid => {
-                // A new process starts with a copy of its parent's address space.
-                let parent = self.processes.get(&fork.ppid).cloned().unwrap_or_default();
-                self.processes.insert(
-                    fork.pid,
-                    ProcessInfo {
-                        exited: false,
-                        ..parent
-                    },
-                );
-            }
-            PerfRecord::Exit(exit) if exit.pid == exit.tid => {
-                self.processes.entry(exit.pid).or_default().exited = true;
-            }
+            PerfRecord::Comm(comm) => self.name_thread(
+                comm.pid,
+                comm.tid,
+                String::from_utf8_lossy(&comm.comm).into_owned(),
+                misc & MISC_COMM_EXEC != 0,
+            ),
+            PerfRecord::Fork(fork) => self.fork(fork.pid, fork.ppid),
+            PerfRecord::Exit(exit) if exit.pid == exit.tid => self.exit(exit.pid),
             PerfRecord::Lost(lost) => self.lost_records += lost.lost,
             _ => {}
         }
+    }
+
+    /// A new mapping of `pid` (PERF_RECORD_MMAP/MMAP2).
+    pub fn map(&mut self, pid: u32, mapping: Mapping) {
+        self.processes
+            .entry(pid)
+            .or_default()
+            .mappings
+            .push(mapping);
+    }
+
+    /// A thread's name (PERF_RECORD_COMM); `exec` when exec gave it, which also replaced the
+    /// process's address space.
+    pub fn name_thread(&mut self, pid: u32, tid: u32, name: String, exec: bool) {
+        self.threads.insert(tid, name.clone());
+        let process = self.processes.entry(pid).or_default();
+        if pid == tid {
+            process.comm = name;
+        }
+        if exec {
+            // Older mappings no longer apply.
+            process.mappings.clear();
+        }
+    }
+
+    /// A fork (PERF_RECORD_FORK). A new thread shares its process's table; a new process starts
+    /// with a copy of its parent's address space.
+    pub fn fork(&mut self, pid: u32, ppid: u32) {
+        if pid == ppid {
+            return;
+        }
+        let parent = self.processes.get(&ppid).cloned().unwrap_or_default();
+        self.processes.insert(
+            pid,
+            ProcessInfo {
+                exited: false,
+                ..parent
+            },
+        );
+    }
+
+    /// A process exit (PERF_RECORD_EXIT of its main thread).
+    pub fn exit(&mut self, pid: u32) {
+        self.processes.entry(pid).or_default().exited = true;
     }
 
     /// The newest mapping of `pid` that contains `address`.

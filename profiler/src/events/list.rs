@@ -1,6 +1,6 @@
 //! `profiler list`: every event a user can name, in order: Oracle-style aliased counters, generic
-//! hardware, hardware cache and software events, AMD IBS, then this machine's PMU events from
-//! sysfs; each with whether it works here (probed, with the reason when not), its default
+//! hardware, hardware cache and software events, AMD IBS, Intel PEBS memory sampling, then this
+//! machine's PMU events from sysfs; each with whether it works here (probed, with the reason when not), its default
 //! overflow value, unit and description. Building the listing and rendering it are separate so
 //! tests can render fixed data.
 
@@ -64,6 +64,22 @@ const SAMPLING_PMUS: [(&str, &str); 2] = [
         "ibs_fetch",
         "AMD IBS fetch sampling: tags one instruction fetch in N; records its I-cache and iTLB \
          outcome and fetch latency",
+    ),
+];
+
+/// Intel's precise memory events: the core PMU's sysfs event, how to sample it (as `perf mem`
+/// does), and what it records.
+const PEBS_MEMORY_EVENTS: [(&str, &str, &str); 2] = [
+    (
+        "mem-loads",
+        "mem-loads,ldlat=30/pp",
+        "Intel PEBS load latency: samples loads slower than ldlat cycles; records the data \
+         address, load latency and data source",
+    ),
+    (
+        "mem-stores",
+        "mem-stores/pp",
+        "Intel PEBS stores: samples stores; records the data address and data source",
     ),
 ];
 
@@ -150,6 +166,42 @@ pub fn build_listing(
     sections.push(ListSection {
         title: "Instruction sampling (AMD IBS)".to_string(),
         entries: sampling_entries,
+    });
+
+    let pebs_entries = PEBS_MEMORY_EVENTS
+        .iter()
+        .map(|&(event, sampled_as, description)| {
+            // Hybrid CPUs name their big-core PMU cpu_core.
+            let core = registry
+                .iter()
+                .find(|pmu| pmu.core && pmu.event(event).is_some());
+            let name = format!(
+                "{}/{sampled_as}",
+                core.map_or("cpu", |pmu| pmu.name.as_str())
+            );
+            let availability = match core {
+                Some(_) => availability(&name),
+                None => Availability::Unavailable {
+                    reason: format!(
+                        "no core PMU with a {event} event on this machine: PEBS memory sampling \
+                         needs an Intel CPU and a host kernel"
+                    ),
+                },
+            };
+            ListEntry {
+                event: name.clone(),
+                name,
+                aliases: Vec::new(),
+                availability,
+                default_overflow: catalog::UNKNOWN_EVENT_PERIOD,
+                unit: catalog::unit::EVENTS.to_string(),
+                description: description.to_string(),
+            }
+        })
+        .collect();
+    sections.push(ListSection {
+        title: "Precise memory sampling (Intel PEBS)".to_string(),
+        entries: pebs_entries,
     });
 
     let mut pmu_entries = Vec::new();
@@ -448,6 +500,7 @@ mod tests {
                 "Hardware cache events",
                 "Software events",
                 "Instruction sampling (AMD IBS)",
+                "Precise memory sampling (Intel PEBS)",
                 "PMU events of this machine (sysfs)",
             ]
         );
@@ -508,6 +561,20 @@ mod tests {
                     .to_string()
             }
         );
+        // PEBS memory events are listed as they sample: precise, with a latency threshold.
+        assert_eq!(
+            entry(&listing, "cpu/mem-loads,ldlat=30/pp").availability,
+            Availability::Available
+        );
+        let Availability::Unavailable { reason } =
+            &entry(&listing, "cpu/mem-stores/pp").availability
+        else {
+            panic!("the fixture's core PMU has no mem-stores");
+        };
+        assert!(
+            reason.contains("no core PMU with a mem-stores event"),
+            "{reason}"
+        );
         let amd_df = listing
             .pmus
             .iter()
@@ -547,7 +614,9 @@ mod tests {
             "icm no [1] 100003 events L1 I-cache misses = L1-icache-load-misses"
         );
         assert!(row("branch-instructions").ends_with("(also branches, br)"));
-        assert!(row("power/energy-pkg/").starts_with("power/energy-pkg/ count [3] 1000003 Joules"));
+        // Reason 3 is the PEBS section's missing mem-stores.
+        assert!(row("cpu/mem-stores/pp").starts_with("cpu/mem-stores/pp no [3] 1000003 events"));
+        assert!(row("power/energy-pkg/").starts_with("power/energy-pkg/ count [4] 1000003 Joules"));
         assert!(
             text.contains("\nWhy not here:\n  [1] no hardware PMU: virtual machine?"),
             "{text}"

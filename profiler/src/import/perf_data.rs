@@ -19,6 +19,8 @@ mod sample;
 mod perf_record_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+pub(crate) mod writer;
 
 use std::collections::BTreeMap;
 use std::path::Path;

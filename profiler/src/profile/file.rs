@@ -655,6 +655,8 @@ mod tests {
 mod format_1 {
     use std::collections::BTreeMap;
 
+    use profiler_common::hw::ibs::events::{IbsFetchCounters, IbsOpCounters};
+
     use super::*;
     use crate::profile::*;
 
@@ -772,18 +774,51 @@ mod format_1 {
                 name: "counter".into(),
                 module: "/usr/bin/demo".into(),
             }],
+            hardware: HardwareProfile {
+                cpu: Some(CpuIdentity {
+                    vendor: "AuthenticAMD".into(),
+                    family: 0x19,
+                    model: 0x11,
+                }),
+                ibs_caps: Some(0x7ff),
+                samples: vec![HardwareSample {
+                    pid: 42,
+                    event: 0,
+                    frame: 0,
+                    line: Some(0x7ffd_0000_0040),
+                    samples: 2,
+                    data_sources: vec![(0x6_8100_0142, 2)],
+                    ibs_op: Some(IbsOpCounters {
+                        all_samples: 2,
+                        loads: 2,
+                        ..IbsOpCounters::default()
+                    }),
+                    ibs_fetch: Some(IbsFetchCounters {
+                        all_samples: 1,
+                        ..IbsFetchCounters::default()
+                    }),
+                }],
+                backtracked: vec![BacktrackedAttribution {
+                    pid: 42,
+                    event: 0,
+                    sampled: 0,
+                    attributed: 0,
+                    samples: 3,
+                }],
+            },
         }
     }
 
     /// A file this profiler wrote in format 1, from [`profile`].
-    const FILE: [&str; 7] = [
-        "4542504650524f46010000001a3a14d72301000000000000610100000000000028b52ffd606100cd0800e2cf3b37506d",
-        "3506d01bbd5390588a9042a9818ac1ad1a6c7683837e28a17ecba5f4835c19841ba2a4a8741abfa9a70c5aaf9862def8",
-        "e5b62f930c649e2855627fec1916263a71ee7d7b0b7e0608454226b2cedb91cdc5ff7d6643356e605586a6883107bc95",
-        "ba3a28b5f8553a7f23b869eb959f7a54e975ea52c2b1f7fe50fb6bd44ea528b58fa04a9dd24ff4b29f5c33e652430738",
-        "bed2ebe69c0fbd5143cf9d86bb8dd328b73c2298bb2cf4b88cd4661640ebe6789eb1f740667db90c61b908e60ebaecb1",
-        "8c0242e5721ef2e8905ce70f4760e9930e91cd16d808a9f8c0b0d87b80a01ab148bb06985b2069ae5dccd5a20e005a48",
-        "8c861c30dc50d9d1c728154be3318b23dbc2948cc09c6c90e67b331d05a0964173e71e",
+    const FILE: [&str; 8] = [
+        "4542504650524f4601000000be447cc75c01000000000000ce0100000000000028b52ffd60ce00950a0056d2463d30c5",
+        "381d807c55e8b2880c23861ff12f584d1a67e5491d9924ee2d5ca47fba090a31babbb7b6585d2d82805ee6801ec0bf96",
+        "e1c08a30d817ff6d7f27193c003300340015a48bb5d1b5c87c0c6f6775ea3d220806cce6bc55821a707c417b612ba790",
+        "0430e50211001b261e1c391f2064a4e7da3405909650f1be69206dbb029745b177dfd29d7aca3df296d8bae656ab9ce6",
+        "d379f123b1f5db6db6e346dbe59cd418deee237ea30f099b1f81a6f994fab55faf024c1d3f089a1319c98559299aa3f5",
+        "5058aec4d942894730c31724430e738ef9b15fb43bc736ab919cb3aaeb1f425114ebae0f94eeaeefbfe9a957ca191fa7",
+        "1f589dc0a0e12164bf52bc5e698634a46bb9508cacaa9788b074e9ccf9f5197b90130d07d1c539031400401e60a10502",
+        "fc79d29c89da6ab5e88646936010a70aae8f012b96db631647b68529198139d920cdf7663a0a402d83e6ce3d",
     ];
 
     #[test]

@@ -3,11 +3,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use profiler_common::capture::{LossKind, ACCESS_LOAD, ACCESS_STORE};
+use profiler_common::capture::LossKind;
 
 use super::{
-    DataAccess, DataLineSample, EventInfo, InstructionSample, LatencyHistogram, Losses, Profile,
-    ProfileMeta, StackSample, Stats, ThreadInfo,
+    DataAccess, DataLineSample, EventInfo, HardwareProfile, InstructionSample, LatencyHistogram,
+    Losses, Profile, ProfileMeta, StackSample, Stats, ThreadInfo,
 };
 use crate::{
     capture::sideband::ProcessTable,
@@ -30,7 +30,7 @@ fn stats(s: &profiler_common::capture::SampleStats) -> Stats {
 
 /// Stack addresses as looked up: the leaf as sampled, callers one byte before their return
 /// address (inside the call instruction).
-fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
+pub fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
     ips.iter().enumerate().map(move |(depth, ip)| CodeAddress {
         pid,
         address: if depth == 0 {
@@ -77,14 +77,7 @@ pub fn assemble(
         addresses.extend(lookup_addresses(0, &stack.kernel));
         addresses.extend(lookup_addresses(stack.pid, &stack.user));
     }
-    let code = |pid: u32, ip: u64| CodeAddress {
-        pid: if crate::symbolize::is_kernel_address(ip) {
-            0
-        } else {
-            pid
-        },
-        address: ip,
-    };
+    let code = CodeAddress::sampled;
     addresses.extend(drained.instructions.keys().map(|k| code(k.pid, k.ip)));
     addresses.extend(drained.data_lines.keys().map(|k| code(k.pid, k.ip)));
     addresses.extend(drained.latencies.keys().map(|k| code(k.pid, k.ip)));
@@ -132,11 +125,7 @@ pub fn assemble(
             per_cpu: per_cpu.clone(),
             // The capture does not record the thread or the access kind of data samples yet.
             tid: Some(key.tid),
-            access: match key.access {
-                ACCESS_LOAD => DataAccess::Load,
-                ACCESS_STORE => DataAccess::Store,
-                _ => DataAccess::Unknown,
-            },
+            access: DataAccess::from_code(key.access),
         })
         .collect();
     let latency = drained
@@ -202,5 +191,6 @@ pub fn assemble(
         code: Vec::new(),
         memory_maps: Vec::new(),
         data_symbols: Vec::new(),
+        hardware: HardwareProfile::default(),
     }
 }

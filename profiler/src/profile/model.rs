@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 
+use profiler_common::hw::ibs::events::{IbsFetchCounters, IbsOpCounters};
 use serde::{Deserialize, Serialize};
 
 /// Index into [`Profile::frames`].
@@ -27,6 +28,8 @@ pub struct Profile {
     pub memory_maps: Vec<ProcessMemoryMap>,
     /// Global variables (ELF data symbols) that sampled data cache lines overlap.
     pub data_symbols: Vec<DataSymbol>,
+    /// What precise hardware samplers reported beyond the IP, and skid corrections.
+    pub hardware: HardwareProfile,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -157,13 +160,26 @@ pub struct DataLineSample {
 }
 
 /// The kind of a sampled data access (`perf_mem_data_src.mem_op`).
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
 pub enum DataAccess {
     /// The sample carried no data source (software events, or a PMU that does not say).
     #[default]
     Unknown,
     Load,
     Store,
+}
+
+impl DataAccess {
+    /// From the capture's `ACCESS_*` code.
+    pub fn from_code(code: u32) -> DataAccess {
+        match code {
+            profiler_common::capture::ACCESS_LOAD => DataAccess::Load,
+            profiler_common::capture::ACCESS_STORE => DataAccess::Store,
+            _ => DataAccess::Unknown,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -247,4 +263,58 @@ pub struct DataSymbol {
     pub size: u64,
     pub name: String,
     pub module: String,
+}
+
+/// Hardware sampling results: data sources, AMD IBS derived counters and skid backtracking.
+/// Empty for profiles of software or non-precise events.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct HardwareProfile {
+    /// The CPU that took the samples: which IBS fields are reliable depends on it.
+    pub cpu: Option<CpuIdentity>,
+    /// IBS capabilities (CPUID 8000_001B EAX) as the IBS samples carried them.
+    pub ibs_caps: Option<u32>,
+    pub samples: Vec<HardwareSample>,
+    /// Attributions of non-precise samples moved from the sampled IP to the memory-referencing
+    /// instruction before it (`--backtrack`).
+    pub backtracked: Vec<BacktrackedAttribution>,
+}
+
+/// CPUID vendor, family and model (`AuthenticAMD`, 0x19, 0x11).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CpuIdentity {
+    pub vendor: String,
+    pub family: u32,
+    pub model: u32,
+}
+
+/// Hardware-decoded samples of one (process, event, instruction, data cache line).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct HardwareSample {
+    pub pid: u32,
+    pub event: EventIndex,
+    /// The sampled instruction.
+    pub frame: FrameId,
+    /// The 64-byte line of the data address (address & !63), when the samples carried one.
+    pub line: Option<u64>,
+    /// Samples aggregated here.
+    pub samples: u64,
+    /// Samples per raw `perf_mem_data_src` value (decode with
+    /// `profiler_common::hw::data_src::DataSource::decode`), ascending by value.
+    pub data_sources: Vec<(u64, u64)>,
+    /// IBS op derived counters; counts are IBS op samples.
+    pub ibs_op: Option<IbsOpCounters>,
+    /// IBS fetch derived counters; counts are IBS fetch samples.
+    pub ibs_fetch: Option<IbsFetchCounters>,
+}
+
+/// Samples whose attribution skid backtracking moved.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BacktrackedAttribution {
+    pub pid: u32,
+    pub event: EventIndex,
+    /// The instruction the interrupt reported.
+    pub sampled: FrameId,
+    /// The memory-referencing instruction the samples are now attributed to.
+    pub attributed: FrameId,
+    pub samples: u64,
 }

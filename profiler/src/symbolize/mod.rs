@@ -34,6 +34,16 @@ pub struct CodeAddress {
     pub address: u64,
 }
 
+impl CodeAddress {
+    /// A sampled instruction of process `pid`: kernel addresses belong to no process (pid 0).
+    pub fn sampled(pid: u32, address: u64) -> CodeAddress {
+        CodeAddress {
+            pid: if is_kernel_address(address) { 0 } else { pid },
+            address,
+        }
+    }
+}
+
 /// Resolves code addresses to interned frames.
 pub struct FrameTable<'a> {
     processes: &'a ProcessTable,
@@ -71,8 +81,8 @@ impl<'a> FrameTable<'a> {
     /// kernel.
     pub fn resolve(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) {
         let mut kernel = Vec::new();
-        // ELF path to open -> (file offset, address, frame template)
-        let mut by_file: BTreeMap<PathBuf, Vec<(u64, CodeAddress, Frame)>> = BTreeMap::new();
+        // ELF path to open -> (address, frame template with its file offset)
+        let mut by_file: BTreeMap<PathBuf, Vec<(CodeAddress, Frame)>> = BTreeMap::new();
         let mut unresolved = Vec::new();
         for address in addresses {
             if self.resolved.contains_key(&address) {
@@ -99,10 +109,7 @@ impl<'a> FrameTable<'a> {
                         .file
                         .and_then(|identity| self.processes.files.path(identity))
                         .unwrap_or_else(|| elf_path(address.pid, &mapping.path));
-                    by_file
-                        .entry(path)
-                        .or_default()
-                        .push((offset, address, frame));
+                    by_file.entry(path).or_default().push((address, frame));
                 }
                 Some(mapping) => unresolved.push((
                     address,
@@ -122,10 +129,7 @@ impl<'a> FrameTable<'a> {
                 )),
             }
         }
-        let symbolizer = Symbolizer::builder()
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .build();
+        let symbolizer = new_symbolizer();
         let progress = progress_bar(by_file.len() as u64 + 1, "symbolizing");
         for (path, entries) in by_file {
             progress.set_message(
@@ -134,15 +138,10 @@ impl<'a> FrameTable<'a> {
                     .unwrap_or_default(),
             );
             progress.inc(1);
-            let offsets: Vec<u64> = entries.iter().map(|(offset, _, _)| *offset).collect();
-            let source = Source::Elf(Elf::new(&path));
-            let results = symbolizer
-                .symbolize(&source, Input::FileOffset(offsets.as_slice()))
-                .unwrap_or_default();
-            for (index, (_, address, mut frame)) in entries.into_iter().enumerate() {
-                if let Some(Symbolized::Sym(sym)) = results.get(index) {
-                    fill(&mut frame, sym, address.address);
-                }
+            let (addresses, mut frames): (Vec<CodeAddress>, Vec<Frame>) =
+                entries.into_iter().unzip();
+            fill_from_elf(&symbolizer, &path, &mut frames);
+            for (address, frame) in addresses.into_iter().zip(frames) {
                 let id = self.intern(frame);
                 self.resolved.insert(address, id);
             }
@@ -185,6 +184,30 @@ impl<'a> FrameTable<'a> {
             }
             let id = self.intern(frame);
             self.resolved.insert(address, id);
+        }
+    }
+}
+
+/// A symbolizer that reports lines and inlined functions.
+pub fn new_symbolizer() -> Symbolizer {
+    Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .build()
+}
+
+/// Symbolizes frames of the ELF file at `path` in one batch, by their `module_offset` (file
+/// offset); frames the file has no symbol for are left as they are.
+pub fn fill_from_elf(symbolizer: &Symbolizer, path: &Path, frames: &mut [Frame]) {
+    let offsets: Vec<u64> = frames.iter().map(|frame| frame.module_offset).collect();
+    let source = Source::Elf(Elf::new(path));
+    let results = symbolizer
+        .symbolize(&source, Input::FileOffset(offsets.as_slice()))
+        .unwrap_or_default();
+    for (frame, result) in frames.iter_mut().zip(results) {
+        if let Symbolized::Sym(sym) = result {
+            let address = frame.address;
+            fill(frame, &sym, address);
         }
     }
 }

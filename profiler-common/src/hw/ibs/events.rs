@@ -7,7 +7,8 @@
 //! to or divided by event-based sample counts. Events whose register bits no current CPU or
 //! kernel provides are listed with no source and count nothing; they are never approximated.
 //!
-//! Counters are `#[repr(C)]` u64 fields, so they can also serve as eBPF map values.
+//! Counters are `#[repr(C)]` u64 fields, so they can also serve as eBPF map values; with the
+//! `user` feature they serialize, for profile files.
 
 use super::{
     CacheState, FetchOutcome, IbsCaps, IbsDataSource, IbsErrata, IbsFetch, IbsMemoryAccess, IbsOp,
@@ -34,6 +35,7 @@ macro_rules! derived_events {
         $(#[$counters_doc])*
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
         pub struct $Counters {
             $($(#[$doc])* pub $field: u64,)*
         }

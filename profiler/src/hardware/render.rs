@@ -1,0 +1,540 @@
+//! Hardware views of a profile, per function, instruction or data cache line: `perf mem`-style
+//! data-source breakdowns (memory level, snoop, TLB, lock, locality) and AMD IBS derived
+//! counters with CodeXL's ratios, as text or JSON; plus the list of skid-backtracked
+//! attributions.
+//!
+//! Each event is its own section and percentages are of that event's samples only: IBS counts are
+//! numbers of IBS samples and are never added to or divided by event-based counts. IBS events the
+//! recording CPU does not report are left out of the rows and named once, with the reason.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use profiler_common::hw::data_src::DataSource;
+use profiler_common::hw::ibs::events::{
+    Availability, IbsFetchCounters, IbsFetchEvent, IbsOpCounters, IbsOpEvent,
+};
+use profiler_common::hw::ibs::{IbsCaps, IbsErrata};
+use serde::Serialize;
+
+use crate::profile::{module_basename, Frame, HardwareSample, Profile};
+
+/// Rows of one event the text rendering shows; JSON has them all.
+const TEXT_ROWS: usize = 25;
+
+/// What the rows of a hardware view are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum HardwareView {
+    Function,
+    Instruction,
+    /// 64-byte lines of data addresses; samples without a data address are left out.
+    DataLine,
+}
+
+impl HardwareView {
+    fn noun(self) -> &'static str {
+        match self {
+            HardwareView::Function => "function",
+            HardwareView::Instruction => "instruction",
+            HardwareView::DataLine => "data cache line",
+        }
+    }
+}
+
+/// One event's hardware samples, grouped by the view.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HardwareSection {
+    pub event: String,
+    /// Whether the IPs are exact; otherwise rows may name an instruction after the real one.
+    pub precise: bool,
+    /// What `samples` counts: "samples", "IBS op samples" or "IBS fetch samples".
+    pub counted: &'static str,
+    pub samples: u64,
+    pub rows: Vec<HardwareRow>,
+    /// IBS events the recording CPU does not report, and why.
+    pub not_reported: Vec<NotReported>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NotReported {
+    pub event: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HardwareRow {
+    /// The function, the instruction (`function+0xoffset`), or the line's address in hex.
+    pub location: String,
+    pub samples: u64,
+    /// Present when the samples carried a data source.
+    pub data_source: Option<DataSourceBreakdown>,
+    pub ibs_op: Option<IbsColumns>,
+    pub ibs_fetch: Option<IbsColumns>,
+}
+
+/// Samples per label of each `perf mem` column, most frequent first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DataSourceBreakdown {
+    pub level: Vec<Share>,
+    pub snoop: Vec<Share>,
+    pub tlb: Vec<Share>,
+    pub lock: Vec<Share>,
+    pub locality: Vec<Share>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Share {
+    pub label: &'static str,
+    pub samples: u64,
+}
+
+/// IBS derived counts (the events the CPU reports) and CodeXL's ratios over them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct IbsColumns {
+    pub counts: Vec<Count>,
+    pub ratios: Vec<Ratio>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Count {
+    pub event: &'static str,
+    pub value: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Ratio {
+    pub name: &'static str,
+    pub value: f64,
+    /// Whether `value` is a fraction (shown as a percentage) rather than cycles.
+    pub fraction: bool,
+}
+
+/// The attributions `--backtrack` moved.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BacktrackedRow {
+    pub event: String,
+    pub pid: u32,
+    /// The memory-referencing instruction the samples are attributed to.
+    pub attributed: String,
+    /// The instruction the interrupt reported.
+    pub sampled: String,
+    pub samples: u64,
+}
+
+/// Everything a hardware view shows.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct HardwareReport {
+    pub view: HardwareView,
+    pub sections: Vec<HardwareSection>,
+    pub backtracked: Vec<BacktrackedRow>,
+}
+
+/// The JSON form of [`hardware_report`].
+pub fn hardware_json(profile: &Profile, by: HardwareView) -> serde_json::Value {
+    serde_json::to_value(hardware_report(profile, by)).expect("the report serializes")
+}
+
+/// The text form of [`hardware_report`]; empty when the profile has no hardware samples and no
+/// backtracked attributions.
+pub fn render_hardware(profile: &Profile, by: HardwareView) -> String {
+    let report = hardware_report(profile, by);
+    let mut out = String::new();
+    for section in &report.sections {
+        render_section(&mut out, section, by);
+    }
+    if !report.backtracked.is_empty() {
+        writeln!(
+            out,
+            "Skid backtracking: samples of non-precise data events attributed to the memory \
+             access before the sampled instruction"
+        )
+        .unwrap();
+        for row in &report.backtracked {
+            writeln!(
+                out,
+                "  {}: {} samples of pid {} at {} (sampled at {})",
+                row.event, row.samples, row.pid, row.attributed, row.sampled
+            )
+            .unwrap();
+        }
+    }
+    out
+}
+
+/// Groups the profile's hardware samples by `by`, per event.
+pub fn hardware_report(profile: &Profile, by: HardwareView) -> HardwareReport {
+    let hardware = &profile.hardware;
+    let caps = IbsCaps(hardware.ibs_caps.unwrap_or(0));
+    let errata = hardware
+        .cpu
+        .as_ref()
+        .filter(|cpu| cpu.vendor == "AuthenticAMD")
+        .map_or(IbsErrata::default(), |cpu| {
+            IbsErrata::for_cpu(cpu.family, cpu.model)
+        });
+    let mut sections = Vec::new();
+    for (index, event) in profile.events.iter().enumerate() {
+        let samples: Vec<&HardwareSample> = hardware
+            .samples
+            .iter()
+            .filter(|s| s.event as usize == index)
+            .filter(|s| by != HardwareView::DataLine || s.line.is_some())
+            .collect();
+        if samples.is_empty() {
+            continue;
+        }
+        let mut groups: BTreeMap<String, Vec<&HardwareSample>> = BTreeMap::new();
+        for sample in &samples {
+            let frame = &profile.frames[sample.frame as usize];
+            groups
+                .entry(location(by, frame, sample))
+                .or_default()
+                .push(sample);
+        }
+        let mut rows: Vec<HardwareRow> = groups
+            .into_iter()
+            .map(|(location, samples)| row(location, &samples, caps, errata))
+            .collect();
+        rows.sort_by(|a, b| {
+            b.samples
+                .cmp(&a.samples)
+                .then_with(|| a.location.cmp(&b.location))
+        });
+        let op = samples.iter().any(|s| s.ibs_op.is_some());
+        let fetch = samples.iter().any(|s| s.ibs_fetch.is_some());
+        let counted = match (op, fetch) {
+            (true, false) => "IBS op samples",
+            (false, true) => "IBS fetch samples",
+            _ => "samples",
+        };
+        let mut not_reported = Vec::new();
+        if op {
+            not_reported.extend(
+                IbsOpEvent::ALL
+                    .iter()
+                    .filter_map(|event| lacking(event.name(), event.availability(caps, errata))),
+            );
+        }
+        if fetch {
+            not_reported.extend(
+                IbsFetchEvent::ALL
+                    .iter()
+                    .filter_map(|event| lacking(event.name(), event.availability(caps, errata))),
+            );
+        }
+        sections.push(HardwareSection {
+            event: event.name.clone(),
+            precise: event.precise,
+            counted,
+            samples: samples.iter().map(|s| s.samples).sum(),
+            rows,
+            not_reported,
+        });
+    }
+    let backtracked = hardware
+        .backtracked
+        .iter()
+        .map(|moved| BacktrackedRow {
+            event: profile
+                .events
+                .get(moved.event as usize)
+                .map_or_else(|| format!("event {}", moved.event), |e| e.name.clone()),
+            pid: moved.pid,
+            attributed: instruction(&profile.frames[moved.attributed as usize]),
+            sampled: instruction(&profile.frames[moved.sampled as usize]),
+            samples: moved.samples,
+        })
+        .collect();
+    HardwareReport {
+        view: by,
+        sections,
+        backtracked,
+    }
+}
+
+fn lacking(event: &'static str, availability: Availability) -> Option<NotReported> {
+    match availability {
+        Availability::Reported => None,
+        Availability::NotReported(reason) => Some(NotReported { event, reason }),
+    }
+}
+
+fn location(by: HardwareView, frame: &Frame, sample: &HardwareSample) -> String {
+    match by {
+        HardwareView::Function => function(frame),
+        HardwareView::Instruction => instruction(frame),
+        HardwareView::DataLine => format!(
+            "{:#x} (pid {})",
+            sample.line.expect("filtered on a line"),
+            sample.pid
+        ),
+    }
+}
+
+/// The function of a frame; code without symbols is grouped by its module.
+fn function(frame: &Frame) -> String {
+    match &frame.function {
+        Some(function) => function.clone(),
+        None if frame.module.is_empty() => "[unknown]".to_string(),
+        None => format!("[{}]", module_basename(&frame.module)),
+    }
+}
+
+/// `function+0xoffset (file:line)`, or the module offset for code without symbols.
+fn instruction(frame: &Frame) -> String {
+    let mut text = match (&frame.function, frame.function_address) {
+        (Some(function), Some(start)) => {
+            format!("{function}+{:#x}", frame.address.wrapping_sub(start))
+        }
+        _ => frame.display_name(),
+    };
+    if let (Some(file), Some(line)) = (&frame.file, frame.line) {
+        write!(text, " ({}:{line})", module_basename(file)).unwrap();
+    }
+    text
+}
+
+fn row(
+    location: String,
+    samples: &[&HardwareSample],
+    caps: IbsCaps,
+    errata: IbsErrata,
+) -> HardwareRow {
+    let mut sources: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut op: Option<IbsOpCounters> = None;
+    let mut fetch: Option<IbsFetchCounters> = None;
+    for sample in samples {
+        for &(raw, count) in &sample.data_sources {
+            *sources.entry(raw).or_default() += count;
+        }
+        if let Some(counters) = &sample.ibs_op {
+            op.get_or_insert_with(Default::default).merge(counters);
+        }
+        if let Some(counters) = &sample.ibs_fetch {
+            fetch.get_or_insert_with(Default::default).merge(counters);
+        }
+    }
+    HardwareRow {
+        location,
+        samples: samples.iter().map(|s| s.samples).sum(),
+        data_source: (!sources.is_empty()).then(|| breakdown(&sources)),
+        ibs_op: op.map(|counters| op_columns(&counters, caps, errata)),
+        ibs_fetch: fetch.map(|counters| fetch_columns(&counters, caps, errata)),
+    }
+}
+
+fn breakdown(sources: &BTreeMap<u64, u64>) -> DataSourceBreakdown {
+    type Label = fn(&DataSource) -> &'static str;
+    let columns: [Label; 5] = [
+        DataSource::level_label,
+        DataSource::snoop_label,
+        DataSource::tlb_label,
+        DataSource::lock_label,
+        DataSource::locality_label,
+    ];
+    let [level, snoop, tlb, lock, locality] = columns.map(|label| {
+        let mut shares: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for (&raw, &count) in sources {
+            *shares.entry(label(&DataSource::decode(raw))).or_default() += count;
+        }
+        let mut shares: Vec<Share> = shares
+            .into_iter()
+            .map(|(label, samples)| Share { label, samples })
+            .collect();
+        shares.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.label.cmp(b.label)));
+        shares
+    });
+    DataSourceBreakdown {
+        level,
+        snoop,
+        tlb,
+        lock,
+        locality,
+    }
+}
+
+fn fraction(name: &'static str, value: Option<f64>) -> Option<Ratio> {
+    value.map(|value| Ratio {
+        name,
+        value,
+        fraction: true,
+    })
+}
+
+fn cycles(name: &'static str, value: Option<f64>) -> Option<Ratio> {
+    value.map(|value| Ratio {
+        name,
+        value,
+        fraction: false,
+    })
+}
+
+fn op_columns(counters: &IbsOpCounters, caps: IbsCaps, errata: IbsErrata) -> IbsColumns {
+    let counts = IbsOpEvent::ALL
+        .iter()
+        .filter(|event| event.availability(caps, errata) == Availability::Reported)
+        .filter_map(|&event| {
+            Some(Count {
+                event: event.name(),
+                value: counters.get(event)?,
+            })
+        })
+        .collect();
+    let ratios = [
+        cycles("average tag-to-retire", counters.average_tag_to_retire()),
+        cycles(
+            "average completion-to-retire",
+            counters.average_completion_to_retire(),
+        ),
+        fraction("branch mispredict rate", counters.branch_mispredict_rate()),
+        fraction("taken branch rate", counters.branch_taken_rate()),
+        fraction("return mispredict rate", counters.return_mispredict_rate()),
+        fraction("DC miss rate", counters.dc_miss_rate()),
+        cycles(
+            "average DC miss latency",
+            counters.average_dc_miss_latency(),
+        ),
+        fraction("L1 DTLB miss rate", counters.l1_dtlb_miss_rate()),
+        fraction("L2 DTLB miss rate", counters.l2_dtlb_miss_rate()),
+        fraction("misaligned rate", counters.misaligned_rate()),
+        cycles("average local latency", counters.average_local_latency()),
+        cycles("average remote latency", counters.average_remote_latency()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    IbsColumns { counts, ratios }
+}
+
+fn fetch_columns(counters: &IbsFetchCounters, caps: IbsCaps, errata: IbsErrata) -> IbsColumns {
+    let reported =
+        |event: IbsFetchEvent| event.availability(caps, errata) == Availability::Reported;
+    let counts = IbsFetchEvent::ALL
+        .iter()
+        .filter(|&&event| reported(event))
+        .filter_map(|&event| {
+            Some(Count {
+                event: event.name(),
+                value: counters.get(event)?,
+            })
+        })
+        .collect();
+    let ratios = [
+        cycles("average fetch latency", counters.average_fetch_latency()),
+        fraction("fetch abort rate", counters.fetch_abort_rate()),
+        fraction("IC miss rate", counters.ic_miss_rate())
+            .filter(|_| reported(IbsFetchEvent::IcMiss)),
+        fraction("L1 ITLB miss rate", counters.l1_itlb_miss_rate()),
+        fraction("L2 ITLB miss rate", counters.l2_itlb_miss_rate()),
+        cycles(
+            "average ITLB refill latency",
+            counters.average_itlb_refill_latency(),
+        )
+        .filter(|_| reported(IbsFetchEvent::ItlbRefillLatencyTotal)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    IbsColumns { counts, ratios }
+}
+
+fn render_section(out: &mut String, section: &HardwareSection, by: HardwareView) {
+    let skid = if section.precise {
+        "precise"
+    } else {
+        "approximate: the IP may skid past the instruction that caused the event"
+    };
+    writeln!(
+        out,
+        "{} ({skid}): {} {} with hardware data, by {}",
+        section.event,
+        section.samples,
+        section.counted,
+        by.noun()
+    )
+    .unwrap();
+    if section.counted != "samples" {
+        writeln!(
+            out,
+            "  (counts are {}; never compare them with event-based sample counts)",
+            section.counted
+        )
+        .unwrap();
+    }
+    let share = |samples: u64| 100.0 * samples as f64 / section.samples.max(1) as f64;
+    for row in section.rows.iter().take(TEXT_ROWS) {
+        writeln!(
+            out,
+            "  {:>6.2}% {:>8}  {}",
+            share(row.samples),
+            row.samples,
+            row.location
+        )
+        .unwrap();
+        if let Some(sources) = &row.data_source {
+            for (name, shares) in [
+                ("memory level", &sources.level),
+                ("snoop", &sources.snoop),
+                ("TLB", &sources.tlb),
+                ("lock", &sources.lock),
+                ("locality", &sources.locality),
+            ] {
+                let total: u64 = shares.iter().map(|s| s.samples).sum();
+                let parts: Vec<String> = shares
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{} {} ({:.1}%)",
+                            s.label,
+                            s.samples,
+                            100.0 * s.samples as f64 / total.max(1) as f64
+                        )
+                    })
+                    .collect();
+                writeln!(out, "      {name:<13} {}", parts.join(", ")).unwrap();
+            }
+        }
+        for (name, columns) in [("IBS op", &row.ibs_op), ("IBS fetch", &row.ibs_fetch)] {
+            let Some(columns) = columns else { continue };
+            let counts: Vec<String> = columns
+                .counts
+                .iter()
+                .filter(|count| count.value != 0)
+                .map(|count| format!("{} {}", count.event, count.value))
+                .collect();
+            writeln!(out, "      {name:<13} {}", counts.join(", ")).unwrap();
+            let ratios: Vec<String> = columns
+                .ratios
+                .iter()
+                .map(|ratio| {
+                    if ratio.fraction {
+                        format!("{} {:.2}%", ratio.name, 100.0 * ratio.value)
+                    } else {
+                        format!("{} {:.1} cycles", ratio.name, ratio.value)
+                    }
+                })
+                .collect();
+            if !ratios.is_empty() {
+                writeln!(out, "      {:<13} {}", "ratios", ratios.join(", ")).unwrap();
+            }
+        }
+    }
+    if section.rows.len() > TEXT_ROWS {
+        writeln!(
+            out,
+            "  ... {} more rows (the JSON report has them all)",
+            section.rows.len() - TEXT_ROWS
+        )
+        .unwrap();
+    }
+    for missing in &section.not_reported {
+        writeln!(
+            out,
+            "  not reported by this CPU: {}: {}",
+            missing.event, missing.reason
+        )
+        .unwrap();
+    }
+    out.push('\n');
+}

@@ -1,0 +1,575 @@
+//! A parsed perf.data recording turned into our [`Profile`], so `perf record` captures (made on
+//! machines with hardware PMUs) get every report a live recording gets.
+//!
+//! Processes are rebuilt from the file's MMAP/MMAP2, COMM, FORK and EXIT records, applied in time
+//! order; each address is then symbolized against its process's newest mapping that contains it.
+//! Samples give stacks (kernel then user callchain, leaf first; the IP alone without a
+//! callchain), instructions, data cache lines (PERF_SAMPLE_ADDR), load-latency histograms
+//! (weight var1, or the IBS data-cache miss latency) and the hardware aggregates: the kernel's
+//! `perf_mem_data_src` and, for AMD IBS events (found through the file's PMU mappings), the
+//! registers in PERF_SAMPLE_RAW decoded with `profiler_common::hw::ibs`.
+
+use profiler_common::capture::{access_of_data_source, DataLineKey, ACCESS_UNKNOWN};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use anyhow::bail;
+use profiler_common::hw::ibs::{IbsErrata, IbsFetchSample, IbsOpSample};
+use profiler_common::hw::weight::{SampleWeight, WeightFormat};
+use profiler_common::hw::SampleFields;
+use profiler_common::latency::bucket_index;
+
+use super::perf_data::{
+    Comm, Features, Mmap, PerfAttr, PerfData, PerfSample, Sampling, TaskEvent,
+    PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_IP,
+};
+use crate::capture::sideband::{Mapping, ProcessTable};
+use crate::events::catalog::{self, unit};
+use crate::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
+use crate::profile::from_capture::lookup_addresses;
+use crate::profile::{
+    CpuIdentity, DataAccess, DataLineSample, EventIndex, EventInfo, HardwareProfile,
+    InstructionSample, LatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats,
+    ThreadInfo,
+};
+use crate::symbolize::{CodeAddress, FrameTable};
+
+/// Bytes in a data cache line: data addresses are aggregated per line.
+const CACHE_LINE_BYTES: u64 = profiler_common::capture::CACHE_LINE_BYTES;
+/// `prot` bit of an executable mapping.
+const PROT_EXEC: u32 = libc::PROT_EXEC as u32;
+/// IBS_OP_CTL bit 19 (the `cnt_ctl` format term): the period counts dispatched ops, not cycles.
+const IBS_OP_COUNTS_OPS: u64 = 1 << 19;
+
+/// Converts a parsed perf.data file into a profile, symbolizing its addresses from the files
+/// the recording mapped (as this machine has them now).
+pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
+    let events: Vec<ImportedEvent> = data
+        .attrs
+        .iter()
+        .map(|attr| ImportedEvent::new(attr, &data.features))
+        .collect();
+    if let Some(event) = data
+        .attrs
+        .iter()
+        .zip(&events)
+        .find(|(attr, _)| !attr.samples(PERF_SAMPLE_IP) && !attr.samples(PERF_SAMPLE_CALLCHAIN))
+        .map(|(_, event)| event)
+    {
+        bail!(
+            "event '{}' in this perf.data recorded neither instruction pointers nor callchains \
+             (sample_type lacks IP and CALLCHAIN), so its samples cannot be attributed to code: \
+             record again with -g, or without the options that drop the IP",
+            event.info.name
+        );
+    }
+    let cpu = cpu_identity(&data.features);
+    let errata = match &cpu {
+        Some(cpu) if cpu.vendor == "AuthenticAMD" => IbsErrata::for_cpu(cpu.family, cpu.model),
+        _ => IbsErrata::default(),
+    };
+
+    let mut aggregates = Aggregates::default();
+    for sample in &data.samples {
+        aggregates.add(sample, &events[sample.attr_index], errata);
+    }
+
+    let processes = process_table(data);
+    let mut table = FrameTable::new(&processes);
+    table.resolve(aggregates.code_addresses());
+
+    let mut stacks: Vec<StackSample> = aggregates
+        .stacks
+        .iter()
+        .map(|(key, per_cpu)| StackSample {
+            pid: key.pid,
+            tid: key.tid,
+            event: key.event,
+            cgroup: 0,
+            frames: lookup_addresses(0, &key.kernel)
+                .chain(lookup_addresses(key.pid, &key.user))
+                .map(|address| table.frame(address))
+                .collect(),
+            user_stack_lost: false,
+            kernel_stack_lost: false,
+            count: per_cpu.total,
+            per_cpu: per_cpu.per_cpu.clone(),
+        })
+        .collect();
+    stacks.sort_by(|a, b| b.count.cmp(&a.count).then(a.frames.cmp(&b.frames)));
+    let frame = |pid: u32, ip: u64| table.frame(CodeAddress::sampled(pid, ip));
+    let instructions = aggregates
+        .instructions
+        .iter()
+        .map(|(&(pid, event, ip), stats)| InstructionSample {
+            pid,
+            event,
+            frame: frame(pid, ip),
+            stats: *stats,
+        })
+        .collect();
+    let data_lines = aggregates
+        .data_lines
+        .iter()
+        .map(|(key, (stats, per_cpu))| DataLineSample {
+            pid: key.pid,
+            tid: Some(key.tid),
+            access: DataAccess::from_code(key.access),
+            event: key.event,
+            line: key.line,
+            frame: frame(key.pid, key.ip),
+            stats: *stats,
+            per_cpu: per_cpu.per_cpu.clone(),
+        })
+        .collect();
+    let latency = aggregates
+        .latencies
+        .iter()
+        .map(|(&(pid, event, ip), buckets)| LatencyHistogram {
+            pid,
+            event,
+            frame: frame(pid, ip),
+            buckets: buckets.iter().map(|(&b, &count)| (b, count)).collect(),
+        })
+        .collect();
+    let losses = losses(data, &aggregates);
+    let ibs_caps = aggregates.hardware.ibs_caps();
+    let hardware_samples = aggregates.hardware.finish(|address| table.frame(address));
+    let threads = aggregates
+        .threads
+        .iter()
+        .map(|&(pid, tid)| ThreadInfo {
+            pid,
+            tid,
+            comm: processes.thread_name(pid, tid),
+            container: None,
+        })
+        .collect();
+
+    Ok(Profile {
+        meta: meta(&data.features),
+        events: events.into_iter().map(|event| event.info).collect(),
+        threads,
+        frames: table.frames,
+        stacks,
+        instructions,
+        data_lines,
+        latency,
+        losses,
+        code: Vec::new(),
+        memory_maps: Vec::new(),
+        data_symbols: Vec::new(),
+        hardware: HardwareProfile {
+            cpu,
+            ibs_caps,
+            samples: hardware_samples,
+            backtracked: Vec::new(),
+        },
+    })
+}
+
+/// How an event's samples are read.
+struct ImportedEvent {
+    info: EventInfo,
+    sampler: Sampler,
+    weight: Option<WeightFormat>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sampler {
+    IbsOp,
+    IbsFetch,
+    /// Everything else: what the kernel decoded is in the sample's own fields.
+    Kernel,
+}
+
+impl ImportedEvent {
+    fn new(attr: &PerfAttr, features: &Features) -> ImportedEvent {
+        let pmu = features
+            .pmu_mappings
+            .iter()
+            .find(|(type_, _)| *type_ == attr.event_type)
+            .map(|(_, name)| name.as_str());
+        let sampler = match pmu {
+            Some("ibs_op") => Sampler::IbsOp,
+            Some("ibs_fetch") => Sampler::IbsFetch,
+            _ => Sampler::Kernel,
+        };
+        let known = catalog::events()
+            .iter()
+            .find(|event| event.type_ == attr.event_type && event.config == attr.config);
+        let name = match (&attr.name, known, pmu) {
+            (Some(name), _, _) => name.clone(),
+            (None, Some(event), _) => event.name.clone(),
+            (None, None, Some(pmu)) => format!("{pmu}/config={:#x}/", attr.config),
+            (None, None, None) => format!("type {} config {:#x}", attr.event_type, attr.config),
+        };
+        let unit = match (sampler, known) {
+            (Sampler::IbsOp, _) if attr.config & IBS_OP_COUNTS_OPS != 0 => "dispatched ops",
+            (Sampler::IbsOp, _) => unit::CPU_CYCLES,
+            (Sampler::IbsFetch, _) => "fetches",
+            (Sampler::Kernel, Some(event)) => event.unit,
+            (Sampler::Kernel, None) => unit::EVENTS,
+        };
+        let (period, frequency) = match attr.sampling {
+            Sampling::Period(period) => (Some(period), None),
+            Sampling::Frequency(hz) => (None, Some(hz)),
+        };
+        ImportedEvent {
+            info: EventInfo {
+                name,
+                period,
+                frequency,
+                unit: unit.to_string(),
+                // IBS tags the instruction itself: no skid.
+                precise: attr.precise_ip > 0 || sampler != Sampler::Kernel,
+            },
+            sampler,
+            weight: WeightFormat::from_sample_type(attr.sample_type),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct StackKey {
+    pid: u32,
+    tid: u32,
+    event: EventIndex,
+    kernel: Vec<u64>,
+    user: Vec<u64>,
+}
+
+/// A sample count, in total and per CPU (index = CPU number; empty when no sample had a CPU).
+#[derive(Clone, Debug, Default)]
+struct Counts {
+    total: u64,
+    per_cpu: Vec<u64>,
+}
+
+impl Counts {
+    fn add(&mut self, cpu: Option<u32>) {
+        self.total += 1;
+        if let Some(cpu) = cpu {
+            let cpu = cpu as usize;
+            if self.per_cpu.len() <= cpu {
+                self.per_cpu.resize(cpu + 1, 0);
+            }
+            self.per_cpu[cpu] += 1;
+        }
+    }
+}
+
+/// Samples aggregated by what they hit, before symbolization.
+#[derive(Default)]
+struct Aggregates {
+    stacks: HashMap<StackKey, Counts>,
+    instructions: BTreeMap<(u32, EventIndex, u64), Stats>,
+    /// Keyed like the live capture's data-line map.
+    data_lines: BTreeMap<DataLineKey, (Stats, Counts)>,
+    latencies: BTreeMap<(u32, EventIndex, u64), BTreeMap<u16, u64>>,
+    hardware: HardwareAccumulator,
+    threads: BTreeSet<(u32, u32)>,
+    samples_per_event: BTreeMap<EventIndex, u64>,
+    /// IBS samples whose raw registers could not be read.
+    unreadable_ibs: u64,
+}
+
+impl Aggregates {
+    fn add(&mut self, sample: &PerfSample, event: &ImportedEvent, errata: IbsErrata) {
+        let index = sample.attr_index as EventIndex;
+        let pid = sample.pid.unwrap_or(0);
+        let tid = sample.tid.unwrap_or(pid);
+        *self.samples_per_event.entry(index).or_default() += 1;
+        self.threads.insert((pid, tid));
+
+        let (kernel, user) =
+            if sample.callchain_kernel.is_empty() && sample.callchain_user.is_empty() {
+                let ip = sample.ip.into_iter().collect::<Vec<u64>>();
+                if sample.ip.is_some_and(crate::symbolize::is_kernel_address) {
+                    (ip, Vec::new())
+                } else {
+                    (Vec::new(), ip)
+                }
+            } else {
+                (
+                    sample.callchain_kernel.clone(),
+                    sample.callchain_user.clone(),
+                )
+            };
+        let Some(ip) = sample
+            .ip
+            .or_else(|| kernel.first().or(user.first()).copied())
+        else {
+            return;
+        };
+        self.stacks
+            .entry(StackKey {
+                pid,
+                tid,
+                event: index,
+                kernel,
+                user,
+            })
+            .or_default()
+            .add(sample.cpu);
+
+        let (fields, ibs) = self.decode(sample, event, errata);
+        let latency = fields.load_latency.unwrap_or(0);
+        add_stats(
+            self.instructions.entry((pid, index, ip)).or_default(),
+            latency,
+        );
+        let line = fields.data_addr.map(|addr| addr & !(CACHE_LINE_BYTES - 1));
+        if let Some(line) = line {
+            let access = fields.data_source.map_or(ACCESS_UNKNOWN, |source| {
+                access_of_data_source(source.encode())
+            });
+            let (stats, counts) = self
+                .data_lines
+                .entry(DataLineKey {
+                    pid,
+                    tid,
+                    event: index,
+                    access,
+                    line,
+                    ip,
+                })
+                .or_default();
+            add_stats(stats, latency);
+            counts.add(sample.cpu);
+        }
+        if latency != 0 {
+            let bucket = bucket_index(latency) as u16;
+            *self
+                .latencies
+                .entry((pid, index, ip))
+                .or_default()
+                .entry(bucket)
+                .or_default() += 1;
+        }
+        let key = HardwareKey {
+            pid,
+            event: index,
+            ip,
+            line,
+        };
+        self.hardware.add(
+            key,
+            &Observation {
+                data_source: fields.data_source,
+                ibs,
+            },
+        );
+    }
+
+    /// The sample's hardware fields: what the kernel put in the sample, completed from the IBS
+    /// registers where the kernel left a field out.
+    fn decode(
+        &mut self,
+        sample: &PerfSample,
+        event: &ImportedEvent,
+        errata: IbsErrata,
+    ) -> (
+        SampleFields,
+        Option<(profiler_common::hw::ibs::IbsCaps, IbsSample)>,
+    ) {
+        let weight = sample
+            .weight
+            .zip(event.weight)
+            .map(|(weight, format)| SampleWeight::decode(weight.raw, format));
+        // Events that do not report a data address leave PERF_SAMPLE_ADDR zero.
+        let addr = sample.addr.filter(|&addr| addr != 0);
+        let kernel =
+            SampleFields::from_perf_sample(addr, sample.phys_addr, weight, sample.data_src);
+        let Some(raw) = sample.raw.as_deref() else {
+            return (kernel, None);
+        };
+        match event.sampler {
+            Sampler::Kernel => (kernel, None),
+            Sampler::IbsOp => match IbsOpSample::parse(raw) {
+                Ok(registers) => {
+                    let op = registers.decode(errata);
+                    let decoded = op.sample_fields();
+                    let fields = SampleFields {
+                        data_addr: kernel.data_addr.or(decoded.data_addr),
+                        phys_addr: kernel.phys_addr.or(decoded.phys_addr),
+                        load_latency: kernel.load_latency.or(decoded.load_latency),
+                        instruction_latency: kernel
+                            .instruction_latency
+                            .or(decoded.instruction_latency),
+                        data_source: kernel.data_source.or(decoded.data_source),
+                        ..decoded
+                    };
+                    (fields, Some((registers.caps, IbsSample::Op(op))))
+                }
+                Err(_) => {
+                    self.unreadable_ibs += 1;
+                    (kernel, None)
+                }
+            },
+            Sampler::IbsFetch => match IbsFetchSample::parse(raw) {
+                Ok(registers) => (
+                    kernel,
+                    Some((registers.caps, IbsSample::Fetch(registers.decode(errata)))),
+                ),
+                Err(_) => {
+                    self.unreadable_ibs += 1;
+                    (kernel, None)
+                }
+            },
+        }
+    }
+
+    fn code_addresses(&self) -> impl Iterator<Item = CodeAddress> + '_ {
+        let stacks = self.stacks.keys().flat_map(|key| {
+            lookup_addresses(0, &key.kernel).chain(lookup_addresses(key.pid, &key.user))
+        });
+        let sampled = self
+            .instructions
+            .keys()
+            .map(|&(pid, _, ip)| CodeAddress::sampled(pid, ip));
+        stacks.chain(sampled).chain(self.hardware.code_addresses())
+    }
+}
+
+fn add_stats(stats: &mut Stats, latency: u64) {
+    stats.count += 1;
+    if latency != 0 {
+        stats.latency_count += 1;
+        stats.latency_sum += latency;
+        stats.latency_max = stats.latency_max.max(latency);
+    }
+}
+
+/// One side-band record, to be applied in time order.
+enum Change<'a> {
+    Fork(&'a TaskEvent),
+    Comm(&'a Comm),
+    Mmap(&'a Mmap),
+    Exit(&'a TaskEvent),
+}
+
+/// The processes as the recording saw them: side-band records applied in time order; at equal
+/// times (records perf synthesized at start) forks first, then names, mappings and exits.
+fn process_table(data: &PerfData) -> ProcessTable {
+    let mut changes: Vec<(u64, u8, Change)> = Vec::new();
+    changes.extend(data.forks.iter().map(|f| (f.time, 0, Change::Fork(f))));
+    changes.extend(
+        data.comms
+            .iter()
+            .map(|c| (c.time.unwrap_or(0), 1, Change::Comm(c))),
+    );
+    changes.extend(
+        data.mmaps
+            .iter()
+            .map(|m| (m.time.unwrap_or(0), 2, Change::Mmap(m))),
+    );
+    changes.extend(data.exits.iter().map(|e| (e.time, 3, Change::Exit(e))));
+    changes.sort_by_key(|(time, rank, _)| (*time, *rank));
+
+    let build_ids: HashMap<&str, &[u8]> = data
+        .features
+        .build_ids
+        .iter()
+        .map(|id| (id.filename.as_str(), id.build_id.as_slice()))
+        .collect();
+    let mut table = ProcessTable::default();
+    for (_, _, change) in changes {
+        match change {
+            Change::Fork(fork) => table.fork(fork.pid, fork.ppid),
+            Change::Comm(comm) => {
+                table.name_thread(comm.pid, comm.tid, comm.comm.clone(), comm.exec)
+            }
+            // The kernel's own mappings (pid -1): kernel addresses are symbolized from kallsyms.
+            Change::Mmap(mmap) if mmap.pid == u32::MAX => {}
+            Change::Mmap(mmap) => table.map(
+                mmap.pid,
+                Mapping {
+                    start: mmap.start,
+                    end: mmap.start.saturating_add(mmap.len),
+                    file_offset: mmap.pgoff,
+                    path: mmap.filename.clone(),
+                    executable: mmap.prot.map_or(!mmap.data, |prot| prot & PROT_EXEC != 0),
+                    build_id: mmap
+                        .build_id
+                        .clone()
+                        .or_else(|| build_ids.get(mmap.filename.as_str()).map(|id| id.to_vec())),
+                    file: None,
+                },
+            ),
+            Change::Exit(exit) if exit.pid == exit.tid => table.exit(exit.pid),
+            Change::Exit(_) => {}
+        }
+    }
+    table.lost_records = data.lost;
+    table
+}
+
+/// Vendor, family and model from the CPUID feature ("AuthenticAMD,25,17,1").
+fn cpu_identity(features: &Features) -> Option<CpuIdentity> {
+    let mut parts = features.cpuid.as_deref()?.split(',');
+    let vendor = parts.next()?.to_string();
+    let family = parts.next()?.trim().parse().ok()?;
+    let model = parts.next()?.trim().parse().ok()?;
+    Some(CpuIdentity {
+        vendor,
+        family,
+        model,
+    })
+}
+
+fn meta(features: &Features) -> ProfileMeta {
+    ProfileMeta {
+        profiler_version: features
+            .perf_version
+            .as_ref()
+            .map_or_else(|| "perf".to_string(), |version| format!("perf {version}")),
+        hostname: features.hostname.clone().unwrap_or_default(),
+        kernel_release: features.os_release.clone().unwrap_or_default(),
+        target: features.cmdline.join(" "),
+        // perf.data keeps sample times on the kernel's monotonic clock, not wall time.
+        start_unix_ns: 0,
+        duration_ns: features
+            .sample_time
+            .map_or(0, |(first, last)| last.saturating_sub(first)),
+    }
+}
+
+fn losses(data: &PerfData, aggregates: &Aggregates) -> Losses {
+    let samples_fired = (0..data.attrs.len() as EventIndex)
+        .map(|event| {
+            aggregates
+                .samples_per_event
+                .get(&event)
+                .copied()
+                .unwrap_or(0)
+        })
+        .collect();
+    let throttled = data.throttles.iter().filter(|t| t.throttled).count() as u64;
+    let counters = [
+        ("perf.data: records lost (PERF_RECORD_LOST)", data.lost),
+        (
+            "perf.data: samples lost (PERF_RECORD_LOST_SAMPLES)",
+            data.lost_samples,
+        ),
+        (
+            "perf.data: samples of unknown events",
+            data.samples_with_unknown_id,
+        ),
+        ("perf.data: times the kernel throttled an event", throttled),
+        (
+            "IBS samples with unreadable raw registers",
+            aggregates.unreadable_ibs,
+        ),
+    ];
+    Losses {
+        samples_fired,
+        period_sums: Vec::new(),
+        counters: counters
+            .into_iter()
+            .map(|(name, count)| (name.to_string(), count))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,479 @@
+//! Synthetic perf.data files laid out per the kernel's format (IBS op and fetch RAW payloads,
+//! PEBS WEIGHT_STRUCT + DATA_SRC + ADDR samples) imported into profiles, checked against values
+//! computed by hand from the bit layouts in shared/specs/hardware-sampling.md.
+
+use profiler_common::hw::ibs::events::{IbsFetchCounters, IbsOpCounters};
+
+use super::*;
+use crate::hardware::{render_hardware, HardwareView};
+use crate::import::perf_data::parse;
+use crate::import::perf_data::writer::{event_desc, AttrSpec, Bytes, FileBuilder};
+use crate::import::perf_data::{
+    PERF_SAMPLE_ADDR, PERF_SAMPLE_CPU, PERF_SAMPLE_DATA_SRC, PERF_SAMPLE_PERIOD,
+    PERF_SAMPLE_PHYS_ADDR, PERF_SAMPLE_RAW, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
+    PERF_SAMPLE_WEIGHT_STRUCT,
+};
+
+const SAMPLE: u32 = 9;
+const MISC_USER: u16 = 2;
+const ATTR_SAMPLE_ID_ALL: u64 = 1 << 18;
+const ATTR_PRECISE_2: u64 = 2 << 15;
+const FEATURE_CPUID: u32 = 9;
+const FEATURE_EVENT_DESC: u32 = 12;
+const FEATURE_PMU_MAPPINGS: u32 = 16;
+
+const IBS_OP_TYPE: u32 = 11;
+const IBS_FETCH_TYPE: u32 = 12;
+const PID: u32 = 500;
+const OP_RIP: u64 = 0x5555_5555_1234;
+
+fn string(s: &str) -> Vec<u8> {
+    let mut b = Bytes::default();
+    b.string(s);
+    b.take()
+}
+
+fn pmu_mappings() -> Vec<u8> {
+    let mut b = Bytes::default();
+    b.u32(3)
+        .u32(IBS_OP_TYPE)
+        .string("ibs_op")
+        .u32(IBS_FETCH_TYPE)
+        .string("ibs_fetch")
+        .u32(4)
+        .string("cpu");
+    b.take()
+}
+
+/// A file of one IBS event: its attr, the PMU mappings and a Zen 4 (family 19h model 61h) CPUID,
+/// which has none of the IBS errata.
+fn ibs_file(event_type: u32, samples: &[(u64, u32, Vec<u8>)]) -> Vec<u8> {
+    let sample_type = PERF_SAMPLE_IP
+        | PERF_SAMPLE_TID
+        | PERF_SAMPLE_TIME
+        | PERF_SAMPLE_CPU
+        | PERF_SAMPLE_PERIOD
+        | PERF_SAMPLE_RAW;
+    let mut file = FileBuilder::default().attr(AttrSpec {
+        event_type,
+        period: 100_000,
+        sample_type,
+        flags: ATTR_SAMPLE_ID_ALL,
+        ids: vec![3],
+        ..AttrSpec::default()
+    });
+    for (time, (ip, cpu, raw)) in samples.iter().enumerate() {
+        let mut b = Bytes::default();
+        b.u64(*ip)
+            .u32(PID)
+            .u32(PID + 1)
+            .u64(1000 + time as u64)
+            .u32(*cpu)
+            .u32(0)
+            .u64(100_000)
+            .raw(raw);
+        file = file.record(SAMPLE, MISC_USER, &b.take());
+    }
+    file.feature(FEATURE_CPUID, string("AuthenticAMD,25,97,2"))
+        .feature(FEATURE_PMU_MAPPINGS, pmu_mappings())
+        .build()
+}
+
+/// A PERF_SAMPLE_RAW field as Linux's IBS driver writes it: u32 size (4 + 8n), u32 caps, the
+/// registers.
+fn ibs_raw(caps: u32, regs: &[u64]) -> Vec<u8> {
+    let mut b = Bytes::default();
+    b.u32(4 + 8 * regs.len() as u32).u32(caps);
+    for &reg in regs {
+        b.u64(reg);
+    }
+    b.take()
+}
+
+// IBS_OP_DATA3 bits.
+const LOAD: u64 = 1 << 0;
+const STORE: u64 = 1 << 1;
+const DC_MISS: u64 = 1 << 7;
+const LIN_VALID: u64 = 1 << 17;
+const PHYS_VALID: u64 = 1 << 18;
+const L2_MISS: u64 = 1 << 20;
+/// Avail, fetch sampling, op sampling: no BR_TARGET, no OP_DATA4.
+const CAPS: u32 = 0b111;
+
+fn op_file() -> Vec<u8> {
+    let ctl = (1 << 18) | (1 << 17) | 0x1000;
+    // A load that missed the data cache and the L2, served by local DRAM in 310 cycles, 8 bytes
+    // wide (width code 4); tag-to-retire 25, completion-to-retire 7.
+    let load = ibs_raw(
+        CAPS,
+        &[
+            ctl,
+            OP_RIP,
+            (25 << 16) | 7,
+            3,
+            LOAD | DC_MISS | L2_MISS | LIN_VALID | PHYS_VALID | (4 << 22) | (310 << 32),
+            0x7f00_0000_1048,
+            0x1_2345_6048,
+        ],
+    );
+    // A store that hit the data cache, in the same line; tag-to-retire 10, completion 3.
+    let store = ibs_raw(
+        CAPS,
+        &[
+            ctl,
+            OP_RIP,
+            (10 << 16) | 3,
+            0,
+            STORE | LIN_VALID | PHYS_VALID,
+            0x7f00_0000_1050,
+            0x1_2345_6050,
+        ],
+    );
+    ibs_file(IBS_OP_TYPE, &[(OP_RIP, 1, load), (OP_RIP, 3, store)])
+}
+
+/// `perf_mem_data_src` by hand: op 0-4, lvl 5-18, snoop 19-23, lock 24-25, dtlb 26-32,
+/// lvl_num 33-36.
+fn data_src(op: u64, lvl: u64, snoop: u64, lock: u64, dtlb: u64, lvl_num: u64) -> u64 {
+    op | (lvl << 5) | (snoop << 19) | (lock << 24) | (dtlb << 26) | (lvl_num << 33)
+}
+
+#[test]
+fn ibs_op_raw_samples_decode_into_the_profile() {
+    let profile = profile_from_perf_data(&parse(&op_file()).unwrap()).unwrap();
+
+    let event = &profile.events[0];
+    assert_eq!(event.name, "ibs_op/config=0x0/");
+    assert!(event.precise, "IBS tags the instruction itself");
+    assert_eq!(event.unit, "CPU-cycles");
+    assert_eq!(event.period, Some(100_000));
+
+    let frame = &profile.frames[profile.instructions[0].frame as usize];
+    assert_eq!(frame.address, OP_RIP);
+    assert_eq!(profile.instructions.len(), 1);
+    let expected_stats = Stats {
+        count: 2,
+        latency_count: 1,
+        latency_sum: 310,
+        latency_max: 310,
+    };
+    assert_eq!(profile.instructions[0].stats, expected_stats);
+    // Both addresses fall in the line at 0x...1040.
+    assert_eq!(profile.data_lines.len(), 1);
+    let line = &profile.data_lines[0];
+    assert_eq!(
+        (line.line, line.stats, &line.per_cpu),
+        (0x7f00_0000_1040, expected_stats, &vec![0, 1, 0, 1])
+    );
+    // 310 = 0b1_0011_0110: msb 8, shift 5, bucket 8 * 5 + (310 >> 5) = 49.
+    assert_eq!(profile.latency[0].buckets, vec![(49, 1)]);
+
+    let hardware = &profile.hardware;
+    assert_eq!(hardware.ibs_caps, Some(CAPS));
+    assert_eq!(
+        hardware.cpu,
+        Some(CpuIdentity {
+            vendor: "AuthenticAMD".into(),
+            family: 0x19,
+            model: 0x61
+        })
+    );
+    assert_eq!(hardware.samples.len(), 1);
+    let sample = &hardware.samples[0];
+    assert_eq!(
+        (sample.pid, sample.line, sample.samples),
+        (PID, Some(0x7f00_0000_1040), 2)
+    );
+    // Load from local DRAM: LOAD 2; LOC_RAM|HIT 130; snoop NA 1; lock NA 1; L1|HIT 10; RAM 13.
+    let dram_load = data_src(2, 130, 1, 1, 10, 13);
+    // Store hitting L1: STORE 4; L1|HIT 10; snoop NA; lock NA; L1|HIT 10; L1 1.
+    let l1_store = data_src(4, 10, 1, 1, 10, 1);
+    let mut expected_sources = vec![(dram_load, 1), (l1_store, 1)];
+    expected_sources.sort();
+    assert_eq!(sample.data_sources, expected_sources);
+    assert_eq!(
+        sample.ibs_op,
+        Some(IbsOpCounters {
+            all_samples: 2,
+            tag_to_retire_total: 35,
+            completion_to_retire_total: 10,
+            load_store: 2,
+            loads: 1,
+            stores: 1,
+            l1_dtlb_hit: 2,
+            l1_dtlb_4k: 2,
+            dc_miss: 1,
+            dc_hit: 1,
+            dc_miss_loads: 1,
+            dc_miss_latency_total: 310,
+            nb_local: 1,
+            nb_local_dram: 1,
+            nb_local_latency_total: 310,
+            ..IbsOpCounters::default()
+        })
+    );
+    assert_eq!(sample.ibs_fetch, None);
+
+    let text = render_hardware(&profile, HardwareView::Instruction);
+    for expected in [
+        "ibs_op/config=0x0/ (precise): 2 IBS op samples with hardware data, by instruction",
+        "never compare them with event-based sample counts",
+        "100.00%        2  0x555555551234",
+        "memory level  L1 hit 1 (50.0%), Local RAM hit 1 (50.0%)",
+        "TLB           L1 hit 2 (100.0%)",
+        "IBS load ops 1",
+        "DC miss rate 50.00%",
+        "average DC miss latency 310.0 cycles",
+        "average tag-to-retire 17.5 cycles",
+        "not reported by this CPU: IBS MAB hit",
+        "not reported by this CPU: IBS load resync: this CPU has no IBS_OP_DATA4",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    // Events the CPU lacks are not columns.
+    assert!(!text.contains("IBS load resync 0"), "{text}");
+    let lines = render_hardware(&profile, HardwareView::DataLine);
+    assert!(lines.contains("0x7f0000001040 (pid 500)"), "{lines}");
+}
+
+#[test]
+fn ibs_fetch_raw_samples_decode_into_fetch_counters() {
+    const FETCH: u64 = 0x40_2000;
+    // Completed (50), IC miss (51), physical address valid (52), 4K page (53-54 = 0), fetch
+    // latency 40 (32-47).
+    let ctl = (1 << 50) | (1 << 51) | (1 << 52) | (40 << 32) | 0x100;
+    let raw = ibs_raw(0b11, &[ctl, FETCH, 0x9_2000]);
+    let profile =
+        profile_from_perf_data(&parse(&ibs_file(IBS_FETCH_TYPE, &[(FETCH, 0, raw)])).unwrap())
+            .unwrap();
+    assert_eq!(profile.events[0].unit, "fetches");
+    assert!(
+        profile.data_lines.is_empty(),
+        "fetches have no data address"
+    );
+    assert!(
+        profile.latency.is_empty(),
+        "fetch latency is not a load latency"
+    );
+    let sample = &profile.hardware.samples[0];
+    assert_eq!(
+        (sample.line, sample.data_sources.as_slice()),
+        (None, &[][..])
+    );
+    assert_eq!(
+        sample.ibs_fetch,
+        Some(IbsFetchCounters {
+            all_samples: 1,
+            attempted: 1,
+            completed: 1,
+            l1_itlb_hit: 1,
+            ic_miss: 1,
+            page_4k: 1,
+            latency_total: 40,
+            ..IbsFetchCounters::default()
+        })
+    );
+    let text = render_hardware(&profile, HardwareView::Function);
+    assert!(text.contains("1 IBS fetch samples"), "{text}");
+    assert!(text.contains("IC miss rate 100.00%"), "{text}");
+    assert!(text.contains("average fetch latency 40.0 cycles"), "{text}");
+    assert!(
+        text.contains("not reported by this CPU: IBS ITLB refill latency"),
+        "{text}"
+    );
+}
+
+#[test]
+fn truncated_ibs_payloads_are_counted_not_fatal() {
+    let raw = ibs_raw(CAPS, &[0, OP_RIP, 0]);
+    let profile =
+        profile_from_perf_data(&parse(&ibs_file(IBS_OP_TYPE, &[(OP_RIP, 0, raw)])).unwrap())
+            .unwrap();
+    assert_eq!(
+        profile.losses.counters["IBS samples with unreadable raw registers"],
+        1
+    );
+    assert_eq!(
+        profile.instructions[0].stats.count, 1,
+        "the sample still counts"
+    );
+    assert!(profile.hardware.samples.is_empty());
+}
+
+#[test]
+fn pebs_weight_struct_data_src_and_addr_import() {
+    const IP: u64 = 0x40_1234;
+    let sample_type = PERF_SAMPLE_IP
+        | PERF_SAMPLE_TID
+        | PERF_SAMPLE_TIME
+        | PERF_SAMPLE_ADDR
+        | PERF_SAMPLE_CPU
+        | PERF_SAMPLE_PERIOD
+        | PERF_SAMPLE_WEIGHT_STRUCT
+        | PERF_SAMPLE_DATA_SRC
+        | PERF_SAMPLE_PHYS_ADDR;
+    // A load that hit the L3 in a line another core had modified: LOAD 2; L3|HIT 66; HITM 16;
+    // lock NA 1; L1|L2|HIT 26; L3 3.
+    let l3_hitm = data_src(2, 66, 16, 1, 26, 3);
+    let mut file = FileBuilder::default().attr(AttrSpec {
+        event_type: 4,
+        config: 0x1cd,
+        config1: 30,
+        period: 10007,
+        sample_type,
+        flags: ATTR_SAMPLE_ID_ALL | ATTR_PRECISE_2,
+        ids: vec![7],
+        ..AttrSpec::default()
+    });
+    for (addr, var1, var2) in [
+        (0x7ffd_0000_1040u64, 312u64, 27u64),
+        (0x7ffd_0000_1078, 40, 5),
+    ] {
+        let mut b = Bytes::default();
+        b.u64(IP)
+            .u32(100)
+            .u32(101)
+            .u64(5_000_000)
+            .u64(addr)
+            .u32(1)
+            .u32(0)
+            .u64(10007)
+            .u64(var1 | (var2 << 32) | (9 << 48))
+            .u64(l3_hitm)
+            .u64(0x1_2345_6040);
+        file = file.record(SAMPLE, MISC_USER | (1 << 14), &b.take());
+    }
+    let file = file
+        .feature(
+            FEATURE_EVENT_DESC,
+            event_desc(&[("cpu/mem-loads,ldlat=30/P", &[7])]),
+        )
+        .build();
+    let profile = profile_from_perf_data(&parse(&file).unwrap()).unwrap();
+
+    assert_eq!(profile.events[0].name, "cpu/mem-loads,ldlat=30/P");
+    assert!(profile.events[0].precise);
+    let stats = Stats {
+        count: 2,
+        latency_count: 2,
+        latency_sum: 352,
+        latency_max: 312,
+    };
+    assert_eq!(profile.instructions[0].stats, stats);
+    assert_eq!(profile.data_lines[0].line, 0x7ffd_0000_1040);
+    assert_eq!(profile.data_lines[0].stats, stats);
+    assert_eq!(profile.data_lines[0].per_cpu, vec![0, 2]);
+    // 40: msb 5, shift 2, 8 * 2 + 10 = 26. 312: msb 8, shift 5, 8 * 5 + 9 = 49.
+    assert_eq!(profile.latency[0].buckets, vec![(26, 1), (49, 1)]);
+    let sample = &profile.hardware.samples[0];
+    assert_eq!(sample.data_sources, vec![(l3_hitm, 2)]);
+    assert_eq!((sample.ibs_op, sample.ibs_fetch), (None, None));
+    assert_eq!(profile.stacks[0].count, 2);
+    assert_eq!(profile.stacks[0].per_cpu, vec![0, 2]);
+
+    let text = render_hardware(&profile, HardwareView::Function);
+    for expected in [
+        "cpu/mem-loads,ldlat=30/P (precise): 2 samples with hardware data, by function",
+        "memory level  L3 hit 2 (100.0%)",
+        "snoop         HitM 2 (100.0%)",
+        "TLB           L1 or L2 hit 2 (100.0%)",
+        "lock          N/A 2 (100.0%)",
+        "locality      Local 2 (100.0%)",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    assert!(!text.contains("IBS"), "{text}");
+    let json = crate::hardware::hardware_json(&profile, HardwareView::DataLine);
+    let row = &json["sections"][0]["rows"][0];
+    assert_eq!(row["samples"], 2);
+    assert_eq!(row["data_source"]["level"][0]["label"], "L3 hit");
+}
+
+#[test]
+fn side_band_records_apply_in_time_order() {
+    let mmap = |pid: u32, start: u64, path: &str, time: u64| Mmap {
+        pid,
+        tid: pid,
+        start,
+        len: 0x1000,
+        filename: path.to_string(),
+        prot: Some(PROT_EXEC | 1),
+        time: Some(time),
+        ..Mmap::default()
+    };
+    let data = PerfData {
+        // File order is not time order.
+        mmaps: vec![
+            mmap(10, 0x1000, "/after-exec", 30),
+            mmap(10, 0x1000, "/before-exec", 10),
+            mmap(10, 0x5000, "/inherited", 5),
+            mmap(u32::MAX, 0xffff_ffff_8100_0000, "[kernel.kallsyms]_text", 0),
+        ],
+        comms: vec![Comm {
+            pid: 10,
+            tid: 10,
+            comm: "worker".into(),
+            exec: true,
+            time: Some(20),
+        }],
+        forks: vec![TaskEvent {
+            pid: 11,
+            ppid: 10,
+            tid: 11,
+            ptid: 10,
+            time: 15,
+        }],
+        exits: vec![TaskEvent {
+            pid: 11,
+            ppid: 10,
+            tid: 11,
+            ptid: 10,
+            time: 40,
+        }],
+        lost: 3,
+        ..PerfData::default()
+    };
+    let table = process_table(&data);
+    assert_eq!(
+        table.code_mapping_for(10, 0x1800).unwrap().path,
+        "/after-exec"
+    );
+    assert!(
+        table.code_mapping_for(10, 0x5800).is_none(),
+        "exec dropped it"
+    );
+    // The child forked before the exec: it keeps the parent's mappings of that moment.
+    assert_eq!(
+        table.code_mapping_for(11, 0x1800).unwrap().path,
+        "/before-exec"
+    );
+    assert_eq!(
+        table.code_mapping_for(11, 0x5800).unwrap().path,
+        "/inherited"
+    );
+    assert!(table.processes[&11].exited);
+    assert_eq!(table.thread_name(10, 10), "worker");
+    assert!(!table.processes.contains_key(&u32::MAX));
+    assert_eq!(table.lost_records, 3);
+}
+
+#[test]
+fn events_without_instruction_pointers_are_refused() {
+    let file = FileBuilder::default()
+        .attr(AttrSpec {
+            event_type: 1,
+            period: 1,
+            sample_type: PERF_SAMPLE_TID,
+            ids: vec![1],
+            ..AttrSpec::default()
+        })
+        .build();
+    let err = profile_from_perf_data(&parse(&file).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("neither instruction pointers nor callchains"),
+        "{err}"
+    );
+    assert!(err.contains("record again with -g"), "{err}");
+}
