@@ -102,7 +102,8 @@ struct Generation {
 }
 
 /// What the kernel's `perf_sample_data` told us beyond the registers.
-#[derive(Default)]
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
 struct SampleData {
     flags: u64,
     addr: u64,
@@ -167,6 +168,9 @@ fn capture(ctx: &PerfEventContext) {
     }
 
     let (event, data) = read_sample_data(ctx, &config);
+    let Some(data) = forget_known_values(data) else {
+        return;
+    };
     let Some(event) = event else {
         lose(LossKind::UnknownEvent);
         return;
@@ -263,7 +267,12 @@ fn read_sample_data(ctx: &PerfEventContext, config: &CaptureConfig) -> (Option<u
         data.data_src = read(offsets.data_src).unwrap_or(0);
     }
     let decoding = raw_decoding();
-    if flags & sample_flags::RAW != 0 && event.is_some_and(|event| decoding.is_ibs_op(event)) {
+    // `ibs_op_events` is a load-time constant: without IBS events the verifier drops this whole
+    // branch instead of walking the decoder on every path.
+    if decoding.ibs_op_events != 0
+        && flags & sample_flags::RAW != 0
+        && event.is_some_and(|event| decoding.is_ibs_op(event))
+    {
         match read(offsets.raw).and_then(|raw| read_ibs_op(raw, offsets)) {
             Some(registers) => add_ibs_op_fields(&registers, &decoding, &mut data),
             None => lose(LossKind::IbsRegistersUnreadable),
@@ -357,6 +366,25 @@ fn add_ibs_op_fields(
             data.data_src = source.encode();
             data.flags |= sample_flags::DATA_SRC;
         }
+    }
+}
+
+/// Per-CPU scratch for [`forget_known_values`].
+#[map]
+static SAMPLE_SCRATCH: PerCpuArray<SampleData> = PerCpuArray::with_max_entries(1, 0);
+
+/// Passes the sample data through a map value. The decoders leave the verifier with many
+/// distinct known values for these fields, and every combination would be explored again
+/// through everything that follows (past its instruction budget with IBS and several events);
+/// what is loaded back from a map is an unknown value, so all those paths merge here.
+#[inline(always)]
+fn forget_known_values(data: SampleData) -> Option<SampleData> {
+    let scratch = SAMPLE_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot of a per-CPU array; programs do not nest on one CPU. Volatile so
+    // the compiler keeps the store and the load instead of forwarding the known values.
+    unsafe {
+        core::ptr::write_volatile(scratch, data);
+        Some(core::ptr::read_volatile(scratch))
     }
 }
 

@@ -1,0 +1,319 @@
+//! `profiler report` on real recordings of the bundled workloads: every view, the exports read
+//! back by independent readers, perf.data files, and corrupt inputs.
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+};
+
+use common::{profiler, profiler_bin, workload};
+use serde_json::Value;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("profiler-report-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// One recording of cpu_split, shared by the tests of this file.
+fn cpu_split_profile() -> &'static Path {
+    static PROFILE: OnceLock<PathBuf> = OnceLock::new();
+    PROFILE.get_or_init(|| {
+        let file = temp_dir("cpu-split").join("cpu_split.prof");
+        let cpu_split = workload("cpu_split");
+        profiler(&[
+            "record",
+            "-F",
+            "1999",
+            "-o",
+            file.to_str().unwrap(),
+            "--",
+            cpu_split.to_str().unwrap(),
+            "3000",
+        ]);
+        file
+    })
+}
+
+fn report_json(file: &Path, args: &[&str]) -> Value {
+    let mut all = vec!["report", "-i", file.to_str().unwrap(), "--json"];
+    all.extend_from_slice(args);
+    let output = profiler(&all);
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{args:?}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+fn rows<'a>(report: &'a Value, name: &str) -> &'a Vec<Value> {
+    report["events"][0][name]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {name} rows: {report:#}"))
+}
+
+#[test]
+fn thread_module_and_function_views() {
+    let file = cpu_split_profile();
+    let threads = report_json(file, &["--by", "thread"]);
+    let top = &rows(&threads, "threads")[0];
+    assert_eq!(top["comm"], "cpu_split");
+    assert!(top["percent"].as_f64().unwrap() > 90.0, "{top:#}");
+
+    let modules = report_json(file, &["--by", "module"]);
+    let top = &rows(&modules, "modules")[0];
+    assert!(
+        top["module"].as_str().unwrap().ends_with("/cpu_split"),
+        "{top:#}"
+    );
+    assert!(top["percent"].as_f64().unwrap() > 90.0, "{top:#}");
+
+    let functions = report_json(file, &["--by", "function"]);
+    let names: Vec<&str> = rows(&functions, "functions")
+        .iter()
+        .take(3)
+        .map(|f| f["function"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "cpu_split::heavy_work",
+            "cpu_split::medium_work",
+            "cpu_split::light_work"
+        ]
+    );
+    // cpu-clock at a frequency: events estimated from the recorded mean period.
+    assert_eq!(functions["events"][0]["estimate"]["method"], "mean-period");
+}
+
+#[test]
+fn line_instruction_and_icache_line_views() {
+    let file = cpu_split_profile();
+    let lines = report_json(file, &["--by", "line"]);
+    let top = &rows(&lines, "lines")[0];
+    assert!(
+        top["file"].as_str().unwrap().ends_with("cpu_split.rs"),
+        "{top:#}"
+    );
+    assert!(top["line"].as_u64().unwrap() > 0);
+
+    let instructions = report_json(file, &["--by", "instruction"]);
+    let top = &rows(&instructions, "instructions")[0];
+    let location = top["location"].as_str().unwrap();
+    assert!(location.starts_with("cpu_split::heavy_work+0x"), "{top:#}");
+
+    let icache = report_json(file, &["--by", "icache-line"]);
+    let top = &rows(&icache, "icache_lines")[0];
+    assert_eq!(top["address"].as_u64().unwrap() % 64, 0, "{top:#}");
+    assert!(
+        top["functions"]
+            .to_string()
+            .contains("cpu_split::heavy_work"),
+        "{top:#}"
+    );
+}
+
+#[test]
+fn function_details_disassemble_the_hot_function_by_cache_line() {
+    let file = cpu_split_profile();
+    let details = report_json(file, &["--function", "cpu_split::heavy_work"]);
+    let function = &details["events"][0]["function_details"];
+    assert_eq!(function["code"], "disassembled", "{function:#}");
+    let rows = function["rows"].as_array().unwrap();
+    let instructions: Vec<&Value> = rows.iter().filter(|r| r["row"] == "instruction").collect();
+    assert!(instructions.len() > 5);
+    assert!(instructions.iter().all(|i| i["text"].is_string()));
+    let sampled: u64 = instructions
+        .iter()
+        .map(|i| i["samples"].as_u64().unwrap())
+        .sum();
+    assert_eq!(sampled, function["samples"].as_u64().unwrap());
+    assert!(rows.iter().any(|r| r["row"] == "statement"));
+    // The text form groups by cache line with rows of dashes between lines.
+    let text = String::from_utf8(
+        profiler(&[
+            "report",
+            "-i",
+            file.to_str().unwrap(),
+            "--function",
+            "cpu_split::heavy_work",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert!(text.contains("-----"), "{text}");
+}
+
+#[test]
+fn callers_and_callees() {
+    let file = cpu_split_profile();
+    let callers = report_json(file, &["--callers", "cpu_split::heavy_work"]);
+    let text = callers["events"][0].to_string();
+    assert!(text.contains("cpu_split::run_round"), "{text}");
+    let callees = report_json(file, &["--callees", "cpu_split::run_round"]);
+    let text = callees["events"][0].to_string();
+    for callee in ["heavy_work", "medium_work", "light_work"] {
+        assert!(text.contains(&format!("cpu_split::{callee}")), "{text}");
+    }
+}
+
+/// Google's pprof, built from Debian's packaged sources (cargo xtask setup installs them).
+fn google_pprof() -> PathBuf {
+    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/google-pprof");
+    if !binary.exists() {
+        let built = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg("github.com/google/pprof")
+            .env("GOPATH", "/usr/share/gocode")
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "-mod=mod")
+            .output()
+            .expect("go is installed (apt-get install golang-go golang-github-google-pprof-dev)");
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+    }
+    binary
+}
+
+#[test]
+fn exports_read_back_with_independent_readers() {
+    let file = cpu_split_profile();
+    let dir = temp_dir("exports");
+    let (svg, pb, folded) = (
+        dir.join("fg.svg"),
+        dir.join("p.pb.gz"),
+        dir.join("stacks.folded"),
+    );
+    let summary = report_json(
+        file,
+        &[
+            "--flamegraph",
+            svg.to_str().unwrap(),
+            "--pprof",
+            pb.to_str().unwrap(),
+            "--folded",
+            folded.to_str().unwrap(),
+        ],
+    );
+    let samples = summary["events"][0]["samples"].as_u64().unwrap();
+
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("cpu_split::heavy_work"));
+
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    let folded_total: u64 = folded
+        .lines()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(folded_total, samples);
+    assert!(folded.contains("cpu_split::run_round;cpu_split::heavy_work"));
+
+    let top = Command::new(google_pprof())
+        .args(["-top", "-sample_index=0"])
+        .arg(&pb)
+        .output()
+        .unwrap();
+    assert!(
+        top.status.success(),
+        "{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(top.contains("cpu_split::heavy_work"), "{top}");
+    assert!(
+        top.contains(&format!("of {samples} total")),
+        "pprof's total differs from the report's {samples} samples:\n{top}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn dcache_line_view_of_page_faults() {
+    let dir = temp_dir("dcache");
+    let file = dir.join("faults.prof");
+    let toucher = workload("page_toucher");
+    let output = profiler(&[
+        "record",
+        "-e",
+        "page-faults",
+        "-c",
+        "1",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        toucher.to_str().unwrap(),
+        "400",
+        "3",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let region = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("region "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(|hex| u64::from_str_radix(hex.trim_start_matches("0x"), 16).unwrap())
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let report = report_json(&file, &["--by", "dcache-line", "--top", "5000"]);
+    let lines: Vec<&Value> = rows(&report, "dcache_lines")
+        .iter()
+        .filter(|l| (region..region + 400 * 4096).contains(&l["address"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(lines.len(), 400);
+    for line in &lines {
+        assert_eq!((line["address"].as_u64().unwrap() - region) % 4096, 3 * 64);
+        assert_eq!(line["samples"], 1);
+        let functions = line["details"]["functions"].to_string();
+        assert!(functions.contains("page_toucher::touch_pages"), "{line:#}");
+        assert!(line["details"]["threads"].is_array(), "{line:#}");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn perf_data_files_report_like_our_own() {
+    let dir = temp_dir("perfdata");
+    let data = dir.join("perf.data");
+    let cpu_split = workload("cpu_split");
+    let recorded = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-F", "999", "-g", "-o"])
+        .arg(&data)
+        .arg("--")
+        .arg(&cpu_split)
+        .arg("3000")
+        .output()
+        .expect("perf is installed");
+    assert!(recorded.status.success());
+    let report = report_json(&data, &["--by", "function"]);
+    let top = &rows(&report, "functions")[0];
+    assert_eq!(top["function"], "cpu_split::heavy_work", "{report:#}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn corrupt_and_truncated_files_are_rejected_clearly() {
+    let dir = temp_dir("corrupt");
+    let garbage = dir.join("garbage.prof");
+    std::fs::write(&garbage, b"this is not a profile at all").unwrap();
+    let truncated = dir.join("truncated.prof");
+    let whole = std::fs::read(cpu_split_profile()).unwrap();
+    std::fs::write(&truncated, &whole[..whole.len() / 2]).unwrap();
+    for (file, expected) in [(&garbage, "not a profile"), (&truncated, "truncated")] {
+        let output = Command::new(profiler_bin())
+            .args(["report", "-i"])
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{}: {stderr}", file.display());
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
