@@ -325,10 +325,28 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
         .iter()
         .map(|t| t.container.clone())
         .collect();
-    assert_eq!(
-        containers,
-        BTreeSet::from([Some(format!("docker:{}", &container_id[..12]))])
-    );
+    let container = format!("docker:{}", &container_id[..12]);
+    assert_eq!(containers, BTreeSet::from([Some(container.clone())]));
+    // The container and process views break the samples down the same way.
+    let by = |view: &str| -> serde_json::Value {
+        let output = profiler(&[
+            "report",
+            "-i",
+            file.to_str().unwrap(),
+            "--json",
+            "--by",
+            view,
+        ]);
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    let containers = by("container");
+    let rows = containers["events"][0]["containers"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(rows[0]["container"], container.as_str());
+    assert_eq!(rows[0]["samples"], samples);
+    let processes = by("process");
+    let rows = processes["events"][0]["processes"].as_array().unwrap();
+    assert_eq!(rows[0]["pid"], inside.id());
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -50,6 +50,8 @@ pub struct Selection<'a> {
     filter: &'a SampleFilter,
     /// Thread names by (pid, tid).
     thread_names: HashMap<(u32, u32), &'a str>,
+    /// Containers or units by (pid, tid), for threads that ran in one.
+    thread_containers: HashMap<(u32, u32), &'a str>,
     /// Processes with at least one thread of the wanted name.
     pids_with_comm: HashSet<u32>,
 }
@@ -60,6 +62,11 @@ impl<'a> Selection<'a> {
             .threads
             .iter()
             .map(|t| ((t.pid, t.tid), t.comm.as_str()))
+            .collect();
+        let thread_containers = profile
+            .threads
+            .iter()
+            .filter_map(|t| Some(((t.pid, t.tid), t.container.as_deref()?)))
             .collect();
         let pids_with_comm = match &filter.comm {
             Some(comm) => profile
@@ -73,8 +80,17 @@ impl<'a> Selection<'a> {
         Selection {
             filter,
             thread_names,
+            thread_containers,
             pids_with_comm,
         }
+    }
+
+    /// The container or systemd unit a thread ran in; `(host)` for none.
+    pub fn container(&self, pid: u32, tid: u32) -> &'a str {
+        self.thread_containers
+            .get(&(pid, tid))
+            .copied()
+            .unwrap_or("(host)")
     }
 
     pub fn thread_name(&self, pid: u32, tid: u32) -> &'a str {

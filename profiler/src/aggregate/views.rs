@@ -26,6 +26,10 @@ pub const CACHE_LINE: u64 = profiler_common::capture::CACHE_LINE_BYTES;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum ViewKind {
     Thread,
+    /// Processes (all their threads).
+    Process,
+    /// Containers and systemd units, from the cgroups the samples carried (`(host)` outside).
+    Container,
     Module,
     Function,
     Line,
@@ -39,6 +43,8 @@ impl ViewKind {
     pub fn name(self) -> &'static str {
         match self {
             ViewKind::Thread => "thread",
+            ViewKind::Process => "process",
+            ViewKind::Container => "container",
             ViewKind::Module => "module",
             ViewKind::Function => "function",
             ViewKind::Line => "line",
@@ -78,6 +84,14 @@ pub enum RowKey {
         pid: u32,
         tid: u32,
         comm: String,
+    },
+    Process {
+        pid: u32,
+        comm: String,
+    },
+    Container {
+        /// `docker:3f1c2a9b8e7d`, `nginx.service`, or `(host)`.
+        container: String,
     },
     Module {
         /// Path, or a label such as `[kernel.kallsyms]`; empty when the code was in no mapping.
@@ -123,6 +137,8 @@ impl RowKey {
     pub fn name(&self) -> String {
         match self {
             RowKey::Thread { pid, tid, comm } => format!("{comm} {pid}/{tid}"),
+            RowKey::Process { pid, comm } => format!("{comm} {pid}"),
+            RowKey::Container { container } => container.clone(),
             RowKey::Module { module } => module.clone(),
             RowKey::Function(function) => function.name.clone(),
             RowKey::Line {
@@ -186,6 +202,8 @@ pub struct ViewOptions<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum GroupKey {
     Thread(u32, u32),
+    Process(u32),
+    Container(String),
     Module(String),
     Function(FunctionName),
     Line(Option<String>, Option<u32>, String),
@@ -251,7 +269,7 @@ fn code_group(kind: ViewKind, frame: &Frame) -> GroupKey {
             let (module, offset) = code_position(frame);
             GroupKey::Code(module, offset & !(CACHE_LINE - 1))
         }
-        ViewKind::Thread | ViewKind::DcacheLine => {
+        ViewKind::Thread | ViewKind::Process | ViewKind::Container | ViewKind::DcacheLine => {
             unreachable!("{kind:?} rows are not grouped by code")
         }
     }
@@ -276,9 +294,12 @@ pub fn build_view(
     let selection = Selection::new(profile, options.filter);
     let mut groups: HashMap<GroupKey, Group> = HashMap::new();
     let total_samples = match kind {
-        ViewKind::Thread | ViewKind::Module | ViewKind::Function | ViewKind::Line => {
-            group_stacks(profile, kind, event, &selection, &mut groups)
-        }
+        ViewKind::Thread
+        | ViewKind::Process
+        | ViewKind::Container
+        | ViewKind::Module
+        | ViewKind::Function
+        | ViewKind::Line => group_stacks(profile, kind, event, &selection, &mut groups),
         ViewKind::Instruction | ViewKind::IcacheLine => {
             group_instructions(profile, kind, event, &selection, &mut groups)
         }
@@ -379,11 +400,16 @@ fn group_stacks(
             .frames
             .first()
             .map(|id| (*id, &profile.frames[*id as usize]));
-        if kind == ViewKind::Thread {
-            groups
-                .entry(GroupKey::Thread(stack.pid, stack.tid))
-                .or_default()
-                .samples += stack.count;
+        let who = match kind {
+            ViewKind::Thread => Some(GroupKey::Thread(stack.pid, stack.tid)),
+            ViewKind::Process => Some(GroupKey::Process(stack.pid)),
+            ViewKind::Container => Some(GroupKey::Container(
+                selection.container(stack.pid, stack.tid).to_string(),
+            )),
+            _ => None,
+        };
+        if let Some(who) = who {
+            groups.entry(who).or_default().samples += stack.count;
             continue;
         }
         if let Some((id, frame)) = leaf.filter(|(_, frame)| selection.module(frame)) {
@@ -511,6 +537,11 @@ fn row_key(
             tid,
             comm: selection.thread_name(pid, tid).to_string(),
         },
+        GroupKey::Process(pid) => RowKey::Process {
+            pid,
+            comm: selection.thread_name(pid, pid).to_string(),
+        },
+        GroupKey::Container(container) => RowKey::Container { container },
         GroupKey::Module(module) => RowKey::Module { module },
         GroupKey::Function(function) => RowKey::Function(function),
         GroupKey::Line(file, line, function) => RowKey::Line {

@@ -92,6 +92,10 @@ struct JsonView {
     #[serde(skip_serializing_if = "Option::is_none")]
     threads: Option<Vec<JsonRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    processes: Option<Vec<JsonRow>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    containers: Option<Vec<JsonRow>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     modules: Option<Vec<JsonRow>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     functions: Option<Vec<JsonRow>>,
@@ -141,6 +145,13 @@ enum JsonKey {
         pid: u32,
         tid: u32,
         comm: String,
+    },
+    Process {
+        pid: u32,
+        comm: String,
+    },
+    Container {
+        container: String,
     },
     Module {
         module: String,
@@ -349,6 +360,8 @@ fn object(object: &DataObject, line: u64) -> JsonObject {
 fn key(key: &RowKey) -> JsonKey {
     match key.clone() {
         RowKey::Thread { pid, tid, comm } => JsonKey::Thread { pid, tid, comm },
+        RowKey::Process { pid, comm } => JsonKey::Process { pid, comm },
+        RowKey::Container { container } => JsonKey::Container { container },
         RowKey::Module { module } => JsonKey::Module { module },
         RowKey::Function(f) => JsonKey::Function {
             function: f.name,
@@ -470,6 +483,8 @@ fn view(view: &View, lines: &[DataLineDetails]) -> JsonView {
         view_samples: view.total_samples,
         total_rows: view.total_rows,
         threads: None,
+        processes: None,
+        containers: None,
         modules: None,
         functions: None,
         lines: None,
@@ -480,6 +495,8 @@ fn view(view: &View, lines: &[DataLineDetails]) -> JsonView {
     use crate::aggregate::views::ViewKind::*;
     let slot = match view.kind {
         Thread => &mut json.threads,
+        Process => &mut json.processes,
+        Container => &mut json.containers,
         Module => &mut json.modules,
         Function => &mut json.functions,
         Line => &mut json.lines,

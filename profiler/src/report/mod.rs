@@ -178,6 +178,8 @@ mod tests {
     fn every_text_report(profile: &Profile) -> Vec<(String, String)> {
         let mut all: Vec<ViewArgs> = [
             ViewKind::Thread,
+            ViewKind::Process,
+            ViewKind::Container,
             ViewKind::Module,
             ViewKind::Function,
             ViewKind::Line,

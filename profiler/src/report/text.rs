@@ -331,6 +331,8 @@ fn render_section(report: &Report, section: &EventSection, out: &mut String) {
 fn key_columns(kind: ViewKind) -> Vec<Column> {
     match kind {
         ViewKind::Thread => vec![number("pid/tid"), name("thread", Shorten::KeepStart)],
+        ViewKind::Process => vec![number("pid"), name("process", Shorten::KeepStart)],
+        ViewKind::Container => vec![name("container", Shorten::KeepStart)],
         ViewKind::Module => vec![name("module", Shorten::KeepEnd)],
         ViewKind::Function => vec![
             name("function", Shorten::KeepEnd),
@@ -360,6 +362,8 @@ fn key_columns(kind: ViewKind) -> Vec<Column> {
 fn key_cells(key: &RowKey) -> Vec<String> {
     match key {
         RowKey::Thread { pid, tid, comm } => vec![format!("{pid}/{tid}"), comm.clone()],
+        RowKey::Process { pid, comm } => vec![pid.to_string(), comm.clone()],
+        RowKey::Container { container } => vec![container.clone()],
         RowKey::Module { module } => vec![if module.is_empty() {
             "(no module)".to_string()
         } else {

@@ -158,12 +158,33 @@ fn ibs_op_raw_samples_decode_into_the_profile() {
         latency_max: 310,
     };
     assert_eq!(profile.instructions[0].stats, expected_stats);
-    // Both addresses fall in the line at 0x...1040.
-    assert_eq!(profile.data_lines.len(), 1);
-    let line = &profile.data_lines[0];
+    // Both addresses fall in the line at 0x...1040: one row for the load, one for the store.
+    assert_eq!(profile.data_lines.len(), 2);
+    let access = |access: DataAccess| {
+        let line = profile
+            .data_lines
+            .iter()
+            .find(|line| line.access == access)
+            .unwrap_or_else(|| panic!("no {access:?} row"));
+        (line.line, line.stats, line.per_cpu.clone())
+    };
+    let load = Stats {
+        count: 1,
+        latency_count: 1,
+        latency_sum: 310,
+        latency_max: 310,
+    };
+    let store = Stats {
+        count: 1,
+        ..Stats::default()
+    };
     assert_eq!(
-        (line.line, line.stats, &line.per_cpu),
-        (0x7f00_0000_1040, expected_stats, &vec![0, 1, 0, 1])
+        access(DataAccess::Load),
+        (0x7f00_0000_1040, load, vec![0, 1])
+    );
+    assert_eq!(
+        access(DataAccess::Store),
+        (0x7f00_0000_1040, store, vec![0, 0, 0, 1])
     );
     // 310 = 0b1_0011_0110: msb 8, shift 5, bucket 8 * 5 + (310 >> 5) = 49.
     assert_eq!(profile.latency[0].buckets, vec![(49, 1)]);
