@@ -79,6 +79,20 @@ pub struct LatencyKey {
     pub ip: u64,
 }
 
+/// Key of the data-source map: samples per (process, event, instruction, data line, data
+/// source), for `perf mem`-style breakdowns by instruction, function and cache line.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DataSourceKey {
+    pub pid: u32,
+    pub event: u32,
+    pub ip: u64,
+    /// The data address's 64-byte line; 0 when the sample had no data address.
+    pub line: u64,
+    /// The raw `perf_mem_data_src` value.
+    pub data_src: u64,
+}
+
 /// Per-CPU value of the instruction and data cache-line maps.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,10 +142,12 @@ pub enum LossKind {
     /// An IBS op sample's registers could not be read: its data address, latency and data
     /// source are lost.
     IbsRegistersUnreadable = 11,
+    /// The data-source map was full: the hardware view misses this sample.
+    DataSourcesFull = 12,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 13;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
@@ -145,6 +161,7 @@ impl LossKind {
         LossKind::SampleDataReadFailed,
         LossKind::RingBufferFull,
         LossKind::IbsRegistersUnreadable,
+        LossKind::DataSourcesFull,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
@@ -169,6 +186,7 @@ impl LossKind {
             LossKind::IbsRegistersUnreadable => {
                 "IBS registers unreadable (address/latency/source lost)"
             }
+            LossKind::DataSourcesFull => "hardware view (data sources): map full",
         }
     }
 }
@@ -245,6 +263,9 @@ pub const CAPTURE_FILTER_CGROUP: u32 = 1 << 3;
 pub const CAPTURE_FILTER_UID: u32 = 1 << 4;
 /// Several events: map each perf event id to its index through the event map (needs BTF).
 pub const CAPTURE_EVENT_IDS: u32 = 1 << 5;
+/// Count samples per data source (`perf mem`-style breakdowns): some event's PMU reports
+/// `perf_mem_data_src` (PEBS memory events, IBS ops, precise events).
+pub const CAPTURE_DATA_SOURCES: u32 = 1 << 6;
 
 /// How the program reads PERF_SAMPLE_RAW payloads, a read-only global of the program
 /// (`RAW_DECODING`) the agent sets at load time. All zero: no event's payload is decoded.
@@ -355,6 +376,7 @@ mod pod {
     unsafe impl aya::Pod for InstructionKey {}
     unsafe impl aya::Pod for DataLineKey {}
     unsafe impl aya::Pod for LatencyKey {}
+    unsafe impl aya::Pod for DataSourceKey {}
     unsafe impl aya::Pod for SampleStats {}
     unsafe impl aya::Pod for CaptureConfig {}
     unsafe impl aya::Pod for RawDecoding {}
@@ -373,6 +395,7 @@ mod tests {
         assert_eq!(size_of::<InstructionKey>(), 16);
         assert_eq!(size_of::<DataLineKey>(), 32);
         assert_eq!(size_of::<LatencyKey>(), 16);
+        assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
         assert_eq!(size_of::<KernelOffsets>(), 56);
         assert_eq!(size_of::<CaptureConfig>(), 64);

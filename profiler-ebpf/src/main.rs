@@ -21,10 +21,11 @@ use aya_ebpf::{
 };
 use profiler_common::{
     capture::{
-        access_of_data_source, sample_flags, CaptureConfig, DataLineKey, InstructionKey, LatencyKey, LossKind, RawSample,
-        SampleStats, StackKey, CACHE_LINE_BYTES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
+        access_of_data_source, sample_flags, CaptureConfig, DataLineKey, DataSourceKey,
+        InstructionKey, LatencyKey, LossKind, RawSample, SampleStats, StackKey, ACCESS_UNKNOWN,
+        CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
         CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_USER_STACKS,
-        CONTROL_GENERATION, ACCESS_UNKNOWN, LOST_STACK, MAX_EVENTS, NO_STACK,
+        CONTROL_GENERATION, LOST_STACK, MAX_EVENTS, NO_STACK,
     },
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
 };
@@ -60,6 +61,12 @@ static LATENCIES_0: PerCpuHashMap<LatencyKey, LatencyBuckets> =
 #[map]
 static LATENCIES_1: PerCpuHashMap<LatencyKey, LatencyBuckets> =
     PerCpuHashMap::with_max_entries(1024, 0);
+#[map]
+static DATA_SOURCES_0: PerCpuHashMap<DataSourceKey, u64> =
+    PerCpuHashMap::with_max_entries(16384, 0);
+#[map]
+static DATA_SOURCES_1: PerCpuHashMap<DataSourceKey, u64> =
+    PerCpuHashMap::with_max_entries(16384, 0);
 
 /// Index `CONTROL_GENERATION`: the generation the program writes to.
 #[map]
@@ -99,6 +106,7 @@ struct Generation {
     instructions: &'static PerCpuHashMap<InstructionKey, SampleStats>,
     data_lines: &'static PerCpuHashMap<DataLineKey, SampleStats>,
     latencies: &'static PerCpuHashMap<LatencyKey, LatencyBuckets>,
+    data_sources: &'static PerCpuHashMap<DataSourceKey, u64>,
 }
 
 /// What the kernel's `perf_sample_data` told us beyond the registers.
@@ -197,6 +205,7 @@ fn capture(ctx: &PerfEventContext) {
             instructions: &INSTRUCTIONS_0,
             data_lines: &DATA_LINES_0,
             latencies: &LATENCIES_0,
+            data_sources: &DATA_SOURCES_0,
         }
     } else {
         Generation {
@@ -205,6 +214,7 @@ fn capture(ctx: &PerfEventContext) {
             instructions: &INSTRUCTIONS_1,
             data_lines: &DATA_LINES_1,
             latencies: &LATENCIES_1,
+            data_sources: &DATA_SOURCES_1,
         }
     };
     record(ctx, &config, &maps, pid, tid, cgroup, event, &data);
@@ -306,15 +316,13 @@ fn read_ibs_op(
     offsets: &profiler_common::capture::KernelOffsets,
 ) -> Option<profiler_common::hw::ibs::IbsOpSample> {
     // SAFETY: kernel reads through the checking helper.
-    let payload = unsafe {
-        bpf_probe_read_kernel((raw_record + offsets.raw_frag_data as u64) as *const u64)
-    }
-    .ok()?;
+    let payload =
+        unsafe { bpf_probe_read_kernel((raw_record + offsets.raw_frag_data as u64) as *const u64) }
+            .ok()?;
     // SAFETY: as above.
-    let size = unsafe {
-        bpf_probe_read_kernel((raw_record + offsets.raw_frag_size as u64) as *const u32)
-    }
-    .ok()? as usize;
+    let size =
+        unsafe { bpf_probe_read_kernel((raw_record + offsets.raw_frag_size as u64) as *const u32) }
+            .ok()? as usize;
     if payload == 0 || size < IBS_OP_FIXED_BYTES {
         return None;
     }
@@ -329,7 +337,10 @@ fn read_ibs_op(
         }
         // SAFETY: as above; `len + 8 <= size` bytes exist behind `payload`.
         unsafe {
-            aya_ebpf::helpers::bpf_probe_read_kernel_buf((payload + len as u64) as *const u8, register)
+            aya_ebpf::helpers::bpf_probe_read_kernel_buf(
+                (payload + len as u64) as *const u8,
+                register,
+            )
         }
         .ok()?;
         len += 8;
@@ -399,14 +410,13 @@ fn event_index(perf_event: u64, config: &CaptureConfig) -> Option<u32> {
     }
     let offsets = &config.offsets;
     // SAFETY: kernel reads through the checking helper.
-    let parent = unsafe {
-        bpf_probe_read_kernel((perf_event + offsets.event_parent as u64) as *const u64)
-    }
-    .unwrap_or(0);
+    let parent =
+        unsafe { bpf_probe_read_kernel((perf_event + offsets.event_parent as u64) as *const u64) }
+            .unwrap_or(0);
     let owner = if parent != 0 { parent } else { perf_event };
     // SAFETY: as above.
-    let id = unsafe { bpf_probe_read_kernel((owner + offsets.event_id as u64) as *const u64) }
-        .ok()?;
+    let id =
+        unsafe { bpf_probe_read_kernel((owner + offsets.event_id as u64) as *const u64) }.ok()?;
     // SAFETY: the value is copied out at once.
     let index = unsafe { EVENT_IDS.get(&id) }.copied()?;
     if (index as usize) < MAX_EVENTS {
@@ -564,17 +574,30 @@ fn record(
     if data.latency != 0 {
         record_latency(maps, pid, event, ip, data.latency);
     }
-    if config.flags & CAPTURE_RAW != 0 {
-        stream(
-            ip,
+    // A load-time constant: runs without such events leave this out of the program.
+    if config.flags & CAPTURE_DATA_SOURCES != 0 && data.flags & sample_flags::DATA_SRC != 0 {
+        let line = if data.flags & sample_flags::ADDR != 0 {
+            data.addr & !(CACHE_LINE_BYTES - 1)
+        } else {
+            0
+        };
+        let key = DataSourceKey {
             pid,
-            tid,
-            cgroup,
             event,
-            user_stack,
-            kernel_stack,
-            data,
+            ip,
+            line,
+            data_src: data.data_src,
+        };
+        bump(
+            maps.data_sources,
+            &key,
+            &1,
+            |count| *count += 1,
+            LossKind::DataSourcesFull,
         );
+    }
+    if config.flags & CAPTURE_RAW != 0 {
+        stream(ip, pid, tid, cgroup, event, user_stack, kernel_stack, data);
     }
 }
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
-    CaptureConfig, KernelOffsets, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID,
-    CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_USER_STACKS, MAX_EVENTS,
+    CaptureConfig, KernelOffsets, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
+    CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_USER_STACKS, MAX_EVENTS,
 };
 use tokio::{
     signal::unix::{signal, SignalKind},
@@ -18,7 +18,7 @@ use crate::{
     aggregate::{code::capture_code, dataspace::capture_data_objects},
     capture::{
         counters::{open_sampling_counters, StackCapture, Target},
-        hardware::{cpu_identity, raw_decoding},
+        hardware::{self, cpu_identity, hardware_sample_type, raw_decoding},
         program::{CaptureProgram, MapSizes},
         raw::RawStream,
         sideband::{ProcessTable, Sideband},
@@ -129,6 +129,13 @@ fn capture_config(options: &RecordOptions) -> CaptureConfig {
     }
     if options.events.len() > 1 {
         flags |= CAPTURE_EVENT_IDS;
+    }
+    let reports_data_sources = options
+        .events
+        .iter()
+        .any(|spec| hardware_sample_type(spec, false).0 & hardware::sample::DATA_SRC != 0);
+    if reports_data_sources {
+        flags |= CAPTURE_DATA_SOURCES;
     }
     config.flags = flags;
     config

@@ -168,8 +168,12 @@ fn cpu_clock_recording_matches_perf_report_per_function() {
         })
         .map(|(symbol, _)| symbol)
         .collect();
+    // Aliases (`clock_gettime@@GLIBC_2.17` / `__GI___clock_gettime`) are rare samples: at most
+    // 2% of all samples may sit under a differently named symbol.
+    let mismatched_samples: u64 = mismatched.iter().map(|symbol| perf[*symbol]).sum();
+    let all_samples: u64 = perf.values().sum();
     assert!(
-        mismatched.len() * 10 <= perf.len(),
+        mismatched_samples * 50 <= all_samples,
         "{mismatched:?}\nours {ours:?}\nperf {perf:?}"
     );
 

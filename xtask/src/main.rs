@@ -177,7 +177,7 @@ fn run(task: Task) -> Result<()> {
             ]))?;
             build_release()?;
             let mut test = cargo();
-            test.args(["test", "--workspace", "--release"])
+            test.args(["test", "--workspace", "--release", "--no-fail-fast"])
                 .env("PROFILER_BIN", target_dir().join("release/profiler"));
             test.arg("--");
             if let Some(filter) = filter {

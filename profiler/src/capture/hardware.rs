@@ -439,8 +439,8 @@ mod tests {
     fn ibs_decoding_in_the_capture_program_passes_the_verifier() {
         use aya::{programs::PerfEvent, EbpfLoader};
         use profiler_common::capture::{
-            CaptureConfig, CAPTURE_EVENT_IDS, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
-            CAPTURE_USER_STACKS,
+            CaptureConfig, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_KERNEL_STACKS,
+            CAPTURE_RAW, CAPTURE_USER_STACKS,
         };
 
         static PROGRAM_OBJECT: &[u8] =
@@ -450,7 +450,11 @@ mod tests {
             .unwrap_or_else(|e| panic!("this test needs the kernel's BTF: {e}"));
         let config = CaptureConfig {
             offsets,
-            flags: CAPTURE_USER_STACKS | CAPTURE_KERNEL_STACKS | CAPTURE_RAW | CAPTURE_EVENT_IDS,
+            flags: CAPTURE_USER_STACKS
+                | CAPTURE_KERNEL_STACKS
+                | CAPTURE_RAW
+                | CAPTURE_EVENT_IDS
+                | CAPTURE_DATA_SOURCES,
             uid: 0,
         };
         for errata in [IbsErrata::default(), IbsErrata::for_cpu(0x19, 0x01)] {

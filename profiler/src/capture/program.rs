@@ -12,7 +12,8 @@ use aya::{
 use perf_event::Counter;
 use profiler_common::{
     capture::{
-        CaptureConfig, DataLineKey, InstructionKey, LatencyKey, RawDecoding, SampleStats, StackKey,
+        CaptureConfig, DataLineKey, DataSourceKey, InstructionKey, LatencyKey, RawDecoding,
+        SampleStats, StackKey,
     },
     latency::LatencyBuckets,
 };
@@ -56,6 +57,7 @@ pub struct GenerationMaps {
     pub instructions: PerCpuHashMap<MapData, InstructionKey, SampleStats>,
     pub data_lines: PerCpuHashMap<MapData, DataLineKey, SampleStats>,
     pub latencies: PerCpuHashMap<MapData, LatencyKey, LatencyBuckets>,
+    pub data_sources: PerCpuHashMap<MapData, DataSourceKey, u64>,
 }
 
 pub struct CaptureProgram {
@@ -89,6 +91,7 @@ fn take_generation(ebpf: &mut Ebpf, generation: usize) -> Result<GenerationMaps>
         instructions: take(ebpf, &format!("INSTRUCTIONS_{generation}"))?,
         data_lines: take(ebpf, &format!("DATA_LINES_{generation}"))?,
         latencies: take(ebpf, &format!("LATENCIES_{generation}"))?,
+        data_sources: take(ebpf, &format!("DATA_SOURCES_{generation}"))?,
     })
 }
 
@@ -112,7 +115,8 @@ impl CaptureProgram {
                 .map_max_entries(size("STACK_COUNTS"), sizes.stack_counts)
                 .map_max_entries(size("INSTRUCTIONS"), sizes.instructions)
                 .map_max_entries(size("DATA_LINES"), sizes.data_lines)
-                .map_max_entries(size("LATENCIES"), sizes.latencies);
+                .map_max_entries(size("LATENCIES"), sizes.latencies)
+                .map_max_entries(size("DATA_SOURCES"), sizes.data_lines);
         }
         loader.map_max_entries("RAW_SAMPLES", sizes.ring_buffer_bytes);
         let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(|e| {

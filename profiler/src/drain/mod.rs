@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use aya::maps::{MapData, PerCpuHashMap};
 use profiler_common::{
     capture::{
-        DataLineKey, InstructionKey, LatencyKey, LossKind, SampleStats, StackKey,
+        DataLineKey, DataSourceKey, InstructionKey, LatencyKey, LossKind, SampleStats, StackKey,
         CONTROL_GENERATION, LOST_STACK,
     },
     latency::LATENCY_BUCKETS,
@@ -41,6 +41,8 @@ pub struct Drained {
     pub data_lines: HashMap<DataLineKey, (SampleStats, Vec<u64>)>,
     /// Counts per latency bucket.
     pub latencies: HashMap<LatencyKey, Vec<u64>>,
+    /// Samples per data source (PMUs that report one).
+    pub data_sources: HashMap<DataSourceKey, u64>,
 }
 
 impl Drained {
@@ -197,6 +199,9 @@ fn drain_generation(maps: &mut GenerationMaps, into: &mut Drained) -> Result<()>
         per_cpu.iter().for_each(|cpu| stats.merge(cpu));
         let counts: Vec<u64> = per_cpu.iter().map(|cpu| cpu.count).collect();
         add_per_cpu(cpus, &counts);
+    }
+    for (key, per_cpu) in take_all(&mut maps.data_sources)? {
+        *into.data_sources.entry(key).or_default() += per_cpu.iter().sum::<u64>();
     }
     for (key, per_cpu) in take_all(&mut maps.latencies)? {
         let buckets = into

@@ -1,13 +1,13 @@
 //! Assembling a [`Profile`] from a live capture: drained aggregates, the process table and the
 //! kernel's sample accounting.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use profiler_common::capture::LossKind;
 
 use super::{
-    DataAccess, DataLineSample, EventInfo, HardwareProfile, InstructionSample, LatencyHistogram,
-    Losses, Profile, ProfileMeta, StackSample, Stats, ThreadInfo,
+    DataAccess, DataLineSample, EventInfo, HardwareProfile, HardwareSample, InstructionSample,
+    LatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats, ThreadInfo,
 };
 use crate::{
     capture::sideband::ProcessTable,
@@ -81,6 +81,7 @@ pub fn assemble(
     addresses.extend(drained.instructions.keys().map(|k| code(k.pid, k.ip)));
     addresses.extend(drained.data_lines.keys().map(|k| code(k.pid, k.ip)));
     addresses.extend(drained.latencies.keys().map(|k| code(k.pid, k.ip)));
+    addresses.extend(drained.data_sources.keys().map(|k| code(k.pid, k.ip)));
     table.resolve(addresses);
 
     let mut stacks: Vec<StackSample> = drained
@@ -126,6 +127,28 @@ pub fn assemble(
             // The capture does not record the thread or the access kind of data samples yet.
             tid: Some(key.tid),
             access: DataAccess::from_code(key.access),
+        })
+        .collect();
+    // Samples per data source, grouped by (process, event, instruction, data line).
+    let mut hardware_samples: BTreeMap<(u32, u32, u64, u64), HardwareSample> = BTreeMap::new();
+    for (key, count) in &drained.data_sources {
+        let sample = hardware_samples
+            .entry((key.pid, key.event, key.ip, key.line))
+            .or_insert_with(|| HardwareSample {
+                pid: key.pid,
+                event: key.event,
+                frame: table.frame(code(key.pid, key.ip)),
+                line: (key.line != 0).then_some(key.line),
+                ..HardwareSample::default()
+            });
+        sample.samples += count;
+        sample.data_sources.push((key.data_src, *count));
+    }
+    let hardware_samples = hardware_samples
+        .into_values()
+        .map(|mut sample| {
+            sample.data_sources.sort_unstable();
+            sample
         })
         .collect();
     let latency = drained
@@ -191,6 +214,9 @@ pub fn assemble(
         code: Vec::new(),
         memory_maps: Vec::new(),
         data_symbols: Vec::new(),
-        hardware: HardwareProfile::default(),
+        hardware: HardwareProfile {
+            samples: hardware_samples,
+            ..HardwareProfile::default()
+        },
     }
 }
