@@ -1,0 +1,786 @@
+//! `cargo xtask bench`: the profiler against `perf record -g` on the bundled workloads, side by
+//! side in one run. Overhead (wall and CPU time as ratios to the bare run), sample loss, bytes
+//! per million samples, report speed on a large profile, the BPF program's cost per sample and
+//! the agent's footprint, written as JSON, a Markdown table and SVG plots.
+//!
+//! Every measurement runs bare, ours, perf back to back, round after round, so the machine's
+//! noise of the moment hits all three alike; figures are medians with their range.
+
+mod machine;
+mod measure;
+mod plot;
+mod render;
+mod summary;
+mod tools;
+mod workloads;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use machine::{Machine, SysctlOverride, MAX_SAMPLE_RATE};
+use summary::{RowSummary, Spread, ToolRun, Trial};
+use tools::{CaptureCost, Event, EventSampling, Sampling, Target, Tool, Tools};
+use workloads::{SizedWorkload, WORKLOADS};
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Seconds each workload runs alone (its size is calibrated to this on this machine).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub duration: f64,
+    /// Rounds of every measurement (bare, ours and perf back to back in each round).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub repetitions: u32,
+    /// CI smoke run: one round of short runs and a small "large" profile. Checks that every
+    /// run succeeded and produced numbers, nothing about speed. Overrides --duration,
+    /// --repetitions, --report-samples and --system-duration.
+    #[arg(long)]
+    pub quick: bool,
+    /// cpu-clock sampling rates to compare, in Hz per CPU.
+    #[arg(long, value_name = "HZ", value_delimiter = ',', default_values_t = [1000, 10000, 50000])]
+    pub rates: Vec<u64>,
+    /// Raise kernel.perf_event_max_sample_rate for the bench when a rate is above it (put back
+    /// afterwards). Without this, such rates are skipped with a note.
+    #[arg(long)]
+    pub raise_max_sample_rate: bool,
+    /// Samples in the profile whose report is timed.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    pub report_samples: u64,
+    /// Seconds of each system-wide run that measures the agent's footprint.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3.0)]
+    pub system_duration: f64,
+    /// Where the results go [default: bench/results, or bench-quick in the target directory
+    /// with --quick].
+    #[arg(long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+}
+
+/// The settings the bench ran with, after --quick.
+#[derive(Clone, Debug, Serialize)]
+pub struct Settings {
+    pub duration_s: f64,
+    pub repetitions: u32,
+    pub quick: bool,
+    pub rates_hz: Vec<u64>,
+    pub report_samples: u64,
+    pub system_duration_s: f64,
+    pub raise_max_sample_rate: bool,
+}
+
+impl Settings {
+    fn from_args(args: &BenchArgs) -> Result<Settings> {
+        if args.rates.is_empty() || args.rates.contains(&0) {
+            bail!("--rates needs at least one rate above 0 Hz, e.g. --rates 1000,10000");
+        }
+        if args.duration <= 0.0 || args.system_duration <= 0.0 || args.repetitions == 0 {
+            bail!("--duration, --system-duration and --repetitions must be above 0");
+        }
+        let mut rates_hz = args.rates.clone();
+        rates_hz.sort_unstable();
+        rates_hz.dedup();
+        let quick = args.quick;
+        Ok(Settings {
+            duration_s: if quick { 0.2 } else { args.duration },
+            repetitions: if quick { 1 } else { args.repetitions },
+            quick,
+            rates_hz,
+            report_samples: if quick { 50_000 } else { args.report_samples },
+            system_duration_s: if quick { 1.0 } else { args.system_duration },
+            raise_max_sample_rate: args.raise_max_sample_rate,
+        })
+    }
+
+    /// The rate of the in-kernel cost runs: the second lowest (10 kHz by default), where
+    /// samples are frequent but the kernel does not throttle.
+    fn cost_rate(&self) -> u64 {
+        self.rates_hz[1.min(self.rates_hz.len() - 1)]
+    }
+}
+
+/// Rate of the system-wide footprint runs: a typical always-on profiling rate.
+const FOOTPRINT_RATE_HZ: u64 = 1000;
+
+/// The BPF program's cost per sample for one workload and event.
+#[derive(Clone, Debug, Serialize)]
+pub struct InKernelCost {
+    pub workload: &'static str,
+    pub label: String,
+    pub command: String,
+    pub ns_per_sample: Option<Spread>,
+    pub program_runs: u64,
+    pub budget_ns: f64,
+}
+
+/// Peak memory and CPU of a tool's own process during a system-wide run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Footprint {
+    pub tool: Tool,
+    pub command: String,
+    pub peak_rss_mib: Option<Spread>,
+    pub cpu_s: Option<Spread>,
+    /// CPU time as a percentage of one CPU over the run.
+    pub cpu_percent: Option<Spread>,
+    /// Memory locked by the BPF maps (ours), outside the RSS.
+    pub map_mib: Option<Spread>,
+}
+
+/// Time from a profile file to a function report.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReportSpeed {
+    pub tool: Tool,
+    pub record_command: String,
+    pub report_command: String,
+    pub samples: u64,
+    pub profile_bytes: u64,
+    pub report_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Results {
+    pub schema: &'static str,
+    pub machine: Machine,
+    pub settings: Settings,
+    /// The directory holding the built binaries, as it appears in the commands.
+    pub release_dir: String,
+    /// The directory holding the profile files while the bench runs.
+    pub work_dir: String,
+    pub notes: Vec<String>,
+    /// Runs after which the kernel lowered perf_event_max_sample_rate (put back each time).
+    pub rate_lowerings: Vec<RateLowering>,
+    pub workloads: Vec<SizedWorkload>,
+    pub rows: Vec<RowSummary>,
+    pub in_kernel: Vec<InKernelCost>,
+    pub footprint: Vec<Footprint>,
+    pub report_speed: Vec<ReportSpeed>,
+    pub load_at_end: f64,
+    pub perf_event_max_sample_rate_at_end: u64,
+    /// Every run, with its exact command.
+    pub trials: Vec<Trial>,
+}
+
+pub const SCHEMA: &str = "profiler.bench/1";
+
+/// The kernel lowered its maximum sampling rate after a run ("perf: interrupt took too long").
+#[derive(Clone, Debug, Serialize)]
+pub struct RateLowering {
+    pub command: String,
+    pub lowered_to: u64,
+}
+
+/// The bench's state while it runs.
+struct Bench {
+    tools: Tools,
+    release: PathBuf,
+    work: PathBuf,
+    settings: Settings,
+    notes: Vec<String>,
+    /// kernel.perf_event_max_sample_rate for every run: the machine's own, or raised by
+    /// --raise-max-sample-rate.
+    max_sample_rate: u64,
+    rate_lowerings: Vec<RateLowering>,
+}
+
+impl Bench {
+    fn note(&mut self, note: String) {
+        if !self.notes.contains(&note) {
+            eprintln!("xtask bench: note: {note}");
+            self.notes.push(note);
+        }
+    }
+
+    fn work_file(&self, name: &str) -> Result<PathBuf> {
+        let path = self.work.join(name);
+        // perf renames an existing output to .old: start from nothing.
+        match std::fs::remove_file(&path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                Err(error).with_context(|| format!("removing {}", path.display()))
+            }
+            _ => Ok(path),
+        }
+    }
+
+    /// Whether the kernel accepts this rate; rates above the maximum are skipped with a note
+    /// (unless --raise-max-sample-rate raised it).
+    fn rate_allowed(&mut self, sampling: &EventSampling) -> bool {
+        match sampling.frequency() {
+            Some(hz) if hz > self.max_sample_rate => {
+                self.note(format!(
+                    "{hz} Hz skipped: kernel.perf_event_max_sample_rate is {} (run with \
+                     --raise-max-sample-rate to raise it for the bench)",
+                    self.max_sample_rate
+                ));
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// When a run made the kernel lower its maximum sampling rate, records it and puts the
+    /// maximum back, so that every round runs under the same limit.
+    fn hold_max_sample_rate(&mut self, command: &str) -> Result<()> {
+        let now = machine::read_number(MAX_SAMPLE_RATE)?;
+        if now < self.max_sample_rate {
+            eprintln!(
+                "xtask bench: the kernel lowered perf_event_max_sample_rate to {now} after \
+                 `{command}`; putting it back to {}",
+                self.max_sample_rate
+            );
+            self.rate_lowerings.push(RateLowering {
+                command: command.to_string(),
+                lowered_to: now,
+            });
+            std::fs::write(MAX_SAMPLE_RATE, self.max_sample_rate.to_string())
+                .with_context(|| format!("writing {MAX_SAMPLE_RATE}"))?;
+        }
+        Ok(())
+    }
+
+    /// Runs `tool` on `target` and reads what it kept; the profile is left in
+    /// [`Bench::profile_path`].
+    fn profiled(
+        &mut self,
+        tool: Tool,
+        sampling: &EventSampling,
+        target: Target,
+        options: &[&str],
+    ) -> Result<ToolRun> {
+        let profile = self.work_file(profile_name(tool))?;
+        let report = match tool {
+            Tool::Ours => Some(self.work_file("ours.json")?),
+            Tool::Perf => None,
+        };
+        let argv = self.tools.argv(tool, sampling, target, &profile, options);
+        let run = match measure::run(&argv, report.as_deref()) {
+            Ok(run) => run,
+            // perf 6.1 now and then aborts in its build-id pass at the end of a recording
+            // ("assertion failed at util/build-id.c", "buffer overflow detected"): one retry.
+            Err(error) if tool == Tool::Perf => {
+                let reason = format!("{error:#}");
+                self.note(format!(
+                    "perf record failed once and was run again: {}",
+                    reason.lines().last().unwrap_or_default()
+                ));
+                measure::run(&argv, None)?
+            }
+            Err(error) => return Err(error),
+        };
+        self.hold_max_sample_rate(&run.command)?;
+        let counts = match &report {
+            Some(report) => tools::ours_counts(
+                &std::fs::read_to_string(report)
+                    .with_context(|| format!("reading {}", report.display()))?,
+            )?,
+            None => tools::perf_counts(&perf_stats(&profile)?, sampling.event)?,
+        };
+        let profile_bytes = std::fs::metadata(&profile)
+            .with_context(|| {
+                format!(
+                    "`{}` wrote no profile to {}",
+                    run.command,
+                    profile.display()
+                )
+            })?
+            .len();
+        Ok(ToolRun {
+            run,
+            counts,
+            profile_bytes,
+        })
+    }
+
+    fn profile_path(&self, tool: Tool) -> PathBuf {
+        self.work.join(profile_name(tool))
+    }
+
+    fn trial(
+        &mut self,
+        workload: &SizedWorkload,
+        sampling: EventSampling,
+        round: u32,
+    ) -> Result<Option<Trial>> {
+        if !self.rate_allowed(&sampling) {
+            return Ok(None);
+        }
+        let bare = measure::run(&workload.argv, None)?;
+        if bare.workload.is_none() {
+            bail!("`{}` printed no run_timed line", bare.command);
+        }
+        let command = Target::Command(&workload.argv);
+        let ours = self.profiled(Tool::Ours, &sampling, command, &[])?;
+        let perf = self.profiled(Tool::Perf, &sampling, command, &[])?;
+        eprintln!(
+            "xtask bench: round {}/{} {:<15} {:<20} wall {:.2}s; CPU x{:.2} ours, x{:.2} perf; \
+             samples {} ours, {} perf",
+            round + 1,
+            self.settings.repetitions,
+            workload.name,
+            sampling.label(),
+            bare.wall_s,
+            ours.run.cpu_s / bare.cpu_s,
+            perf.run.cpu_s / bare.cpu_s,
+            ours.counts.recorded,
+            perf.counts.recorded,
+        );
+        Ok(Some(Trial {
+            workload: workload.name,
+            sampling,
+            round,
+            bare,
+            ours,
+            perf,
+        }))
+    }
+
+    /// Every workload at every rate (and page-faults at period 1 for the page-fault workload).
+    fn samplings(&self, workload: &SizedWorkload) -> Vec<EventSampling> {
+        let mut samplings: Vec<EventSampling> = self
+            .settings
+            .rates_hz
+            .iter()
+            .map(|&hz| cpu_clock(hz))
+            .collect();
+        if workload.faults {
+            samplings.push(page_faults_each());
+        }
+        samplings
+    }
+
+    fn cost_samplings(&self, workload: &SizedWorkload) -> Vec<EventSampling> {
+        let mut samplings = vec![cpu_clock(self.settings.cost_rate())];
+        if workload.faults {
+            samplings.push(page_faults_each());
+        }
+        samplings
+    }
+
+    /// The BPF program's run time per sample, from `record --stats` (the kernel's BPF
+    /// run-time statistics, on only for these runs: they add clock reads to every run).
+    fn in_kernel_costs(
+        &mut self,
+        workloads: &[SizedWorkload],
+        budget_ns: f64,
+    ) -> Result<Vec<InKernelCost>> {
+        let mut costs: Vec<(InKernelCost, Vec<CaptureCost>)> = Vec::new();
+        for round in 0..self.settings.repetitions {
+            for workload in workloads {
+                for sampling in self.cost_samplings(workload) {
+                    if !self.rate_allowed(&sampling) {
+                        continue;
+                    }
+                    let command = Target::Command(&workload.argv);
+                    let run = self.profiled(Tool::Ours, &sampling, command, &["--stats"])?;
+                    let cost = tools::ours_capture_cost(&run.run.stderr)?;
+                    eprintln!(
+                        "xtask bench: in-kernel round {}/{} {:<15} {:<20} {:.0} ns per sample",
+                        round + 1,
+                        self.settings.repetitions,
+                        workload.name,
+                        sampling.label(),
+                        cost.ns_per_sample
+                    );
+                    let label = sampling.label();
+                    match costs
+                        .iter_mut()
+                        .find(|(entry, _)| entry.workload == workload.name && entry.label == label)
+                    {
+                        Some((_, samples)) => samples.push(cost),
+                        None => costs.push((
+                            InKernelCost {
+                                workload: workload.name,
+                                label,
+                                command: run.run.command,
+                                ns_per_sample: None,
+                                program_runs: 0,
+                                budget_ns,
+                            },
+                            vec![cost],
+                        )),
+                    }
+                }
+            }
+        }
+        Ok(costs
+            .into_iter()
+            .map(|(entry, samples)| InKernelCost {
+                ns_per_sample: Spread::of(samples.iter().map(|cost| cost.ns_per_sample)),
+                program_runs: samples.iter().map(|cost| cost.program_runs).sum(),
+                ..entry
+            })
+            .collect())
+    }
+
+    /// Each tool profiling the whole system for a few seconds while `busy` keeps the CPUs
+    /// busy: its own peak RSS and CPU time.
+    fn footprints(&mut self, busy: &[String]) -> Result<Vec<Footprint>> {
+        let seconds = self.settings.system_duration_s;
+        let sampling = cpu_clock(FOOTPRINT_RATE_HZ);
+        let mut runs: Vec<(Tool, Vec<measure::Measured>, Vec<CaptureCost>)> =
+            vec![(Tool::Ours, vec![], vec![]), (Tool::Perf, vec![], vec![])];
+        for round in 0..self.settings.repetitions {
+            for (tool, measured, costs) in &mut runs {
+                let options: &[&str] = match tool {
+                    Tool::Ours => &["--stats"],
+                    Tool::Perf => &[],
+                };
+                let mut load = Command::new(&busy[0])
+                    .args(&busy[1..])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .with_context(|| format!("starting {}", busy[0]))?;
+                let run = self.profiled(*tool, &sampling, Target::System { seconds }, options);
+                // The load is sized to outlast the run; stop it now (it is our own child).
+                let _ = load.kill();
+                let _ = load.wait();
+                let run = run?.run;
+                if *tool == Tool::Ours {
+                    costs.push(tools::ours_capture_cost(&run.stderr)?);
+                }
+                eprintln!(
+                    "xtask bench: footprint round {}/{} {}: peak RSS {:.1} MiB, CPU {:.2}s",
+                    round + 1,
+                    self.settings.repetitions,
+                    tool.name(),
+                    run.max_rss_kib as f64 / 1024.0,
+                    run.cpu_s
+                );
+                measured.push(run);
+            }
+        }
+        Ok(runs
+            .into_iter()
+            .map(|(tool, measured, costs)| Footprint {
+                tool,
+                command: measured
+                    .first()
+                    .map(|run| run.command.clone())
+                    .unwrap_or_default(),
+                peak_rss_mib: Spread::of(
+                    measured.iter().map(|run| run.max_rss_kib as f64 / 1024.0),
+                ),
+                cpu_s: Spread::of(measured.iter().map(|run| run.cpu_s)),
+                cpu_percent: Spread::of(measured.iter().map(|run| 100.0 * run.cpu_s / seconds)),
+                map_mib: Spread::of(costs.iter().map(|cost| cost.map_mib)),
+            })
+            .collect())
+    }
+
+    /// Records one large profile with each tool and times the function report from the file:
+    /// many_threads at the highest rate it ran at, sized from the samples each tool kept in
+    /// those trials.
+    fn report_speeds(
+        &mut self,
+        threads: &SizedWorkload,
+        trials: &[Trial],
+    ) -> Result<Vec<ReportSpeed>> {
+        let at_highest_rate = trials
+            .iter()
+            .filter(|trial| trial.workload == threads.name)
+            .filter_map(|trial| Some((trial.sampling.frequency()?, trial)))
+            .max_by_key(|(hz, _)| *hz);
+        let Some((hz, _)) = at_highest_rate else {
+            bail!(
+                "no {} trial ran at any rate: nothing to size the large profile from",
+                threads.name
+            );
+        };
+        let samples_per_unit = trials
+            .iter()
+            .filter(|trial| {
+                trial.workload == threads.name && trial.sampling.frequency() == Some(hz)
+            })
+            .flat_map(|trial| [trial.ours.counts.recorded, trial.perf.counts.recorded])
+            .min()
+            .unwrap_or(0)
+            .max(1) as f64
+            / threads.size as f64;
+        let size = (self.settings.report_samples as f64 * 1.05 / samples_per_unit).ceil() as u64;
+        let workload = threads.resized(&self.tools, &self.release, size);
+        let sampling = cpu_clock(hz);
+        let mut speeds = Vec::new();
+        for tool in [Tool::Ours, Tool::Perf] {
+            eprintln!(
+                "xtask bench: recording about {} samples with {} for the report timing",
+                self.settings.report_samples,
+                tool.name()
+            );
+            let recorded = self.profiled(tool, &sampling, Target::Command(&workload), &[])?;
+            let profile = self.profile_path(tool);
+            let report_argv: Vec<String> = match tool {
+                Tool::Ours => vec![
+                    tools::path_arg(&self.tools.profiler),
+                    "report".into(),
+                    "-i".into(),
+                    tools::path_arg(&profile),
+                ],
+                Tool::Perf => vec![
+                    "perf".into(),
+                    "report".into(),
+                    "--stdio".into(),
+                    "-i".into(),
+                    tools::path_arg(&profile),
+                ],
+            };
+            let report = measure::run(&report_argv, None)?;
+            if recorded.counts.recorded < self.settings.report_samples {
+                self.note(format!(
+                    "the {} profile for the report timing has {} samples, fewer than the \
+                     {} asked for (the kernel throttled or the tool lost samples)",
+                    tool.name(),
+                    recorded.counts.recorded,
+                    self.settings.report_samples
+                ));
+            }
+            eprintln!(
+                "xtask bench: {} report of {} samples took {:.2}s",
+                tool.name(),
+                recorded.counts.recorded,
+                report.wall_s
+            );
+            speeds.push(ReportSpeed {
+                tool,
+                record_command: recorded.run.command,
+                report_command: report.command,
+                samples: recorded.counts.recorded,
+                profile_bytes: recorded.profile_bytes,
+                report_s: report.wall_s,
+            });
+        }
+        Ok(speeds)
+    }
+}
+
+fn profile_name(tool: Tool) -> &'static str {
+    match tool {
+        Tool::Ours => "ours.profile",
+        Tool::Perf => "perf.data",
+    }
+}
+
+fn cpu_clock(hz: u64) -> EventSampling {
+    EventSampling {
+        event: Event::CpuClock,
+        sampling: Sampling::FrequencyHz(hz),
+    }
+}
+
+fn page_faults_each() -> EventSampling {
+    EventSampling {
+        event: Event::PageFaults,
+        sampling: Sampling::Period(1),
+    }
+}
+
+/// `perf report --stats` of a perf.data file: its record counts.
+fn perf_stats(data: &Path) -> Result<String> {
+    let output = Command::new("perf")
+        .args(["report", "--stats", "-i"])
+        .arg(data)
+        .output()
+        .context("running perf report --stats")?;
+    if !output.status.success() {
+        bail!(
+            "perf report --stats -i {} failed: {}",
+            data.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Installs what the bench needs, builds the profiler and the workloads.
+fn prepare() -> Result<Tools> {
+    if !crate::setup::is_root() {
+        bail!(
+            "the bench loads BPF programs and opens perf events for other processes: run it as \
+             root (sudo -E cargo xtask bench)"
+        );
+    }
+    crate::setup::all(crate::setup::Purpose::Build)?;
+    crate::setup::apt_install(&["linux-perf"])?;
+    crate::build_release()?;
+    let release = crate::target_dir().join("release");
+    Ok(Tools {
+        profiler: release.join("profiler"),
+        run_timed: release.join("run_timed"),
+    })
+}
+
+/// Fails when a figure the tables need is missing: a run that produced no samples, a section
+/// that measured nothing.
+fn check(results: &Results) -> Result<()> {
+    let mut problems = Vec::new();
+    for workload in &results.workloads {
+        if !results.rows.iter().any(|row| row.workload == workload.name) {
+            problems.push(format!("{}: no trial ran", workload.name));
+        }
+    }
+    for row in &results.rows {
+        for (tool, summary) in [("ours", &row.ours), ("perf", &row.perf)] {
+            if summary.counts.recorded == 0 {
+                problems.push(format!(
+                    "{} {}: {tool} kept no samples",
+                    row.workload, row.label
+                ));
+            }
+            if summary.total_cpu_ratio.is_none() || summary.bytes_per_million_samples.is_none() {
+                problems.push(format!(
+                    "{} {}: {tool} has no ratios",
+                    row.workload, row.label
+                ));
+            }
+        }
+    }
+    if results
+        .in_kernel
+        .iter()
+        .all(|cost| cost.ns_per_sample.is_none())
+    {
+        problems.push("no in-kernel cost was measured".into());
+    }
+    if results
+        .footprint
+        .iter()
+        .any(|entry| entry.peak_rss_mib.is_none())
+    {
+        problems.push("a footprint run measured nothing".into());
+    }
+    if results.report_speed.len() != 2 {
+        problems.push("the report speed was not measured for both tools".into());
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        bail!(
+            "the bench produced incomplete results:\n  {}",
+            problems.join("\n  ")
+        )
+    }
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let settings = Settings::from_args(&args)?;
+    let tools = prepare()?;
+    let workspace = crate::workspace_root();
+    let output = args.output.clone().unwrap_or_else(|| {
+        if settings.quick {
+            crate::target_dir().join("bench-quick")
+        } else {
+            workspace.join("bench/results")
+        }
+    });
+    let release = crate::target_dir().join("release");
+    let work = crate::target_dir().join("bench-work");
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let machine = Machine::read(&workspace)?;
+    eprintln!(
+        "xtask bench: {} CPUs, kernel {}, load {:.2}, perf_event_max_sample_rate {}",
+        machine.cpus, machine.kernel, machine.load_at_start, machine.perf_event_max_sample_rate
+    );
+    // The kernel lowers the maximum rate itself when samples take too long: the bench puts it
+    // back between runs, and to the machine's own value at the end.
+    let highest = *settings.rates_hz.last().expect("at least one rate");
+    let original = machine.perf_event_max_sample_rate;
+    let (_max_rate, max_sample_rate) = if settings.raise_max_sample_rate && highest > original {
+        (SysctlOverride::set(MAX_SAMPLE_RATE, highest)?, highest)
+    } else {
+        (SysctlOverride::remember(MAX_SAMPLE_RATE)?, original)
+    };
+    let mut bench = Bench {
+        tools,
+        release: release.clone(),
+        work: work.clone(),
+        settings: settings.clone(),
+        notes: Vec::new(),
+        max_sample_rate,
+        rate_lowerings: Vec::new(),
+    };
+    if machine.load_at_start > 0.5 {
+        bench.note(format!(
+            "the machine was busy when the bench started (load average {:.2}): absolute times \
+             are noisy, the interleaved ratios less so",
+            machine.load_at_start
+        ));
+    }
+    if !machine.hardware_pmu {
+        bench.note(
+            "no hardware PMU (a virtual machine): software events only, cpu-clock stands in \
+             for cycles"
+                .into(),
+        );
+    }
+
+    let workloads: Vec<SizedWorkload> = WORKLOADS
+        .iter()
+        .map(|workload| workload.calibrate(&bench.tools, &release, settings.duration_s))
+        .collect::<Result<_>>()?;
+    let mut trials = Vec::new();
+    for round in 0..settings.repetitions {
+        for workload in &workloads {
+            for sampling in bench.samplings(workload) {
+                trials.extend(bench.trial(workload, sampling, round)?);
+            }
+        }
+    }
+    let in_kernel = bench.in_kernel_costs(&workloads, machine.sample_budget_ns())?;
+    let threads = workloads
+        .iter()
+        .find(|workload| workload.name == "many_threads")
+        .expect("many_threads is a bundled workload");
+    // Busy for longer than the system-wide runs last.
+    let busy = threads.resized(
+        &bench.tools,
+        &release,
+        (threads.size as f64 * (settings.system_duration_s + 2.0) / settings.duration_s) as u64,
+    );
+    let footprint = bench.footprints(&busy)?;
+    let report_speed = bench.report_speeds(threads, &trials)?;
+
+    let results = Results {
+        schema: SCHEMA,
+        rows: summary::summarize(&trials),
+        release_dir: tools::path_arg(&release),
+        work_dir: tools::path_arg(&work),
+        notes: bench.notes,
+        rate_lowerings: bench.rate_lowerings,
+        workloads,
+        in_kernel,
+        footprint,
+        report_speed,
+        load_at_end: machine::load_average(),
+        perf_event_max_sample_rate_at_end: machine::read_number(MAX_SAMPLE_RATE)?,
+        trials,
+        machine,
+        settings,
+    };
+    write_results(&results, &output)?;
+    // The profiles are large (the report-speed ones hold a million samples): keep only results.
+    std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
+    check(&results)
+}
+
+fn write_results(results: &Results, output: &Path) -> Result<()> {
+    std::fs::create_dir_all(output).with_context(|| format!("creating {}", output.display()))?;
+    let write = |name: &str, text: &str| -> Result<()> {
+        let path = output.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    };
+    write(
+        "bench.json",
+        &serde_json::to_string_pretty(results).context("serializing the results")?,
+    )?;
+    let markdown = render::markdown(results);
+    write("bench.md", &markdown)?;
+    write("overhead.svg", &plot::overhead(&results.rows))?;
+    write("loss.svg", &plot::loss(&results.rows))?;
+    println!("{markdown}");
+    eprintln!(
+        "xtask bench: results in {} (bench.json, bench.md, overhead.svg, loss.svg)",
+        output.display()
+    );
+    Ok(())
+}
