@@ -1,5 +1,6 @@
-//! What the results were measured on (kernel, CPUs, tool versions, load, the kernel's sampling
-//! limits), and changing a kernel setting for the length of the bench only.
+//! What the results were measured on (kernel, CPUs, tool versions, the kernel's sampling
+//! limits), how much CPU other processes took meanwhile, and changing a kernel setting for the
+//! length of the bench only.
 
 use std::{
     path::{Path, PathBuf},
@@ -25,8 +26,6 @@ pub struct Machine {
     pub perf_version: String,
     /// `git describe` of the profiler's sources, `-dirty` when they had uncommitted changes.
     pub profiler_revision: String,
-    /// 1-minute load average when the bench started.
-    pub load_at_start: f64,
     pub perf_event_max_sample_rate: u64,
     pub perf_cpu_time_max_percent: u64,
 }
@@ -52,7 +51,6 @@ impl Machine {
                     .args(["describe", "--always", "--dirty"])
                     .current_dir(workspace),
             )?,
-            load_at_start: load_average(),
             perf_event_max_sample_rate: read_number(MAX_SAMPLE_RATE)?,
             perf_cpu_time_max_percent: read_number(CPU_TIME_MAX_PERCENT)?,
         })
@@ -102,11 +100,64 @@ pub fn available_memory_kib() -> u64 {
     meminfo_kib("MemAvailable:")
 }
 
-pub fn load_average() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|text| text.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
+/// CPU time spent on the whole machine and by the bench itself (this process and every child
+/// it waited for), to tell how much other processes took while the bench ran.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuTimes {
+    /// Busy CPU time of all CPUs (user, nice, system, irq, softirq), seconds.
+    machine_busy_s: f64,
+    /// Busy + idle + iowait + steal of all CPUs, seconds.
+    machine_total_s: f64,
+    bench_s: f64,
+}
+
+impl CpuTimes {
+    pub fn now() -> Result<CpuTimes> {
+        let stat = read_trimmed("/proc/stat")?;
+        let (machine_busy_s, machine_total_s) = parse_proc_stat(&stat)
+            .with_context(|| format!("no `cpu` line in /proc/stat:\n{stat}"))?;
+        Ok(CpuTimes {
+            machine_busy_s,
+            machine_total_s,
+            bench_s: rusage_s(libc::RUSAGE_SELF) + rusage_s(libc::RUSAGE_CHILDREN),
+        })
+    }
+
+    /// Percentage of the machine's CPU time that processes other than the bench used since
+    /// `start`.
+    pub fn others_percent_since(&self, start: &CpuTimes) -> f64 {
+        let total = self.machine_total_s - start.machine_total_s;
+        let others = (self.machine_busy_s - start.machine_busy_s) - (self.bench_s - start.bench_s);
+        if total > 0.0 {
+            (100.0 * others / total).max(0.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// (busy, total) seconds from the aggregate `cpu` line, in USER_HZ ticks (100 per second).
+fn parse_proc_stat(stat: &str) -> Option<(f64, f64)> {
+    let ticks: Vec<u64> = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("cpu "))?
+        .split_whitespace()
+        .map(|field| field.parse().ok())
+        .collect::<Option<_>>()?;
+    let field = |index: usize| ticks.get(index).copied().unwrap_or(0) as f64 / 100.0;
+    // user nice system idle iowait irq softirq steal ...
+    let busy = field(0) + field(1) + field(2) + field(5) + field(6);
+    Some((busy, busy + field(3) + field(4) + field(7)))
+}
+
+fn rusage_s(who: libc::c_int) -> f64 {
+    // SAFETY: rusage is plain old data that getrusage fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage through a valid pointer; `who` is RUSAGE_SELF or
+    // RUSAGE_CHILDREN.
+    unsafe { libc::getrusage(who, &mut usage) };
+    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 * 1e-6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// `YYYY-MM-DD HH:MM:SS UTC`.
@@ -206,6 +257,25 @@ mod tests {
     }
 
     #[test]
+    fn reads_busy_and_total_cpu_time_from_proc_stat() {
+        let stat = "cpu  1000 50 450 8000 100 20 30 10 0 0\ncpu0 500 25 225 4000 50 10 15 5 0 0\n";
+        assert_eq!(parse_proc_stat(stat), Some((15.5, 96.6)));
+        assert_eq!(parse_proc_stat("intr 5\n"), None);
+        let start = CpuTimes {
+            machine_busy_s: 10.0,
+            machine_total_s: 100.0,
+            bench_s: 2.0,
+        };
+        let end = CpuTimes {
+            machine_busy_s: 90.0,
+            machine_total_s: 300.0,
+            bench_s: 62.0,
+        };
+        // 80 s busy, 60 s of it the bench's, out of 200 s: others took 10%.
+        assert_eq!(end.others_percent_since(&start), 10.0);
+    }
+
+    #[test]
     fn budget_is_the_kernels_share_of_the_interval_at_the_maximum_rate() {
         let machine = Machine {
             date_utc: String::new(),
@@ -216,7 +286,6 @@ mod tests {
             hardware_pmu: false,
             perf_version: String::new(),
             profiler_revision: String::new(),
-            load_at_start: 0.0,
             perf_event_max_sample_rate: 100_000,
             perf_cpu_time_max_percent: 25,
         };

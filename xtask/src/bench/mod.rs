@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use machine::{Machine, SysctlOverride, MAX_SAMPLE_RATE};
+use machine::{CpuTimes, Machine, SysctlOverride, MAX_SAMPLE_RATE};
 use phases::{Bench, Footprint, InKernelCost, RateLowering, ReportSpeed};
 use summary::{RowSummary, Trial};
 use tools::Tools;
@@ -117,13 +117,17 @@ pub struct Results {
     pub in_kernel: Vec<InKernelCost>,
     pub footprint: Vec<Footprint>,
     pub report_speed: Vec<ReportSpeed>,
-    pub load_at_end: f64,
+    /// Share of the machine's CPU time that other processes used while the bench ran.
+    pub other_processes_cpu_percent: f64,
     pub perf_event_max_sample_rate_at_end: u64,
     /// Every run, with its exact command.
     pub trials: Vec<Trial>,
 }
 
 pub const SCHEMA: &str = "profiler.bench/1";
+
+/// Above this share of CPU time taken by other processes, the results carry a noise note.
+const NOISY_PERCENT: f64 = 5.0;
 
 /// Installs what the bench needs, builds the profiler and the workloads.
 fn prepare() -> Result<Tools> {
@@ -211,9 +215,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let machine = Machine::read(&workspace)?;
     eprintln!(
-        "xtask bench: {} CPUs, kernel {}, load {:.2}, perf_event_max_sample_rate {}",
-        machine.cpus, machine.kernel, machine.load_at_start, machine.perf_event_max_sample_rate
+        "xtask bench: {} CPUs, kernel {}, perf_event_max_sample_rate {}",
+        machine.cpus, machine.kernel, machine.perf_event_max_sample_rate
     );
+    let cpu_at_start = CpuTimes::now()?;
     // The kernel lowers the maximum rate itself when samples take too long: the bench puts it
     // back between runs, and to the machine's own value at the end.
     let highest = *settings.rates_hz.last().expect("at least one rate");
@@ -234,13 +239,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
         settings.clone(),
         max_sample_rate,
     );
-    if machine.load_at_start > 0.5 {
-        bench.note(format!(
-            "the machine was busy when the bench started (load average {:.2}): absolute times \
-             are noisy, the interleaved ratios less so",
-            machine.load_at_start
-        ));
-    }
     if !machine.hardware_pmu {
         bench.note(
             "no hardware PMU (a virtual machine): software events only, cpu-clock stands in \
@@ -264,6 +262,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .expect("many_threads is a bundled workload");
     let footprint = bench.footprints(threads)?;
     let report_speed = bench.report_speeds(threads, &trials)?;
+    let other_processes_cpu_percent = CpuTimes::now()?.others_percent_since(&cpu_at_start);
+    if other_processes_cpu_percent > NOISY_PERCENT {
+        bench.note(format!(
+            "other processes used {other_processes_cpu_percent:.0}% of the machine's CPU time \
+             during the bench: absolute times are noisy, the interleaved ratios less so"
+        ));
+    }
     let (notes, rate_lowerings) = bench.finish();
 
     let results = Results {
@@ -277,7 +282,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         in_kernel,
         footprint,
         report_speed,
-        load_at_end: machine::load_average(),
+        other_processes_cpu_percent,
         perf_event_max_sample_rate_at_end: machine::read_number(MAX_SAMPLE_RATE)?,
         trials,
         machine,

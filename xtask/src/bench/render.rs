@@ -98,8 +98,8 @@ fn header(out: &mut String, results: &Results) {
     let _ = writeln!(out, "| Profiler | {} |", m.profiler_revision);
     let _ = writeln!(
         out,
-        "| Load average (1 min) | {:.2} at the start, {:.2} at the end |",
-        m.load_at_start, results.load_at_end
+        "| Other processes | used {:.1}% of the machine's CPU time during the bench |",
+        results.other_processes_cpu_percent
     );
     let _ = writeln!(
         out,
