@@ -3,6 +3,7 @@
 //! Every task sets up what it needs first (idempotently, saying what it installs), so a fresh
 //! clone on a fresh machine needs nothing but these commands.
 
+mod bench;
 mod setup;
 
 use std::{
@@ -37,6 +38,9 @@ enum Task {
         /// Only tests whose name contains this.
         filter: Option<String>,
     },
+    /// Measure the profiler against `perf record` (overhead, loss, data volume, report speed,
+    /// in-kernel cost, footprint) and write the tables and plots (needs root).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -187,6 +191,7 @@ fn run(task: Task) -> Result<()> {
             test.arg("--test-threads=1");
             run_tests(&mut test)
         }
+        Task::Bench(args) => bench::run(args),
     }
 }
 

@@ -40,7 +40,7 @@ fn dpkg_installed(package: &str) -> bool {
 }
 
 /// Installs the Debian packages that are missing, running `apt-get update` once first.
-fn apt_install(packages: &[&str]) -> Result<()> {
+pub fn apt_install(packages: &[&str]) -> Result<()> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()

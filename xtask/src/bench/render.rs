@@ -1,0 +1,425 @@
+//! The results as Markdown: the machine, one table per question, and the commands behind every
+//! figure (paths shortened to `$RELEASE` and `$WORK`, defined at the top).
+
+use std::fmt::Write;
+
+use super::{
+    summary::{RowSummary, Spread, ToolSummary},
+    Results,
+};
+
+/// `1.07 (1.05–1.10)`: the median, then the range when there was more than one round.
+fn spread(value: Option<Spread>, decimals: usize) -> String {
+    match value {
+        None => "–".into(),
+        Some(s) if s.count == 1 => format!("{:.decimals$}", s.median),
+        Some(s) => format!(
+            "{:.decimals$} ({:.decimals$}–{:.decimals$})",
+            s.median, s.min, s.max
+        ),
+    }
+}
+
+fn ratio(value: Option<Spread>) -> String {
+    match value {
+        None => "–".into(),
+        Some(_) => format!("×{}", spread(value, 2)),
+    }
+}
+
+/// Thousands separated by commas.
+fn count(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+fn megabytes(value: Option<Spread>) -> Option<Spread> {
+    value.map(|s| Spread {
+        median: s.median / 1e6,
+        min: s.min / 1e6,
+        max: s.max / 1e6,
+        count: s.count,
+    })
+}
+
+struct Shorten<'a> {
+    release: &'a str,
+    work: &'a str,
+}
+
+impl Shorten<'_> {
+    fn command(&self, command: &str) -> String {
+        format!(
+            "`{}`",
+            command
+                .replace(self.release, "$RELEASE")
+                .replace(self.work, "$WORK")
+        )
+    }
+}
+
+fn loss_cells(summary: &ToolSummary) -> String {
+    format!(
+        "{} | {} | {:.2}%",
+        count(summary.counts.recorded),
+        count(summary.counts.lost),
+        summary.loss_percent
+    )
+}
+
+fn header(out: &mut String, results: &Results) {
+    let m = &results.machine;
+    let s = &results.settings;
+    let _ = writeln!(out, "# Profiler against `perf record -g`\n");
+    let _ = writeln!(
+        out,
+        "Measured by `cargo xtask bench{}` on {}.\n",
+        if s.quick { " --quick" } else { "" },
+        m.date_utc
+    );
+    let _ = writeln!(out, "| | |\n|---|---|");
+    let _ = writeln!(
+        out,
+        "| Machine | {}, {} CPUs, {} MiB; hardware PMU: {} |",
+        m.cpu_model,
+        m.cpus,
+        m.memory_mib,
+        if m.hardware_pmu { "yes" } else { "no" }
+    );
+    let _ = writeln!(out, "| Kernel | {} |", m.kernel);
+    let _ = writeln!(out, "| perf | {} |", m.perf_version);
+    let _ = writeln!(out, "| Profiler | {} |", m.profiler_revision);
+    let _ = writeln!(
+        out,
+        "| Other processes | used {:.1}% of the machine's CPU time during the bench |",
+        results.other_processes_cpu_percent
+    );
+    let _ = writeln!(
+        out,
+        "| kernel.perf_event_max_sample_rate | {} at the start, {} at the end \
+         (perf_cpu_time_max_percent {}) |",
+        m.perf_event_max_sample_rate,
+        results.perf_event_max_sample_rate_at_end,
+        m.perf_cpu_time_max_percent
+    );
+    let rates: Vec<String> = s.rates_hz.iter().map(|hz| format!("{hz} Hz")).collect();
+    let _ = writeln!(
+        out,
+        "| Settings | each workload sized to run {} s alone; {} round(s); cpu-clock at {} per \
+         CPU; page-faults every fault |",
+        s.duration_s,
+        s.repetitions,
+        rates.join(", ")
+    );
+    if !results.notes.is_empty() || !results.rate_lowerings.is_empty() {
+        let _ = writeln!(out, "\nNotes:\n");
+        for note in &results.notes {
+            let _ = writeln!(out, "- {note}");
+        }
+    }
+    if let Some(lowest) = results.rate_lowerings.iter().map(|l| l.lowered_to).min() {
+        let _ = writeln!(
+            out,
+            "- the kernel lowered perf_event_max_sample_rate {} time(s), to {lowest} at the \
+             lowest (a sample took longer than its budget; the bench put it back each time); \
+             the runs are in bench.json (`rate_lowerings`)",
+            results.rate_lowerings.len()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nIn the commands, `$RELEASE` is `{}` and `$WORK` is `{}`. Every run's exact command \
+         is in bench.json (`trials`).",
+        results.release_dir, results.work_dir
+    );
+}
+
+fn workloads(out: &mut String, results: &Results, shorten: &Shorten) {
+    let _ = writeln!(
+        out,
+        "\n## Workloads\n\nEach runs under `run_timed`, which measures the workload's own wall \
+         and CPU time from inside the tool's run.\n"
+    );
+    let _ = writeln!(out, "| Workload | What | Command |\n|---|---|---|");
+    for workload in &results.workloads {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            workload.name,
+            workload.description,
+            shorten.command(&super::measure::command_line(&workload.argv))
+        );
+    }
+}
+
+fn overhead(out: &mut String, rows: &[RowSummary]) {
+    let _ = writeln!(
+        out,
+        "\n## 1. Overhead\n\nRatios to the bare run of the same round, median (min–max) over \
+         the rounds. *Workload*: the workload's own time, measured inside the tool's run. \
+         *Command*: the whole tool command, start-up, symbolization and file writing included. \
+         *All CPU*: the workload's processes and the tool's own.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| Workload | Event | Bare wall s | Wall ours | Wall perf | Command wall ours | \
+         Command wall perf | CPU ours | CPU perf | All CPU ours | All CPU perf |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.workload,
+            row.label,
+            spread(row.bare_wall_s, 2),
+            ratio(row.ours.workload_wall_ratio),
+            ratio(row.perf.workload_wall_ratio),
+            ratio(row.ours.command_wall_ratio),
+            ratio(row.perf.command_wall_ratio),
+            ratio(row.ours.workload_cpu_ratio),
+            ratio(row.perf.workload_cpu_ratio),
+            ratio(row.ours.total_cpu_ratio),
+            ratio(row.perf.total_cpu_ratio),
+        );
+    }
+    let _ = writeln!(out, "\n![overhead against the rate](overhead.svg)");
+}
+
+fn loss(out: &mut String, rows: &[RowSummary]) {
+    let _ = writeln!(
+        out,
+        "\n## 2. Loss\n\nSums over the rounds. *Expected*: the workload's CPU time × rate \
+         (cpu-clock; the time the kernel spends sampling counts too, so it differs between the \
+         tools) or its page faults (page-faults every fault), from the tool's own runs. Ours: *fired* = program runs \
+         counted in the kernel, *lost* = whole samples reported lost, *unaccounted* = fired − \
+         kept − lost (silent loss), *stacks lost* = samples kept without their call stack. \
+         Perf: *lost* = its LOST / LOST_SAMPLES records, *throttles* = its THROTTLE records \
+         (the kernel stopped sampling for a while). Loss % = (lost + unaccounted) / (kept + \
+         lost + unaccounted).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| Workload | Event | Ours expected | Ours fired | Ours kept | Ours lost | Ours loss | \
+         Ours unaccounted | Ours stacks lost | Perf expected | Perf kept | Perf lost | Perf loss \
+         | Perf throttles |"
+    );
+    let _ = writeln!(
+        out,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.workload,
+            row.label,
+            count(row.ours.expected_samples.round() as u64),
+            row.ours.counts.fired.map_or("–".into(), count),
+            loss_cells(&row.ours),
+            row.ours
+                .unaccounted
+                .map_or("–".into(), |value| value.to_string()),
+            row.ours.counts.stacks_lost.map_or("–".into(), count),
+            count(row.perf.expected_samples.round() as u64),
+            loss_cells(&row.perf),
+            row.perf.counts.throttle_events.map_or("–".into(), count),
+        );
+    }
+    let _ = writeln!(out, "\n![loss against the rate](loss.svg)");
+}
+
+fn volume(out: &mut String, rows: &[RowSummary]) {
+    let _ = writeln!(
+        out,
+        "\n## 3. Data volume\n\nBytes written per million samples kept: our profile file \
+         (`-o`) against perf.data, median (min–max) over the rounds. Our file holds counts per \
+         distinct stack (it grows with the stacks, not the samples) plus the symbolized frames, \
+         so its bytes per sample fall as the rate rises; perf.data holds every sample.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| Workload | Event | Ours MB / M samples | Perf MB / M samples | Perf / ours |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    for row in rows {
+        let ours = row.ours.bytes_per_million_samples;
+        let perf = row.perf.bytes_per_million_samples;
+        let times = match (ours, perf) {
+            (Some(ours), Some(perf)) => format!("×{:.1}", perf.median / ours.median),
+            _ => "–".into(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {times} |",
+            row.workload,
+            row.label,
+            spread(megabytes(ours), 2),
+            spread(megabytes(perf), 2),
+        );
+    }
+}
+
+fn report_speed(out: &mut String, results: &Results, shorten: &Shorten) {
+    let _ = writeln!(
+        out,
+        "\n## 4. Report speed\n\nTime from the profile file to a function report, on one \
+         large profile recorded by each tool.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| Tool | Samples | File MB | Report s | Record command | Report command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for speed in &results.report_speed {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2} | {:.2} | {} | {} |",
+            speed.tool.name(),
+            count(speed.samples),
+            speed.profile_bytes as f64 / 1e6,
+            speed.report_s,
+            shorten.command(&speed.record_command),
+            shorten.command(&speed.report_command),
+        );
+    }
+}
+
+fn in_kernel(out: &mut String, results: &Results, shorten: &Shorten) {
+    let _ = writeln!(
+        out,
+        "\n## 5. In-kernel cost\n\nRun time of our BPF program per sample, from the kernel's \
+         BPF run-time statistics (`record --stats`), median (min–max) over the rounds, against \
+         the kernel's budget per sample (perf_cpu_time_max_percent of the interval at \
+         perf_event_max_sample_rate).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| Workload | Event | ns per sample | Program runs | Budget ns | Of the budget | \
+         Command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    for cost in &results.in_kernel {
+        let share = cost.ns_per_sample.map_or("–".into(), |s| {
+            format!("{:.0}%", 100.0 * s.median / cost.budget_ns)
+        });
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.0} | {share} | {} |",
+            cost.workload,
+            cost.label,
+            spread(cost.ns_per_sample, 0),
+            count(cost.program_runs),
+            cost.budget_ns,
+            shorten.command(&cost.command),
+        );
+    }
+}
+
+fn footprint(out: &mut String, results: &Results, shorten: &Shorten) {
+    let _ = writeln!(
+        out,
+        "\n## 6. Agent footprint\n\nThe tool's own process (and its children) during a \
+         system-wide run of {} s while many_threads keeps every CPU busy, median (min–max) \
+         over the rounds. Our BPF maps' locked kernel memory is not in the RSS: it has its \
+         own column.\n",
+        results.settings.system_duration_s
+    );
+    let _ = writeln!(
+        out,
+        "| Tool | Peak RSS MiB | CPU s | % of one CPU | BPF maps MiB | Command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for entry in &results.footprint {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            entry.tool.name(),
+            spread(entry.peak_rss_mib, 1),
+            spread(entry.cpu_s, 2),
+            spread(entry.cpu_percent, 1),
+            spread(entry.map_mib, 1),
+            shorten.command(&entry.command),
+        );
+    }
+}
+
+fn commands(out: &mut String, results: &Results, shorten: &Shorten) {
+    let _ = writeln!(
+        out,
+        "\n## Commands\n\nEach row of tables 1–3 is one round after another of three runs back \
+         to back, e.g. for the first row:\n"
+    );
+    if let Some(trial) = results.trials.first() {
+        let _ = writeln!(out, "- bare: {}", shorten.command(&trial.bare.command));
+        let _ = writeln!(
+            out,
+            "- ours: {} (its JSON report on stdout gives the sample accounting)",
+            shorten.command(&trial.ours.run.command)
+        );
+        let _ = writeln!(
+            out,
+            "- perf: {}, then `perf report --stats -i $WORK/perf.data` for its sample, lost and \
+             throttle counts",
+            shorten.command(&trial.perf.run.command)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nWall and CPU time of each whole command come from wait4 (the command's process tree); \
+         the workload's own from the `run_timed` line it prints."
+    );
+}
+
+pub fn markdown(results: &Results) -> String {
+    let shorten = Shorten {
+        release: &results.release_dir,
+        work: &results.work_dir,
+    };
+    let mut out = String::new();
+    header(&mut out, results);
+    workloads(&mut out, results, &shorten);
+    overhead(&mut out, &results.rows);
+    loss(&mut out, &results.rows);
+    volume(&mut out, &results.rows);
+    report_speed(&mut out, results, &shorten);
+    in_kernel(&mut out, results, &shorten);
+    footprint(&mut out, results, &shorten);
+    commands(&mut out, results, &shorten);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_read_well() {
+        assert_eq!(count(0), "0");
+        assert_eq!(count(999), "999");
+        assert_eq!(count(1_234_567), "1,234,567");
+        let two = Spread::of([1.0, 1.1]);
+        assert_eq!(ratio(two), "×1.05 (1.00–1.10)");
+        assert_eq!(ratio(Spread::of([1.234])), "×1.23");
+        assert_eq!(ratio(None), "–");
+    }
+
+    #[test]
+    fn commands_use_the_short_names_defined_at_the_top() {
+        let shorten = Shorten {
+            release: "/t/release",
+            work: "/t/work",
+        };
+        assert_eq!(
+            shorten.command("/t/release/profiler record -o /t/work/p -- /t/release/run_timed"),
+            "`$RELEASE/profiler record -o $WORK/p -- $RELEASE/run_timed`"
+        );
+    }
+}
