@@ -180,6 +180,17 @@ fn run(task: Task) -> Result<()> {
                 "warnings",
             ]))?;
             build_release()?;
+            if filter.is_none() {
+                // The benchmark's smoke run: every figure is produced, nothing is asserted about
+                // speed. Before the tests, so that their closing line ends the output.
+                let Cli {
+                    task: Task::Bench(quick),
+                } = Cli::parse_from(["xtask", "bench", "--quick"])
+                else {
+                    unreachable!("`bench --quick` parses as the bench task");
+                };
+                bench::run(quick)?;
+            }
             let mut test = cargo();
             test.args(["test", "--workspace", "--release", "--no-fail-fast"])
                 .env("PROFILER_BIN", target_dir().join("release/profiler"));
