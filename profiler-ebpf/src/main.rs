@@ -71,6 +71,10 @@ static DATA_SOURCES_1: PerCpuHashMap<DataSourceKey, u64> =
 /// Index `CONTROL_GENERATION`: the generation the program writes to.
 #[map]
 static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
+/// Stack-count entries each generation has created, per CPU: the agent drains early when the
+/// generation it is not draining fills up.
+#[map]
+static NEW_STACK_KEYS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 /// Programs currently writing each generation, per CPU.
 #[map]
 static INFLIGHT: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
@@ -101,6 +105,7 @@ const EFAULT: i64 = 14;
 
 /// The maps of one generation.
 struct Generation {
+    index: u32,
     stacks: &'static StackTrace,
     stack_counts: &'static PerCpuHashMap<StackKey, u64>,
     instructions: &'static PerCpuHashMap<InstructionKey, SampleStats>,
@@ -200,6 +205,7 @@ fn capture(ctx: &PerfEventContext) {
     // Map pointers are chosen in code: BPF data sections cannot hold relocations.
     let maps = if generation == 0 {
         Generation {
+            index: 0,
             stacks: &STACKS_0,
             stack_counts: &STACK_COUNTS_0,
             instructions: &INSTRUCTIONS_0,
@@ -209,6 +215,7 @@ fn capture(ctx: &PerfEventContext) {
         }
     } else {
         Generation {
+            index: 1,
             stacks: &STACKS_1,
             stack_counts: &STACK_COUNTS_1,
             instructions: &INSTRUCTIONS_1,
@@ -449,7 +456,8 @@ fn stack_id(
     }
 }
 
-/// Adds one sample to a per-CPU hash map entry, creating it on first use.
+/// Adds one sample to a per-CPU hash map entry, creating it on first use; whether it created
+/// the entry.
 #[inline(always)]
 fn bump<K, V>(
     map: &PerCpuHashMap<K, V>,
@@ -457,20 +465,22 @@ fn bump<K, V>(
     init: &V,
     update: impl Fn(&mut V),
     full: LossKind,
-) {
+) -> bool {
     if let Some(value) = map.get_ptr_mut(key) {
         // SAFETY: this CPU's slot of an existing entry; programs do not nest on one CPU.
         update(unsafe { &mut *value });
-        return;
+        return false;
     }
-    if map.insert(key, init, BPF_NOEXIST as u64).is_err() {
-        // Another CPU may have created the key (EEXIST) between lookup and insert: retry once.
-        match map.get_ptr_mut(key) {
-            // SAFETY: as above.
-            Some(value) => update(unsafe { &mut *value }),
-            None => lose(full),
-        }
+    if map.insert(key, init, BPF_NOEXIST as u64).is_ok() {
+        return true;
     }
+    // Another CPU may have created the key (EEXIST) between lookup and insert: retry once.
+    match map.get_ptr_mut(key) {
+        // SAFETY: as above.
+        Some(value) => update(unsafe { &mut *value }),
+        None => lose(full),
+    }
+    false
 }
 
 #[inline(always)]
@@ -532,13 +542,15 @@ fn record(
         _pad: 0,
         cgroup,
     };
-    bump(
+    if bump(
         maps.stack_counts,
         &key,
         &1,
         |count| *count += 1,
         LossKind::StackCountsFull,
-    );
+    ) {
+        add(&NEW_STACK_KEYS, maps.index, 1);
+    }
 
     let mut first = SampleStats::default();
     add_stats(&mut first, data.latency);

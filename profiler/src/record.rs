@@ -267,7 +267,16 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         };
         tokio::select! {
             // Mappings are read often so their files are opened while short-lived processes live.
-            _ = sideband_ticker.tick() => sideband.read_into(&mut processes),
+            _ = sideband_ticker.tick() => {
+                sideband.read_into(&mut processes);
+                // Half full: drain now rather than lose samples to a full map at the next tick.
+                if drainer.fill(&program)? * 2 > u64::from(options.sizes.stack_counts) {
+                    let started = Instant::now();
+                    drainer.drain(&mut program, &mut drained)?;
+                    drain_time += started.elapsed();
+                    drains += 1;
+                }
+            }
             _ = ticker.tick() => {
                 let started = Instant::now();
                 sideband.read_into(&mut processes);

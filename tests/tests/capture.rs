@@ -444,3 +444,48 @@ fn several_pids_are_profiled_together() {
     assert_eq!(seen, BTreeSet::from([first.id(), second.id()]));
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn a_filling_map_is_drained_early_instead_of_losing_samples() {
+    // Small maps and a drain interval longer than the run: only drains triggered by the maps
+    // filling up can keep every sample of many short-lived processes.
+    let dir = temp_dir("early");
+    let file = dir.join("early.prof");
+    let churn = workload("short_processes");
+    let output = profiler(&[
+        "record",
+        "--stats",
+        "-F",
+        "10000",
+        "--map-entries",
+        "2048",
+        "--drain-interval",
+        "10000",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        churn.to_str().unwrap(),
+        "600",
+    ]);
+    let profile = read_profile(&file).unwrap();
+    let fired: u64 = profile.losses.samples_fired.iter().sum();
+    let drained: u64 = profile.stacks.iter().map(|s| s.count).sum();
+    assert_eq!(
+        profile.losses.counters["samples lost: stack-count map full"],
+        0
+    );
+    assert_eq!(fired, drained);
+    assert!(
+        profile.stacks.len() > 2048,
+        "the run must create more stack keys ({}) than the map holds",
+        profile.stacks.len()
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let drains: u32 = stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("drains: "))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no drain count in --stats:\n{stderr}"));
+    assert!(drains > 2, "only the final drains ran: {drains}\n{stderr}");
+    std::fs::remove_dir_all(dir).ok();
+}

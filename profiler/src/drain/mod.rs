@@ -8,7 +8,10 @@
 use std::{collections::HashMap, thread, time::Duration};
 
 use anyhow::{bail, Context, Result};
-use aya::maps::{MapData, PerCpuHashMap};
+use aya::{
+    maps::{MapData, PerCpuHashMap, PerCpuValues},
+    util::nr_cpus,
+};
 use profiler_common::{
     capture::{
         DataLineKey, DataSourceKey, InstructionKey, LatencyKey, LossKind, SampleStats, StackKey,
@@ -99,7 +102,25 @@ impl Drainer {
             .context("switching the capture generation")?;
         self.active = new;
         wait_until_left(program, old)?;
-        drain_generation(&mut program.generations[old as usize], into)
+        drain_generation(&mut program.generations[old as usize], into)?;
+        // The drained generation starts empty again; nothing writes it until the next flip.
+        let cpus = nr_cpus().map_err(|(what, e)| anyhow::anyhow!("counting CPUs ({what}): {e}"))?;
+        let zeros = PerCpuValues::try_from(vec![0u64; cpus]).context("building per-CPU zeros")?;
+        program
+            .new_stack_keys
+            .set(old, zeros, 0)
+            .context("resetting the capture's fill counter")
+    }
+
+    /// Stack-count entries the generation being written has created so far (an upper bound:
+    /// one key created on two CPUs counts twice).
+    pub fn fill(&self, program: &CaptureProgram) -> Result<u64> {
+        Ok(program
+            .new_stack_keys
+            .get(&self.active, 0)
+            .context("reading the capture's fill counter")?
+            .iter()
+            .sum())
     }
 
     /// Drains both generations: after the counters are disabled, this collects everything.
