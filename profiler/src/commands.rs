@@ -16,11 +16,12 @@ use crate::{
     export::{flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof},
     hardware::render::{hardware_json, render_hardware},
     import::{is_perf_data, profile_from_perf_data_file},
+    launch::TargetSpec,
     profile::{
         file::{read_profile, write_profile},
         Profile,
     },
-    record::{record, RecordOptions, TargetSpec},
+    record::{record, RecordOptions},
     report::render_report,
     scope::{
         cgroup::{cgroup2_mount, cgroup_subtree_ids, resolve_cgroup_dir},

@@ -112,3 +112,29 @@ mod tests {
         );
     }
 }
+
+/// What to profile or count, as the user said it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// Launch this command and follow it.
+    Command(Vec<String>),
+    Processes(Vec<u32>),
+    System,
+}
+
+impl TargetSpec {
+    /// For reports: `` `cmd args` ``, `process 1,2`, `all CPUs`.
+    pub fn describe(&self) -> String {
+        match self {
+            TargetSpec::Command(argv) => format!("`{}`", argv.join(" ")),
+            TargetSpec::Processes(pids) => format!(
+                "process {}",
+                pids.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            TargetSpec::System => "all CPUs".to_string(),
+        }
+    }
+}

@@ -27,33 +27,9 @@ use crate::{
     drain::{read_accounting, Accounting, Drained, Drainer},
     events::{EventSpec, PmuRegistry, Sampling, SystemFacts},
     launch::spawn_stopped,
+    launch::TargetSpec,
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
 };
-
-/// What to profile, as the user said it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TargetSpec {
-    /// Launch this command and follow it.
-    Command(Vec<String>),
-    Processes(Vec<u32>),
-    System,
-}
-
-impl TargetSpec {
-    fn describe(&self) -> String {
-        match self {
-            TargetSpec::Command(argv) => format!("`{}`", argv.join(" ")),
-            TargetSpec::Processes(pids) => format!(
-                "process {}",
-                pids.iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-            TargetSpec::System => "all CPUs".to_string(),
-        }
-    }
-}
 
 pub struct RecordOptions {
     pub events: Vec<EventSpec>,

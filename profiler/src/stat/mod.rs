@@ -22,7 +22,7 @@ use self::assemble::assemble;
 use self::count::Count;
 use self::counters::{CountScope, CounterSet, Split, ThreadId};
 use crate::events::{parse_event_list, EventAttr, EventSpec, PmuRegistry, SystemFacts};
-use crate::launch::{spawn_stopped, StoppedCommand};
+use crate::launch::{spawn_stopped, StoppedCommand, TargetSpec};
 
 /// `profiler stat` arguments.
 #[derive(Debug, clap::Args)]
@@ -75,38 +75,14 @@ const DEFAULT_SYSTEM_EVENTS: &str =
 /// How often per-thread ring buffers are drained and `-p` targets checked for exit.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
-/// What to count, as the user said it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StatTarget {
-    Command(Vec<String>),
-    Processes(Vec<u32>),
-    System,
-}
-
-impl StatTarget {
-    fn describe(&self) -> String {
-        match self {
-            StatTarget::Command(argv) => format!("'{}'", argv.join(" ")),
-            StatTarget::Processes(pids) => format!(
-                "process {}",
-                pids.iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-            StatTarget::System => "all CPUs".to_string(),
-        }
-    }
-}
-
 impl StatArgs {
-    fn target(&self) -> Result<StatTarget> {
+    fn target(&self) -> Result<TargetSpec> {
         if !self.command.is_empty() {
-            Ok(StatTarget::Command(self.command.clone()))
+            Ok(TargetSpec::Command(self.command.clone()))
         } else if !self.pids.is_empty() {
-            Ok(StatTarget::Processes(self.pids.clone()))
+            Ok(TargetSpec::Processes(self.pids.clone()))
         } else if self.all_cpus {
-            Ok(StatTarget::System)
+            Ok(TargetSpec::System)
         } else {
             Err(anyhow!(
                 "nothing to count: give a command after `--`, processes with -p PID, or -a for \
@@ -237,7 +213,7 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
     let target = args.target()?;
     let duration = args.duration()?;
     let registry = PmuRegistry::live().context("reading the PMUs from /sys")?;
-    let specs = args.event_specs(&registry, target == StatTarget::System)?;
+    let specs = args.event_specs(&registry, target == TargetSpec::System)?;
     let facts = SystemFacts::read(&registry);
     let split = Split {
         per_cpu: args.per_cpu,
@@ -245,11 +221,11 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
     };
 
     let mut command: Option<StoppedCommand> = match &target {
-        StatTarget::Command(argv) => Some(spawn_stopped(argv)?),
+        TargetSpec::Command(argv) => Some(spawn_stopped(argv)?),
         _ => None,
     };
     let scope = match (&target, &command) {
-        (StatTarget::Processes(pids), _) => CountScope::processes(pids)?,
+        (TargetSpec::Processes(pids), _) => CountScope::processes(pids)?,
         (_, Some(stopped)) => CountScope::Command(stopped.pid()?),
         _ => CountScope::System,
     };
@@ -282,7 +258,7 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
         tokio::select! {
             _ = ticker.tick() => {
                 counters.drain();
-                if let StatTarget::Processes(pids) = &target {
+                if let TargetSpec::Processes(pids) = &target {
                     if !pids.iter().any(|&pid| process_running(pid)) {
                         break;
                     }
@@ -357,13 +333,13 @@ mod tests {
         let command = args(&["-e", "page-faults", "--", "ls", "-l"]).unwrap();
         assert_eq!(
             command.target().unwrap(),
-            StatTarget::Command(vec!["ls".to_string(), "-l".to_string()])
+            TargetSpec::Command(vec!["ls".to_string(), "-l".to_string()])
         );
         assert_eq!(
             args(&["-p", "1,2", "-p", "3"]).unwrap().target().unwrap(),
-            StatTarget::Processes(vec![1, 2, 3])
+            TargetSpec::Processes(vec![1, 2, 3])
         );
-        assert_eq!(args(&["-a"]).unwrap().target().unwrap(), StatTarget::System);
+        assert_eq!(args(&["-a"]).unwrap().target().unwrap(), TargetSpec::System);
         let err = args(&[]).unwrap().target().unwrap_err();
         assert!(err.to_string().starts_with("nothing to count"), "{err}");
         assert!(args(&["-a", "-p", "1"]).is_err());
