@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use perf_event::{data::Record as PerfRecord, events::Software, Builder, Sampler};
+use perf_event::{data::Record as PerfRecord, events::Software, Builder, SampleFlag, Sampler};
 
 use super::counters::{online_cpus, threads_of, Target};
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
@@ -181,9 +181,10 @@ impl ProcessTable {
         }
     }
 
-    /// Applies one side-band record.
-    pub fn apply(&mut self, record: &PerfRecord, misc: u16) {
-        match record {
+    /// What one side-band record changes, read while its process lives: a new mapping's file
+    /// is opened now, before the process can exit.
+    fn change_of(&mut self, record: &PerfRecord, misc: u16) -> Option<Change> {
+        Some(match record {
             PerfRecord::Mmap2(mmap) => {
                 let mut mapping = Mapping {
                     start: mmap.addr,
@@ -196,18 +197,33 @@ impl ProcessTable {
                 };
                 // Live only: a pid in a perf.data import may belong to another process now.
                 self.open_mapped_file(mmap.pid, &mut mapping);
-                self.map(mmap.pid, mapping);
+                Change::Map(mmap.pid, mapping)
             }
-            PerfRecord::Comm(comm) => self.name_thread(
-                comm.pid,
-                comm.tid,
-                String::from_utf8_lossy(&comm.comm).into_owned(),
-                misc & MISC_COMM_EXEC != 0,
-            ),
-            PerfRecord::Fork(fork) => self.fork(fork.pid, fork.ppid),
-            PerfRecord::Exit(exit) if exit.pid == exit.tid => self.exit(exit.pid),
-            PerfRecord::Lost(lost) => self.lost_records += lost.lost,
-            _ => {}
+            PerfRecord::Comm(comm) => Change::NameThread {
+                pid: comm.pid,
+                tid: comm.tid,
+                name: String::from_utf8_lossy(&comm.comm).into_owned(),
+                exec: misc & MISC_COMM_EXEC != 0,
+            },
+            PerfRecord::Fork(fork) => Change::Fork(fork.pid, fork.ppid),
+            PerfRecord::Exit(exit) if exit.pid == exit.tid => Change::Exit(exit.pid),
+            PerfRecord::Lost(lost) => Change::Lost(lost.lost),
+            _ => return None,
+        })
+    }
+
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Map(pid, mapping) => self.map(pid, mapping),
+            Change::NameThread {
+                pid,
+                tid,
+                name,
+                exec,
+            } => self.name_thread(pid, tid, name, exec),
+            Change::Fork(pid, ppid) => self.fork(pid, ppid),
+            Change::Exit(pid) => self.exit(pid),
+            Change::Lost(records) => self.lost_records += records,
         }
     }
 
@@ -289,6 +305,20 @@ impl ProcessTable {
     }
 }
 
+/// What a side-band record does to the process table.
+enum Change {
+    Map(u32, Mapping),
+    NameThread {
+        pid: u32,
+        tid: u32,
+        name: String,
+        exec: bool,
+    },
+    Fork(u32, u32),
+    Exit(u32),
+    Lost(u64),
+}
+
 /// Dummy perf events that only deliver side-band records for the target: one ring buffer per
 /// CPU, the other events of that CPU (one per thread) redirected into it, as perf does, so a
 /// process with many threads does not lock a buffer per thread.
@@ -354,6 +384,8 @@ impl Sideband {
                 .build_id(true)
                 .comm(true)
                 .comm_exec(true)
+                .sample_id_all(true)
+                .sample(SampleFlag::TIME)
                 .task(true)
                 .exclude_kernel(false);
             let counter = match builder.build() {
@@ -404,15 +436,30 @@ impl Sideband {
         Ok(())
     }
 
-    /// Applies every pending record to the table.
+    /// Applies every pending record to the table, in time order: a task that moves between
+    /// CPUs during exec writes the exec's COMM into one CPU's ring and its new mappings into
+    /// another's, and applying the COMM last would erase the mappings.
     pub fn read_into(&mut self, table: &mut ProcessTable) {
+        let mut changes: Vec<(u64, Change)> = Vec::new();
         for sampler in &mut self.samplers {
             while let Some(record) = sampler.next_record() {
                 let misc = record.misc();
+                // With sample_id_all and only PERF_SAMPLE_TIME, every record ends in its time.
+                let time = record
+                    .to_contiguous()
+                    .rchunks_exact(8)
+                    .next()
+                    .map_or(0, |last| {
+                        u64::from_ne_bytes(last.try_into().unwrap_or([0; 8]))
+                    });
                 if let Ok(parsed) = record.parse_record() {
-                    table.apply(&parsed, misc);
+                    changes.extend(table.change_of(&parsed, misc).map(|c| (time, c)));
                 }
             }
+        }
+        changes.sort_by_key(|(time, _)| *time);
+        for (_, change) in changes {
+            table.apply(change);
         }
     }
 }
