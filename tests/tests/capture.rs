@@ -5,27 +5,10 @@ mod common;
 
 use std::{collections::BTreeSet, process::Command};
 
-use common::{profiler, workload};
+use common::{profiler, record_page_faults, temp_dir, touched_region, workload};
 use profiler::profile::{file::read_profile, Profile};
 
 const PAGE: u64 = 4096;
-
-/// (region start, pages, line) that page_toucher printed.
-fn touched_region(stderr: &str) -> (u64, u64, u64) {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("region "))
-        .unwrap_or_else(|| panic!("page_toucher printed no region:\n{stderr}"));
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let start = u64::from_str_radix(words[1].trim_start_matches("0x"), 16).unwrap();
-    (start, words[3].parse().unwrap(), words[5].parse().unwrap())
-}
-
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("profiler-test-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// Offsets inside the region of the data lines the profile attributes page faults to.
 fn sampled_line_offsets(profile: &Profile, region: (u64, u64, u64)) -> Vec<(u64, u64)> {
@@ -45,20 +28,8 @@ fn sampled_line_offsets(profile: &Profile, region: (u64, u64, u64)) -> Vec<(u64,
 fn page_faults_land_on_exactly_the_touched_cache_lines() {
     let dir = temp_dir("faults");
     let file = dir.join("faults.prof");
+    let output = record_page_faults(&file, &[], &["3000", "7"]);
     let toucher = workload("page_toucher");
-    let output = profiler(&[
-        "record",
-        "-e",
-        "page-faults",
-        "-c",
-        "1",
-        "-o",
-        file.to_str().unwrap(),
-        "--",
-        toucher.to_str().unwrap(),
-        "3000",
-        "7",
-    ]);
     let region = touched_region(&String::from_utf8_lossy(&output.stderr));
     assert_eq!((region.1, region.2), (3000, 7));
     let profile = read_profile(&file).unwrap();
@@ -354,21 +325,7 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
 fn without_btf_it_captures_ips_and_stacks_and_says_what_is_missing() {
     let dir = temp_dir("nobtf");
     let file = dir.join("nobtf.prof");
-    let toucher = workload("page_toucher");
-    let output = profiler(&[
-        "record",
-        "--btf",
-        "/nonexistent/vmlinux",
-        "-e",
-        "page-faults",
-        "-c",
-        "1",
-        "-o",
-        file.to_str().unwrap(),
-        "--",
-        toucher.to_str().unwrap(),
-        "500",
-    ]);
+    let output = record_page_faults(&file, &["--btf", "/nonexistent/vmlinux"], &["500"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("kernel BTF not found at /nonexistent/vmlinux")

@@ -225,13 +225,7 @@ fn page_fault_addresses_land_on_the_touched_cache_lines() {
         "page_toucher",
         &[&PAGES.to_string(), &LINE.to_string()],
     );
-    // "region 0x7f... pages N line L"
-    let region = stderr
-        .lines()
-        .find(|line| line.starts_with("region "))
-        .and_then(|line| line.split_whitespace().nth(1))
-        .and_then(|hex| u64::from_str_radix(hex.trim_start_matches("0x"), 16).ok())
-        .unwrap_or_else(|| panic!("page_toucher printed {stderr:?}"));
+    let (region, _, _) = common::touched_region(&stderr);
     let profile = import(&file);
 
     let perf = perf_samples_per_symbol(&file);

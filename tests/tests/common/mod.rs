@@ -81,3 +81,38 @@ pub fn self_percent(event: &Value, function: &str) -> f64 {
         .find(|f| f["function"] == function)
         .map_or(0.0, |f| f["self_percent"].as_f64().expect("a number"))
 }
+
+/// A fresh directory for one test's files.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("profiler-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// (region start, pages, line) that page_toucher printed on stderr:
+/// `region 0x7f... pages N line L`.
+pub fn touched_region(stderr: &str) -> (u64, u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("region "))
+        .unwrap_or_else(|| panic!("page_toucher printed no region:\n{stderr}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let start = u64::from_str_radix(words[1].trim_start_matches("0x"), 16).unwrap();
+    (start, words[3].parse().unwrap(), words[5].parse().unwrap())
+}
+
+/// `profiler record -e page-faults -c 1 OPTIONS -o FILE -- page_toucher ARGS`: a sample on every
+/// fault of a workload that touches known pages.
+pub fn record_page_faults(file: &std::path::Path, options: &[&str], args: &[&str]) -> Output {
+    let toucher = workload("page_toucher");
+    let mut all = vec!["record", "-e", "page-faults", "-c", "1"];
+    all.extend_from_slice(options);
+    all.extend_from_slice(&[
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        toucher.to_str().unwrap(),
+    ]);
+    all.extend_from_slice(args);
+    profiler(&all)
+}
