@@ -79,6 +79,16 @@ pub struct LatencyKey {
     pub ip: u64,
 }
 
+/// Key of the data cache-line latency-histogram map: one histogram per (process, event, 64-byte
+/// data line), whatever instruction made the access: load-latency percentiles per cache line.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LineLatencyKey {
+    pub pid: u32,
+    pub event: u32,
+    pub line: u64,
+}
+
 /// Key of the data-source map: samples per (process, event, instruction, data line, data
 /// source), for `perf mem`-style breakdowns by instruction, function and cache line.
 #[repr(C)]
@@ -144,10 +154,15 @@ pub enum LossKind {
     IbsRegistersUnreadable = 11,
     /// The data-source map was full: the hardware view misses this sample.
     DataSourcesFull = 12,
+    /// The IBS register ring buffer was full: the IBS-derived counters miss this sample.
+    IbsRingFull = 13,
+    /// The per-data-line latency-histogram map was full: the line's histogram misses this
+    /// sample.
+    LineLatencyFull = 14,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 15;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
@@ -162,6 +177,8 @@ impl LossKind {
         LossKind::RingBufferFull,
         LossKind::IbsRegistersUnreadable,
         LossKind::DataSourcesFull,
+        LossKind::IbsRingFull,
+        LossKind::LineLatencyFull,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
@@ -187,6 +204,8 @@ impl LossKind {
                 "IBS registers unreadable (address/latency/source lost)"
             }
             LossKind::DataSourcesFull => "hardware view (data sources): map full",
+            LossKind::IbsRingFull => "IBS derived counters: register ring buffer full",
+            LossKind::LineLatencyFull => "data cache-line latency histograms: map full",
         }
     }
 }
@@ -275,8 +294,12 @@ pub struct RawDecoding {
     /// Bit `i` set: event index `i` is an AMD IBS op event, whose raw payload holds the op
     /// registers.
     pub ibs_op_events: u32,
+    /// Bit `i` set: event index `i` is an AMD IBS fetch event, whose raw payload holds the fetch
+    /// registers.
+    pub ibs_fetch_events: u32,
     /// `IBS_ERRATUM_*` bits of the CPU the program runs on.
     pub ibs_errata: u32,
+    pub _pad: u32,
 }
 
 /// Erratum 1293: OP_DATA2 is invalid with "DC miss, no MAB" or software prefetch.
@@ -291,18 +314,28 @@ pub const IBS_ERRATUM_CACHE_HIT_STATE: u32 = 1 << 3;
 impl RawDecoding {
     pub const EMPTY: RawDecoding = RawDecoding {
         ibs_op_events: 0,
+        ibs_fetch_events: 0,
         ibs_errata: 0,
+        _pad: 0,
     };
 
-    /// Decoding for IBS op events at `events` (indices below [`MAX_EVENTS`]) on a CPU with
-    /// `errata`.
-    pub fn new(events: impl IntoIterator<Item = u32>, errata: IbsErrata) -> RawDecoding {
+    /// Decoding for IBS op events at `op_events` and IBS fetch events at `fetch_events` (indices
+    /// below [`MAX_EVENTS`]) on a CPU with `errata`.
+    pub fn new(
+        op_events: impl IntoIterator<Item = u32>,
+        fetch_events: impl IntoIterator<Item = u32>,
+        errata: IbsErrata,
+    ) -> RawDecoding {
         let flag = |set: bool, bit: u32| if set { bit } else { 0 };
-        RawDecoding {
-            ibs_op_events: events
-                .into_iter()
+        let bits = |events: &mut dyn Iterator<Item = u32>| {
+            events
                 .filter(|&event| (event as usize) < MAX_EVENTS)
-                .fold(0, |bits, event| bits | (1 << event)),
+                .fold(0, |bits, event| bits | (1 << event))
+        };
+        RawDecoding {
+            ibs_op_events: bits(&mut op_events.into_iter()),
+            ibs_fetch_events: bits(&mut fetch_events.into_iter()),
+            _pad: 0,
             ibs_errata: flag(
                 errata.op_data2_without_mab,
                 IBS_ERRATUM_OP_DATA2_WITHOUT_MAB,
@@ -318,6 +351,23 @@ impl RawDecoding {
     #[inline(always)]
     pub const fn is_ibs_op(&self, event: u32) -> bool {
         event < MAX_EVENTS as u32 && self.ibs_op_events & (1 << event) != 0
+    }
+
+    #[inline(always)]
+    pub const fn is_ibs_fetch(&self, event: u32) -> bool {
+        event < MAX_EVENTS as u32 && self.ibs_fetch_events & (1 << event) != 0
+    }
+
+    /// Whether `event` is an IBS event of either kind, whose registers are streamed to the agent.
+    #[inline(always)]
+    pub const fn is_ibs(&self, event: u32) -> bool {
+        event < MAX_EVENTS as u32 && self.ibs_events() & (1 << event) != 0
+    }
+
+    /// Bits of every IBS event.
+    #[inline(always)]
+    pub const fn ibs_events(&self) -> u32 {
+        self.ibs_op_events | self.ibs_fetch_events
     }
 
     #[inline(always)]
@@ -345,6 +395,41 @@ pub mod sample_flags {
 /// Generation control: index 0 of the control map holds the generation (0 or 1) the program
 /// writes to; the agent flips it and drains the other one.
 pub const CONTROL_GENERATION: u32 = 0;
+
+/// Bytes of the largest IBS raw payload Linux sends: the `u32` capabilities word, the seven op
+/// registers, BR_TARGET and OP_DATA4 (a fetch payload is shorter: three or four registers).
+pub const IBS_PAYLOAD_MAX_BYTES: usize = 4 + 9 * 8;
+/// Bytes every IBS payload has: the capabilities word and the three fetch registers; longer
+/// payloads add whole registers.
+pub const IBS_PAYLOAD_MIN_BYTES: usize = 4 + 3 * 8;
+
+/// The registers of one IBS sample, streamed to the agent through the IBS ring buffer: the
+/// derived counters (CodeXL's events) are accumulated there with the same decoders, since the
+/// counters are too large for the program's stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IbsRecord {
+    pub pid: u32,
+    pub event: u32,
+    pub ip: u64,
+    /// The data address's 64-byte line, valid with `sample_flags::ADDR` in `sample_flags`.
+    pub line: u64,
+    /// `perf_mem_data_src`, valid with `sample_flags::DATA_SRC`: the kernel's, or decoded from
+    /// the op registers by the program.
+    pub data_src: u64,
+    pub sample_flags: u64,
+    /// Valid bytes of `payload`.
+    pub payload_len: u32,
+    /// The PERF_SAMPLE_RAW payload: `u32` capabilities, then the registers.
+    pub payload: [u8; IBS_PAYLOAD_MAX_BYTES],
+}
+
+impl IbsRecord {
+    /// The valid part of the payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload[..(self.payload_len as usize).min(IBS_PAYLOAD_MAX_BYTES)]
+    }
+}
 
 /// One sample as streamed through the raw ring buffer (`record --raw`).
 #[repr(C)]
@@ -376,11 +461,13 @@ mod pod {
     unsafe impl aya::Pod for InstructionKey {}
     unsafe impl aya::Pod for DataLineKey {}
     unsafe impl aya::Pod for LatencyKey {}
+    unsafe impl aya::Pod for LineLatencyKey {}
     unsafe impl aya::Pod for DataSourceKey {}
     unsafe impl aya::Pod for SampleStats {}
     unsafe impl aya::Pod for CaptureConfig {}
     unsafe impl aya::Pod for RawDecoding {}
     unsafe impl aya::Pod for RawSample {}
+    unsafe impl aya::Pod for IbsRecord {}
     unsafe impl aya::Pod for crate::latency::LatencyBuckets {}
 }
 
@@ -395,29 +482,35 @@ mod tests {
         assert_eq!(size_of::<InstructionKey>(), 16);
         assert_eq!(size_of::<DataLineKey>(), 32);
         assert_eq!(size_of::<LatencyKey>(), 16);
+        assert_eq!(size_of::<LineLatencyKey>(), 16);
         assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
         assert_eq!(size_of::<KernelOffsets>(), 56);
         assert_eq!(size_of::<CaptureConfig>(), 64);
-        assert_eq!(size_of::<RawDecoding>(), 8);
+        assert_eq!(size_of::<RawDecoding>(), 16);
+        assert_eq!(size_of::<IbsRecord>(), 120);
         assert_eq!(size_of::<RawSample>(), 88);
     }
 
     #[test]
     fn raw_decoding_round_trips_events_and_errata() {
         let zen3 = IbsErrata::for_cpu(0x19, 0x01);
-        let decoding = RawDecoding::new([0, 3, 15, 16, 40], zen3);
+        let decoding = RawDecoding::new([0, 3, 15, 16, 40], [1, 17], zen3);
         assert_eq!(decoding.ibs_op_events, 0b1000_0000_0000_1001);
+        assert_eq!(decoding.ibs_fetch_events, 0b10);
         assert!(decoding.is_ibs_op(3) && decoding.is_ibs_op(15));
         assert!(!decoding.is_ibs_op(1) && !decoding.is_ibs_op(16) && !decoding.is_ibs_op(40));
+        assert!(decoding.is_ibs_fetch(1) && !decoding.is_ibs_fetch(0));
+        assert!(decoding.is_ibs(0) && decoding.is_ibs(1) && !decoding.is_ibs(2));
+        assert!(!decoding.is_ibs(17) && !decoding.is_ibs(40));
         assert_eq!(decoding.ibs_errata, 0b1111);
         assert_eq!(decoding.errata(), zen3);
         let zen3_plus = IbsErrata::for_cpu(0x19, 0x21);
         assert_eq!(
-            RawDecoding::new([], zen3_plus).ibs_errata,
+            RawDecoding::new([], [], zen3_plus).ibs_errata,
             IBS_ERRATUM_CACHE_HIT_STATE
         );
-        assert_eq!(RawDecoding::new([], zen3_plus).errata(), zen3_plus);
+        assert_eq!(RawDecoding::new([], [], zen3_plus).errata(), zen3_plus);
         assert_eq!(RawDecoding::default(), RawDecoding::EMPTY);
     }
 

@@ -9,7 +9,10 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::{
+        BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
+        BPF_RB_RING_SIZE,
+    },
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
@@ -21,12 +24,14 @@ use aya_ebpf::{
 };
 use profiler_common::{
     capture::{
-        access_of_data_source, sample_flags, CaptureConfig, DataLineKey, DataSourceKey,
-        InstructionKey, LatencyKey, LossKind, RawSample, SampleStats, StackKey, ACCESS_UNKNOWN,
-        CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
-        CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_USER_STACKS,
-        CONTROL_GENERATION, LOST_STACK, MAX_EVENTS, NO_STACK,
+        access_of_data_source, sample_flags, CaptureConfig, DataLineKey, DataSourceKey, IbsRecord,
+        InstructionKey, LatencyKey, LineLatencyKey, LossKind, RawDecoding, RawSample, SampleStats,
+        StackKey, ACCESS_UNKNOWN, CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
+        CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
+        CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES, IBS_PAYLOAD_MIN_BYTES,
+        LOST_STACK, MAX_EVENTS, NO_STACK,
     },
+    hw::ibs::IbsOpSample,
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
 };
 
@@ -60,6 +65,12 @@ static LATENCIES_0: PerCpuHashMap<LatencyKey, LatencyBuckets> =
     PerCpuHashMap::with_max_entries(1024, 0);
 #[map]
 static LATENCIES_1: PerCpuHashMap<LatencyKey, LatencyBuckets> =
+    PerCpuHashMap::with_max_entries(1024, 0);
+#[map]
+static LINE_LATENCIES_0: PerCpuHashMap<LineLatencyKey, LatencyBuckets> =
+    PerCpuHashMap::with_max_entries(1024, 0);
+#[map]
+static LINE_LATENCIES_1: PerCpuHashMap<LineLatencyKey, LatencyBuckets> =
     PerCpuHashMap::with_max_entries(1024, 0);
 #[map]
 static DATA_SOURCES_0: PerCpuHashMap<DataSourceKey, u64> =
@@ -99,6 +110,9 @@ static CGROUP_FILTER: HashMap<u64, u8> = HashMap::with_max_entries(1024, 0);
 /// Time-ordered stream of every sample, with `CAPTURE_RAW`.
 #[map]
 static RAW_SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+/// The registers of every IBS sample, for the derived counters the agent accumulates.
+#[map]
+static IBS_SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 
 const EEXIST: i64 = 17;
 const EFAULT: i64 = 14;
@@ -111,6 +125,7 @@ struct Generation {
     instructions: &'static PerCpuHashMap<InstructionKey, SampleStats>,
     data_lines: &'static PerCpuHashMap<DataLineKey, SampleStats>,
     latencies: &'static PerCpuHashMap<LatencyKey, LatencyBuckets>,
+    line_latencies: &'static PerCpuHashMap<LineLatencyKey, LatencyBuckets>,
     data_sources: &'static PerCpuHashMap<DataSourceKey, u64>,
 }
 
@@ -123,6 +138,9 @@ struct SampleData {
     phys_addr: u64,
     latency: u64,
     data_src: u64,
+    /// The PERF_SAMPLE_RAW payload of an IBS sample (kernel address, 0 when none) and its bytes.
+    raw_payload: u64,
+    raw_size: u64,
 }
 
 #[perf_event]
@@ -211,6 +229,7 @@ fn capture(ctx: &PerfEventContext) {
             instructions: &INSTRUCTIONS_0,
             data_lines: &DATA_LINES_0,
             latencies: &LATENCIES_0,
+            line_latencies: &LINE_LATENCIES_0,
             data_sources: &DATA_SOURCES_0,
         }
     } else {
@@ -221,6 +240,7 @@ fn capture(ctx: &PerfEventContext) {
             instructions: &INSTRUCTIONS_1,
             data_lines: &DATA_LINES_1,
             latencies: &LATENCIES_1,
+            line_latencies: &LINE_LATENCIES_1,
             data_sources: &DATA_SOURCES_1,
         }
     };
@@ -284,15 +304,34 @@ fn read_sample_data(ctx: &PerfEventContext, config: &CaptureConfig) -> (Option<u
         data.data_src = read(offsets.data_src).unwrap_or(0);
     }
     let decoding = raw_decoding();
-    // `ibs_op_events` is a load-time constant: without IBS events the verifier drops this whole
-    // branch instead of walking the decoder on every path.
-    if decoding.ibs_op_events != 0
+    // The IBS event bits are load-time constants: without IBS events the verifier drops these
+    // branches instead of walking the decoder on every path.
+    if decoding.ibs_events() != 0
         && flags & sample_flags::RAW != 0
+        && event.is_some_and(|event| decoding.is_ibs(event))
+    {
+        match read(offsets.raw).and_then(|raw| raw_payload(raw, offsets)) {
+            Some((payload, size)) => {
+                data.raw_payload = payload;
+                data.raw_size = size;
+            }
+            None => lose(LossKind::IbsRegistersUnreadable),
+        }
+    }
+    if decoding.ibs_op_events != 0
+        && data.raw_payload != 0
         && event.is_some_and(|event| decoding.is_ibs_op(event))
     {
-        match read(offsets.raw).and_then(|raw| read_ibs_op(raw, offsets)) {
+        let mut bytes = [0u8; IBS_PAYLOAD_MAX_BYTES];
+        let registers = read_ibs_payload(data.raw_payload, data.raw_size, &mut bytes)
+            .and_then(|len| IbsOpSample::parse(bytes.get(..len)?).ok());
+        match registers {
             Some(registers) => add_ibs_op_fields(&registers, &decoding, &mut data),
-            None => lose(LossKind::IbsRegistersUnreadable),
+            None => {
+                lose(LossKind::IbsRegistersUnreadable);
+                // Counted once: nothing is streamed of it either.
+                data.raw_payload = 0;
+            }
         }
     }
     (event, data)
@@ -304,24 +343,19 @@ static RAW_DECODING: profiler_common::capture::RawDecoding =
     profiler_common::capture::RawDecoding::EMPTY;
 
 #[inline(always)]
-fn raw_decoding() -> profiler_common::capture::RawDecoding {
+fn raw_decoding() -> RawDecoding {
     // SAFETY: a plain read of our own read-only global; volatile so the compiler cannot fold
     // the all-zero initializer that the agent overrides at load time.
     unsafe { core::ptr::read_volatile(&RAW_DECODING) }
 }
 
-/// Bytes of an IBS op payload: the u32 capability word and OP_CTL .. DC_PHYSADDR.
-const IBS_OP_FIXED_BYTES: usize = 4 + 7 * 8;
-/// With BR_TARGET and OP_DATA4, the most registers Linux sends.
-const IBS_OP_MAX_BYTES: usize = IBS_OP_FIXED_BYTES + 2 * 8;
-
-/// The IBS op registers behind `perf_sample_data.raw` (a `perf_raw_record *`), read in
-/// fixed-size pieces the verifier can bound; `None` when the payload is too short or unreadable.
+/// The PERF_SAMPLE_RAW payload behind `perf_sample_data.raw` (a `perf_raw_record *`): its
+/// address and length.
 #[inline(always)]
-fn read_ibs_op(
+fn raw_payload(
     raw_record: u64,
     offsets: &profiler_common::capture::KernelOffsets,
-) -> Option<profiler_common::hw::ibs::IbsOpSample> {
+) -> Option<(u64, u64)> {
     // SAFETY: kernel reads through the checking helper.
     let payload =
         unsafe { bpf_probe_read_kernel((raw_record + offsets.raw_frag_data as u64) as *const u64) }
@@ -329,15 +363,27 @@ fn read_ibs_op(
     // SAFETY: as above.
     let size =
         unsafe { bpf_probe_read_kernel((raw_record + offsets.raw_frag_size as u64) as *const u32) }
-            .ok()? as usize;
-    if payload == 0 || size < IBS_OP_FIXED_BYTES {
+            .ok()?;
+    (payload != 0).then_some((payload, u64::from(size)))
+}
+
+/// Copies an IBS payload of `size` bytes at `payload` into `into`, in fixed-size pieces the
+/// verifier can bound: the part every payload has, then whole registers while the payload has
+/// more. The bytes copied; `None` when the payload is too short or unreadable.
+#[inline(always)]
+fn read_ibs_payload(
+    payload: u64,
+    size: u64,
+    into: &mut [u8; IBS_PAYLOAD_MAX_BYTES],
+) -> Option<usize> {
+    let size = size as usize;
+    if size < IBS_PAYLOAD_MIN_BYTES {
         return None;
     }
-    let mut bytes = [0u8; IBS_OP_MAX_BYTES];
-    let (fixed, extra) = bytes.split_at_mut(IBS_OP_FIXED_BYTES);
-    // SAFETY: reads into stack buffers of exactly the given lengths, through the helper.
+    let (fixed, extra) = into.split_at_mut(IBS_PAYLOAD_MIN_BYTES);
+    // SAFETY: reads into buffers of exactly the given lengths, through the checking helper.
     unsafe { aya_ebpf::helpers::bpf_probe_read_kernel_buf(payload as *const u8, fixed) }.ok()?;
-    let mut len = IBS_OP_FIXED_BYTES;
+    let mut len = IBS_PAYLOAD_MIN_BYTES;
     for register in extra.chunks_exact_mut(8) {
         if size < len + 8 {
             break;
@@ -352,17 +398,13 @@ fn read_ibs_op(
         .ok()?;
         len += 8;
     }
-    profiler_common::hw::ibs::IbsOpSample::parse(bytes.get(..len)?).ok()
+    Some(len)
 }
 
 /// Fills what the kernel did not put in `perf_sample_data` (kernels before 6.1 decode nothing
 /// of IBS themselves) from the op registers.
 #[inline(always)]
-fn add_ibs_op_fields(
-    registers: &profiler_common::hw::ibs::IbsOpSample,
-    decoding: &profiler_common::capture::RawDecoding,
-    data: &mut SampleData,
-) {
+fn add_ibs_op_fields(registers: &IbsOpSample, decoding: &RawDecoding, data: &mut SampleData) {
     let fields = registers.decode(decoding.errata()).sample_fields();
     if data.flags & sample_flags::ADDR == 0 {
         if let Some(addr) = fields.data_addr {
@@ -584,10 +626,39 @@ fn record(
         );
     }
     if data.latency != 0 {
-        record_latency(maps, pid, event, ip, data.latency);
+        record_latency(
+            maps.latencies,
+            &LatencyKey { pid, event, ip },
+            data.latency,
+            LossKind::LatencyFull,
+        );
+        if data.flags & sample_flags::ADDR != 0 {
+            let key = LineLatencyKey {
+                pid,
+                event,
+                line: data.addr & !(CACHE_LINE_BYTES - 1),
+            };
+            record_latency(
+                maps.line_latencies,
+                &key,
+                data.latency,
+                LossKind::LineLatencyFull,
+            );
+        }
     }
+    let decoding = raw_decoding();
+    // IBS samples go to the agent whole, data source included: it aggregates them with the
+    // derived counters. `ibs_events` is a load-time constant, so runs without IBS events leave
+    // this out of the program.
+    let streamed = decoding.ibs_events() != 0
+        && data.raw_payload != 0
+        && decoding.is_ibs(event)
+        && stream_ibs(pid, event, ip, data);
     // A load-time constant: runs without such events leave this out of the program.
-    if config.flags & CAPTURE_DATA_SOURCES != 0 && data.flags & sample_flags::DATA_SRC != 0 {
+    if !streamed
+        && config.flags & CAPTURE_DATA_SOURCES != 0
+        && data.flags & sample_flags::DATA_SRC != 0
+    {
         let line = if data.flags & sample_flags::ADDR != 0 {
             data.addr & !(CACHE_LINE_BYTES - 1)
         } else {
@@ -613,27 +684,31 @@ fn record(
     }
 }
 
+/// Adds one latency to its histogram in `map`, creating the histogram on first use.
 #[inline(always)]
-fn record_latency(maps: &Generation, pid: u32, event: u32, ip: u64, latency: u64) {
-    let key = LatencyKey { pid, event, ip };
+fn record_latency<K>(
+    map: &PerCpuHashMap<K, LatencyBuckets>,
+    key: &K,
+    latency: u64,
+    full: LossKind,
+) {
     let bucket = bucket_index(latency);
     if bucket >= LATENCY_BUCKETS {
         return;
     }
-    if maps.latencies.get_ptr_mut(&key).is_none() {
+    if map.get_ptr_mut(key).is_none() {
         // An empty histogram is too large for the 512-byte BPF stack: insert the one kept in
         // read-only data.
-        if maps
-            .latencies
-            .insert(&key, &EMPTY_HISTOGRAM, BPF_NOEXIST as u64)
+        if map
+            .insert(key, &EMPTY_HISTOGRAM, BPF_NOEXIST as u64)
             .is_err()
-            && maps.latencies.get_ptr_mut(&key).is_none()
+            && map.get_ptr_mut(key).is_none()
         {
-            lose(LossKind::LatencyFull);
+            lose(full);
             return;
         }
     }
-    if let Some(histogram) = maps.latencies.get_ptr_mut(&key) {
+    if let Some(histogram) = map.get_ptr_mut(key) {
         // SAFETY: this CPU's slot; `bucket` was bounds-checked above.
         unsafe { (*histogram).counts[bucket] += 1 };
     }
@@ -677,6 +752,44 @@ fn stream(
         sample_flags: data.flags,
     });
     entry.submit(0);
+}
+
+/// Streams an IBS sample's registers to the agent; whether it was streamed (the ring may be
+/// full: counted as a loss).
+#[inline(always)]
+fn stream_ibs(pid: u32, event: u32, ip: u64, data: &SampleData) -> bool {
+    let Some(mut entry) = IBS_SAMPLES.reserve::<IbsRecord>(0) else {
+        lose(LossKind::IbsRingFull);
+        return false;
+    };
+    let record = entry.as_mut_ptr();
+    // SAFETY: `record` points to the reserved, exclusively owned ring entry of IbsRecord size.
+    let payload = unsafe { &mut (*record).payload };
+    let Some(len) = read_ibs_payload(data.raw_payload, data.raw_size, payload) else {
+        entry.discard(0);
+        lose(LossKind::IbsRegistersUnreadable);
+        return false;
+    };
+    // SAFETY: as above; every header field is written before the entry is submitted.
+    unsafe {
+        (*record).pid = pid;
+        (*record).event = event;
+        (*record).ip = ip;
+        (*record).line = data.addr & !(CACHE_LINE_BYTES - 1);
+        (*record).data_src = data.data_src;
+        (*record).sample_flags = data.flags;
+        (*record).payload_len = len as u32;
+    }
+    // Wake the agent only when the ring is half full: it also reads the ring on a timer, and a
+    // wakeup per sample would cost more than the sample.
+    let waiting = IBS_SAMPLES.query(BPF_RB_AVAIL_DATA as u64);
+    let wakeup = if waiting * 2 > IBS_SAMPLES.query(BPF_RB_RING_SIZE as u64) {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(wakeup as u64);
+    true
 }
 
 #[cfg(not(test))]

@@ -97,10 +97,12 @@ pub struct RecordArgs {
     /// Entries of the sample maps (stacks, instructions, data cache lines) per generation.
     #[arg(long, value_name = "N", default_value_t = 16384)]
     pub map_entries: u32,
-    /// Entries of the latency-histogram map (one histogram per process, event and instruction).
+    /// Entries of each latency-histogram map (one histogram per process, event and instruction,
+    /// and one per process, event and data cache line).
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub latency_map_entries: u32,
-    /// Size of the `--raw` ring buffer in KiB (rounded up to a power of two pages).
+    /// Size in KiB of each ring buffer the program streams through: the `--raw` samples and the
+    /// registers of IBS samples (rounded up to a power of two pages).
     #[arg(long, value_name = "KIB", default_value_t = 4096)]
     pub ring_buffer_kib: u32,
     /// Kernel BTF to read structure offsets from (default: /sys/kernel/btf/vmlinux).

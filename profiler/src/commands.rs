@@ -148,6 +148,7 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
         }
     };
     let entries = args.map_entries;
+    let ring_bytes = (args.ring_buffer_kib.max(4) * 1024).next_power_of_two();
     let options = RecordOptions {
         events,
         pmus,
@@ -160,7 +161,8 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
             instructions: entries,
             data_lines: entries,
             latencies: args.latency_map_entries,
-            ring_buffer_bytes: (args.ring_buffer_kib.max(4) * 1024).next_power_of_two(),
+            ring_buffer_bytes: ring_bytes,
+            ibs_ring_bytes: ring_bytes,
         },
         stacks: StackCapture {
             user: true,

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
-    CaptureConfig, KernelOffsets, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
-    CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_USER_STACKS, MAX_EVENTS,
+    CaptureConfig, KernelOffsets, LossKind, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
+    CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
+    CAPTURE_USER_STACKS, MAX_EVENTS,
 };
 use tokio::{
     signal::unix::{signal, SignalKind},
@@ -18,13 +19,13 @@ use crate::{
     aggregate::{code::capture_code, dataspace::capture_data_objects},
     capture::{
         counters::{open_sampling_counters, StackCapture, Target},
-        hardware::{self, cpu_identity, hardware_sample_type, raw_decoding},
-        program::{CaptureProgram, MapSizes},
+        hardware::{self, cpu_identity, hardware_sample_type, raw_decoding, samples_latency},
+        program::{CaptureProgram, MapSizes, Ring},
         raw::RawStream,
         sideband::{ProcessTable, Sideband},
         stats::CaptureStats,
     },
-    drain::{read_accounting, Accounting, Drained, Drainer},
+    drain::{ibs::IbsStream, read_accounting, Accounting, Drained, Drainer},
     events::{EventSpec, PmuRegistry, Sampling, SystemFacts},
     launch::spawn_stopped,
     launch::TargetSpec,
@@ -168,11 +169,27 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     };
     let cpu = cpu_identity();
     let raw_decoding = raw_decoding(&options.events, cpu.as_ref());
-    let mut program = CaptureProgram::load(&config, &raw_decoding, &options.sizes)?;
+    let ibs_events = raw_decoding.ibs_events() != 0;
+    let sizes = options.sizes.fitted(
+        samples_latency(&options.events),
+        options.raw.is_some(),
+        ibs_events,
+    );
+    let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes)?;
     program.filter_cgroups(&options.cgroups)?;
     let mut raw = match &options.raw {
-        Some(path) => Some(RawStream::create(path, program.take_raw_samples()?)?),
+        Some(path) => Some(RawStream::create(
+            path,
+            program.take_ring(Ring::RawSamples)?,
+        )?),
         None => None,
+    };
+    let mut ibs = match ibs_events {
+        true => Some(IbsStream::new(
+            program.take_ring(Ring::IbsSamples)?,
+            raw_decoding,
+        )?),
+        false => None,
     };
 
     let mut command = match &options.target {
@@ -235,6 +252,12 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
                 None => std::future::pending().await,
             }
         };
+        let ibs_ready = async {
+            match &ibs {
+                Some(stream) => stream.readable().await,
+                None => std::future::pending().await,
+            }
+        };
         let command_exit = async {
             match &mut command {
                 Some(stopped) => stopped.child.wait().await,
@@ -245,6 +268,10 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
             // Mappings are read often so their files are opened while short-lived processes live.
             _ = sideband_ticker.tick() => {
                 sideband.read_into(&mut processes);
+                // The program wakes us only when the IBS ring is half full.
+                if let Some(stream) = &mut ibs {
+                    stream.read_into(&mut drained.ibs)?;
+                }
                 // Half full: drain now rather than lose samples to a full map at the next tick.
                 if drainer.fill(&program)? * 2 > u64::from(options.sizes.stack_counts) {
                     let started = Instant::now();
@@ -264,6 +291,12 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
                 ready.context("waiting on the raw sample ring buffer")?;
                 if let Some(stream) = &mut raw {
                     stream.write_ready()?;
+                }
+            }
+            ready = ibs_ready => {
+                ready.context("waiting on the IBS ring buffer")?;
+                if let Some(stream) = &mut ibs {
+                    stream.read_into(&mut drained.ibs)?;
                 }
             }
             status = command_exit => {
@@ -288,7 +321,11 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     if let Some(stream) = &mut raw {
         stream.finish()?;
     }
-    let accounting = read_accounting(&program, options.events.len())?;
+    let mut accounting = read_accounting(&program, options.events.len())?;
+    if let Some(stream) = &mut ibs {
+        stream.read_into(&mut drained.ibs)?;
+        accounting.losses[LossKind::IbsRegistersUnreadable as usize] += stream.unreadable();
+    }
     let (program_runs, program_run_time) = program.run_statistics()?;
     let stats = CaptureStats {
         program_runs,
@@ -316,7 +353,7 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         duration_ns: duration.as_nanos() as u64,
     };
     let events = options.events.iter().map(event_info).collect();
-    let mut profile = assemble(meta, events, &drained, &processes, &accounting);
+    let mut profile = assemble(meta, events, drained, &processes, &accounting);
     profile.hardware.cpu = cpu;
     // What offline reports need from files that may be gone by then: the sampled functions'
     // code and the processes' data mappings and variables.

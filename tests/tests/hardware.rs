@@ -50,7 +50,7 @@ fn precise_sampling_missing() -> Option<String> {
 }
 
 /// Records `workload args` with `events` into a profile file and reads it back, with what the
-/// profiler and the workload printed.
+/// profiler and the workload printed on stderr (workloads print there: the report owns stdout).
 fn record(dir: &Path, events: &str, workload: &str, args: &[&str]) -> (Profile, String) {
     let file: PathBuf = dir.join("run.prof");
     let binary = common::workload(workload);
@@ -68,8 +68,18 @@ fn record(dir: &Path, events: &str, workload: &str, args: &[&str]) -> (Profile, 
     let profile = read_profile(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
     (
         profile,
-        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// Why this machine has no AMD IBS PMU of `kind` (`op`, `fetch`), if it has none.
+fn ibs_missing(kind: &str) -> Option<String> {
+    match sysfs(&format!("ibs_{kind}"), "type") {
+        Some(_) => None,
+        None => Some(format!(
+            "no {DEVICES}/ibs_{kind}: AMD IBS needs an AMD CPU and a host kernel"
+        )),
+    }
 }
 
 fn function(frame: &Frame) -> &str {
@@ -112,26 +122,18 @@ fn precise_cycles_land_in_the_hot_function() {
 
 #[test]
 fn ibs_op_samples_carry_data_addresses_of_the_touched_pages() {
-    let Some(ibs_type) = sysfs("ibs_op", "type") else {
-        return skipped(&format!(
-            "no {DEVICES}/ibs_op: AMD IBS needs an AMD CPU and a host kernel"
-        ));
-    };
-    assert!(ibs_type.parse::<u32>().is_ok(), "ibs_op type {ibs_type:?}");
+    if let Some(reason) = ibs_missing("op") {
+        return skipped(&reason);
+    }
     let dir = tempfile::tempdir().expect("temp dir");
     const PAGES: u64 = 20_000;
-    let (profile, stdout) = record(
+    let (profile, stderr) = record(
         dir.path(),
         "ibs_op/period=16000/",
         "page_toucher",
         &[&PAGES.to_string(), "5"],
     );
-    // page_toucher prints "region 0x... pages N line L".
-    let region = stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("region 0x"))
-        .and_then(|rest| u64::from_str_radix(rest.split_whitespace().next()?, 16).ok())
-        .unwrap_or_else(|| panic!("page_toucher printed no region: {stdout}"));
+    let (region, _, _) = common::touched_region(&stderr);
 
     assert!(profile.events[0].precise, "IBS tags the instruction itself");
     let samples: u64 = profile.stacks.iter().map(|s| s.count).sum();
@@ -219,4 +221,107 @@ fn pebs_load_latency_samples_carry_addresses_and_latencies() {
         "data lines are 64-byte aligned"
     );
     assert!(!profile.latency.is_empty(), "no load-latency histogram");
+    // Every latency sample with an address is in its data line's histogram too.
+    let in_lines: u64 = profile
+        .line_latency
+        .iter()
+        .flat_map(|h| h.buckets.iter().map(|(_, count)| count))
+        .sum();
+    let line_latencies: u64 = profile
+        .data_lines
+        .iter()
+        .map(|line| line.stats.latency_count)
+        .sum();
+    assert!(line_latencies > 0, "no data line carried a load latency");
+    assert_eq!(
+        in_lines, line_latencies,
+        "data-line histograms hold other samples"
+    );
+}
+
+#[test]
+fn ibs_derived_counters_are_accumulated_live() {
+    if let Some(reason) = ibs_missing("op").or_else(|| ibs_missing("fetch")) {
+        return skipped(&reason);
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (profile, _) = record(
+        dir.path(),
+        "ibs_op/period=16000/,ibs_fetch/period=16000/",
+        "cpu_split",
+        &["1000"],
+    );
+    let caps = profile
+        .hardware
+        .ibs_caps
+        .expect("IBS samples carry the capabilities word");
+    assert_eq!(
+        caps & 0b111,
+        0b111,
+        "IBS available with fetch and op sampling: {caps:#x}"
+    );
+    let fired = &profile.losses.samples_fired;
+    let lost = |what: &str| profile.losses.counters.get(what).copied().unwrap_or(0);
+    let ring_full = lost("IBS derived counters: register ring buffer full");
+    let unreadable = lost("IBS registers unreadable (address/latency/source lost)");
+    for (event, kind) in [(0u32, "op"), (1u32, "fetch")] {
+        let counted: u64 = profile
+            .hardware
+            .samples
+            .iter()
+            .filter(|s| s.event == event)
+            .map(|s| match kind {
+                "op" => s.ibs_op.map_or(0, |c| c.all_samples),
+                _ => s.ibs_fetch.map_or(0, |c| c.all_samples),
+            })
+            .sum();
+        assert!(
+            counted > 50,
+            "{counted} IBS {kind} samples with derived counters"
+        );
+        // Every fired IBS sample is counted once, or reported lost.
+        assert!(
+            counted <= fired[event as usize]
+                && counted + ring_full + unreadable >= fired[event as usize],
+            "IBS {kind}: {counted} counted, {} fired, {ring_full} + {unreadable} lost",
+            fired[event as usize]
+        );
+    }
+    // cpu_split's heavy_work does 60% of the work: most op samples retire there.
+    let heavy_ops: u64 = profile
+        .hardware
+        .samples
+        .iter()
+        .filter(|s| s.event == 0)
+        .filter(|s| function(&profile.frames[s.frame as usize]) == "cpu_split::heavy_work")
+        .filter_map(|s| s.ibs_op.map(|c| c.all_samples))
+        .sum();
+    let all_ops: u64 = profile
+        .hardware
+        .samples
+        .iter()
+        .filter_map(|s| s.ibs_op.map(|c| c.all_samples))
+        .sum();
+    assert!(
+        heavy_ops * 100 >= all_ops * 40,
+        "heavy_work holds {heavy_ops} of {all_ops} IBS op samples"
+    );
+    let text = String::from_utf8_lossy(
+        &common::profiler(&[
+            "report",
+            "-i",
+            dir.path().join("run.prof").to_str().expect("UTF-8 path"),
+            "--hardware",
+            "function",
+        ])
+        .stdout,
+    )
+    .into_owned();
+    for expected in [
+        "IBS all op samples",
+        "IBS all fetch samples",
+        "cpu_split::heavy_work",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
 }

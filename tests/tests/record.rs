@@ -191,5 +191,9 @@ fn a_process_in_another_mount_namespace_is_symbolized_after_it_exits() {
         .find(|f| f["function"] == "cpu_split::heavy_work")
         .unwrap_or_else(|| panic!("heavy_work not symbolized: {event:#}\n{stderr}"));
     assert_eq!(heavy["module"], "cpu_split_ns");
-    assert!(heavy["self_percent"].as_f64().unwrap() > 30.0, "{heavy:#}");
+    assert!(
+        heavy["self_percent"].as_f64().unwrap() > 30.0,
+        "{heavy:#}\nall functions: {:#}\n{stderr}",
+        event["functions"]
+    );
 }

@@ -18,7 +18,7 @@ use crate::{
 use super::{
     filter::Selection,
     functions::FunctionName,
-    latency::{LatencyAccumulator, LatencySummary},
+    latency::{LatencyAccumulator, LatencySummary, LineHistograms},
     module_file::{in_segments, load_bias, read_module, sized_symbols},
     views::{instruction_location, selected_data_lines, CACHE_LINE},
 };
@@ -252,11 +252,13 @@ impl Tally {
     }
 }
 
-/// Details of one line (`line` as in [`crate::profile::DataLineSample::line`]).
+/// Details of one line (`line` as in [`crate::profile::DataLineSample::line`]); `histograms`
+/// are the event's, for the selection.
 pub fn data_line_details(
     profile: &Profile,
     event: EventIndex,
     selection: &Selection,
+    histograms: &LineHistograms,
     pid: u32,
     line: u64,
 ) -> DataLineDetails {
@@ -316,6 +318,9 @@ pub fn data_line_details(
             cpus.add(format!("cpu {cpu}"), *samples, 0);
         }
     }
+    if let Some(buckets) = histograms.get(pid, line) {
+        latency.add_buckets(buckets);
+    }
     details.latency = latency.summary();
     details.instructions = instructions.touches();
     details.functions = functions.touches();
@@ -353,7 +358,8 @@ mod tests {
         let profile = test_samples::profile();
         let filter = SampleFilter::default();
         let selection = Selection::new(&profile, &filter);
-        let line = data_line_details(&profile, 1, &selection, 100, SHARED_LINE);
+        let histograms = LineHistograms::new(&profile, 1, &selection);
+        let line = data_line_details(&profile, 1, &selection, &histograms, 100, SHARED_LINE);
         assert_eq!((line.samples, line.loads, line.stores), (4, 1, 3));
         assert_eq!(
             line.instructions,
@@ -378,7 +384,8 @@ mod tests {
         let profile = test_samples::profile();
         let filter = SampleFilter::default();
         let selection = Selection::new(&profile, &filter);
-        let line = data_line_details(&profile, 1, &selection, 100, HEAP_LINE);
+        let histograms = LineHistograms::new(&profile, 1, &selection);
+        let line = data_line_details(&profile, 1, &selection, &histograms, 100, HEAP_LINE);
         assert_eq!(line.object, DataObject::Heap);
         assert_eq!((line.samples, line.loads, line.stores), (3, 0, 0));
         assert_eq!(line.threads, None);

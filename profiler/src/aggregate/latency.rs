@@ -8,19 +8,23 @@ use profiler_common::latency::bucket_range;
 
 use crate::profile::{EventIndex, Profile, Stats};
 
-use super::{filter::Selection, functions::FunctionName, views::innermost_location};
+use super::{
+    filter::Selection,
+    functions::FunctionName,
+    views::{innermost_location, selected_data_lines},
+};
 
 /// Latency of the samples of one report row. Percentiles are `None` when no bucket counts were
-/// captured for these samples (only sums and maxima).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// captured for these samples (only sums and maxima). Serialized as the JSON report's Latency.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct LatencySummary {
     /// Samples that carried a latency.
     pub samples: u64,
     pub mean: f64,
-    pub max: u64,
     pub p50: Option<u64>,
     pub p90: Option<u64>,
     pub p99: Option<u64>,
+    pub max: u64,
 }
 
 /// Accumulates latency statistics and bucket counts of the samples of one row.
@@ -87,6 +91,51 @@ impl LatencyAccumulator {
     }
 }
 
+/// The latency histograms of one event's data cache lines, for the rows that hold them. They are
+/// kept per line, not per instruction, so a line is given its histogram only when the filters
+/// keep every sample of it (a module filter may drop some of its instructions).
+pub struct LineHistograms<'a> {
+    /// Sparse buckets by (pid, line).
+    histograms: HashMap<(u32, u64), &'a [(u16, u64)]>,
+}
+
+impl<'a> LineHistograms<'a> {
+    pub fn new(profile: &'a Profile, event: EventIndex, selection: &Selection) -> Self {
+        let mut all: HashMap<(u32, u64), u64> = HashMap::new();
+        for sample in profile
+            .data_lines
+            .iter()
+            .filter(|s| s.event == event && selection.process(s.pid))
+        {
+            *all.entry((sample.pid, sample.line)).or_default() += sample.stats.count;
+        }
+        let mut selected: HashMap<(u32, u64), u64> = HashMap::new();
+        for sample in selected_data_lines(profile, event, selection) {
+            *selected.entry((sample.pid, sample.line)).or_default() += sample.stats.count;
+        }
+        selected.retain(|line, samples| all.get(line) == Some(samples));
+        let histograms = profile
+            .line_latency
+            .iter()
+            .filter(|h| h.event == event && selected.contains_key(&(h.pid, h.line)))
+            .map(|h| ((h.pid, h.line), h.buckets.as_slice()))
+            .collect();
+        LineHistograms { histograms }
+    }
+
+    /// The histogram of a line, when the filters keep all its samples.
+    pub fn get(&self, pid: u32, line: u64) -> Option<&'a [(u16, u64)]> {
+        self.histograms.get(&(pid, line)).copied()
+    }
+
+    /// Lines with a histogram, by (pid, line).
+    pub fn iter(&self) -> impl Iterator<Item = ((u32, u64), &'a [(u16, u64)])> + '_ {
+        self.histograms
+            .iter()
+            .map(|(line, buckets)| (*line, *buckets))
+    }
+}
+
 /// The latency distribution of a group of instructions: the merged kernel buckets (for plots)
 /// and their summary.
 #[derive(Clone, Debug, PartialEq)]
@@ -104,6 +153,8 @@ pub enum DistributionScope {
     Event,
     Function,
     Line,
+    /// A 64-byte line of data addresses.
+    DataLine,
 }
 
 impl DistributionScope {
@@ -112,12 +163,13 @@ impl DistributionScope {
             DistributionScope::Event => "event",
             DistributionScope::Function => "function",
             DistributionScope::Line => "line",
+            DistributionScope::DataLine => "data-line",
         }
     }
 }
 
-/// Latency distributions of one event: all its samples, then the `top` functions and the `top`
-/// source lines with the most latency samples.
+/// Latency distributions of one event: all its samples, then the `top` functions, the `top`
+/// source lines and the `top` data cache lines with the most latency samples.
 pub fn distributions(
     profile: &Profile,
     event: EventIndex,
@@ -156,9 +208,20 @@ pub fn distributions(
         DistributionScope::Event,
         all,
     )];
+    let by_data_line: HashMap<String, BTreeMap<u16, u64>> =
+        LineHistograms::new(profile, event, selection)
+            .iter()
+            .map(|((pid, line), buckets)| {
+                (
+                    format!("{line:#x} (pid {pid})"),
+                    buckets.iter().copied().collect(),
+                )
+            })
+            .collect();
     for (scope, groups) in [
         (DistributionScope::Function, by_function),
         (DistributionScope::Line, by_line),
+        (DistributionScope::DataLine, by_data_line),
     ] {
         let mut group: Vec<Distribution> = groups
             .into_iter()
@@ -199,20 +262,7 @@ mod tests {
     use profiler_common::latency::{bucket_index, LATENCY_BUCKETS};
 
     use super::*;
-
-    /// Sparse bucket counts of some latencies, as the kernel program makes them.
-    fn bucketize(latencies: &[u64]) -> Vec<(u16, u64)> {
-        let mut counts = vec![0u64; LATENCY_BUCKETS];
-        for latency in latencies {
-            counts[bucket_index(*latency)] += 1;
-        }
-        counts
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .map(|(bucket, n)| (bucket as u16, *n))
-            .collect()
-    }
+    use crate::aggregate::test_samples::buckets as bucketize;
 
     /// The exact percentile of sorted values: the smallest value with at least q of them at or
     /// below it (hdrhistogram's definition).
@@ -288,7 +338,7 @@ mod tests {
     }
 
     #[test]
-    fn distributions_of_the_event_its_functions_and_lines() {
+    fn distributions_of_the_event_its_functions_lines_and_data_lines() {
         let profile = crate::aggregate::test_samples::profile();
         let filter = crate::aggregate::filter::SampleFilter::default();
         let selection = Selection::new(&profile, &filter);
@@ -305,12 +355,20 @@ mod tests {
                 ("function", "exc_page_fault", 3),
                 ("line", "src/simd.rs:88", 4),
                 ("line", "exc_page_fault", 3),
+                ("data-line", "0x555555558040 (pid 100)", 4),
+                ("data-line", "0x555560000100 (pid 100)", 3),
             ]
+        );
+        // The shared line's loads and stores at 10, 40, 40 and 80: bucket midpoints 10, 41, 83.
+        let shared = &found[5].summary;
+        assert_eq!(
+            (shared.p50, shared.p99, shared.max),
+            (Some(41), Some(83), 83)
         );
         let buckets: u64 = found[0].buckets.iter().map(|(_, n)| n).sum();
         assert_eq!(buckets, 7);
         assert!(found[0].summary.max >= 1920);
         assert!(distributions(&profile, 0, &selection, 5).is_empty());
-        assert_eq!(distributions(&profile, 1, &selection, 1).len(), 3);
+        assert_eq!(distributions(&profile, 1, &selection, 1).len(), 4);
     }
 }

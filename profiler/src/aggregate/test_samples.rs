@@ -9,7 +9,8 @@
 //! Event 1 (page-faults, period 10): instruction samples with latency: `compute+0x90` 4
 //! (latencies 50, 100, 100, 150), `exc_page_fault` 3 (500, 500, 2000). Data lines: the line of
 //! `counter_a`/`counter_b` in app's data (stores by threads 100 and 101, a load), a heap line
-//! touched by the worker (thread and access unknown).
+//! touched by the worker (thread and access unknown). Each line has the latency histogram of
+//! its samples.
 
 use profiler_common::latency::{bucket_index, LATENCY_BUCKETS};
 
@@ -57,21 +58,35 @@ fn instruction(
     }
 }
 
-fn histogram(frame: FrameId, latencies: &[u64]) -> LatencyHistogram {
+/// Sparse bucket counts of some latencies, as the capture makes them.
+pub fn buckets(latencies: &[u64]) -> Vec<(u16, u64)> {
     let mut counts = vec![0u64; LATENCY_BUCKETS];
     for latency in latencies {
         counts[bucket_index(*latency)] += 1;
     }
+    counts
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(bucket, n)| (bucket as u16, *n))
+        .collect()
+}
+
+fn histogram(frame: FrameId, latencies: &[u64]) -> LatencyHistogram {
     LatencyHistogram {
         pid: 100,
         event: 1,
         frame,
-        buckets: counts
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .map(|(bucket, n)| (bucket as u16, *n))
-            .collect(),
+        buckets: buckets(latencies),
+    }
+}
+
+pub fn line_histogram(line: u64, latencies: &[u64]) -> LineLatencyHistogram {
+    LineLatencyHistogram {
+        pid: 100,
+        event: 1,
+        line,
+        buckets: buckets(latencies),
     }
 }
 
@@ -195,6 +210,10 @@ pub fn profile_without_code() -> Profile {
             vec![3, 0],
             300,
         ),
+    ];
+    profile.line_latency = vec![
+        line_histogram(SHARED_LINE, &[40, 40, 80, 10]),
+        line_histogram(HEAP_LINE, &[300, 300, 300]),
     ];
     let mapping = |start: u64, end: u64, file_offset: u64, path: &str| MemoryMapping {
         start,

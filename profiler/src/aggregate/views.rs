@@ -17,7 +17,7 @@ use super::{
     dataspace::{describe_data_address, DataObject},
     filter::{EventScale, SampleFilter, Selection},
     functions::FunctionName,
-    latency::{LatencyAccumulator, LatencySummary},
+    latency::{LatencyAccumulator, LatencySummary, LineHistograms},
 };
 
 /// Bytes in an instruction or data cache line.
@@ -491,6 +491,14 @@ fn group_data_lines(
         group.latency.add_stats(&sample.stats);
         *group.frames.entry(sample.frame).or_default() += sample.stats.count;
     }
+    let histograms = LineHistograms::new(profile, event, selection);
+    for (key, group) in groups.iter_mut() {
+        if let GroupKey::Data(pid, line) = key {
+            if let Some(buckets) = histograms.get(*pid, *line) {
+                group.latency.add_buckets(buckets);
+            }
+        }
+    }
     total
 }
 
@@ -831,8 +839,45 @@ mod tests {
             ]
         );
         let latency = view.rows[0].latency.as_ref().unwrap();
-        // Stores at 40 (x2) and 80, a load at 10.
-        assert_eq!((latency.mean, latency.max, latency.p50), (42.5, 80, None));
+        // Stores at 40 (x2) and 80, a load at 10: exact mean and maximum from the samples,
+        // percentiles from the line's histogram (bucket midpoints 10, 41, 83).
+        assert_eq!(
+            (latency.mean, latency.max, latency.p50, latency.p99),
+            (42.5, 80, Some(41), Some(83))
+        );
+    }
+
+    #[test]
+    fn dcache_lines_partly_filtered_out_have_no_percentiles() {
+        // A load of the shared line from the stripped library, in the line's histogram too.
+        let mut profile = test_samples::profile();
+        let mut from_library = profile.data_lines[2].clone();
+        from_library.frame = test_profile::STRIPPED;
+        from_library.stats.latency_sum = 2000;
+        from_library.stats.latency_max = 2000;
+        profile.data_lines.push(from_library);
+        profile.line_latency[0] =
+            test_samples::line_histogram(SHARED_LINE, &[40, 40, 80, 10, 2000]);
+        let latency = |filter: &SampleFilter| {
+            view(&profile, ViewKind::DcacheLine, 1, filter).rows[0]
+                .latency
+                .clone()
+                .unwrap()
+        };
+        let whole = latency(&SampleFilter::default());
+        // 2000 falls in the bucket 1920..=2047, recorded at its midpoint.
+        assert_eq!((whole.samples, whole.max, whole.p99), (5, 2000, Some(1983)));
+        // Only app's instructions: the histogram also holds the library's load, so the row
+        // keeps the exact mean and maximum of its own samples and shows no percentiles.
+        let only_app = SampleFilter {
+            module: Some("app".into()),
+            ..SampleFilter::default()
+        };
+        let app = latency(&only_app);
+        assert_eq!(
+            (app.samples, app.mean, app.max, app.p50, app.p99),
+            (4, 42.5, 80, None, None)
+        );
     }
 
     #[test]

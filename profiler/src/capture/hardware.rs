@@ -183,15 +183,29 @@ pub fn hardware_sample_type(spec: &EventSpec, stacks: bool) -> (u64, Vec<String>
     (sample_type, notes)
 }
 
-/// What the capture program decodes from PERF_SAMPLE_RAW: the IBS op events among `specs`
-/// (by index), and the errata of the CPU (`cpu`, from [`cpu_identity`]).
+/// What the capture program decodes from PERF_SAMPLE_RAW: the IBS op and fetch events among
+/// `specs` (by index), and the errata of the CPU (`cpu`, from [`cpu_identity`]).
 pub fn raw_decoding(specs: &[EventSpec], cpu: Option<&CpuIdentity>) -> RawDecoding {
-    let ibs_op = specs
-        .iter()
-        .enumerate()
-        .filter(|(_, spec)| hardware_sampler(spec) == HardwareSampler::IbsOp)
-        .map(|(index, _)| index as u32);
-    RawDecoding::new(ibs_op, ibs_errata(cpu))
+    let of = |sampler: HardwareSampler| {
+        specs
+            .iter()
+            .enumerate()
+            .filter(move |(_, spec)| hardware_sampler(spec) == sampler)
+            .map(|(index, _)| index as u32)
+    };
+    RawDecoding::new(
+        of(HardwareSampler::IbsOp),
+        of(HardwareSampler::IbsFetch),
+        ibs_errata(cpu),
+    )
+}
+
+/// Whether any of `specs` samples a latency (load latency, IBS op latencies).
+pub fn samples_latency(specs: &[EventSpec]) -> bool {
+    specs.iter().any(|spec| {
+        hardware_sample_type(spec, false).0 & sample::WEIGHT_STRUCT != 0
+            || hardware_sampler(spec) == HardwareSampler::IbsOp
+    })
 }
 
 /// The IBS errata of a CPU; none for CPUs that are not AMD's.
@@ -387,7 +401,7 @@ mod tests {
     }
 
     #[test]
-    fn raw_decoding_marks_ibs_op_events_and_the_cpus_errata() {
+    fn raw_decoding_marks_ibs_events_and_the_cpus_errata() {
         let specs = [
             spec("cycles"),
             spec("ibs_op//"),
@@ -401,6 +415,7 @@ mod tests {
         };
         let decoding = raw_decoding(&specs, Some(&zen3));
         assert_eq!(decoding.ibs_op_events, 0b1010);
+        assert_eq!(decoding.ibs_fetch_events, 0b0100);
         assert_eq!(decoding.errata(), IbsErrata::for_cpu(0x19, 0x01));
         let intel = CpuIdentity {
             vendor: "GenuineIntel".into(),
@@ -412,6 +427,13 @@ mod tests {
             IbsErrata::default()
         );
         assert_eq!(raw_decoding(&specs, None).ibs_errata, 0);
+    }
+
+    #[test]
+    fn only_memory_and_ibs_op_samplers_carry_latencies() {
+        assert!(!samples_latency(&[spec("cycles"), spec("ibs_fetch//")]));
+        assert!(samples_latency(&[spec("cycles"), spec("ibs_op//")]));
+        assert!(samples_latency(&[spec("cpu/mem-loads,ldlat=30/pp")]));
     }
 
     #[test]
@@ -458,7 +480,7 @@ mod tests {
             uid: 0,
         };
         for errata in [IbsErrata::default(), IbsErrata::for_cpu(0x19, 0x01)] {
-            let decoding = RawDecoding::new([0, 2], errata);
+            let decoding = RawDecoding::new([0, 2], [1], errata);
             let mut ebpf = EbpfLoader::new()
                 .override_global("CAPTURE_CONFIG", &config, true)
                 .override_global("RAW_DECODING", &decoding, true)

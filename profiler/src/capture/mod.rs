@@ -6,5 +6,6 @@ pub mod counters;
 pub mod hardware;
 pub mod program;
 pub mod raw;
+pub mod ring;
 pub mod sideband;
 pub mod stats;

@@ -12,8 +12,8 @@ use aya::{
 use perf_event::Counter;
 use profiler_common::{
     capture::{
-        CaptureConfig, DataLineKey, DataSourceKey, InstructionKey, LatencyKey, RawDecoding,
-        SampleStats, StackKey,
+        CaptureConfig, DataLineKey, DataSourceKey, InstructionKey, LatencyKey, LineLatencyKey,
+        RawDecoding, SampleStats, StackKey,
     },
     latency::LatencyBuckets,
 };
@@ -32,9 +32,36 @@ pub struct MapSizes {
     pub stack_counts: u32,
     pub instructions: u32,
     pub data_lines: u32,
+    /// Latency histograms, per instruction and (as many again) per data cache line.
     pub latencies: u32,
     /// Bytes of the raw-sample ring buffer (`record --raw`); a power of two.
     pub ring_buffer_bytes: u32,
+    /// Bytes of the IBS register ring buffer; a power of two.
+    pub ibs_ring_bytes: u32,
+}
+
+/// The smallest ring buffer the kernel takes: one page.
+const SMALLEST_RING_BYTES: u32 = 4096;
+
+impl MapSizes {
+    /// These sizes with the maps a recording cannot fill cut to their smallest, so it locks no
+    /// kernel memory for them (per-CPU histograms take 2 KiB per entry and CPU).
+    pub fn fitted(self, latencies: bool, raw: bool, ibs: bool) -> MapSizes {
+        MapSizes {
+            latencies: if latencies { self.latencies } else { 1 },
+            ring_buffer_bytes: if raw {
+                self.ring_buffer_bytes
+            } else {
+                SMALLEST_RING_BYTES
+            },
+            ibs_ring_bytes: if ibs {
+                self.ibs_ring_bytes
+            } else {
+                SMALLEST_RING_BYTES
+            },
+            ..self
+        }
+    }
 }
 
 impl Default for MapSizes {
@@ -46,8 +73,18 @@ impl Default for MapSizes {
             data_lines: 16384,
             latencies: 1024,
             ring_buffer_bytes: 1 << 22,
+            ibs_ring_bytes: 1 << 22,
         }
     }
+}
+
+/// The ring buffers the program streams through.
+#[derive(Clone, Copy, Debug)]
+pub enum Ring {
+    /// Every sample, with `record --raw`.
+    RawSamples,
+    /// The registers of IBS samples.
+    IbsSamples,
 }
 
 /// The maps of one generation, drained together.
@@ -57,6 +94,7 @@ pub struct GenerationMaps {
     pub instructions: PerCpuHashMap<MapData, InstructionKey, SampleStats>,
     pub data_lines: PerCpuHashMap<MapData, DataLineKey, SampleStats>,
     pub latencies: PerCpuHashMap<MapData, LatencyKey, LatencyBuckets>,
+    pub line_latencies: PerCpuHashMap<MapData, LineLatencyKey, LatencyBuckets>,
     pub data_sources: PerCpuHashMap<MapData, DataSourceKey, u64>,
 }
 
@@ -73,6 +111,7 @@ pub struct CaptureProgram {
     event_ids: HashMap<MapData, u64, u32>,
     cgroup_filter: HashMap<MapData, u64, u8>,
     raw_samples: Option<RingBuf<MapData>>,
+    ibs_samples: Option<RingBuf<MapData>>,
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
@@ -92,6 +131,7 @@ fn take_generation(ebpf: &mut Ebpf, generation: usize) -> Result<GenerationMaps>
         instructions: take(ebpf, &format!("INSTRUCTIONS_{generation}"))?,
         data_lines: take(ebpf, &format!("DATA_LINES_{generation}"))?,
         latencies: take(ebpf, &format!("LATENCIES_{generation}"))?,
+        line_latencies: take(ebpf, &format!("LINE_LATENCIES_{generation}"))?,
         data_sources: take(ebpf, &format!("DATA_SOURCES_{generation}"))?,
     })
 }
@@ -117,9 +157,12 @@ impl CaptureProgram {
                 .map_max_entries(size("INSTRUCTIONS"), sizes.instructions)
                 .map_max_entries(size("DATA_LINES"), sizes.data_lines)
                 .map_max_entries(size("LATENCIES"), sizes.latencies)
+                .map_max_entries(size("LINE_LATENCIES"), sizes.latencies)
                 .map_max_entries(size("DATA_SOURCES"), sizes.data_lines);
         }
-        loader.map_max_entries("RAW_SAMPLES", sizes.ring_buffer_bytes);
+        loader
+            .map_max_entries("RAW_SAMPLES", sizes.ring_buffer_bytes)
+            .map_max_entries("IBS_SAMPLES", sizes.ibs_ring_bytes);
         let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(|e| {
             anyhow!(
                 "loading the eBPF capture program failed: {e}\nThe profiler needs root (or \
@@ -150,6 +193,7 @@ impl CaptureProgram {
             event_ids: take(&mut ebpf, "EVENT_IDS")?,
             cgroup_filter: take(&mut ebpf, "CGROUP_FILTER")?,
             raw_samples: Some(take(&mut ebpf, "RAW_SAMPLES")?),
+            ibs_samples: Some(take(&mut ebpf, "IBS_SAMPLES")?),
             ebpf,
         })
     }
@@ -188,11 +232,14 @@ impl CaptureProgram {
         Ok(())
     }
 
-    /// The ring buffer of `record --raw`, handed to its reader once.
-    pub fn take_raw_samples(&mut self) -> Result<RingBuf<MapData>> {
-        self.raw_samples
-            .take()
-            .ok_or_else(|| anyhow!("the raw sample ring buffer was already taken"))
+    /// A ring buffer of the program, handed to its reader once.
+    pub fn take_ring(&mut self, ring: Ring) -> Result<RingBuf<MapData>> {
+        let slot = match ring {
+            Ring::RawSamples => &mut self.raw_samples,
+            Ring::IbsSamples => &mut self.ibs_samples,
+        };
+        slot.take()
+            .ok_or_else(|| anyhow!("the {ring:?} ring buffer was already taken"))
     }
 
     /// Kernel memory locked by the program's maps.

@@ -11,10 +11,11 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
 use profiler_common::capture::RawSample;
-use tokio::io::{unix::AsyncFd, Interest};
+
+use super::ring::KernelRing;
 
 pub struct RawStream {
-    ring: AsyncFd<RingBuf<MapData>>,
+    ring: KernelRing,
     out: BufWriter<File>,
     written: u64,
 }
@@ -45,12 +46,8 @@ impl RawStream {
     pub fn create(path: &Path, ring: RingBuf<MapData>) -> Result<RawStream> {
         let file = File::create(path)
             .with_context(|| format!("cannot create the raw sample file {}", path.display()))?;
-        // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as long as
-        // the AsyncFd owns the ring buffer.
-        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
-            .map_err(|e| anyhow::anyhow!("polling the raw sample ring buffer: {e}"))?;
         Ok(RawStream {
-            ring,
+            ring: KernelRing::new(ring)?,
             out: BufWriter::new(file),
             written: 0,
         })
@@ -58,26 +55,17 @@ impl RawStream {
 
     /// Waits until the ring buffer has samples.
     pub async fn readable(&self) -> std::io::Result<()> {
-        let mut guard = self.ring.readable().await?;
-        // Cleared before reading everything: data arriving meanwhile wakes us again.
-        guard.clear_ready();
-        Ok(())
+        self.ring.readable().await
     }
 
     /// Writes every sample in the ring buffer.
     pub fn write_ready(&mut self) -> Result<()> {
-        let ring = self.ring.get_mut();
-        while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<RawSample>() {
-                continue;
-            }
-            // SAFETY: the program writes whole RawSample records (checked length above), and
-            // RawSample is plain data valid for any bytes; read_unaligned has no alignment needs.
-            let sample = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const RawSample) };
-            writeln!(self.out, "{}", json_line(&sample))?;
-            self.written += 1;
-        }
-        Ok(())
+        let (out, written) = (&mut self.out, &mut self.written);
+        self.ring.for_each(|sample: RawSample| {
+            writeln!(out, "{}", json_line(&sample))?;
+            *written += 1;
+            Ok(())
+        })
     }
 
     /// Writes what is left and flushes.

@@ -5,6 +5,8 @@
 //! clear it. A sample lands in exactly one generation and each generation is read once per flip,
 //! so nothing is lost or counted twice.
 
+pub mod ibs;
+
 use std::{collections::HashMap, thread, time::Duration};
 
 use anyhow::{bail, Context, Result};
@@ -14,13 +16,16 @@ use aya::{
 };
 use profiler_common::{
     capture::{
-        DataLineKey, DataSourceKey, InstructionKey, LatencyKey, LossKind, SampleStats, StackKey,
-        CONTROL_GENERATION, LOST_STACK,
+        DataLineKey, DataSourceKey, InstructionKey, LatencyKey, LineLatencyKey, LossKind,
+        SampleStats, StackKey, CONTROL_GENERATION, LOST_STACK,
     },
-    latency::LATENCY_BUCKETS,
+    latency::{LatencyBuckets, LATENCY_BUCKETS},
 };
 
-use crate::capture::program::{CaptureProgram, GenerationMaps};
+use crate::{
+    capture::program::{CaptureProgram, GenerationMaps},
+    hardware::HardwareAccumulator,
+};
 
 /// A call stack of one thread and event as drained: raw instruction pointers, leaf first.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -42,10 +47,14 @@ pub struct Drained {
     pub stacks: HashMap<DrainedStack, Vec<u64>>,
     pub instructions: HashMap<InstructionKey, SampleStats>,
     pub data_lines: HashMap<DataLineKey, (SampleStats, Vec<u64>)>,
-    /// Counts per latency bucket.
+    /// Counts per latency bucket, per instruction.
     pub latencies: HashMap<LatencyKey, Vec<u64>>,
+    /// Counts per latency bucket, per data cache line.
+    pub line_latencies: HashMap<LineLatencyKey, Vec<u64>>,
     /// Samples per data source (PMUs that report one).
     pub data_sources: HashMap<DataSourceKey, u64>,
+    /// IBS samples, decoded from the registers the program streamed.
+    pub ibs: HardwareAccumulator,
 }
 
 impl Drained {
@@ -224,9 +233,21 @@ fn drain_generation(maps: &mut GenerationMaps, into: &mut Drained) -> Result<()>
     for (key, per_cpu) in take_all(&mut maps.data_sources)? {
         *into.data_sources.entry(key).or_default() += per_cpu.iter().sum::<u64>();
     }
-    for (key, per_cpu) in take_all(&mut maps.latencies)? {
-        let buckets = into
-            .latencies
+    add_histograms(&mut into.latencies, take_all(&mut maps.latencies)?);
+    add_histograms(
+        &mut into.line_latencies,
+        take_all(&mut maps.line_latencies)?,
+    );
+    Ok(())
+}
+
+/// Adds drained per-CPU latency histograms to the totals.
+fn add_histograms<K: Eq + std::hash::Hash>(
+    totals: &mut HashMap<K, Vec<u64>>,
+    drained: Vec<(K, Vec<LatencyBuckets>)>,
+) {
+    for (key, per_cpu) in drained {
+        let buckets = totals
             .entry(key)
             .or_insert_with(|| vec![0; LATENCY_BUCKETS]);
         for cpu in &per_cpu {
@@ -235,7 +256,6 @@ fn drain_generation(maps: &mut GenerationMaps, into: &mut Drained) -> Result<()>
             }
         }
     }
-    Ok(())
 }
 
 fn add_per_cpu(total: &mut Vec<u64>, per_cpu: &[u64]) {

@@ -116,6 +116,14 @@ impl HardwareAccumulator {
         }
     }
 
+    /// Adds `samples` samples with one data source, counted in the kernel (PMUs whose samples
+    /// carry nothing else to decode).
+    pub fn add_data_source(&mut self, key: HardwareKey, data_src: u64, samples: u64) {
+        let entry = self.entries.entry(key).or_default();
+        entry.samples += samples;
+        *entry.data_sources.entry(data_src).or_default() += samples;
+    }
+
     /// The instructions to symbolize.
     pub fn code_addresses(&self) -> impl Iterator<Item = CodeAddress> + '_ {
         self.entries
@@ -218,6 +226,35 @@ mod tests {
             (1, 1, 5)
         );
         assert_eq!(with_line.ibs_fetch, None);
+    }
+
+    #[test]
+    fn kernel_counted_data_sources_join_decoded_samples() {
+        let key = HardwareKey {
+            pid: 7,
+            event: 1,
+            ip: 0x40_1000,
+            line: Some(0x7f00_0040),
+        };
+        let mut accumulator = HardwareAccumulator::default();
+        accumulator.add_data_source(key, 0x42, 5);
+        accumulator.add_data_source(key, 0x81, 2);
+        accumulator.add_data_source(key, 0x42, 1);
+        accumulator.add(
+            key,
+            &Observation {
+                data_source: Some(DataSource::decode(0x81)),
+                ibs: None,
+            },
+        );
+        let samples = accumulator.finish(|_| 0);
+        assert_eq!(samples.len(), 1);
+        assert_eq!(samples[0].samples, 9);
+        assert_eq!(
+            samples[0].data_sources,
+            vec![(0x42, 6), (DataSource::decode(0x81).encode(), 3)]
+        );
+        assert_eq!(samples[0].ibs_op, None);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use profiler_common::hw::ibs::events::{
 use profiler_common::hw::ibs::{IbsCaps, IbsErrata};
 use serde::Serialize;
 
+use crate::aggregate::latency::{LatencyAccumulator, LatencySummary};
 use crate::profile::{module_basename, Frame, HardwareSample, Profile};
 
 /// Rows of one event the text rendering shows; JSON has them all.
@@ -67,6 +68,9 @@ pub struct HardwareRow {
     /// The function, the instruction (`function+0xoffset`), or the line's address in hex.
     pub location: String,
     pub samples: u64,
+    /// Data-line rows: the distribution of the latencies of all the line's samples (load
+    /// latency, in core cycles), when they carried one.
+    pub latency: Option<LatencySummary>,
     /// Present when the samples carried a data source.
     pub data_source: Option<DataSourceBreakdown>,
     pub ibs_op: Option<IbsColumns>,
@@ -192,9 +196,41 @@ pub fn hardware_report(profile: &Profile, by: HardwareView) -> HardwareReport {
                 .or_default()
                 .push(sample);
         }
+        // Data lines: mean and maximum from the line's samples, percentiles from its histogram.
+        let mut line_latency: BTreeMap<(u32, u64), LatencyAccumulator> = BTreeMap::new();
+        if by == HardwareView::DataLine {
+            for sample in profile
+                .data_lines
+                .iter()
+                .filter(|s| s.event as usize == index)
+            {
+                line_latency
+                    .entry((sample.pid, sample.line))
+                    .or_default()
+                    .add_stats(&sample.stats);
+            }
+            for histogram in profile
+                .line_latency
+                .iter()
+                .filter(|h| h.event as usize == index)
+            {
+                line_latency
+                    .entry((histogram.pid, histogram.line))
+                    .or_default()
+                    .add_buckets(&histogram.buckets);
+            }
+        }
         let mut rows: Vec<HardwareRow> = groups
             .into_iter()
-            .map(|(location, samples)| row(location, &samples, caps, errata))
+            .map(|(location, samples)| {
+                let mut row = row(location, &samples, caps, errata);
+                // Data-line rows hold one (pid, line): the one of their first sample.
+                let line = samples[0].line.map(|line| (samples[0].pid, line));
+                row.latency = line
+                    .and_then(|line| line_latency.get(&line))
+                    .and_then(LatencyAccumulator::summary);
+                row
+            })
             .collect();
         rows.sort_by(|a, b| {
             b.samples
@@ -318,6 +354,7 @@ fn row(
     HardwareRow {
         location,
         samples: samples.iter().map(|s| s.samples).sum(),
+        latency: None,
         data_source: (!sources.is_empty()).then(|| breakdown(&sources)),
         ibs_op: op.map(|counters| op_columns(&counters, caps, errata)),
         ibs_fetch: fetch.map(|counters| fetch_columns(&counters, caps, errata)),
@@ -472,6 +509,21 @@ fn render_section(out: &mut String, section: &HardwareSection, by: HardwareView)
             row.location
         )
         .unwrap();
+        if let Some(latency) = &row.latency {
+            let percentile = |value: Option<u64>| value.map_or("-".to_string(), |v| v.to_string());
+            writeln!(
+                out,
+                "      {:<13} {} samples: mean {:.1}, p50 {}, p90 {}, p99 {}, max {} cycles",
+                "load latency",
+                latency.samples,
+                latency.mean,
+                percentile(latency.p50),
+                percentile(latency.p90),
+                percentile(latency.p99),
+                latency.max
+            )
+            .unwrap();
+        }
         if let Some(sources) = &row.data_source {
             for (name, shares) in [
                 ("memory level", &sources.level),

@@ -28,8 +28,8 @@ use crate::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
 use crate::profile::from_capture::lookup_addresses;
 use crate::profile::{
     CpuIdentity, DataAccess, DataLineSample, EventIndex, EventInfo, HardwareProfile,
-    InstructionSample, LatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats,
-    ThreadInfo,
+    InstructionSample, LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta,
+    StackSample, Stats, ThreadInfo,
 };
 use crate::symbolize::{CodeAddress, FrameTable};
 
@@ -131,6 +131,16 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
             buckets: buckets.iter().map(|(&b, &count)| (b, count)).collect(),
         })
         .collect();
+    let line_latency = aggregates
+        .line_latencies
+        .iter()
+        .map(|(&(pid, event, line), buckets)| LineLatencyHistogram {
+            pid,
+            event,
+            line,
+            buckets: buckets.iter().map(|(&b, &count)| (b, count)).collect(),
+        })
+        .collect();
     let losses = losses(data, &aggregates);
     let ibs_caps = aggregates.hardware.ibs_caps();
     let hardware_samples = aggregates.hardware.finish(|address| table.frame(address));
@@ -164,6 +174,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
             samples: hardware_samples,
             backtracked: Vec::new(),
         },
+        line_latency,
     })
 }
 
@@ -265,7 +276,10 @@ struct Aggregates {
     instructions: BTreeMap<(u32, EventIndex, u64), Stats>,
     /// Keyed like the live capture's data-line map.
     data_lines: BTreeMap<DataLineKey, (Stats, Counts)>,
+    /// Latency buckets per (pid, event, instruction).
     latencies: BTreeMap<(u32, EventIndex, u64), BTreeMap<u16, u64>>,
+    /// Latency buckets per (pid, event, data cache line).
+    line_latencies: BTreeMap<(u32, EventIndex, u64), BTreeMap<u16, u64>>,
     hardware: HardwareAccumulator,
     threads: BTreeSet<(u32, u32)>,
     samples_per_event: BTreeMap<EventIndex, u64>,
@@ -339,12 +353,17 @@ impl Aggregates {
         }
         if latency != 0 {
             let bucket = bucket_index(latency) as u16;
-            *self
-                .latencies
-                .entry((pid, index, ip))
-                .or_default()
-                .entry(bucket)
-                .or_default() += 1;
+            let count = |histograms: &mut BTreeMap<_, BTreeMap<u16, u64>>, at| {
+                *histograms
+                    .entry((pid, index, at))
+                    .or_default()
+                    .entry(bucket)
+                    .or_default() += 1;
+            };
+            count(&mut self.latencies, ip);
+            if let Some(line) = line {
+                count(&mut self.line_latencies, line);
+            }
         }
         let key = HardwareKey {
             pid,

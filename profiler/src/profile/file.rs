@@ -13,13 +13,19 @@
 //! | 24     | 8    | decoded length: bytes of the serialized profile                  |
 //! | 32     |      | payload: the profile serialized with postcard, compressed with zstd |
 //!
+//! The serialized profile is the format 1 body (the [`Profile`] model without the fields marked
+//! `#[serde(skip)]`), then in format 2 the additions of format 2 (the per-data-line latency
+//! histograms), serialized the same way. Older files end after the body and read with the
+//! additions empty.
+//!
 //! Why these encodings: postcard's wire format is specified and stable across its 1.x releases,
 //! compact (varints, no field names) and among the fastest serde formats to decode, which is what
 //! reading a million-sample profile needs; zstd decompresses several times faster than deflate at
 //! a better ratio. postcard is not self-describing, so the serialized shape of the model is fixed
 //! per format version: a change to the model that changes its serde shape must raise
-//! [`FORMAT_VERSION`], and keep reading older formats through a frozen copy of their model
-//! (the `format_1_file_still_reads` test fails when the shape changes).
+//! [`FORMAT_VERSION`] and keep reading older formats, by appending the new parts after the body
+//! as format 2 did, or through a frozen copy of the old model (the `format_N_file_still_reads`
+//! tests fail when a shape changes).
 //!
 //! Writing goes to a temporary file in the target's directory, synced, then renamed over the
 //! target, so a crash leaves either the old file or the new one, never half a file.
@@ -30,11 +36,16 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::{EventIndex, FrameId, Profile};
+use super::{EventIndex, FrameId, LineLatencyHistogram, Profile};
 
 pub const MAGIC: [u8; 8] = *b"EBPFPROF";
-/// The format this profiler writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this profiler writes, and the newest it reads.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format it reads.
+const OLDEST_FORMAT_VERSION: u32 = 1;
+
+/// What format 2 added after the format 1 body.
+type Format2Additions = (Vec<LineLatencyHistogram>,);
 /// perf.data files start with this.
 const PERF_DATA_MAGIC: [u8; 8] = *b"PERFILE2";
 const HEADER_LEN: usize = 32;
@@ -149,7 +160,7 @@ impl fmt::Display for ProfileFileErrorKind {
             UnsupportedVersion { found } => write!(
                 f,
                 "corrupt: format {found} is not one any profiler wrote \
-                 (this one reads format {FORMAT_VERSION})"
+                 (this one reads formats {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})"
             ),
             TruncatedHeader { actual } => write!(
                 f,
@@ -175,10 +186,7 @@ impl fmt::Display for ProfileFileErrorKind {
                 f,
                 "corrupt: the payload decompresses to {actual} bytes, its header says {expected}"
             ),
-            Decode(e) => write!(
-                f,
-                "corrupt: the payload is not a format {FORMAT_VERSION} profile: {e}"
-            ),
+            Decode(e) => write!(f, "corrupt: the payload does not decode as a profile: {e}"),
             Inconsistent(what) => write!(f, "corrupt: {what}"),
             Encode(e) => write!(f, "cannot serialize the profile: {e}"),
             Compress(e) => write!(f, "cannot compress the profile: {e}"),
@@ -250,8 +258,9 @@ pub fn read_profile(path: impl AsRef<Path>) -> Result<Profile, ProfileFileError>
 
 /// The bytes of a profile file holding `profile`.
 pub fn encode_profile(profile: &Profile) -> Result<Vec<u8>, ProfileFileError> {
-    let serialized = postcard::to_allocvec(profile)
-        .map_err(|e| ProfileFileError::new(ProfileFileErrorKind::Encode(e)))?;
+    let encode = |e| ProfileFileError::new(ProfileFileErrorKind::Encode(e));
+    let body = postcard::to_allocvec(profile).map_err(encode)?;
+    let serialized = postcard::to_extend(&(&profile.line_latency,), body).map_err(encode)?;
     frame_payload(&serialized)
 }
 
@@ -294,7 +303,7 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
         });
     }
     let version = u32_at(8);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return fail(UnsupportedVersion { found: version });
     }
     if bytes.len() < HEADER_LEN {
@@ -342,16 +351,27 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
             actual: decoded.len() as u64,
         });
     }
-    let profile: Profile = match postcard::take_from_bytes(&decoded) {
-        Ok((profile, [])) => profile,
-        Ok((_, rest)) => {
-            return fail(Inconsistent(format!(
-                "{} bytes follow the serialized profile",
-                rest.len()
-            )))
-        }
+    let (mut profile, rest): (Profile, &[u8]) = match postcard::take_from_bytes(&decoded) {
+        Ok(decoded) => decoded,
         Err(e) => return fail(Decode(e)),
     };
+    let rest = if version >= 2 {
+        match postcard::take_from_bytes::<Format2Additions>(rest) {
+            Ok(((line_latency,), rest)) => {
+                profile.line_latency = line_latency;
+                rest
+            }
+            Err(e) => return fail(Decode(e)),
+        }
+    } else {
+        rest
+    };
+    if !rest.is_empty() {
+        return fail(Inconsistent(format!(
+            "{} bytes follow the serialized profile",
+            rest.len()
+        )));
+    }
     check_references(&profile).map_err(|what| ProfileFileError::new(Inconsistent(what)))?;
     Ok(profile)
 }
@@ -384,6 +404,9 @@ fn check_references(profile: &Profile) -> Result<(), String> {
     }
     for (i, h) in profile.latency.iter().enumerate() {
         check("latency histogram", i, h.event, &[h.frame])?;
+    }
+    for (i, h) in profile.line_latency.iter().enumerate() {
+        check("data-line latency histogram", i, h.event, &[])?;
     }
     Ok(())
 }
@@ -429,6 +452,12 @@ mod tests {
             event: 1,
             frame,
             buckets: vec![(3, 2), (17, 2)],
+        }];
+        profile.line_latency = vec![LineLatencyHistogram {
+            pid: 100,
+            event: 1,
+            line: 0x7fff_0000_1040,
+            buckets: vec![(3, 1), (17, 2)],
         }];
         profile.losses = Losses {
             samples_fired: vec![102, 7],
@@ -569,13 +598,13 @@ mod tests {
         newer[8..12].copy_from_slice(&7u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "written by a newer profiler (format 7); this one reads format 1: \
+            "written by a newer profiler (format 7); this one reads format 2: \
              read it with a newer profiler"
         );
         newer[8..12].copy_from_slice(&0u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "corrupt: format 0 is not one any profiler wrote (this one reads format 1)"
+            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 2)"
         );
     }
 
@@ -651,8 +680,9 @@ mod tests {
     }
 }
 
+/// Files earlier versions of this profiler wrote, which it must keep reading.
 #[cfg(test)]
-mod format_1 {
+mod written_formats {
     use std::collections::BTreeMap;
 
     use profiler_common::hw::ibs::events::{IbsFetchCounters, IbsOpCounters};
@@ -806,11 +836,25 @@ mod format_1 {
                     samples: 3,
                 }],
             },
+            line_latency: Vec::new(),
+        }
+    }
+
+    /// [`profile`] with what format 2 added.
+    pub(super) fn profile_2() -> Profile {
+        Profile {
+            line_latency: vec![LineLatencyHistogram {
+                pid: 42,
+                event: 0,
+                line: 0x7ffd_0000_0040,
+                buckets: vec![(12, 1), (49, 3)],
+            }],
+            ..profile()
         }
     }
 
     /// A file this profiler wrote in format 1, from [`profile`].
-    const FILE: [&str; 8] = [
+    const FORMAT_1: [&str; 8] = [
         "4542504650524f4601000000be447cc75c01000000000000ce0100000000000028b52ffd60ce00950a0056d2463d30c5",
         "381d807c55e8b2880c23861ff12f584d1a67e5491d9924ee2d5ca47fba090a31babbb7b6585d2d82805ee6801ec0bf96",
         "e1c08a30d817ff6d7f27193c003300340015a48bb5d1b5c87c0c6f6775ea3d220806cce6bc55821a707c417b612ba790",
@@ -821,23 +865,54 @@ mod format_1 {
         "fc79d29c89da6ab5e88646936010a70aae8f012b96db631647b68529198139d920cdf7663a0a402d83e6ce3d",
     ];
 
-    #[test]
-    fn format_1_file_still_reads() {
-        let hex = FILE.concat();
+    /// A file this profiler wrote in format 2, from [`profile_2`] (`encode_profile` as hex).
+    const FORMAT_2: [&str; 8] = [
+        "4542504650524f4602000000465f81ef6001000000000000dd0100000000000028b52ffd60dd00b50a006692463a508d",
+        "3306d01bbd5390588a9087d20123d35d0d76d50f04faa17bf511119af75852fcd7eb05609e94cb60c9eb29b36f050c3b",
+        "accbb75eb26592013b003400340013a4acef2853643e86b9bb3af61e9183026673fe1a41a55c671057e0ca2d9113d31e",
+        "0031c920e1d0d8bbc040233dd8761140f7a0e27dbba0bb6101d855b3537a0bedd85bf7c85ceaeb9ae35b79dda7f3e247",
+        "eaebb9db70c78db6cb39a931ccdd47fc461f92363f00b4ee53ea197f01b728a68d1f04cd088de442ad14cd117b243057",
+        "6a2da1d423a8e90c9221a739c7fcd9b14a3bcf36ab90bdb78adaffa3a26a46a97d16e89a6a51fad3faea95f645c7eb03",
+        "561720586808e1af14b3579a210d295b2ed562abec211e2cb474ee7dfb0cbe4709068308e39c01160021bb78052b0079",
+        "80851608f0e74973266aabd5a21b1a4d82419c2ab83e06ac586e8f591cd916a66404e6648334df9be92800b50c9a3bf7",
+    ];
+
+    fn decode_hex(lines: &[&str]) -> Result<Profile, ProfileFileError> {
+        let hex = lines.concat();
         let bytes: Vec<u8> = (0..hex.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
             .collect();
-        let decoded = decode_profile(&bytes).unwrap_or_else(|e| {
+        decode_profile(&bytes)
+    }
+
+    fn assert_reads(lines: &[&str], expected: Profile, format: u32) {
+        let decoded = decode_hex(lines).unwrap_or_else(|e| {
             panic!(
                 "{e}\nThe serialized shape of the profile model changed: raise FORMAT_VERSION \
-                 and keep reading format 1 through a frozen copy of its model."
+                 and keep reading format {format} (see the module documentation)."
             )
         });
         assert_eq!(
-            decoded,
-            profile(),
-            "format 1 decodes to another profile: the serialized shape of the model changed"
+            decoded, expected,
+            "format {format} decodes to another profile: the serialized shape of the model changed"
         );
+    }
+
+    #[test]
+    fn format_1_file_still_reads() {
+        assert_reads(&FORMAT_1, profile(), 1);
+    }
+
+    #[test]
+    fn format_2_file_still_reads() {
+        assert_reads(&FORMAT_2, profile_2(), 2);
+    }
+
+    #[test]
+    fn format_2_is_what_this_profiler_writes() {
+        let written = encode_profile(&profile_2()).unwrap();
+        assert_eq!(written[8..12], 2u32.to_le_bytes());
+        assert_eq!(decode_profile(&written).unwrap(), profile_2());
     }
 }

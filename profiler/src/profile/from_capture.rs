@@ -1,17 +1,18 @@
 //! Assembling a [`Profile`] from a live capture: drained aggregates, the process table and the
 //! kernel's sample accounting.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use profiler_common::capture::LossKind;
 
 use super::{
-    DataAccess, DataLineSample, EventInfo, HardwareProfile, HardwareSample, InstructionSample,
-    LatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats, ThreadInfo,
+    DataAccess, DataLineSample, EventInfo, HardwareProfile, InstructionSample, LatencyHistogram,
+    LineLatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats, ThreadInfo,
 };
 use crate::{
     capture::sideband::ProcessTable,
     drain::{Accounting, Drained},
+    hardware::HardwareKey,
     scope::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
         container::classify_cgroup_path,
@@ -64,10 +65,20 @@ fn cgroup_workloads() -> HashMap<u64, String> {
         .collect()
 }
 
+/// Sparse `(bucket, count)` pairs of a drained histogram.
+fn sparse_buckets(buckets: &[u64]) -> Vec<(u16, u64)> {
+    buckets
+        .iter()
+        .enumerate()
+        .filter(|(_, count)| **count > 0)
+        .map(|(bucket, count)| (bucket as u16, *count))
+        .collect()
+}
+
 pub fn assemble(
     meta: ProfileMeta,
     events: Vec<EventInfo>,
-    drained: &Drained,
+    drained: Drained,
     processes: &ProcessTable,
     accounting: &Accounting,
 ) -> Profile {
@@ -81,7 +92,19 @@ pub fn assemble(
     addresses.extend(drained.instructions.keys().map(|k| code(k.pid, k.ip)));
     addresses.extend(drained.data_lines.keys().map(|k| code(k.pid, k.ip)));
     addresses.extend(drained.latencies.keys().map(|k| code(k.pid, k.ip)));
-    addresses.extend(drained.data_sources.keys().map(|k| code(k.pid, k.ip)));
+    // Kernel-counted data sources join the streamed IBS samples, keyed alike.
+    let mut hardware = drained.ibs;
+    for (key, count) in &drained.data_sources {
+        let at = HardwareKey {
+            pid: key.pid,
+            event: key.event,
+            ip: key.ip,
+            line: (key.line != 0).then_some(key.line),
+        };
+        hardware.add_data_source(at, key.data_src, *count);
+    }
+    let ibs_caps = hardware.ibs_caps();
+    addresses.extend(hardware.code_addresses());
     table.resolve(addresses);
 
     let mut stacks: Vec<StackSample> = drained
@@ -124,33 +147,11 @@ pub fn assemble(
             frame: table.frame(code(key.pid, key.ip)),
             stats: stats(s),
             per_cpu: per_cpu.clone(),
-            // The capture does not record the thread or the access kind of data samples yet.
             tid: Some(key.tid),
             access: DataAccess::from_code(key.access),
         })
         .collect();
-    // Samples per data source, grouped by (process, event, instruction, data line).
-    let mut hardware_samples: BTreeMap<(u32, u32, u64, u64), HardwareSample> = BTreeMap::new();
-    for (key, count) in &drained.data_sources {
-        let sample = hardware_samples
-            .entry((key.pid, key.event, key.ip, key.line))
-            .or_insert_with(|| HardwareSample {
-                pid: key.pid,
-                event: key.event,
-                frame: table.frame(code(key.pid, key.ip)),
-                line: (key.line != 0).then_some(key.line),
-                ..HardwareSample::default()
-            });
-        sample.samples += count;
-        sample.data_sources.push((key.data_src, *count));
-    }
-    let hardware_samples = hardware_samples
-        .into_values()
-        .map(|mut sample| {
-            sample.data_sources.sort_unstable();
-            sample
-        })
-        .collect();
+    let hardware_samples = hardware.finish(|address| table.frame(address));
     let latency = drained
         .latencies
         .iter()
@@ -158,14 +159,20 @@ pub fn assemble(
             pid: key.pid,
             event: key.event,
             frame: table.frame(code(key.pid, key.ip)),
-            buckets: buckets
-                .iter()
-                .enumerate()
-                .filter(|(_, count)| **count > 0)
-                .map(|(bucket, count)| (bucket as u16, *count))
-                .collect(),
+            buckets: sparse_buckets(buckets),
         })
         .collect();
+    let mut line_latency: Vec<LineLatencyHistogram> = drained
+        .line_latencies
+        .iter()
+        .map(|(key, buckets)| LineLatencyHistogram {
+            pid: key.pid,
+            event: key.event,
+            line: key.line,
+            buckets: sparse_buckets(buckets),
+        })
+        .collect();
+    line_latency.sort_by_key(|h| (h.event, h.pid, h.line));
 
     let threads: BTreeSet<(u32, u32, u64)> = drained
         .stacks
@@ -215,8 +222,10 @@ pub fn assemble(
         memory_maps: Vec::new(),
         data_symbols: Vec::new(),
         hardware: HardwareProfile {
+            ibs_caps,
             samples: hardware_samples,
             ..HardwareProfile::default()
         },
+        line_latency,
     }
 }

@@ -30,6 +30,10 @@ pub struct Profile {
     pub data_symbols: Vec<DataSymbol>,
     /// What precise hardware samplers reported beyond the IP, and skid corrections.
     pub hardware: HardwareProfile,
+    /// Latency distributions per data cache line. Files of format 2 on carry them after the
+    /// format 1 body (`profile::file`), so this field is not part of the body's shape.
+    #[serde(skip)]
+    pub line_latency: Vec<LineLatencyHistogram>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -197,6 +201,18 @@ pub struct LatencyHistogram {
     pub pid: u32,
     pub event: EventIndex,
     pub frame: FrameId,
+    /// (bucket index, count)
+    pub buckets: Vec<(u16, u64)>,
+}
+
+/// Latency distribution of the samples of one event whose data address fell in one 64-byte
+/// line, whatever instruction made the access: counts per log-linear bucket, sparse.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LineLatencyHistogram {
+    pub pid: u32,
+    pub event: EventIndex,
+    /// Address of the cache line (data address & !63).
+    pub line: u64,
     /// (bucket index, count)
     pub buckets: Vec<(u16, u64)>,
 }

@@ -117,7 +117,7 @@ struct JsonRow {
     samples: JsonSamples,
     cumulative_percent: f64,
     estimated_events: Option<f64>,
-    latency: Option<JsonLatency>,
+    latency: Option<LatencySummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     details: Option<JsonDataLine>,
 }
@@ -203,16 +203,6 @@ struct JsonVariable {
 }
 
 #[derive(Serialize)]
-struct JsonLatency {
-    samples: u64,
-    mean: f64,
-    p50: Option<u64>,
-    p90: Option<u64>,
-    p99: Option<u64>,
-    max: u64,
-}
-
-#[derive(Serialize)]
 struct JsonDataLine {
     loads: u64,
     stores: u64,
@@ -287,7 +277,7 @@ enum JsonDetailRow {
         approximate_line: bool,
         text: Option<String>,
         samples: u64,
-        latency: Option<JsonLatency>,
+        latency: Option<LatencySummary>,
         cache_line_samples: Option<u64>,
     },
     CacheLineBoundary,
@@ -299,20 +289,9 @@ struct JsonDistribution {
     /// `event`, `function` or `line`.
     scope: &'static str,
     name: String,
-    latency: JsonLatency,
+    latency: LatencySummary,
     /// `[lowest, highest, count]` per non-empty kernel bucket.
     buckets: Vec<[u64; 3]>,
-}
-
-fn latency(summary: &LatencySummary) -> JsonLatency {
-    JsonLatency {
-        samples: summary.samples,
-        mean: summary.mean,
-        p50: summary.p50,
-        p90: summary.p90,
-        p99: summary.p99,
-        max: summary.max,
-    }
 }
 
 fn estimate(scale: EventScale) -> JsonEstimate {
@@ -460,7 +439,7 @@ fn row(row: &ViewRow, details: Option<&DataLineDetails>) -> JsonRow {
         samples,
         cumulative_percent: row.cumulative_percent,
         estimated_events: row.estimated_events,
-        latency: row.latency.as_ref().map(latency),
+        latency: row.latency.clone(),
         details: details.map(data_line),
     }
 }
@@ -537,7 +516,7 @@ fn details(details: &FunctionDetails) -> JsonDetails {
                     approximate_line: i.approximate_line,
                     text: i.text.clone(),
                     samples: i.samples,
-                    latency: i.latency.as_ref().map(latency),
+                    latency: i.latency.clone(),
                     cache_line_samples: i.cache_line_samples,
                 },
                 DetailRow::CacheLineBoundary => JsonDetailRow::CacheLineBoundary,
@@ -580,7 +559,7 @@ fn distribution(d: &Distribution) -> JsonDistribution {
     JsonDistribution {
         scope: d.scope.name(),
         name: d.label.clone(),
-        latency: latency(&d.summary),
+        latency: d.summary.clone(),
         buckets: d
             .buckets
             .iter()

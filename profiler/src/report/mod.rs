@@ -16,7 +16,7 @@ use crate::{
         details::{function_details, FunctionDetails},
         filter::{select_events, Selection},
         functions::{find_function, FunctionName},
-        latency::{distributions, Distribution},
+        latency::{distributions, Distribution, LineHistograms},
         views::{build_view, RowKey, View, ViewKind, ViewOptions},
     },
     profile::{EventIndex, Profile},
@@ -103,12 +103,18 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
         } else {
             let view = build_view(profile, args.by, event, &options);
             let lines = if args.by == ViewKind::DcacheLine {
+                let histograms = LineHistograms::new(profile, event, &selection);
                 view.rows
                     .iter()
                     .filter_map(|row| match row.key {
-                        RowKey::DcacheLine { pid, address, .. } => {
-                            Some(data_line_details(profile, event, &selection, pid, address))
-                        }
+                        RowKey::DcacheLine { pid, address, .. } => Some(data_line_details(
+                            profile,
+                            event,
+                            &selection,
+                            &histograms,
+                            pid,
+                            address,
+                        )),
                         _ => None,
                     })
                     .collect()

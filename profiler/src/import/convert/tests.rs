@@ -386,6 +386,16 @@ fn pebs_weight_struct_data_src_and_addr_import() {
     assert_eq!(profile.data_lines[0].per_cpu, vec![0, 2]);
     // 40: msb 5, shift 2, 8 * 2 + 10 = 26. 312: msb 8, shift 5, 8 * 5 + 9 = 49.
     assert_eq!(profile.latency[0].buckets, vec![(26, 1), (49, 1)]);
+    // Both loads fall in one line: its histogram holds both latencies.
+    assert_eq!(
+        profile.line_latency,
+        vec![LineLatencyHistogram {
+            pid: 100,
+            event: 0,
+            line: 0x7ffd_0000_1040,
+            buckets: vec![(26, 1), (49, 1)],
+        }]
+    );
     let sample = &profile.hardware.samples[0];
     assert_eq!(sample.data_sources, vec![(l3_hitm, 2)]);
     assert_eq!((sample.ibs_op, sample.ibs_fetch), (None, None));
@@ -408,6 +418,16 @@ fn pebs_weight_struct_data_src_and_addr_import() {
     let row = &json["sections"][0]["rows"][0];
     assert_eq!(row["samples"], 2);
     assert_eq!(row["data_source"]["level"][0]["label"], "L3 hit");
+    // Exact mean and maximum of 40 and 312; percentiles at the bucket midpoints 41 (40..=43) and
+    // 303 (288..=319).
+    assert_eq!(
+        row["latency"],
+        serde_json::json!({"samples": 2, "mean": 176.0, "p50": 41, "p90": 303, "p99": 303, "max": 312})
+    );
+    let text = render_hardware(&profile, HardwareView::DataLine);
+    let expected = "load latency  2 samples: mean 176.0, p50 41, p90 303, p99 303, max 312 cycles";
+    assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    assert!(!render_hardware(&profile, HardwareView::Function).contains("load latency"));
 }
 
 #[test]
