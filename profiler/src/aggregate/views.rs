@@ -243,8 +243,9 @@ pub fn innermost_location(frame: &Frame) -> (Option<&str>, Option<u32>, String) 
     }
 }
 
-/// Where code is, independent of the process's load address.
-fn code_position(frame: &Frame) -> (String, u64) {
+/// Where code is, independent of the process's load address: module and offset in its file, or
+/// no module and the address.
+pub fn code_position(frame: &Frame) -> (String, u64) {
     if frame.module.is_empty() {
         (String::new(), frame.address)
     } else {

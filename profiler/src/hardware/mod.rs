@@ -27,7 +27,7 @@ pub struct HardwareArgs {
     #[arg(long)]
     pub backtrack: bool,
     /// Also show what precise samplers reported (perf mem data sources, IBS counters) by
-    /// function, instruction or data cache line.
+    /// function, source line, instruction, instruction cache line or data cache line.
     #[arg(long, value_enum, value_name = "VIEW")]
     pub hardware: Option<HardwareView>,
 }
@@ -278,11 +278,14 @@ mod tests {
         );
         let none = Command::try_parse_from(["report"]).unwrap().hardware;
         assert_eq!(none, HardwareArgs::default());
-        let err = Command::try_parse_from(["report", "--hardware", "line"])
+        let err = Command::try_parse_from(["report", "--hardware", "cache-line"])
             .err()
             .unwrap()
             .to_string();
-        assert!(err.contains("function, instruction, data-line"), "{err}");
+        assert!(
+            err.contains("function, line, instruction, icache-line, data-line"),
+            "{err}"
+        );
         let mut profile = Profile::default();
         assert_eq!(none.prepare(&mut profile), None);
         assert_eq!(

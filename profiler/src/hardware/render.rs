@@ -18,6 +18,7 @@ use profiler_common::hw::ibs::{IbsCaps, IbsErrata};
 use serde::Serialize;
 
 use crate::aggregate::latency::{LatencyAccumulator, LatencySummary};
+use crate::aggregate::views::{code_position, innermost_location, CACHE_LINE};
 use crate::profile::{module_basename, Frame, HardwareSample, Profile};
 
 /// Rows of one event the text rendering shows; JSON has them all.
@@ -28,7 +29,11 @@ const TEXT_ROWS: usize = 25;
 #[serde(rename_all = "snake_case")]
 pub enum HardwareView {
     Function,
+    /// Source lines (the innermost inlined location).
+    Line,
     Instruction,
+    /// 64-byte lines of code: where IBS fetch samples show instruction-cache behaviour.
+    IcacheLine,
     /// 64-byte lines of data addresses; samples without a data address are left out.
     DataLine,
 }
@@ -37,7 +42,9 @@ impl HardwareView {
     fn noun(self) -> &'static str {
         match self {
             HardwareView::Function => "function",
+            HardwareView::Line => "source line",
             HardwareView::Instruction => "instruction",
+            HardwareView::IcacheLine => "instruction cache line",
             HardwareView::DataLine => "data cache line",
         }
     }
@@ -299,7 +306,23 @@ fn lacking(event: &'static str, availability: Availability) -> Option<NotReporte
 fn location(by: HardwareView, frame: &Frame, sample: &HardwareSample) -> String {
     match by {
         HardwareView::Function => function(frame),
+        HardwareView::Line => match innermost_location(frame) {
+            (Some(file), Some(line), function) => {
+                format!("{}:{line} ({function})", module_basename(file))
+            }
+            (_, _, function) => function,
+        },
         HardwareView::Instruction => instruction(frame),
+        HardwareView::IcacheLine => match code_position(frame) {
+            (module, offset) if module.is_empty() => format!("{:#x}", offset & !(CACHE_LINE - 1)),
+            (module, offset) => {
+                format!(
+                    "{}+{:#x}",
+                    module_basename(&module),
+                    offset & !(CACHE_LINE - 1)
+                )
+            }
+        },
         HardwareView::DataLine => format!(
             "{:#x} (pid {})",
             sample.line.expect("filtered on a line"),
@@ -589,4 +612,82 @@ fn render_section(out: &mut String, section: &HardwareSection, by: HardwareView)
         .unwrap();
     }
     out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use profiler_common::hw::ibs::events::IbsFetchCounters;
+
+    use super::*;
+    use crate::aggregate::test_samples::{self, COMPUTE_LATE};
+    use crate::export::test_profile::{COMPUTE_INLINED, STRIPPED};
+    use crate::profile::FrameId;
+
+    /// IBS fetch samples at two instructions of one cache line of app's `compute` (one inlined
+    /// from src/simd.rs:88, one at src/app.rs:39) and in the stripped library.
+    fn fetch_profile() -> Profile {
+        let mut profile = test_samples::profile();
+        let fetches = |frame: FrameId, samples: u64| HardwareSample {
+            pid: 100,
+            event: 0,
+            frame,
+            line: None,
+            samples,
+            data_sources: Vec::new(),
+            ibs_op: None,
+            ibs_fetch: Some(IbsFetchCounters {
+                all_samples: samples,
+                attempted: samples,
+                completed: samples,
+                ic_miss: 1,
+                ..IbsFetchCounters::default()
+            }),
+        };
+        profile.hardware.ibs_caps = Some(0b111);
+        profile.hardware.samples = vec![
+            fetches(COMPUTE_INLINED, 6),
+            fetches(COMPUTE_LATE, 2),
+            fetches(STRIPPED, 4),
+        ];
+        profile
+    }
+
+    fn rows(by: HardwareView) -> Vec<(String, u64)> {
+        hardware_report(&fetch_profile(), by).sections[0]
+            .rows
+            .iter()
+            .map(|row| (row.location.clone(), row.samples))
+            .collect()
+    }
+
+    #[test]
+    fn source_lines_are_the_innermost_inlined_locations() {
+        assert_eq!(
+            rows(HardwareView::Line),
+            [
+                ("simd.rs:88 (add_lanes)".to_string(), 6),
+                ("libblob.so+0x4a10".to_string(), 4),
+                ("app.rs:39 (compute)".to_string(), 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn instruction_cache_lines_group_64_bytes_of_a_module() {
+        // compute+0x90 and compute+0xa4 are app offsets 0x1290 and 0x12a4: one line at 0x1280.
+        assert_eq!(
+            rows(HardwareView::IcacheLine),
+            [
+                ("app+0x1280".to_string(), 8),
+                ("libblob.so+0x4a00".to_string(), 4),
+            ]
+        );
+        let text = render_hardware(&fetch_profile(), HardwareView::IcacheLine);
+        assert!(
+            text.contains("12 IBS fetch samples with hardware data, by instruction cache line"),
+            "{text}"
+        );
+        // The 8 fetches of the line: 2 missed the instruction cache.
+        assert!(text.contains("IC miss rate 25.00%"), "{text}");
+    }
 }
