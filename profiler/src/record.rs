@@ -78,7 +78,7 @@ pub fn event_info(spec: &EventSpec) -> EventInfo {
         period,
         frequency,
         unit: spec.unit.clone(),
-        precise: spec.precise(),
+        precise: hardware::exact_ip(spec),
     }
 }
 

@@ -200,6 +200,16 @@ pub fn raw_decoding(specs: &[EventSpec], cpu: Option<&CpuIdentity>) -> RawDecodi
     )
 }
 
+/// Whether an event's sampled IPs are the instructions that caused its events: precise events,
+/// and IBS, which tags the instruction itself whatever `precise_ip` says.
+pub fn exact_ip(spec: &EventSpec) -> bool {
+    spec.precise()
+        || matches!(
+            hardware_sampler(spec),
+            HardwareSampler::IbsOp | HardwareSampler::IbsFetch
+        )
+}
+
 /// Whether any of `specs` samples a latency (load latency, IBS op latencies).
 pub fn samples_latency(specs: &[EventSpec]) -> bool {
     specs.iter().any(|spec| {
@@ -427,6 +437,13 @@ mod tests {
             IbsErrata::default()
         );
         assert_eq!(raw_decoding(&specs, None).ibs_errata, 0);
+    }
+
+    #[test]
+    fn ibs_and_precise_events_have_exact_ips() {
+        assert!(exact_ip(&spec("ibs_op//")) && exact_ip(&spec("ibs_fetch//")));
+        assert!(exact_ip(&spec("cycles:pp")));
+        assert!(!exact_ip(&spec("cycles")) && !exact_ip(&spec("cpu/mem-stores/")));
     }
 
     #[test]
