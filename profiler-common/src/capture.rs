@@ -149,8 +149,8 @@ pub enum LossKind {
     SampleDataReadFailed = 9,
     /// The raw ring buffer was full: the time-ordered stream misses this sample.
     RingBufferFull = 10,
-    /// An IBS op sample's registers could not be read: its data address, latency and data
-    /// source are lost.
+    /// An IBS sample's registers could not be read or parsed: what the program decodes from
+    /// them (an op's data address, latency and data source) or the derived counters are lost.
     IbsRegistersUnreadable = 11,
     /// The data-source map was full: the hardware view misses this sample.
     DataSourcesFull = 12,
@@ -201,7 +201,7 @@ impl LossKind {
             LossKind::SampleDataReadFailed => "sample data unreadable (address/latency lost)",
             LossKind::RingBufferFull => "raw stream: ring buffer full",
             LossKind::IbsRegistersUnreadable => {
-                "IBS registers unreadable (address/latency/source lost)"
+                "IBS registers unreadable (decoded fields or derived counters lost)"
             }
             LossKind::DataSourcesFull => "hardware view (data sources): map full",
             LossKind::IbsRingFull => "IBS derived counters: register ring buffer full",
@@ -396,6 +396,22 @@ pub mod sample_flags {
 /// writes to; the agent flips it and drains the other one.
 pub const CONTROL_GENERATION: u32 = 0;
 
+/// The maps whose new entries the program counts per generation, so the agent can drain before
+/// they fill.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    StackCounts = 0,
+    /// Both latency-histogram maps (per instruction and per data line).
+    Histograms = 1,
+}
+
+/// Index of the fill counter of `fill` in `generation`.
+#[inline(always)]
+pub const fn fill_index(generation: u32, fill: Fill) -> u32 {
+    generation * 2 + fill as u32
+}
+
 /// Bytes of the largest IBS raw payload Linux sends: the `u32` capabilities word, the seven op
 /// registers, BR_TARGET and OP_DATA4 (a fetch payload is shorter: three or four registers).
 pub const IBS_PAYLOAD_MAX_BYTES: usize = 4 + 9 * 8;
@@ -521,6 +537,17 @@ mod tests {
         }
         let whole: usize = LossKind::ALL.iter().filter(|k| k.loses_sample()).count();
         assert_eq!(whole, 2);
+    }
+
+    #[test]
+    fn fill_counters_of_the_two_generations_do_not_overlap() {
+        let indices = [
+            fill_index(0, Fill::StackCounts),
+            fill_index(0, Fill::Histograms),
+            fill_index(1, Fill::StackCounts),
+            fill_index(1, Fill::Histograms),
+        ];
+        assert_eq!(indices, [0, 1, 2, 3]);
     }
 
     #[test]

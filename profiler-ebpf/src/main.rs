@@ -24,12 +24,12 @@ use aya_ebpf::{
 };
 use profiler_common::{
     capture::{
-        access_of_data_source, sample_flags, CaptureConfig, DataLineKey, DataSourceKey, IbsRecord,
-        InstructionKey, LatencyKey, LineLatencyKey, LossKind, RawDecoding, RawSample, SampleStats,
-        StackKey, ACCESS_UNKNOWN, CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
-        CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
-        CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES, IBS_PAYLOAD_MIN_BYTES,
-        LOST_STACK, MAX_EVENTS, NO_STACK,
+        access_of_data_source, fill_index, sample_flags, CaptureConfig, DataLineKey, DataSourceKey,
+        Fill, IbsRecord, InstructionKey, LatencyKey, LineLatencyKey, LossKind, RawDecoding,
+        RawSample, SampleStats, StackKey, ACCESS_UNKNOWN, CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES,
+        CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS,
+        CAPTURE_RAW, CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES,
+        IBS_PAYLOAD_MIN_BYTES, LOST_STACK, MAX_EVENTS, NO_STACK,
     },
     hw::ibs::IbsOpSample,
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
@@ -82,10 +82,11 @@ static DATA_SOURCES_1: PerCpuHashMap<DataSourceKey, u64> =
 /// Index `CONTROL_GENERATION`: the generation the program writes to.
 #[map]
 static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
-/// Stack-count entries each generation has created, per CPU: the agent drains early when the
-/// generation it is not draining fills up.
+/// Entries each generation has created in its stack-count map and in its latency-histogram
+/// maps, per CPU (index `fill_index`): the agent drains early when the generation it is not
+/// draining fills up.
 #[map]
-static NEW_STACK_KEYS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+static NEW_KEYS: PerCpuArray<u64> = PerCpuArray::with_max_entries(4, 0);
 /// Programs currently writing each generation, per CPU.
 #[map]
 static INFLIGHT: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
@@ -306,11 +307,14 @@ fn read_sample_data(ctx: &PerfEventContext, config: &CaptureConfig) -> (Option<u
     let decoding = raw_decoding();
     // The IBS event bits are load-time constants: without IBS events the verifier drops these
     // branches instead of walking the decoder on every path.
-    if decoding.ibs_events() != 0
-        && flags & sample_flags::RAW != 0
-        && event.is_some_and(|event| decoding.is_ibs(event))
-    {
-        match read(offsets.raw).and_then(|raw| raw_payload(raw, offsets)) {
+    if decoding.ibs_events() != 0 && event.is_some_and(|event| decoding.is_ibs(event)) {
+        // Without PERF_SAMPLE_RAW there are no registers to read: counted like unreadable ones.
+        let raw = if flags & sample_flags::RAW != 0 {
+            read(offsets.raw)
+        } else {
+            None
+        };
+        match raw.and_then(|raw| raw_payload(raw, offsets)) {
             Some((payload, size)) => {
                 data.raw_payload = payload;
                 data.raw_size = size;
@@ -323,7 +327,7 @@ fn read_sample_data(ctx: &PerfEventContext, config: &CaptureConfig) -> (Option<u
         && event.is_some_and(|event| decoding.is_ibs_op(event))
     {
         let mut bytes = [0u8; IBS_PAYLOAD_MAX_BYTES];
-        let registers = read_ibs_payload(data.raw_payload, data.raw_size, &mut bytes)
+        let registers = read_ibs_payload(data.raw_payload, data.raw_size, bytes.as_mut_ptr())
             .and_then(|len| IbsOpSample::parse(bytes.get(..len)?).ok());
         match registers {
             Some(registers) => add_ibs_op_fields(&registers, &decoding, &mut data),
@@ -367,35 +371,33 @@ fn raw_payload(
     (payload != 0).then_some((payload, u64::from(size)))
 }
 
-/// Copies an IBS payload of `size` bytes at `payload` into `into`, in fixed-size pieces the
-/// verifier can bound: the part every payload has, then whole registers while the payload has
-/// more. The bytes copied; `None` when the payload is too short or unreadable.
+/// Copies an IBS payload of `size` bytes at `payload` to the `IBS_PAYLOAD_MAX_BYTES` bytes at
+/// `into`, in fixed-size pieces the verifier can bound: the part every payload has, then whole
+/// registers while the payload has more. The bytes copied; `None` when the payload is too short
+/// or unreadable. `into` is a raw pointer because it may be uninitialized ring-buffer memory.
 #[inline(always)]
-fn read_ibs_payload(
-    payload: u64,
-    size: u64,
-    into: &mut [u8; IBS_PAYLOAD_MAX_BYTES],
-) -> Option<usize> {
+fn read_ibs_payload(payload: u64, size: u64, into: *mut u8) -> Option<usize> {
     let size = size as usize;
     if size < IBS_PAYLOAD_MIN_BYTES {
         return None;
     }
-    let (fixed, extra) = into.split_at_mut(IBS_PAYLOAD_MIN_BYTES);
-    // SAFETY: reads into buffers of exactly the given lengths, through the checking helper.
-    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel_buf(payload as *const u8, fixed) }.ok()?;
-    let mut len = IBS_PAYLOAD_MIN_BYTES;
-    for register in extra.chunks_exact_mut(8) {
-        if size < len + 8 {
-            break;
-        }
-        // SAFETY: as above; `len + 8 <= size` bytes exist behind `payload`.
-        unsafe {
-            aya_ebpf::helpers::bpf_probe_read_kernel_buf(
-                (payload + len as u64) as *const u8,
-                register,
+    let copy = |offset: usize, bytes: usize| -> Option<()> {
+        // SAFETY: the callers' buffers hold `IBS_PAYLOAD_MAX_BYTES >= offset + bytes` writable
+        // bytes at `into`, and `offset + bytes <= size` bytes are behind `payload`; the checking
+        // helper fails cleanly on a bad source address.
+        let failed = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                into.add(offset) as *mut core::ffi::c_void,
+                bytes as u32,
+                (payload + offset as u64) as *const core::ffi::c_void,
             )
-        }
-        .ok()?;
+        };
+        (failed == 0).then_some(())
+    };
+    copy(0, IBS_PAYLOAD_MIN_BYTES)?;
+    let mut len = IBS_PAYLOAD_MIN_BYTES;
+    while len + 8 <= IBS_PAYLOAD_MAX_BYTES && len + 8 <= size {
+        copy(len, 8)?;
         len += 8;
     }
     Some(len)
@@ -591,7 +593,7 @@ fn record(
         |count| *count += 1,
         LossKind::StackCountsFull,
     ) {
-        add(&NEW_STACK_KEYS, maps.index, 1);
+        add(&NEW_KEYS, fill_index(maps.index, Fill::StackCounts), 1);
     }
 
     let mut first = SampleStats::default();
@@ -626,7 +628,7 @@ fn record(
         );
     }
     if data.latency != 0 {
-        record_latency(
+        let mut created = record_latency(
             maps.latencies,
             &LatencyKey { pid, event, ip },
             data.latency,
@@ -638,13 +640,14 @@ fn record(
                 event,
                 line: data.addr & !(CACHE_LINE_BYTES - 1),
             };
-            record_latency(
+            created += record_latency(
                 maps.line_latencies,
                 &key,
                 data.latency,
                 LossKind::LineLatencyFull,
             );
         }
+        add(&NEW_KEYS, fill_index(maps.index, Fill::Histograms), created);
     }
     let decoding = raw_decoding();
     // IBS samples go to the agent whole, data source included: it aggregates them with the
@@ -684,34 +687,38 @@ fn record(
     }
 }
 
-/// Adds one latency to its histogram in `map`, creating the histogram on first use.
+/// Adds one latency to its histogram in `map`, creating the histogram on first use; 1 when it
+/// created one, else 0.
 #[inline(always)]
 fn record_latency<K>(
     map: &PerCpuHashMap<K, LatencyBuckets>,
     key: &K,
     latency: u64,
     full: LossKind,
-) {
+) -> u64 {
     let bucket = bucket_index(latency);
     if bucket >= LATENCY_BUCKETS {
-        return;
+        return 0;
     }
+    let mut created = 0;
     if map.get_ptr_mut(key).is_none() {
         // An empty histogram is too large for the 512-byte BPF stack: insert the one kept in
         // read-only data.
         if map
             .insert(key, &EMPTY_HISTOGRAM, BPF_NOEXIST as u64)
-            .is_err()
-            && map.get_ptr_mut(key).is_none()
+            .is_ok()
         {
+            created = 1;
+        } else if map.get_ptr_mut(key).is_none() {
             lose(full);
-            return;
+            return 0;
         }
     }
     if let Some(histogram) = map.get_ptr_mut(key) {
         // SAFETY: this CPU's slot; `bucket` was bounds-checked above.
         unsafe { (*histogram).counts[bucket] += 1 };
     }
+    created
 }
 
 static EMPTY_HISTOGRAM: LatencyBuckets = LatencyBuckets {
@@ -763,8 +770,9 @@ fn stream_ibs(pid: u32, event: u32, ip: u64, data: &SampleData) -> bool {
         return false;
     };
     let record = entry.as_mut_ptr();
-    // SAFETY: `record` points to the reserved, exclusively owned ring entry of IbsRecord size.
-    let payload = unsafe { &mut (*record).payload };
+    // SAFETY: `record` points to the reserved, exclusively owned ring entry of IbsRecord size;
+    // only the field's address is taken, no reference to the uninitialized bytes.
+    let payload = unsafe { core::ptr::addr_of_mut!((*record).payload) } as *mut u8;
     let Some(len) = read_ibs_payload(data.raw_payload, data.raw_size, payload) else {
         entry.discard(0);
         lose(LossKind::IbsRegistersUnreadable);
@@ -780,10 +788,12 @@ fn stream_ibs(pid: u32, event: u32, ip: u64, data: &SampleData) -> bool {
         (*record).sample_flags = data.flags;
         (*record).payload_len = len as u32;
     }
-    // Wake the agent only when the ring is half full: it also reads the ring on a timer, and a
-    // wakeup per sample would cost more than the sample.
+    // Wake the agent when this record fills the ring past half: it also reads the ring on a
+    // timer, and a wakeup per sample would cost more than the sample.
+    let half = IBS_SAMPLES.query(BPF_RB_RING_SIZE as u64) / 2;
     let waiting = IBS_SAMPLES.query(BPF_RB_AVAIL_DATA as u64);
-    let wakeup = if waiting * 2 > IBS_SAMPLES.query(BPF_RB_RING_SIZE as u64) {
+    let crossing = waiting <= half && waiting + core::mem::size_of::<IbsRecord>() as u64 > half;
+    let wakeup = if crossing {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

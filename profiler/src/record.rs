@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
-    CaptureConfig, KernelOffsets, LossKind, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
+    CaptureConfig, Fill, KernelOffsets, LossKind, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
     CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
     CAPTURE_USER_STACKS, MAX_EVENTS,
 };
@@ -273,7 +273,11 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
                     stream.read_into(&mut drained.ibs)?;
                 }
                 // Half full: drain now rather than lose samples to a full map at the next tick.
-                if drainer.fill(&program)? * 2 > u64::from(options.sizes.stack_counts) {
+                let stacks_half_full =
+                    drainer.fill(&program, Fill::StackCounts)? * 2 > u64::from(sizes.stack_counts);
+                let histograms_half_full =
+                    drainer.fill(&program, Fill::Histograms)? * 2 > u64::from(sizes.latencies);
+                if stacks_half_full || histograms_half_full {
                     let started = Instant::now();
                     drainer.drain(&mut program, &mut drained)?;
                     drain_time += started.elapsed();
@@ -323,7 +327,7 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     }
     let mut accounting = read_accounting(&program, options.events.len())?;
     if let Some(stream) = &mut ibs {
-        stream.read_into(&mut drained.ibs)?;
+        stream.finish(&mut drained.ibs)?;
         accounting.losses[LossKind::IbsRegistersUnreadable as usize] += stream.unreadable();
     }
     let (program_runs, program_run_time) = program.run_statistics()?;

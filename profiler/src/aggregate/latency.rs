@@ -74,12 +74,13 @@ impl LatencyAccumulator {
         if self.samples == 0 && from_buckets.is_none() {
             return None;
         }
-        let percentile = |q: f64| from_buckets.map(|h| h.value_at_quantile(q));
         // Rows that only have histograms (no instruction statistics) take mean and max from them.
         let (samples, mean, max) = match (self.samples, from_buckets) {
             (0, Some(h)) => (h.len(), h.mean(), h.max()),
             (n, _) => (n, self.sum as f64 / n as f64, self.max),
         };
+        // A bucket's midpoint may lie above the exact maximum of the samples in it.
+        let percentile = |q: f64| from_buckets.map(|h| h.value_at_quantile(q).min(max));
         Some(LatencySummary {
             samples,
             mean,
@@ -91,9 +92,12 @@ impl LatencyAccumulator {
     }
 }
 
-/// The latency histograms of one event's data cache lines, for the rows that hold them. They are
-/// kept per line, not per instruction, so a line is given its histogram only when the filters
-/// keep every sample of it (a module filter may drop some of its instructions).
+/// The latency histograms of one event's data cache lines, for the rows that hold them. A line
+/// is given its histogram only when the histogram holds exactly the latencies of the line's
+/// samples the filters keep: histograms are kept per line, not per instruction, so a module
+/// filter that drops some of the line's instructions, or a histogram or data-line map that was
+/// full for part of the recording, leaves the row without percentiles rather than with wrong
+/// ones.
 pub struct LineHistograms<'a> {
     /// Sparse buckets by (pid, line).
     histograms: HashMap<(u32, u64), &'a [(u16, u64)]>,
@@ -101,29 +105,23 @@ pub struct LineHistograms<'a> {
 
 impl<'a> LineHistograms<'a> {
     pub fn new(profile: &'a Profile, event: EventIndex, selection: &Selection) -> Self {
-        let mut all: HashMap<(u32, u64), u64> = HashMap::new();
-        for sample in profile
-            .data_lines
-            .iter()
-            .filter(|s| s.event == event && selection.process(s.pid))
-        {
-            *all.entry((sample.pid, sample.line)).or_default() += sample.stats.count;
-        }
-        let mut selected: HashMap<(u32, u64), u64> = HashMap::new();
+        let mut latencies: HashMap<(u32, u64), u64> = HashMap::new();
         for sample in selected_data_lines(profile, event, selection) {
-            *selected.entry((sample.pid, sample.line)).or_default() += sample.stats.count;
+            *latencies.entry((sample.pid, sample.line)).or_default() += sample.stats.latency_count;
         }
-        selected.retain(|line, samples| all.get(line) == Some(samples));
         let histograms = profile
             .line_latency
             .iter()
-            .filter(|h| h.event == event && selected.contains_key(&(h.pid, h.line)))
+            .filter(|h| {
+                let counted: u64 = h.buckets.iter().map(|(_, count)| count).sum();
+                h.event == event && latencies.get(&(h.pid, h.line)) == Some(&counted)
+            })
             .map(|h| ((h.pid, h.line), h.buckets.as_slice()))
             .collect();
         LineHistograms { histograms }
     }
 
-    /// The histogram of a line, when the filters keep all its samples.
+    /// The histogram of a line, when it holds exactly the selected samples' latencies.
     pub fn get(&self, pid: u32, line: u64) -> Option<&'a [(u16, u64)]> {
         self.histograms.get(&(pid, line)).copied()
     }
@@ -163,7 +161,7 @@ impl DistributionScope {
             DistributionScope::Event => "event",
             DistributionScope::Function => "function",
             DistributionScope::Line => "line",
-            DistributionScope::DataLine => "data-line",
+            DistributionScope::DataLine => "dcache-line",
         }
     }
 }
@@ -355,8 +353,8 @@ mod tests {
                 ("function", "exc_page_fault", 3),
                 ("line", "src/simd.rs:88", 4),
                 ("line", "exc_page_fault", 3),
-                ("data-line", "0x555555558040 (pid 100)", 4),
-                ("data-line", "0x555560000100 (pid 100)", 3),
+                ("dcache-line", "0x555555558040 (pid 100)", 4),
+                ("dcache-line", "0x555560000100 (pid 100)", 3),
             ]
         );
         // The shared line's loads and stores at 10, 40, 40 and 80: bucket midpoints 10, 41, 83.

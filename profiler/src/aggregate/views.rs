@@ -841,10 +841,11 @@ mod tests {
         );
         let latency = view.rows[0].latency.as_ref().unwrap();
         // Stores at 40 (x2) and 80, a load at 10: exact mean and maximum from the samples,
-        // percentiles from the line's histogram (bucket midpoints 10, 41, 83).
+        // percentiles from the line's histogram (bucket midpoints 10, 41, 83, none above the
+        // exact maximum).
         assert_eq!(
             (latency.mean, latency.max, latency.p50, latency.p99),
-            (42.5, 80, Some(41), Some(83))
+            (42.5, 80, Some(41), Some(80))
         );
     }
 
@@ -859,13 +860,13 @@ mod tests {
         profile.data_lines.push(from_library);
         profile.line_latency[0] =
             test_samples::line_histogram(SHARED_LINE, &[40, 40, 80, 10, 2000]);
-        let latency = |filter: &SampleFilter| {
-            view(&profile, ViewKind::DcacheLine, 1, filter).rows[0]
+        let latency = |profile: &Profile, filter: &SampleFilter| {
+            view(profile, ViewKind::DcacheLine, 1, filter).rows[0]
                 .latency
                 .clone()
                 .unwrap()
         };
-        let whole = latency(&SampleFilter::default());
+        let whole = latency(&profile, &SampleFilter::default());
         // 2000 falls in the bucket 1920..=2047, recorded at its midpoint.
         assert_eq!((whole.samples, whole.max, whole.p99), (5, 2000, Some(1983)));
         // Only app's instructions: the histogram also holds the library's load, so the row
@@ -874,11 +875,16 @@ mod tests {
             module: Some("app".into()),
             ..SampleFilter::default()
         };
-        let app = latency(&only_app);
+        let app = latency(&profile, &only_app);
         assert_eq!(
             (app.samples, app.mean, app.max, app.p50, app.p99),
             (4, 42.5, 80, None, None)
         );
+        // A histogram that missed a sample (its map was full for a while) gives no percentiles
+        // either.
+        profile.line_latency[0] = test_samples::line_histogram(SHARED_LINE, &[40, 80, 10, 2000]);
+        let partial = latency(&profile, &SampleFilter::default());
+        assert_eq!((partial.samples, partial.max, partial.p50), (5, 2000, None));
     }
 
     #[test]

@@ -471,9 +471,10 @@ mod tests {
         );
     }
 
-    /// The IBS decoding in the capture program runs only for IBS op events, which this machine
-    /// may lack; loading the program with one declared makes the verifier check that path (it
-    /// prunes branches on read-only globals), with and without errata. Needs root and BTF.
+    /// The IBS decoding and register streaming in the capture program run only for IBS op and
+    /// fetch events, which this machine may lack; loading the program with them declared makes
+    /// the verifier check those paths (it prunes branches on read-only globals), with and
+    /// without errata. Needs root and BTF.
     #[test]
     fn ibs_decoding_in_the_capture_program_passes_the_verifier() {
         use aya::{programs::PerfEvent, EbpfLoader};

@@ -45,7 +45,7 @@ const SMALLEST_RING_BYTES: u32 = 4096;
 
 impl MapSizes {
     /// These sizes with the maps a recording cannot fill cut to their smallest, so it locks no
-    /// kernel memory for them (per-CPU histograms take 2 KiB per entry and CPU).
+    /// kernel memory for them (a histogram takes 960 bytes per entry and CPU).
     pub fn fitted(self, latencies: bool, raw: bool, ibs: bool) -> MapSizes {
         MapSizes {
             latencies: if latencies { self.latencies } else { 1 },
@@ -103,7 +103,7 @@ pub struct CaptureProgram {
     pub generations: [GenerationMaps; 2],
     pub control: Array<MapData, u32>,
     pub inflight: PerCpuArray<MapData, u64>,
-    pub new_stack_keys: PerCpuArray<MapData, u64>,
+    pub new_keys: PerCpuArray<MapData, u64>,
     pub samples_fired: PerCpuArray<MapData, u64>,
     pub samples_filtered: PerCpuArray<MapData, u64>,
     pub period_sums: PerCpuArray<MapData, u64>,
@@ -185,7 +185,7 @@ impl CaptureProgram {
             generations,
             control: take(&mut ebpf, "CONTROL")?,
             inflight: take(&mut ebpf, "INFLIGHT")?,
-            new_stack_keys: take(&mut ebpf, "NEW_STACK_KEYS")?,
+            new_keys: take(&mut ebpf, "NEW_KEYS")?,
             samples_fired: take(&mut ebpf, "SAMPLES_FIRED")?,
             samples_filtered: take(&mut ebpf, "SAMPLES_FILTERED")?,
             period_sums: take(&mut ebpf, "PERIOD_SUMS")?,

@@ -61,11 +61,12 @@ impl RawStream {
     /// Writes every sample in the ring buffer.
     pub fn write_ready(&mut self) -> Result<()> {
         let (out, written) = (&mut self.out, &mut self.written);
-        self.ring.for_each(|sample: RawSample| {
+        self.ring.for_each(usize::MAX, |sample: RawSample| {
             writeln!(out, "{}", json_line(&sample))?;
             *written += 1;
             Ok(())
-        })
+        })?;
+        Ok(())
     }
 
     /// Writes what is left and flushes.

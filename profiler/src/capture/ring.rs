@@ -26,10 +26,20 @@ impl KernelRing {
         Ok(())
     }
 
-    /// Hands every ready record of at least `T`'s size to `each`, as a `T`.
-    pub fn for_each<T: aya::Pod>(&mut self, mut each: impl FnMut(T) -> Result<()>) -> Result<()> {
+    /// Hands up to `most` ready records of at least `T`'s size to `each`, as `T`s; the records
+    /// taken from the ring.
+    pub fn for_each<T: aya::Pod>(
+        &mut self,
+        most: usize,
+        mut each: impl FnMut(T) -> Result<()>,
+    ) -> Result<usize> {
         let ring = self.ring.get_mut();
-        while let Some(item) = ring.next() {
+        let mut taken = 0;
+        while taken < most {
+            let Some(item) = ring.next() else {
+                break;
+            };
+            taken += 1;
             if item.len() < std::mem::size_of::<T>() {
                 continue;
             }
@@ -39,6 +49,6 @@ impl KernelRing {
             drop(item);
             each(record)?;
         }
-        Ok(())
+        Ok(taken)
     }
 }

@@ -41,16 +41,25 @@ impl IbsStream {
         self.ring.readable().await
     }
 
-    /// Decodes and accumulates every record in the ring.
-    pub fn read_into(&mut self, hardware: &mut HardwareAccumulator) -> Result<()> {
+    /// Decodes and accumulates the records in the ring, at most [`RECORDS_PER_READ`] at a time
+    /// so that a busy ring cannot keep the agent from its other work; the records read.
+    pub fn read_into(&mut self, hardware: &mut HardwareAccumulator) -> Result<usize> {
         let (decoding, unreadable) = (&self.decoding, &mut self.unreadable);
-        self.ring.for_each(|record: IbsRecord| {
-            match observe(&record, decoding) {
-                Some((key, observation)) => hardware.add(key, &observation),
-                None => *unreadable += 1,
+        self.ring.for_each(RECORDS_PER_READ, |record: IbsRecord| {
+            if let Some((key, observation)) = observe(&record, decoding) {
+                if observation.ibs.is_none() {
+                    *unreadable += 1;
+                }
+                hardware.add(key, &observation);
             }
             Ok(())
         })
+    }
+
+    /// Reads the ring to its end, after the counters stopped.
+    pub fn finish(&mut self, hardware: &mut HardwareAccumulator) -> Result<()> {
+        while self.read_into(hardware)? == RECORDS_PER_READ {}
+        Ok(())
     }
 
     pub fn unreadable(&self) -> u64 {
@@ -58,16 +67,21 @@ impl IbsStream {
     }
 }
 
-/// Where an IBS sample was taken and what its registers say; `None` when the registers do not
-/// parse or the event is no IBS event.
+/// Records read at most per [`IbsStream::read_into`]: about 2 ms of decoding.
+const RECORDS_PER_READ: usize = 1 << 15;
+
+/// Where an IBS sample was taken and what its registers say (`ibs: None` when they do not
+/// parse: the data source still counts); `None` for a record of no IBS event.
 pub fn observe(record: &IbsRecord, decoding: &RawDecoding) -> Option<(HardwareKey, Observation)> {
     let errata = decoding.errata();
     let ibs = if decoding.is_ibs_op(record.event) {
-        let registers = IbsOpSample::parse(record.payload()).ok()?;
-        (registers.caps, IbsSample::Op(registers.decode(errata)))
+        IbsOpSample::parse(record.payload())
+            .ok()
+            .map(|registers| (registers.caps, IbsSample::Op(registers.decode(errata))))
     } else if decoding.is_ibs_fetch(record.event) {
-        let registers = IbsFetchSample::parse(record.payload()).ok()?;
-        (registers.caps, IbsSample::Fetch(registers.decode(errata)))
+        IbsFetchSample::parse(record.payload())
+            .ok()
+            .map(|registers| (registers.caps, IbsSample::Fetch(registers.decode(errata))))
     } else {
         return None;
     };
@@ -80,7 +94,7 @@ pub fn observe(record: &IbsRecord, decoding: &RawDecoding) -> Option<(HardwareKe
     };
     let observation = Observation {
         data_source: valid(sample_flags::DATA_SRC).then(|| DataSource::decode(record.data_src)),
-        ibs: Some(ibs),
+        ibs,
     };
     Some((key, observation))
 }
@@ -239,10 +253,13 @@ mod tests {
     }
 
     #[test]
-    fn short_payloads_and_other_events_are_not_observed() {
-        let mut short = missing_load(0);
+    fn short_payloads_keep_their_data_source_and_other_events_are_not_observed() {
+        let mut short = missing_load(0x42);
         short.payload_len = IBS_PAYLOAD_MIN_BYTES as u32; // a fetch-sized payload for an op
-        assert!(observe(&short, &decoding()).is_none());
+        let (key, observation) = observe(&short, &decoding()).unwrap();
+        assert_eq!(key.line, Some(0x7f00_0000_1040));
+        assert!(observation.ibs.is_none());
+        assert_eq!(observation.data_source, Some(DataSource::decode(0x42)));
         let mut other = missing_load(0);
         other.event = 5;
         assert!(observe(&other, &decoding()).is_none());

@@ -16,8 +16,8 @@ use aya::{
 };
 use profiler_common::{
     capture::{
-        DataLineKey, DataSourceKey, InstructionKey, LatencyKey, LineLatencyKey, LossKind,
-        SampleStats, StackKey, CONTROL_GENERATION, LOST_STACK,
+        fill_index, DataLineKey, DataSourceKey, Fill, InstructionKey, LatencyKey, LineLatencyKey,
+        LossKind, SampleStats, StackKey, CONTROL_GENERATION, LOST_STACK,
     },
     latency::{LatencyBuckets, LATENCY_BUCKETS},
 };
@@ -114,20 +114,24 @@ impl Drainer {
         drain_generation(&mut program.generations[old as usize], into)?;
         // The drained generation starts empty again; nothing writes it until the next flip.
         let cpus = nr_cpus().map_err(|(what, e)| anyhow::anyhow!("counting CPUs ({what}): {e}"))?;
-        let zeros = PerCpuValues::try_from(vec![0u64; cpus]).context("building per-CPU zeros")?;
-        program
-            .new_stack_keys
-            .set(old, zeros, 0)
-            .context("resetting the capture's fill counter")
+        for fill in [Fill::StackCounts, Fill::Histograms] {
+            let zeros =
+                PerCpuValues::try_from(vec![0u64; cpus]).context("building per-CPU zeros")?;
+            program
+                .new_keys
+                .set(fill_index(old, fill), zeros, 0)
+                .context("resetting the capture's fill counters")?;
+        }
+        Ok(())
     }
 
-    /// Stack-count entries the generation being written has created so far (an upper bound:
-    /// one key created on two CPUs counts twice).
-    pub fn fill(&self, program: &CaptureProgram) -> Result<u64> {
+    /// Entries the generation being written has created so far in the maps of `fill` (an
+    /// upper bound: one key created on two CPUs counts twice).
+    pub fn fill(&self, program: &CaptureProgram, fill: Fill) -> Result<u64> {
         Ok(program
-            .new_stack_keys
-            .get(&self.active, 0)
-            .context("reading the capture's fill counter")?
+            .new_keys
+            .get(&fill_index(self.active, fill), 0)
+            .context("reading the capture's fill counters")?
             .iter()
             .sum())
     }

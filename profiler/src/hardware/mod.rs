@@ -116,8 +116,9 @@ impl HardwareAccumulator {
         }
     }
 
-    /// Adds `samples` samples with one data source, counted in the kernel (PMUs whose samples
-    /// carry nothing else to decode).
+    /// Adds `samples` samples with one raw `perf_mem_data_src` value, counted in the kernel's
+    /// data-source map (samples without registers to decode, and IBS samples the register ring
+    /// had no room for).
     pub fn add_data_source(&mut self, key: HardwareKey, data_src: u64, samples: u64) {
         let entry = self.entries.entry(key).or_default();
         entry.samples += samples;

@@ -17,9 +17,10 @@ use profiler_common::hw::ibs::events::{
 use profiler_common::hw::ibs::{IbsCaps, IbsErrata};
 use serde::Serialize;
 
-use crate::aggregate::latency::{LatencyAccumulator, LatencySummary};
+use crate::aggregate::filter::{SampleFilter, Selection};
+use crate::aggregate::latency::{LatencyAccumulator, LatencySummary, LineHistograms};
 use crate::aggregate::views::{code_position, innermost_location, CACHE_LINE};
-use crate::profile::{module_basename, Frame, HardwareSample, Profile};
+use crate::profile::{module_basename, EventIndex, Frame, HardwareSample, Profile};
 
 /// Rows of one event the text rendering shows; JSON has them all.
 const TEXT_ROWS: usize = 25;
@@ -72,7 +73,9 @@ pub struct NotReported {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct HardwareRow {
-    /// The function, the instruction (`function+0xoffset`), or the line's address in hex.
+    /// The function, the source line (`file:line (function)`), the instruction
+    /// (`function+0xoffset (file:line)`), the code line (`module+0xoffset`), or the data line
+    /// (`0xaddress (pid N)`).
     pub location: String,
     pub samples: u64,
     /// Data-line rows: the distribution of the latencies of all the line's samples (load
@@ -184,6 +187,8 @@ pub fn hardware_report(profile: &Profile, by: HardwareView) -> HardwareReport {
         .map_or(IbsErrata::default(), |cpu| {
             IbsErrata::for_cpu(cpu.family, cpu.model)
         });
+    let no_filter = SampleFilter::default();
+    let everything = Selection::new(profile, &no_filter);
     let mut sections = Vec::new();
     for (index, event) in profile.events.iter().enumerate() {
         let samples: Vec<&HardwareSample> = hardware
@@ -195,12 +200,15 @@ pub fn hardware_report(profile: &Profile, by: HardwareView) -> HardwareReport {
         if samples.is_empty() {
             continue;
         }
-        let mut groups: BTreeMap<String, Vec<&HardwareSample>> = BTreeMap::new();
+        // Grouped by what the row is (full paths), labelled shorter.
+        let mut groups: BTreeMap<String, (String, Vec<&HardwareSample>)> = BTreeMap::new();
         for sample in &samples {
             let frame = &profile.frames[sample.frame as usize];
+            let (key, label) = location(by, frame, sample);
             groups
-                .entry(location(by, frame, sample))
-                .or_default()
+                .entry(key)
+                .or_insert_with(|| (label, Vec::new()))
+                .1
                 .push(sample);
         }
         // Data lines: mean and maximum from the line's samples, percentiles from its histogram.
@@ -216,19 +224,16 @@ pub fn hardware_report(profile: &Profile, by: HardwareView) -> HardwareReport {
                     .or_default()
                     .add_stats(&sample.stats);
             }
-            for histogram in profile
-                .line_latency
-                .iter()
-                .filter(|h| h.event as usize == index)
-            {
+            let histograms = LineHistograms::new(profile, index as EventIndex, &everything);
+            for ((pid, line), buckets) in histograms.iter() {
                 line_latency
-                    .entry((histogram.pid, histogram.line))
+                    .entry((pid, line))
                     .or_default()
-                    .add_buckets(&histogram.buckets);
+                    .add_buckets(buckets);
             }
         }
         let mut rows: Vec<HardwareRow> = groups
-            .into_iter()
+            .into_values()
             .map(|(location, samples)| {
                 let mut row = row(location, &samples, caps, errata);
                 // Data-line rows hold one (pid, line): the one of their first sample.
@@ -303,31 +308,41 @@ fn lacking(event: &'static str, availability: Availability) -> Option<NotReporte
     }
 }
 
-fn location(by: HardwareView, frame: &Frame, sample: &HardwareSample) -> String {
+/// What a sample's row is, by full path so that rows of same-named files or modules stay apart,
+/// and the row's label.
+fn location(by: HardwareView, frame: &Frame, sample: &HardwareSample) -> (String, String) {
+    let labelled = |label: String| (label.clone(), label);
     match by {
-        HardwareView::Function => function(frame),
+        HardwareView::Function => (
+            format!("{}\0{}", frame.module, function(frame)),
+            function(frame),
+        ),
         HardwareView::Line => match innermost_location(frame) {
-            (Some(file), Some(line), function) => {
-                format!("{}:{line} ({function})", module_basename(file))
-            }
-            (_, _, function) => function,
+            (Some(file), Some(line), function) => (
+                format!("{file}:{line}\0{function}"),
+                format!("{}:{line} ({function})", module_basename(file)),
+            ),
+            (_, _, function) => (format!("{}\0{function}", frame.module), function),
         },
-        HardwareView::Instruction => instruction(frame),
-        HardwareView::IcacheLine => match code_position(frame) {
-            (module, offset) if module.is_empty() => format!("{:#x}", offset & !(CACHE_LINE - 1)),
-            (module, offset) => {
-                format!(
-                    "{}+{:#x}",
-                    module_basename(&module),
-                    offset & !(CACHE_LINE - 1)
-                )
-            }
-        },
-        HardwareView::DataLine => format!(
+        HardwareView::Instruction => (
+            format!("{}\0{:#x}", frame.module, code_position(frame).1),
+            instruction(frame),
+        ),
+        HardwareView::IcacheLine => {
+            let (module, offset) = code_position(frame);
+            let line = offset & !(CACHE_LINE - 1);
+            let label = if module.is_empty() {
+                format!("{line:#x}")
+            } else {
+                format!("{}+{line:#x}", module_basename(&module))
+            };
+            (format!("{module}\0{line:#x}"), label)
+        }
+        HardwareView::DataLine => labelled(format!(
             "{:#x} (pid {})",
             sample.line.expect("filtered on a line"),
             sample.pid
-        ),
+        )),
     }
 }
 

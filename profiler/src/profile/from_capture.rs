@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use profiler_common::capture::LossKind;
+use profiler_common::{capture::LossKind, hw::data_src::DataSource};
 
 use super::{
     DataAccess, DataLineSample, EventInfo, HardwareProfile, InstructionSample, LatencyHistogram,
@@ -101,7 +101,9 @@ pub fn assemble(
             ip: key.ip,
             line: (key.line != 0).then_some(key.line),
         };
-        hardware.add_data_source(at, key.data_src, *count);
+        // Normalized as the streamed samples' are, so equal sources share one entry.
+        let source = DataSource::decode(key.data_src).encode();
+        hardware.add_data_source(at, source, *count);
     }
     let ibs_caps = hardware.ibs_caps();
     addresses.extend(hardware.code_addresses());

@@ -286,7 +286,7 @@ enum JsonDetailRow {
 
 #[derive(Serialize)]
 struct JsonDistribution {
-    /// `event`, `function` or `line`.
+    /// `event`, `function`, `line` or `dcache-line`.
     scope: &'static str,
     name: String,
     latency: LatencySummary,

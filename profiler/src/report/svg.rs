@@ -1,5 +1,5 @@
-//! The latency plot (`--histogram FILE.svg`): one panel per event, function and line
-//! distribution, a bar per kernel latency bucket on a logarithmic latency axis, with the p50,
+//! The latency plot (`--histogram FILE.svg`): one panel per event, function, source line and
+//! data cache-line distribution, a bar per kernel latency bucket on a logarithmic latency axis, with the p50,
 //! p90 and p99 marked. Plain SVG written by hand: no script, no external resources.
 
 use std::fmt::Write;
