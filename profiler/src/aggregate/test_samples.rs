@@ -64,12 +64,7 @@ pub fn buckets(latencies: &[u64]) -> Vec<(u16, u64)> {
     for latency in latencies {
         counts[bucket_index(*latency)] += 1;
     }
-    counts
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| **n > 0)
-        .map(|(bucket, n)| (bucket as u16, *n))
-        .collect()
+    crate::profile::from_capture::sparse_buckets(&counts)
 }
 
 fn histogram(frame: FrameId, latencies: &[u64]) -> LatencyHistogram {

@@ -311,7 +311,6 @@ fn lacking(event: &'static str, availability: Availability) -> Option<NotReporte
 /// What a sample's row is, by full path so that rows of same-named files or modules stay apart,
 /// and the row's label.
 fn location(by: HardwareView, frame: &Frame, sample: &HardwareSample) -> (String, String) {
-    let labelled = |label: String| (label.clone(), label);
     match by {
         HardwareView::Function => (
             format!("{}\0{}", frame.module, function(frame)),
@@ -338,11 +337,11 @@ fn location(by: HardwareView, frame: &Frame, sample: &HardwareSample) -> (String
             };
             (format!("{module}\0{line:#x}"), label)
         }
-        HardwareView::DataLine => labelled(format!(
-            "{:#x} (pid {})",
-            sample.line.expect("filtered on a line"),
-            sample.pid
-        )),
+        HardwareView::DataLine => {
+            let line = sample.line.expect("filtered on a line");
+            let label = format!("{line:#x} (pid {})", sample.pid);
+            (label.clone(), label)
+        }
     }
 }
 

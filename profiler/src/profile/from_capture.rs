@@ -66,7 +66,7 @@ fn cgroup_workloads() -> HashMap<u64, String> {
 }
 
 /// Sparse `(bucket, count)` pairs of a drained histogram.
-fn sparse_buckets(buckets: &[u64]) -> Vec<(u16, u64)> {
+pub fn sparse_buckets(buckets: &[u64]) -> Vec<(u16, u64)> {
     buckets
         .iter()
         .enumerate()
