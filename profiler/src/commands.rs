@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     capture::{
-        btf::Btf, counters::StackCapture, hardware::prepare_hardware_event, program::MapSizes,
+        btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, program::MapSizes,
     },
     cli::{Command, RecordArgs, ReportArgs, ReportOutput},
     events::{
@@ -76,7 +76,7 @@ fn resolve_events(args: &RecordArgs, pmus: &PmuRegistry) -> Result<Vec<EventSpec
     }
     // After the overrides: IBS periods must still be multiples of 16.
     for spec in &mut specs {
-        for note in prepare_hardware_event(spec)? {
+        for note in prepare_sampled_event(spec)? {
             eprintln!("note: {note}");
         }
     }

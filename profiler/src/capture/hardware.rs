@@ -1,7 +1,7 @@
 //! Opening hardware sampling events so the kernel delivers what precise samplers measure: the
 //! `sample_type` of each kind of sampler ([`hardware_sample_type`]), the adjustments an event
-//! needs before it is opened ([`prepare_hardware_event`]: IBS periods in sixteens, PEBS memory
-//! events made precise, ARM SPE refused), and what the capture program needs to decode IBS
+//! needs before it is opened ([`prepare_sampled_event`]: IBS periods in sixteens, PEBS memory
+//! events made precise, clock periods raised to the kernel timer's floor, ARM SPE refused), and what the capture program needs to decode IBS
 //! registers itself ([`raw_decoding`], [`cpu_identity`]).
 //!
 //! The event terms themselves (`ibs_op/cnt_ctl=1,l3missonly=1/`, `cpu/mem-loads,ldlat=50/`) are
@@ -13,7 +13,7 @@ use perf_event_open_sys::bindings;
 use profiler_common::capture::RawDecoding;
 use profiler_common::hw::ibs::IbsErrata;
 
-use crate::events::{EventError, EventSpec, Sampling};
+use crate::events::{catalog::PERF_TYPE_SOFTWARE, EventError, EventSpec, Sampling};
 use crate::profile::CpuIdentity;
 
 /// `perf_event_attr.sample_type` bits.
@@ -31,9 +31,15 @@ pub mod sample {
     pub const WEIGHT_STRUCT: u64 = bindings::PERF_SAMPLE_WEIGHT_STRUCT as u64;
 }
 
-/// What every sample carries: where it was taken, by whom, its period, and the data address
-/// of events that have one (page faults); the kernel zeroes the address of those that do not.
-const BASE_SAMPLE_TYPE: u64 = sample::IP | sample::TID | sample::PERIOD | sample::ADDR;
+/// What every sample carries: where it was taken, by whom, and the data address of events that
+/// have one (page faults); the kernel zeroes the address of those that do not.
+///
+/// PERIOD is not among them: for software events in period mode, `perf_swevent_event()` turns
+/// *every* event into a sample when PERF_SAMPLE_PERIOD is requested (each carrying the period
+/// 1), so `page-faults,1000` would sample every fault. Without the bit the kernel counts down
+/// the period, and the program still reads the period from `perf_sample_data` (the kernel fills
+/// it from `hw.last_period` either way).
+const BASE_SAMPLE_TYPE: u64 = sample::IP | sample::TID | sample::ADDR;
 /// What a precise sampler can measure of a memory access.
 const MEMORY_SAMPLE_TYPE: u64 =
     sample::ADDR | sample::WEIGHT_STRUCT | sample::DATA_SRC | sample::PHYS_ADDR;
@@ -87,9 +93,10 @@ fn names_event(spec: &EventSpec, event: &str) -> bool {
         .any(|term| term.trim().eq_ignore_ascii_case(event))
 }
 
-/// Adjusts `spec` to what its sampler accepts; returns a notice for each change, for the user.
-/// Refuses samplers this profiler cannot read.
-pub fn prepare_hardware_event(spec: &mut EventSpec) -> Result<Vec<String>, EventError> {
+/// Adjusts `spec` to what its sampler accepts (the PMU, or the kernel's clock timer); returns a
+/// notice for each change, for the user, so the periods reports multiply by are the ones the
+/// kernel used. Refuses samplers this profiler cannot read.
+pub fn prepare_sampled_event(spec: &mut EventSpec) -> Result<Vec<String>, EventError> {
     if spec
         .pmu
         .as_deref()
@@ -105,6 +112,9 @@ pub fn prepare_hardware_event(spec: &mut EventSpec) -> Result<Vec<String>, Event
         });
     }
     let mut notes = Vec::new();
+    if let Some(note) = clock_timer_floor(spec) {
+        notes.push(note);
+    }
     match hardware_sampler(spec) {
         HardwareSampler::IbsOp | HardwareSampler::IbsFetch => {
             if let Sampling::Period(period) = spec.sampling {
@@ -142,13 +152,46 @@ pub fn prepare_hardware_event(spec: &mut EventSpec) -> Result<Vec<String>, Event
     Ok(notes)
 }
 
+/// The shortest period of the kernel's clock events (cpu-clock, task-clock) in nanoseconds: their
+/// hrtimer is armed with `max(10000, sample_period)` while each sample still reports the period
+/// asked for, so a shorter period would make every estimate too small by the difference.
+pub const CLOCK_MIN_PERIOD_NS: u64 = 10_000;
+
+/// Raises a clock event's period (or frequency's period) to the timer's floor, saying so.
+fn clock_timer_floor(spec: &mut EventSpec) -> Option<String> {
+    let clock = spec.attr.type_ == PERF_TYPE_SOFTWARE
+        && matches!(
+            spec.attr.config,
+            c if c == u64::from(bindings::PERF_COUNT_SW_CPU_CLOCK)
+                || c == u64::from(bindings::PERF_COUNT_SW_TASK_CLOCK)
+        );
+    if !clock {
+        return None;
+    }
+    let asked = match spec.sampling {
+        Sampling::Period(period) if period < CLOCK_MIN_PERIOD_NS => format!("every {period} ns"),
+        Sampling::Frequency(hz) if hz > 1_000_000_000 / CLOCK_MIN_PERIOD_NS => format!("{hz} Hz"),
+        _ => return None,
+    };
+    spec.sampling = Sampling::Period(CLOCK_MIN_PERIOD_NS);
+    Some(format!(
+        "{}: the kernel's clock timer fires at most every {CLOCK_MIN_PERIOD_NS} ns, so sampling \
+         every {CLOCK_MIN_PERIOD_NS} ns instead of {asked}",
+        spec.name
+    ))
+}
+
 /// The `sample_type` to open `spec` with when the capture program takes stacks (`stacks`), and
-/// a note for each field added beyond the base (IP, TID, PERIOD, ADDR) saying why.
+/// a note for each field added beyond the base (IP, TID, ADDR) saying why. Frequency-sampled
+/// events also record their period (as perf does): the kernel varies it, and only then.
 ///
 /// With CALLCHAIN set, the caller must also clear `exclude_callchain_user` and
 /// `exclude_callchain_kernel`: the kernel refuses stack helpers on precise events otherwise.
 pub fn hardware_sample_type(spec: &EventSpec, stacks: bool) -> (u64, Vec<String>) {
     let mut sample_type = BASE_SAMPLE_TYPE;
+    if matches!(spec.sampling, Sampling::Frequency(_)) {
+        sample_type |= sample::PERIOD;
+    }
     let mut notes = Vec::new();
     if spec.precise() && stacks {
         sample_type |= sample::CALLCHAIN;
@@ -282,11 +325,11 @@ mod tests {
 
     fn prepared(text: &str) -> (EventSpec, Vec<String>) {
         let mut spec = spec(text);
-        let notes = prepare_hardware_event(&mut spec).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let notes = prepare_sampled_event(&mut spec).unwrap_or_else(|e| panic!("{text}: {e}"));
         (spec, notes)
     }
 
-    const BASE: u64 = sample::IP | sample::TID | sample::PERIOD | sample::ADDR;
+    const BASE: u64 = sample::IP | sample::TID | sample::ADDR;
     const MEMORY: u64 = sample::ADDR | sample::WEIGHT_STRUCT | sample::DATA_SRC | sample::PHYS_ADDR;
 
     #[test]
@@ -324,6 +367,45 @@ mod tests {
         assert_eq!(hardware_sampler(&plain), HardwareSampler::Skid);
         assert_eq!(hardware_sample_type(&plain, true), (BASE, Vec::new()));
         assert_eq!(hardware_sample_type(&spec("page-faults"), true).0, BASE);
+    }
+
+    #[test]
+    fn clock_periods_below_the_kernels_timer_floor_are_raised_and_said() {
+        let (clock, notes) = prepared("cpu-clock/period=1/");
+        assert_eq!(clock.sampling, Sampling::Period(CLOCK_MIN_PERIOD_NS));
+        assert!(
+            notes[0].contains("every 10000 ns instead of every 1 ns"),
+            "{notes:?}"
+        );
+        let (fast, notes) = prepared("task-clock/freq=200000/");
+        assert_eq!(fast.sampling, Sampling::Period(CLOCK_MIN_PERIOD_NS));
+        assert!(notes[0].contains("instead of 200000 Hz"), "{notes:?}");
+        for kept in [
+            "cpu-clock/period=10000/",
+            "cpu-clock/freq=100000/",
+            "page-faults/period=1/",
+        ] {
+            let (spec, notes) = prepared(kept);
+            assert!(notes.is_empty(), "{kept}: {notes:?}");
+            assert_eq!(spec.sampling, self::spec(kept).sampling, "{kept}");
+        }
+    }
+
+    #[test]
+    fn only_frequency_sampling_records_periods() {
+        // With PERIOD, the kernel samples every software event whatever the period.
+        for text in [
+            "page-faults/period=1000/",
+            "context-switches/period=7/",
+            "minor-faults",
+        ] {
+            let (sample_type, _) = hardware_sample_type(&spec(text), true);
+            assert_eq!(sample_type & sample::PERIOD, 0, "{text}");
+        }
+        for text in ["page-faults/freq=100/", "cpu-clock/freq=999/"] {
+            let (sample_type, _) = hardware_sample_type(&spec(text), true);
+            assert_eq!(sample_type, BASE | sample::PERIOD, "{text}");
+        }
     }
 
     #[test]
@@ -367,7 +449,7 @@ mod tests {
         assert!(prepared("ibs_op/freq=1000/").1.is_empty());
 
         let mut too_long = spec("ibs_fetch/period=2000000/");
-        let err = prepare_hardware_event(&mut too_long)
+        let err = prepare_sampled_event(&mut too_long)
             .unwrap_err()
             .to_string();
         assert!(err.contains("at most 1048560 fetches"), "{err}");
@@ -405,7 +487,7 @@ mod tests {
     #[test]
     fn arm_spe_is_refused_with_what_to_use_instead() {
         let mut spe = spec("arm_spe_0//");
-        let err = prepare_hardware_event(&mut spe).unwrap_err().to_string();
+        let err = prepare_sampled_event(&mut spe).unwrap_err().to_string();
         assert!(err.contains("ARM SPE is not supported"), "{err}");
         assert!(err.contains("perf mem record"), "{err}");
     }
