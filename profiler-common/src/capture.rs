@@ -246,6 +246,11 @@ pub struct CaptureConfig {
     pub flags: u32,
     /// With `CAPTURE_FILTER_UID`: only samples of this user id are kept.
     pub uid: u32,
+    /// Per [`Fill`]: every this many new entries on one CPU, the program asks the agent for a
+    /// drain (through the drain-request ring), which drains when the generation is half full.
+    /// Zero: never ask.
+    pub drain_request_steps: [u32; Fill::COUNT],
+    pub _pad: u32,
 }
 
 impl CaptureConfig {
@@ -270,6 +275,8 @@ impl CaptureConfig {
         },
         flags: 0,
         uid: 0,
+        drain_request_steps: [0; Fill::COUNT],
+        _pad: 0,
     };
 }
 
@@ -396,20 +403,34 @@ pub mod sample_flags {
 /// writes to; the agent flips it and drains the other one.
 pub const CONTROL_GENERATION: u32 = 0;
 
-/// The maps whose new entries the program counts per generation, so the agent can drain before
-/// they fill.
+/// The maps whose new entries the program counts per generation, so the agent can drain every
+/// one of them before it fills.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fill {
     StackCounts = 0,
+    Instructions = 1,
+    DataLines = 2,
+    DataSources = 3,
     /// Both latency-histogram maps (per instruction and per data line).
-    Histograms = 1,
+    Histograms = 4,
+}
+
+impl Fill {
+    pub const COUNT: usize = 5;
+    pub const ALL: [Fill; Fill::COUNT] = [
+        Fill::StackCounts,
+        Fill::Instructions,
+        Fill::DataLines,
+        Fill::DataSources,
+        Fill::Histograms,
+    ];
 }
 
 /// Index of the fill counter of `fill` in `generation`.
 #[inline(always)]
 pub const fn fill_index(generation: u32, fill: Fill) -> u32 {
-    generation * 2 + fill as u32
+    generation * Fill::COUNT as u32 + fill as u32
 }
 
 /// Bytes of the largest IBS raw payload Linux sends: the `u32` capabilities word, the seven op
@@ -502,7 +523,7 @@ mod tests {
         assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
         assert_eq!(size_of::<KernelOffsets>(), 56);
-        assert_eq!(size_of::<CaptureConfig>(), 64);
+        assert_eq!(size_of::<CaptureConfig>(), 88);
         assert_eq!(size_of::<RawDecoding>(), 16);
         assert_eq!(size_of::<IbsRecord>(), 120);
         assert_eq!(size_of::<RawSample>(), 88);
@@ -541,13 +562,17 @@ mod tests {
 
     #[test]
     fn fill_counters_of_the_two_generations_do_not_overlap() {
-        let indices = [
-            fill_index(0, Fill::StackCounts),
-            fill_index(0, Fill::Histograms),
-            fill_index(1, Fill::StackCounts),
-            fill_index(1, Fill::Histograms),
-        ];
-        assert_eq!(indices, [0, 1, 2, 3]);
+        let mut next = 0;
+        for generation in [0, 1] {
+            for fill in Fill::ALL {
+                assert_eq!(
+                    fill_index(generation, fill),
+                    next,
+                    "{fill:?} of {generation}"
+                );
+                next += 1;
+            }
+        }
     }
 
     #[test]

@@ -82,11 +82,14 @@ static DATA_SOURCES_1: PerCpuHashMap<DataSourceKey, u64> =
 /// Index `CONTROL_GENERATION`: the generation the program writes to.
 #[map]
 static CONTROL: Array<u32> = Array::with_max_entries(1, 0);
-/// Entries each generation has created in its stack-count map and in its latency-histogram
-/// maps, per CPU (index `fill_index`): the agent drains early when the generation it is not
-/// draining fills up.
+/// Entries each generation has created in each of its maps, per CPU (index `fill_index`): the
+/// agent drains early when the generation it is not draining fills up.
 #[map]
-static NEW_KEYS: PerCpuArray<u64> = PerCpuArray::with_max_entries(4, 0);
+static NEW_KEYS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2 * Fill::COUNT as u32, 0);
+/// A `Fill` index each time a CPU has created `drain_request_steps` more entries in one map:
+/// wakes the agent to check the fill between its timer ticks, however fast samples come.
+#[map]
+static DRAIN_REQUESTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 /// Programs currently writing each generation, per CPU.
 #[map]
 static INFLIGHT: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
@@ -163,6 +166,25 @@ fn add(counter: &PerCpuArray<u64>, index: u32, n: u64) {
         // SAFETY: per-CPU slot, and programs do not nest on one CPU (the kernel's
         // bpf_prog_active guard), so nothing else writes it concurrently.
         unsafe { *slot += n };
+    }
+}
+
+/// Counts `new` new entries in the maps of `fill` in `generation`, and asks the agent to look at
+/// the fills each time this CPU's count passes a multiple of `drain_request_steps`.
+#[inline(always)]
+fn count_new_keys(config: &CaptureConfig, generation: u32, fill: Fill, new: u64) {
+    let Some(slot) = NEW_KEYS.get_ptr_mut(fill_index(generation, fill)) else {
+        return;
+    };
+    // SAFETY: per-CPU slot, and programs do not nest on one CPU.
+    let created = unsafe {
+        *slot += new;
+        *slot
+    };
+    let step = u64::from(config.drain_request_steps[fill as usize]);
+    if step != 0 && (created - new) / step != created / step {
+        // A full request ring only means the agent already has requests to read.
+        let _ = DRAIN_REQUESTS.output::<u32>(&(fill as u32), BPF_RB_FORCE_WAKEUP as u64);
     }
 }
 
@@ -593,18 +615,20 @@ fn record(
         |count| *count += 1,
         LossKind::StackCountsFull,
     ) {
-        add(&NEW_KEYS, fill_index(maps.index, Fill::StackCounts), 1);
+        count_new_keys(config, maps.index, Fill::StackCounts, 1);
     }
 
     let mut first = SampleStats::default();
     add_stats(&mut first, data.latency);
-    bump(
+    if bump(
         maps.instructions,
         &InstructionKey { pid, event, ip },
         &first,
         |stats| add_stats(stats, data.latency),
         LossKind::InstructionsFull,
-    );
+    ) {
+        count_new_keys(config, maps.index, Fill::Instructions, 1);
+    }
     if data.flags & sample_flags::ADDR != 0 {
         let access = if data.flags & sample_flags::DATA_SRC != 0 {
             access_of_data_source(data.data_src)
@@ -619,13 +643,15 @@ fn record(
             line: data.addr & !(CACHE_LINE_BYTES - 1),
             ip,
         };
-        bump(
+        if bump(
             maps.data_lines,
             &line,
             &first,
             |stats| add_stats(stats, data.latency),
             LossKind::DataLinesFull,
-        );
+        ) {
+            count_new_keys(config, maps.index, Fill::DataLines, 1);
+        }
     }
     if data.latency != 0 {
         let mut created = record_latency(
@@ -647,7 +673,9 @@ fn record(
                 LossKind::LineLatencyFull,
             );
         }
-        add(&NEW_KEYS, fill_index(maps.index, Fill::Histograms), created);
+        if created != 0 {
+            count_new_keys(config, maps.index, Fill::Histograms, created);
+        }
     }
     let decoding = raw_decoding();
     // IBS samples go to the agent whole, data source included: it aggregates them with the
@@ -674,13 +702,15 @@ fn record(
             line,
             data_src: data.data_src,
         };
-        bump(
+        if bump(
             maps.data_sources,
             &key,
             &1,
             |count| *count += 1,
             LossKind::DataSourcesFull,
-        );
+        ) {
+            count_new_keys(config, maps.index, Fill::DataSources, 1);
+        }
     }
     if config.flags & CAPTURE_RAW != 0 {
         stream(ip, pid, tid, cgroup, event, user_stack, kernel_stack, data);

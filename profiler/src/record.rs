@@ -2,11 +2,11 @@
 //! until the target exits, the duration ends or the user interrupts, then drain everything
 //! that is left and assemble the profile.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
-    CaptureConfig, Fill, KernelOffsets, LossKind, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
+    CaptureConfig, KernelOffsets, LossKind, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
     CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
     CAPTURE_USER_STACKS, MAX_EVENTS,
 };
@@ -175,7 +175,15 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         options.raw.is_some(),
         ibs_events,
     );
+    let cpus = aya::util::online_cpus()
+        .map_err(|(what, e)| anyhow!("counting online CPUs ({what}): {e}"))?
+        .len();
+    let config = CaptureConfig {
+        drain_request_steps: sizes.drain_request_steps(cpus),
+        ..config
+    };
     let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes)?;
+    let mut drainer = Drainer::new(&mut program, sizes)?;
     program.filter_cgroups(&options.cgroups)?;
     let mut raw = match &options.raw {
         Some(path) => Some(RawStream::create(
@@ -228,9 +236,6 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     }
 
     let mut drained = Drained::default();
-    let mut drainer = Drainer::default();
-    let mut drain_time = Duration::ZERO;
-    let mut drains = 0u32;
     let mut ticker = interval(options.drain_interval);
     ticker.tick().await;
     let mut sideband_ticker = interval(SIDEBAND_INTERVAL);
@@ -272,24 +277,15 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
                 if let Some(stream) = &mut ibs {
                     stream.read_into(&mut drained.ibs)?;
                 }
-                // Half full: drain now rather than lose samples to a full map at the next tick.
-                let stacks_half_full =
-                    drainer.fill(&program, Fill::StackCounts)? * 2 > u64::from(sizes.stack_counts);
-                let histograms_half_full =
-                    drainer.fill(&program, Fill::Histograms)? * 2 > u64::from(sizes.latencies);
-                if stacks_half_full || histograms_half_full {
-                    let started = Instant::now();
-                    drainer.drain(&mut program, &mut drained)?;
-                    drain_time += started.elapsed();
-                    drains += 1;
-                }
+                drainer.drain_if_filling(&mut program, &mut drained)?;
+            }
+            requested = drainer.requested() => {
+                requested.context("waiting on the capture program's drain requests")?;
+                drainer.drain_if_filling(&mut program, &mut drained)?;
             }
             _ = ticker.tick() => {
-                let started = Instant::now();
                 sideband.read_into(&mut processes);
                 drainer.drain(&mut program, &mut drained)?;
-                drain_time += started.elapsed();
-                drains += 1;
             }
             ready = raw_ready => {
                 ready.context("waiting on the raw sample ring buffer")?;
@@ -317,11 +313,8 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     }
     sideband.disable()?;
     let duration = start.elapsed().unwrap_or_default();
-    let started = Instant::now();
     sideband.read_into(&mut processes);
     drainer.drain_all(&mut program, &mut drained)?;
-    drain_time += started.elapsed();
-    drains += 2;
     if let Some(stream) = &mut raw {
         stream.finish()?;
     }
@@ -335,8 +328,8 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         program_runs,
         program_run_time,
         map_bytes: program.map_memory()?,
-        drain_time,
-        drains,
+        drain_time: drainer.drain_time,
+        drains: drainer.drains,
         raw_samples_written: raw.as_ref().map_or(0, RawStream::written),
     };
 

@@ -577,7 +577,7 @@ mod tests {
                 | CAPTURE_RAW
                 | CAPTURE_EVENT_IDS
                 | CAPTURE_DATA_SOURCES,
-            uid: 0,
+            ..CaptureConfig::EMPTY
         };
         for errata in [IbsErrata::default(), IbsErrata::for_cpu(0x19, 0x01)] {
             let decoding = RawDecoding::new([0, 2], [1], errata);

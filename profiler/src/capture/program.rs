@@ -12,8 +12,8 @@ use aya::{
 use perf_event::Counter;
 use profiler_common::{
     capture::{
-        CaptureConfig, DataLineKey, DataSourceKey, InstructionKey, LatencyKey, LineLatencyKey,
-        RawDecoding, SampleStats, StackKey,
+        CaptureConfig, DataLineKey, DataSourceKey, Fill, InstructionKey, LatencyKey,
+        LineLatencyKey, RawDecoding, SampleStats, StackKey,
     },
     latency::LatencyBuckets,
 };
@@ -62,6 +62,24 @@ impl MapSizes {
             ..self
         }
     }
+
+    /// Entries of the maps (of one generation) whose new keys `fill` counts.
+    pub fn entries(&self, fill: Fill) -> u32 {
+        match fill {
+            Fill::StackCounts => self.stack_counts,
+            Fill::Instructions => self.instructions,
+            Fill::DataLines | Fill::DataSources => self.data_lines,
+            Fill::Histograms => self.latencies,
+        }
+    }
+
+    /// How many new entries of each map one CPU creates between drain requests. Each CPU counts
+    /// its own, so up to `cpus` steps can go unannounced: a quarter of the map at most, which
+    /// leaves the agent a quarter between its check at half full and a full map.
+    pub fn drain_request_steps(&self, cpus: usize) -> [u32; Fill::COUNT] {
+        let quarter_per_cpu = |fill: Fill| (self.entries(fill) / (4 * cpus.max(1) as u32)).max(1);
+        Fill::ALL.map(quarter_per_cpu)
+    }
 }
 
 impl Default for MapSizes {
@@ -85,6 +103,8 @@ pub enum Ring {
     RawSamples,
     /// The registers of IBS samples.
     IbsSamples,
+    /// The program's requests to check the maps' fill (a `Fill` index each).
+    DrainRequests,
 }
 
 /// The maps of one generation, drained together.
@@ -112,6 +132,7 @@ pub struct CaptureProgram {
     cgroup_filter: HashMap<MapData, u64, u8>,
     raw_samples: Option<RingBuf<MapData>>,
     ibs_samples: Option<RingBuf<MapData>>,
+    drain_requests: Option<RingBuf<MapData>>,
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
@@ -194,6 +215,7 @@ impl CaptureProgram {
             cgroup_filter: take(&mut ebpf, "CGROUP_FILTER")?,
             raw_samples: Some(take(&mut ebpf, "RAW_SAMPLES")?),
             ibs_samples: Some(take(&mut ebpf, "IBS_SAMPLES")?),
+            drain_requests: Some(take(&mut ebpf, "DRAIN_REQUESTS")?),
             ebpf,
         })
     }
@@ -237,6 +259,7 @@ impl CaptureProgram {
         let slot = match ring {
             Ring::RawSamples => &mut self.raw_samples,
             Ring::IbsSamples => &mut self.ibs_samples,
+            Ring::DrainRequests => &mut self.drain_requests,
         };
         slot.take()
             .ok_or_else(|| anyhow!("the {ring:?} ring buffer was already taken"))

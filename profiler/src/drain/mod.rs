@@ -5,9 +5,14 @@
 //! clear it. A sample lands in exactly one generation and each generation is read once per flip,
 //! so nothing is lost or counted twice.
 
+mod batch;
 pub mod ibs;
 
-use std::{collections::HashMap, thread, time::Duration};
+use std::{
+    collections::HashMap,
+    thread,
+    time::{Duration, Instant},
+};
 
 use anyhow::{bail, Context, Result};
 use aya::{
@@ -23,7 +28,10 @@ use profiler_common::{
 };
 
 use crate::{
-    capture::program::{CaptureProgram, GenerationMaps},
+    capture::{
+        program::{CaptureProgram, GenerationMaps, MapSizes, Ring},
+        ring::KernelRing,
+    },
     hardware::HardwareAccumulator,
 };
 
@@ -94,15 +102,32 @@ const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
 /// program run takes microseconds, so this only trips when something is badly wrong.
 const QUIESCENCE_TIMEOUT: Duration = Duration::from_secs(1);
 
-#[derive(Default)]
 pub struct Drainer {
     /// The generation the program writes to now.
     active: u32,
+    sizes: MapSizes,
+    /// The program's requests to check the fills, between the agent's own checks.
+    requests: KernelRing,
+    /// Drains done so far, and the time they took.
+    pub drains: u32,
+    pub drain_time: Duration,
 }
 
 impl Drainer {
+    /// Takes the drain-request ring of `program`, whose maps have `sizes`.
+    pub fn new(program: &mut CaptureProgram, sizes: MapSizes) -> Result<Drainer> {
+        Ok(Drainer {
+            active: 0,
+            sizes,
+            requests: KernelRing::new(program.take_ring(Ring::DrainRequests)?)?,
+            drains: 0,
+            drain_time: Duration::ZERO,
+        })
+    }
+
     /// Switches the program to the other generation and drains the one it left.
     pub fn drain(&mut self, program: &mut CaptureProgram, into: &mut Drained) -> Result<()> {
+        let started = Instant::now();
         let old = self.active;
         let new = old ^ 1;
         program
@@ -114,7 +139,7 @@ impl Drainer {
         drain_generation(&mut program.generations[old as usize], into)?;
         // The drained generation starts empty again; nothing writes it until the next flip.
         let cpus = nr_cpus().map_err(|(what, e)| anyhow::anyhow!("counting CPUs ({what}): {e}"))?;
-        for fill in [Fill::StackCounts, Fill::Histograms] {
+        for fill in Fill::ALL {
             let zeros =
                 PerCpuValues::try_from(vec![0u64; cpus]).context("building per-CPU zeros")?;
             program
@@ -122,12 +147,38 @@ impl Drainer {
                 .set(fill_index(old, fill), zeros, 0)
                 .context("resetting the capture's fill counters")?;
         }
+        self.drains += 1;
+        self.drain_time += started.elapsed();
         Ok(())
+    }
+
+    /// Waits until the program asks for a look at the fills (see [`Drainer::drain_if_filling`]).
+    pub async fn requested(&self) -> std::io::Result<()> {
+        self.requests.readable().await
+    }
+
+    /// Drains now when any map of the generation being written is half full, rather than lose
+    /// samples to a full map before the next drain; whether it drained.
+    pub fn drain_if_filling(
+        &mut self,
+        program: &mut CaptureProgram,
+        into: &mut Drained,
+    ) -> Result<bool> {
+        // The requests only say "look": their content is the fill, which is read below.
+        while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
+        let mut filling = false;
+        for fill in Fill::ALL {
+            filling |= self.fill(program, fill)? * 2 > u64::from(self.sizes.entries(fill));
+        }
+        if filling {
+            self.drain(program, into)?;
+        }
+        Ok(filling)
     }
 
     /// Entries the generation being written has created so far in the maps of `fill` (an
     /// upper bound: one key created on two CPUs counts twice).
-    pub fn fill(&self, program: &CaptureProgram, fill: Fill) -> Result<u64> {
+    fn fill(&self, program: &CaptureProgram, fill: Fill) -> Result<u64> {
         Ok(program
             .new_keys
             .get(&fill_index(self.active, fill), 0)
@@ -163,10 +214,17 @@ fn wait_until_left(program: &CaptureProgram, generation: u32) -> Result<()> {
     }
 }
 
-/// Reads every entry of a per-CPU hash map and deletes it.
+/// Reads every entry of a per-CPU hash map and deletes it: in batches where the kernel can,
+/// else one entry at a time.
 fn take_all<K: aya::Pod + Eq + std::hash::Hash, V: aya::Pod>(
     map: &mut PerCpuHashMap<MapData, K, V>,
-) -> Result<Vec<(K, Vec<V>)>> {
+) -> Result<batch::PerCpuEntries<K, V>> {
+    let cpus = nr_cpus().map_err(|(what, e)| anyhow::anyhow!("counting CPUs ({what}): {e}"))?;
+    if let Some(entries) =
+        batch::take_all_batched(map, cpus).context("reading and clearing a capture map")?
+    {
+        return Ok(entries);
+    }
     let mut entries = Vec::new();
     for entry in map.iter() {
         let (key, values) = entry.context("reading a capture map")?;
