@@ -283,6 +283,9 @@ struct Aggregates {
     hardware: HardwareAccumulator,
     threads: BTreeSet<(u32, u32)>,
     samples_per_event: BTreeMap<EventIndex, u64>,
+    /// Sum of the recorded periods (PERF_SAMPLE_PERIOD) per event: with frequency sampling the
+    /// kernel varies them, and their mean estimates the events a sample stands for.
+    period_sums: BTreeMap<EventIndex, u64>,
     /// IBS samples whose raw registers could not be read.
     unreadable_ibs: u64,
 }
@@ -293,6 +296,9 @@ impl Aggregates {
         let pid = sample.pid.unwrap_or(0);
         let tid = sample.tid.unwrap_or(pid);
         *self.samples_per_event.entry(index).or_default() += 1;
+        if let Some(period) = sample.period {
+            *self.period_sums.entry(index).or_default() += period;
+        }
         self.threads.insert((pid, tid));
 
         let (kernel, user) =
@@ -554,15 +560,12 @@ fn meta(features: &Features) -> ProfileMeta {
 }
 
 fn losses(data: &PerfData, aggregates: &Aggregates) -> Losses {
-    let samples_fired = (0..data.attrs.len() as EventIndex)
-        .map(|event| {
-            aggregates
-                .samples_per_event
-                .get(&event)
-                .copied()
-                .unwrap_or(0)
-        })
-        .collect();
+    let per_event = |counts: &BTreeMap<EventIndex, u64>| -> Vec<u64> {
+        (0..data.attrs.len() as EventIndex)
+            .map(|event| counts.get(&event).copied().unwrap_or(0))
+            .collect()
+    };
+    let samples_fired = per_event(&aggregates.samples_per_event);
     let throttled = data.throttles.iter().filter(|t| t.throttled).count() as u64;
     let counters = [
         ("perf.data: records lost (PERF_RECORD_LOST)", data.lost),
@@ -582,7 +585,7 @@ fn losses(data: &PerfData, aggregates: &Aggregates) -> Losses {
     ];
     Losses {
         samples_fired,
-        period_sums: Vec::new(),
+        period_sums: per_event(&aggregates.period_sums),
         counters: counters
             .into_iter()
             .map(|(name, count)| (name.to_string(), count))

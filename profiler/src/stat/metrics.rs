@@ -1,6 +1,8 @@
 //! Ratios derived from counted events, shown beside the counts when their inputs were counted:
 //! instructions per cycle, miss rates (misses over the matching accesses), misses per 1000
-//! instructions, CPUs utilized (clock time over elapsed time) and events per second.
+//! instructions, CPUs utilized (clock time over elapsed time) and events per second of CPU time
+//! (as perf divides by task-clock), or per elapsed second, labelled so, when no clock was
+//! counted.
 //!
 //! Inputs are matched by the kernel event they open (type and config), not by name, so aliases
 //! (`insts`) and renamed events pair up; they must count the same privilege levels (`:u` misses
@@ -40,8 +42,10 @@ pub enum Metric {
     MissesPerKiloInstruction(f64),
     /// clock nanoseconds / elapsed nanoseconds.
     CpusUtilized(f64),
-    /// events / elapsed seconds.
+    /// events / seconds of CPU time (a clock event counted beside them), as perf's "/sec".
     PerSecond(f64),
+    /// events / elapsed seconds, when no clock was counted to divide by.
+    PerElapsedSecond(f64),
 }
 
 impl Metric {
@@ -53,6 +57,7 @@ impl Metric {
             Metric::MissesPerKiloInstruction(_) => "misses_per_1k_instructions",
             Metric::CpusUtilized(_) => "cpus_utilized",
             Metric::PerSecond(_) => "per_second",
+            Metric::PerElapsedSecond(_) => "per_elapsed_second",
         }
     }
 
@@ -62,7 +67,8 @@ impl Metric {
             | Metric::MissRate { percent: value, .. }
             | Metric::MissesPerKiloInstruction(value)
             | Metric::CpusUtilized(value)
-            | Metric::PerSecond(value) => value,
+            | Metric::PerSecond(value)
+            | Metric::PerElapsedSecond(value) => value,
         }
     }
 }
@@ -191,8 +197,18 @@ pub fn metrics_for(index: usize, events: &[EventValue<'_>], elapsed: Duration) -
             }
         }
         Role::Clock if elapsed_ns > 0.0 => metrics.push(Metric::CpusUtilized(count / elapsed_ns)),
-        Role::Rate if elapsed_ns > 0.0 => {
-            metrics.push(Metric::PerSecond(count * 1e9 / elapsed_ns));
+        Role::Rate => {
+            let clock = events.iter().find_map(|other| {
+                let clock_ns = other.count.filter(|ns| *ns > 0)?;
+                (role(&other.attr) == Role::Clock).then_some(clock_ns)
+            });
+            match clock {
+                Some(clock_ns) => metrics.push(Metric::PerSecond(count * 1e9 / clock_ns as f64)),
+                None if elapsed_ns > 0.0 => {
+                    metrics.push(Metric::PerElapsedSecond(count * 1e9 / elapsed_ns));
+                }
+                None => {}
+            }
         }
         Role::Cycles | Role::Clock | Role::Rate | Role::Other => {}
     }
@@ -305,13 +321,27 @@ mod tests {
             metrics_for(0, &events, elapsed),
             [Metric::CpusUtilized(0.75)]
         );
+        // Per second of task-clock, as perf: 5,000 faults in 1.5 s of CPU time.
+        let per_cpu_second = 5_000.0 / 1.5;
         assert_eq!(
             metrics_for(1, &events, elapsed),
-            [Metric::PerSecond(2_500.0)]
+            [Metric::PerSecond(per_cpu_second)]
         );
         assert_eq!(metrics_for(2, &events, elapsed), [Metric::PerSecond(0.0)]);
         assert!(metrics_for(3, &events, elapsed).is_empty());
-        assert!(metrics_for(1, &events, Duration::ZERO).is_empty());
+        assert_eq!(
+            metrics_for(1, &events, Duration::ZERO),
+            [Metric::PerSecond(per_cpu_second)],
+            "CPU time, not elapsed time"
+        );
+
+        // Without a clock: per elapsed second, said so.
+        let alone = [value("page-faults", Some(5_000))];
+        assert_eq!(
+            metrics_for(0, &alone, elapsed),
+            [Metric::PerElapsedSecond(2_500.0)]
+        );
+        assert!(metrics_for(0, &alone, Duration::ZERO).is_empty());
     }
 
     #[test]

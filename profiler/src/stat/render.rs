@@ -22,7 +22,8 @@
 //!   "scaled": bool, "running_percent": f64,
 //!   "value": f64 (count x the event's sysfs scale, in "unit"; events with a scale only),
 //!   "metrics": [{"metric": "insn_per_cycle" | "miss_percent" | "misses_per_1k_instructions"
-//!                 | "cpus_utilized" | "per_second", "value": f64,
+//!                 | "cpus_utilized" | "per_second" (per second of a counted clock's CPU time)
+//!                 | "per_elapsed_second" (no clock counted), "value": f64,
 //!                "accesses": event name (miss_percent only)}]
 //! }
 //! ```
@@ -91,8 +92,9 @@ fn count_columns(event: &StatEvent, count: Option<&Count>, row: bool) -> (String
     }
 }
 
-/// A rate with a K/M/G prefix, as perf prints them.
-fn per_second(value: f64) -> String {
+/// A rate with a K/M/G prefix, as perf prints them; `per` names the second (`sec` of CPU time,
+/// as perf, or `sec elapsed`).
+fn per_second(value: f64, per: &str) -> String {
     let (scaled, prefix) = if value >= 1e9 {
         (value / 1e9, "G")
     } else if value >= 1e6 {
@@ -102,7 +104,7 @@ fn per_second(value: f64) -> String {
     } else {
         (value, "")
     };
-    format!("{scaled:8.3} {prefix}/sec")
+    format!("{scaled:8.3} {prefix}/{per}")
 }
 
 fn describe(metric: &Metric) -> String {
@@ -113,7 +115,8 @@ fn describe(metric: &Metric) -> String {
             format!("{value:8.2} misses per 1k instructions")
         }
         Metric::CpusUtilized(value) => format!("{value:8.3} CPUs utilized"),
-        Metric::PerSecond(value) => per_second(*value),
+        Metric::PerSecond(value) => per_second(*value, "sec"),
+        Metric::PerElapsedSecond(value) => per_second(*value, "sec elapsed"),
     }
 }
 
@@ -515,9 +518,9 @@ mod tests {
         assert_eq!(grouped(999), "999");
         assert_eq!(grouped(1_000), "1,000");
         assert_eq!(grouped(12_345_678), "12,345,678");
-        assert_eq!(per_second(2_561.5), "   2.562 K/sec");
-        assert_eq!(per_second(12.0), "  12.000 /sec");
-        assert_eq!(per_second(3.2e9), "   3.200 G/sec");
+        assert_eq!(per_second(2_561.5, "sec"), "   2.562 K/sec");
+        assert_eq!(per_second(12.0, "sec"), "  12.000 /sec");
+        assert_eq!(per_second(3.2e9, "sec elapsed"), "   3.200 G/sec elapsed");
     }
 
     #[test]
@@ -528,7 +531,7 @@ mod tests {
             " Performance counter stats for 'work 5000':",
             "",
             "          1,500.00 msec task-clock                #    0.750 CPUs utilized",
-            "             5,123      page-faults               #    2.562 K/sec",
+            "             5,123      page-faults               #    3.415 K/sec",
             "         4,640,371      cycles                        (scaled from 43.1%)",
             "         3,000,000      instructions              #     0.65 insn per cycle",
             "   <not supported>      branch-misses",

@@ -277,3 +277,45 @@ fn compressed_recordings_are_refused_with_what_to_do() {
     assert!(err.contains("`perf record -z`"), "{err}");
     assert!(err.contains("record again without -z"), "{err}");
 }
+
+#[test]
+fn frequency_sampled_imports_estimate_events_from_the_recorded_periods_as_perf_does() {
+    use crate::aggregate::filter::EventScale;
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = record(
+        dir.path(),
+        &["-e", "cpu-clock", "-F", "999"],
+        &[
+            "dd",
+            "if=/dev/zero",
+            "of=/dev/null",
+            "bs=1",
+            "count=1000000",
+        ],
+    );
+    // perf's own estimate: the sum of the periods its samples recorded.
+    let header = stdout("perf", &["report", "-i", &file, "--stdio", "--header-only"]);
+    let report = stdout("perf", &["report", "-i", &file, "--stdio"]);
+    let perf_count: f64 = report
+        .lines()
+        .find_map(|line| line.strip_prefix("# Event count (approx.): "))
+        .unwrap_or_else(|| panic!("perf report printed no event count:\n{header}\n{report}"))
+        .trim()
+        .parse()
+        .unwrap();
+
+    let profile = crate::import::profile_from_perf_data_file(Path::new(&file)).unwrap();
+    let samples = profile.losses.samples_fired[0];
+    let scale = EventScale::of(&profile, 0);
+    assert!(
+        matches!(scale, EventScale::MeanPeriod(_)),
+        "{scale:?}: {}",
+        scale.describe()
+    );
+    let ours = scale.estimate(samples).unwrap();
+    assert!(
+        (ours - perf_count).abs() <= perf_count * 1e-9,
+        "ours {ours}, perf {perf_count}"
+    );
+}
