@@ -210,7 +210,7 @@ pub fn metrics_for(index: usize, events: &[EventValue<'_>], elapsed: Duration) -
                 None => {}
             }
         }
-        Role::Cycles | Role::Clock | Role::Rate | Role::Other => {}
+        Role::Cycles | Role::Clock | Role::Other => {}
     }
     metrics
 }
