@@ -31,8 +31,13 @@ fn touch_second_pages(region: &mut [u8], line: usize) {
 }
 
 /// A fresh page-aligned region of `pages` pages, announced on stderr with `label`, handed to
-/// `touch`.
-fn with_fresh_region(label: &str, pages: usize, line: usize, touch: fn(&mut [u8], usize)) {
+/// `touch`; returned so it stays mapped and a later region cannot reuse its addresses.
+fn with_fresh_region(
+    label: &str,
+    pages: usize,
+    line: usize,
+    touch: fn(&mut [u8], usize),
+) -> Vec<u8> {
     // A fresh Vec of zeroes is mapped lazily by the allocator (mmap for large sizes), so each
     // first write faults once.
     let mut region = vec![0u8; pages * PAGE + PAGE];
@@ -44,7 +49,7 @@ fn with_fresh_region(label: &str, pages: usize, line: usize, touch: fn(&mut [u8]
         aligned.as_ptr() as usize
     );
     touch(aligned, line);
-    black_box(&region);
+    region
 }
 
 fn main() {
@@ -52,8 +57,14 @@ fn main() {
     let pages: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let line: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5) % (PAGE / LINE);
     let second: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(0);
-    with_fresh_region("region", pages, line, touch_pages);
+    let first = with_fresh_region("region", pages, line, touch_pages);
     if second > 0 {
-        with_fresh_region("second region", second, line, touch_second_pages);
+        black_box(with_fresh_region(
+            "second region",
+            second,
+            line,
+            touch_second_pages,
+        ));
     }
+    black_box(first);
 }

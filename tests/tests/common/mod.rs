@@ -92,13 +92,22 @@ pub fn temp_dir(name: &str) -> PathBuf {
 /// (region start, pages, line) that page_toucher printed on stderr:
 /// `region 0x7f... pages N line L`.
 pub fn touched_region(stderr: &str) -> (u64, u64, u64) {
+    labelled_region(stderr, "region")
+}
+
+/// The second region page_toucher touched when given SECOND_PAGES (`second region ...`).
+pub fn second_touched_region(stderr: &str) -> (u64, u64, u64) {
+    labelled_region(stderr, "second region")
+}
+
+fn labelled_region(stderr: &str, label: &str) -> (u64, u64, u64) {
     let line = stderr
         .lines()
-        .find(|l| l.starts_with("region "))
-        .unwrap_or_else(|| panic!("page_toucher printed no region:\n{stderr}"));
+        .find_map(|l| l.strip_prefix(label)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("page_toucher printed no {label}:\n{stderr}"));
     let words: Vec<&str> = line.split_whitespace().collect();
-    let start = u64::from_str_radix(words[1].trim_start_matches("0x"), 16).unwrap();
-    (start, words[3].parse().unwrap(), words[5].parse().unwrap())
+    let start = u64::from_str_radix(words[0].trim_start_matches("0x"), 16).unwrap();
+    (start, words[2].parse().unwrap(), words[4].parse().unwrap())
 }
 
 /// `profiler record -e page-faults -c 1 OPTIONS -o FILE -- page_toucher ARGS`: a sample on every
