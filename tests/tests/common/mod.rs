@@ -82,6 +82,29 @@ pub fn self_percent(event: &Value, function: &str) -> f64 {
         .map_or(0.0, |f| f["self_percent"].as_f64().expect("a number"))
 }
 
+/// The core PMU behind the generic hardware events (`cycles`), when this machine has one: `cpu`
+/// on x86, `cpu_core`/`cpu_atom` on hybrid Intel, `armv8_pmuv3_0` and the like on Arm (core
+/// PMUs list the CPUs they cover in a `cpus` file; uncore PMUs do not).
+pub fn core_pmu() -> Option<String> {
+    let devices = std::path::Path::new("/sys/bus/event_source/devices");
+    let mut names: Vec<String> = std::fs::read_dir(devices)
+        .ok()?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| entry.file_name() == "cpu" || entry.path().join("cpus").is_file())
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names.into_iter().next()
+}
+
+/// Whether the kernel has the PMU `name` (`ibs_op`, `cpu`...).
+pub fn has_pmu(name: &str) -> bool {
+    std::path::Path::new("/sys/bus/event_source/devices")
+        .join(name)
+        .join("type")
+        .is_file()
+}
+
 /// A fresh directory for one test's files.
 pub fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("profiler-test-{name}-{}", std::process::id()));
