@@ -6,7 +6,8 @@ mod common;
 use std::{collections::BTreeSet, process::Command};
 
 use common::{
-    profiler, record_page_faults, second_touched_region, temp_dir, touched_region, workload,
+    assert_no_losses, profiler, record_page_faults, second_touched_region, temp_dir,
+    touched_region, workload, STACK_COLLISIONS,
 };
 use profiler::profile::{file::read_profile, Profile};
 
@@ -447,25 +448,6 @@ fn a_filling_map_is_drained_early_instead_of_losing_samples() {
         .unwrap_or_else(|| panic!("no drain count in --stats:\n{stderr}"));
     assert!(drains > 2, "only the final drains ran: {drains}\n{stderr}");
     std::fs::remove_dir_all(dir).ok();
-}
-
-/// Stack-map hash collisions (two stacks in one bucket of the kernel's STACK_TRACE map) can
-/// drop a stack, never a sample, at any map size: they end with content-addressed stacks.
-const STACK_COLLISIONS: [&str; 2] = [
-    "user stacks lost: stack-map hash collision",
-    "kernel stacks lost: stack-map hash collision",
-];
-
-/// Every loss counter of a profile but those named in `explained`, asserted zero, so a new
-/// kind cannot hide.
-fn assert_no_losses(profile: &Profile, explained: &[&str]) {
-    let lost: Vec<_> = profile
-        .losses
-        .counters
-        .iter()
-        .filter(|(name, count)| **count > 0 && !explained.contains(&name.as_str()))
-        .collect();
-    assert!(lost.is_empty(), "losses: {lost:?}");
 }
 
 #[test]

@@ -148,3 +148,22 @@ pub fn record_page_faults(file: &std::path::Path, options: &[&str], args: &[&str
     all.extend_from_slice(args);
     profiler(&all)
 }
+
+/// Stack-map hash collisions (two stacks in one bucket of the kernel's STACK_TRACE map) can
+/// drop a stack, never a sample, at any map size: they end with content-addressed stacks.
+pub const STACK_COLLISIONS: [&str; 2] = [
+    "user stacks lost: stack-map hash collision",
+    "kernel stacks lost: stack-map hash collision",
+];
+
+/// Every loss counter of a profile but those named in `explained`, asserted zero, so a new
+/// kind cannot hide.
+pub fn assert_no_losses(profile: &profiler::profile::Profile, explained: &[&str]) {
+    let lost: Vec<_> = profile
+        .losses
+        .counters
+        .iter()
+        .filter(|(name, count)| **count > 0 && !explained.contains(&name.as_str()))
+        .collect();
+    assert!(lost.is_empty(), "losses: {lost:?}");
+}

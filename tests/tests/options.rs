@@ -1,0 +1,303 @@
+//! The recording options users change, each run end to end with a value that is not its default,
+//! asserting what the profile holds: the raw sample stream and its ring size, kernel stacks left
+//! out, several events at high rates over a long run with deep stacks and resized maps, and the
+//! Oracle-style counter aliases.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use common::{
+    assert_no_losses, core_pmu, profiler, profiler_bin, temp_dir, touched_region, workload,
+    STACK_COLLISIONS,
+};
+use profiler::profile::{file::read_profile, Profile};
+
+/// `profiler record ARGS -o DIR/run.prof -- COMMAND...`, read back.
+fn record(dir: &Path, args: &[&str], command: &[&str]) -> (Profile, String) {
+    let file = dir.join("run.prof");
+    let mut all = vec!["record"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", file.to_str().unwrap(), "--"]);
+    all.extend_from_slice(command);
+    let output = profiler(&all);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (read_profile(&file).unwrap(), stderr)
+}
+
+fn samples_of(profile: &Profile, event: u32) -> u64 {
+    profile
+        .stacks
+        .iter()
+        .filter(|s| s.event == event)
+        .map(|s| s.count)
+        .sum()
+}
+
+/// The `--raw` lines as JSON values.
+fn raw_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+fn hex(value: &serde_json::Value) -> u64 {
+    u64::from_str_radix(value.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+}
+
+#[test]
+fn raw_stream_holds_every_sample_with_its_data_address() {
+    let dir = temp_dir("raw-stream");
+    let raw = dir.join("samples.jsonl");
+    let toucher = workload("page_toucher");
+    let (profile, stderr) = record(
+        &dir,
+        &[
+            "-e",
+            "page-faults/period=7/",
+            "--raw",
+            raw.to_str().unwrap(),
+            "--ring-buffer-kib",
+            "8192",
+        ],
+        &[toucher.to_str().unwrap(), "20000", "9"],
+    );
+    assert_no_losses(&profile, &STACK_COLLISIONS);
+    let lines = raw_lines(&raw);
+    let fired = profile.losses.samples_fired[0];
+    assert_eq!(lines.len() as u64, fired, "one raw line per fired sample");
+    // Every 7th of the 20,000 region faults, each at line 9 of its page.
+    let (start, pages, line) = touched_region(&stderr);
+    let in_region: Vec<u64> = lines
+        .iter()
+        .map(|l| hex(&l["addr"]))
+        .filter(|addr| (start..start + pages * 4096).contains(addr))
+        .collect();
+    assert!(
+        (in_region.len() as i64 - 20000 / 7).abs() <= 2,
+        "{} region samples, expected about {}",
+        in_region.len(),
+        20000 / 7
+    );
+    assert!(in_region
+        .iter()
+        .all(|addr| (addr - start) % 4096 == line * 64));
+    let pid = profile.stacks[0].pid;
+    assert!(lines.iter().all(|l| l["event"] == 0 && l["pid"] == pid));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_small_raw_ring_counts_every_sample_it_drops() {
+    // One page of ring for a sample on every fault: whatever the ring could not hold is
+    // counted, so lines written + drops = samples fired.
+    let dir = temp_dir("raw-small-ring");
+    let raw = dir.join("samples.jsonl");
+    let toucher = workload("page_toucher");
+    let (profile, _) = record(
+        &dir,
+        &[
+            "-e",
+            "page-faults",
+            "-c",
+            "1",
+            "--raw",
+            raw.to_str().unwrap(),
+            "--ring-buffer-kib",
+            "4",
+        ],
+        &[toucher.to_str().unwrap(), "50000"],
+    );
+    let dropped = profile.losses.counters["raw stream: ring buffer full"];
+    let written = raw_lines(&raw).len() as u64;
+    let fired = profile.losses.samples_fired[0];
+    assert_eq!(
+        written + dropped,
+        fired,
+        "{written} written, {dropped} dropped"
+    );
+    eprintln!("a 4 KiB raw ring: {written} samples written, {dropped} dropped, {fired} fired");
+    assert!(
+        dropped > 0,
+        "a one-page ring cannot keep up with a sample per fault"
+    );
+    // The aggregated views lose nothing to the stream's drops.
+    assert_eq!(samples_of(&profile, 0), fired);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// How many stacks of `profile` have kernel frames, and how many samples there are.
+fn kernel_stack_share(profile: &Profile) -> (u64, u64) {
+    let with_kernel = profile
+        .stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| profile.frames[*f as usize].kernel))
+        .map(|s| s.count)
+        .sum();
+    (with_kernel, profile.stacks.iter().map(|s| s.count).sum())
+}
+
+#[test]
+fn kernel_stacks_are_left_out_when_asked() {
+    // Pipe round trips spend most of their time in the kernel.
+    let dir = temp_dir("no-kernel-stacks");
+    let events = workload("known_events");
+    let command = [events.to_str().unwrap(), "pipe-round-trips", "30000"];
+    let (with, _) = record(&dir, &["-e", "cpu-clock/freq=20000/"], &command);
+    let (with_kernel, total) = kernel_stack_share(&with);
+    assert!(
+        with_kernel * 2 > total,
+        "{with_kernel} of {total} samples in the kernel"
+    );
+    let (without, _) = record(
+        &dir,
+        &["-e", "cpu-clock/freq=20000/", "--no-kernel-stacks"],
+        &command,
+    );
+    let (kernel_frames, total) = kernel_stack_share(&without);
+    // A sample taken in the kernel keeps its IP, but no kernel callers.
+    let deeper_kernel = without
+        .stacks
+        .iter()
+        .filter(|s| {
+            s.frames
+                .iter()
+                .filter(|f| without.frames[**f as usize].kernel)
+                .count()
+                > 1
+        })
+        .count();
+    assert_eq!(deeper_kernel, 0, "kernel callers with --no-kernel-stacks");
+    assert!(total > 1000, "{total} samples");
+    assert!(kernel_frames <= total);
+    assert_no_losses(&without, &STACK_COLLISIONS);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn four_events_at_high_rates_over_a_long_run_with_deep_stacks_and_resized_maps() {
+    let dir = temp_dir("four-events");
+    let deep = workload("deep_stack");
+    let (profile, stderr) = record(
+        &dir,
+        &[
+            "-e",
+            "cpu-clock/freq=20000/,page-faults/period=3/,context-switches/period=2/,task-clock,1000000",
+            "--stack-map-entries",
+            "65536",
+            "--map-entries",
+            "8192",
+            "--latency-map-entries",
+            "16",
+            "--drain-interval",
+            "200",
+            "--stats",
+        ],
+        &[deep.to_str().unwrap(), "50000"],
+    );
+    assert_eq!(profile.events.len(), 4);
+    assert_no_losses(&profile, &STACK_COLLISIONS);
+    for (index, event) in profile.events.iter().enumerate() {
+        let fired = profile.losses.samples_fired[index];
+        assert_eq!(
+            samples_of(&profile, index as u32),
+            fired,
+            "{}: every fired sample drained",
+            event.name
+        );
+        if event.name != "context-switches" {
+            assert!(fired > 0, "{} took no samples", event.name);
+        }
+    }
+    // 20 kHz of CPU time and 1 kHz of task time (every 1,000,000 ns): 20 to 1.
+    let (clock, task) = (
+        profile.losses.samples_fired[0] as f64,
+        profile.losses.samples_fired[3] as f64,
+    );
+    assert!(
+        (clock / task - 20.0).abs() < 2.0,
+        "cpu-clock {clock} vs task-clock {task} samples"
+    );
+    assert!(task > 2500.0, "a run of over 2.5 s of CPU time: {task} ms");
+    // Deep stacks whole: nearly every cpu-clock sample in the leaf has all 60 frames.
+    let name = |frame: &u32| profile.frames[*frame as usize].display_name();
+    let (mut leaf, mut whole) = (0, 0);
+    for stack in profile.stacks.iter().filter(|s| s.event == 0) {
+        if stack.frames.first().map(name).as_deref() != Some("deep_stack::leaf_work") {
+            continue;
+        }
+        leaf += stack.count;
+        let names: Vec<String> = stack.frames.iter().map(name).collect();
+        if (1..=60).all(|n| names.contains(&format!("deep_stack::frame_{n:02}"))) {
+            whole += stack.count;
+        }
+    }
+    assert!(leaf > 10_000, "{leaf} leaf samples");
+    assert!(
+        whole * 100 >= leaf * 99,
+        "{whole} of {leaf} leaf stacks whole"
+    );
+    // A long run drains many times.
+    let drains: u32 = stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("drains: "))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no drain count in --stats:\n{stderr}"));
+    assert!(drains >= 10, "{drains} drains");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn oracle_aliases_resolve_to_cache_miss_counters_with_prime_overflows() {
+    let listing: serde_json::Value =
+        serde_json::from_slice(&profiler(&["list", "--json"]).stdout).unwrap();
+    let entries: BTreeMap<String, serde_json::Value> = listing["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|section| section["entries"].as_array().unwrap().clone())
+        .map(|entry| (entry["name"].as_str().unwrap().to_string(), entry))
+        .collect();
+    for alias in ["icm", "dcrm"] {
+        let entry = entries
+            .get(alias)
+            .unwrap_or_else(|| panic!("{alias} is not listed"));
+        assert_eq!(
+            entry["default_overflow"]["period"], 100003,
+            "{alias}: {entry}"
+        );
+        assert!(entry["event"].as_str().unwrap().ends_with("-load-misses"));
+    }
+    let dir = temp_dir("aliases");
+    let split = workload("cpu_split");
+    match core_pmu() {
+        Some(_) => {
+            let (profile, _) = record(
+                &dir,
+                &["-e", "icm,dcrm/period=10007/"],
+                &[split.to_str().unwrap(), "300"],
+            );
+            let periods: Vec<Option<u64>> = profile.events.iter().map(|e| e.period).collect();
+            assert_eq!(periods, [Some(100003), Some(10007)]);
+            assert!(profile.losses.samples_fired.iter().all(|n| *n > 0));
+        }
+        None => {
+            let output = Command::new(profiler_bin())
+                .args(["record", "-e", "icm,dcrm", "--"])
+                .arg(&split)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success());
+            assert!(
+                stderr.contains("'icm'") && stderr.contains("no hardware PMU"),
+                "{stderr}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
