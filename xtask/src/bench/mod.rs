@@ -164,6 +164,13 @@ fn check(results: &Results) -> Result<()> {
                     row.workload, row.label
                 ));
             }
+            if tool == "ours" && (summary.counts.lost > 0 || summary.unaccounted != Some(0)) {
+                // The README's claim: every fired sample is kept, at every workload and rate.
+                problems.push(format!(
+                    "{} {}: ours lost {} samples and {:?} went unaccounted",
+                    row.workload, row.label, summary.counts.lost, summary.unaccounted
+                ));
+            }
             if summary.total_cpu_ratio.is_none() || summary.bytes_per_million_samples.is_none() {
                 problems.push(format!(
                     "{} {}: {tool} has no ratios",
