@@ -89,8 +89,7 @@ pub fn is_data_event(event: &EventInfo) -> bool {
         || NAMES.iter().any(|known| name.contains(known))
 }
 
-/// What [`backtrack_profile`] did, counted in instruction attributions (process, event,
-/// instruction).
+/// What [`backtrack_profile`] did, counted in samples (as the command line reports it).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BacktrackSummary {
     pub moved: u64,
@@ -132,10 +131,10 @@ pub fn backtrack_profile(profile: &mut Profile) -> BacktrackSummary {
         }
         let attributed = target(sample.event, sample.frame);
         if attributed == sample.frame {
-            summary.kept += 1;
+            summary.kept += sample.stats.count;
             continue;
         }
-        summary.moved += 1;
+        summary.moved += sample.stats.count;
         profile.hardware.backtracked.push(BacktrackedAttribution {
             pid: sample.pid,
             event: sample.event,
@@ -464,7 +463,11 @@ mod tests {
         };
 
         let summary = backtrack_profile(&mut profile);
-        assert_eq!(summary, BacktrackSummary { moved: 1, kept: 0 });
+        assert_eq!(
+            summary,
+            BacktrackSummary { moved: 5, kept: 0 },
+            "in samples"
+        );
         assert_eq!(profile.frames.len(), 2);
         let access = &profile.frames[1];
         assert_eq!((access.address, access.module_offset), (BASE, 0x100));

@@ -321,9 +321,12 @@ fn truncated_ibs_payloads_are_counted_not_fatal() {
     assert!(profile.hardware.samples.is_empty());
 }
 
-#[test]
-fn pebs_weight_struct_data_src_and_addr_import() {
-    const IP: u64 = 0x40_1234;
+const PEBS_IP: u64 = 0x40_1234;
+
+/// Two PEBS load-latency samples (312 and 40 cycles) of one instruction, in one data line that
+/// hit a modified L3 line, with `cpu/mem-loads,ldlat=30/P` in the event description; with
+/// `precise` false, the same loads counted by a skidding event (`cpu/mem-loads,ldlat=30/`).
+fn pebs_loads_file(precise: bool) -> Vec<u8> {
     let sample_type = PERF_SAMPLE_IP
         | PERF_SAMPLE_TID
         | PERF_SAMPLE_TIME
@@ -333,16 +336,14 @@ fn pebs_weight_struct_data_src_and_addr_import() {
         | PERF_SAMPLE_WEIGHT_STRUCT
         | PERF_SAMPLE_DATA_SRC
         | PERF_SAMPLE_PHYS_ADDR;
-    // A load that hit the L3 in a line another core had modified: LOAD 2; L3|HIT 66; HITM 16;
-    // lock NA 1; L1|L2|HIT 26; L3 3.
-    let l3_hitm = data_src(2, 66, 16, 1, 26, 3);
+    let l3_hitm = pebs_l3_hitm();
     let mut file = FileBuilder::default().attr(AttrSpec {
         event_type: 4,
         config: 0x1cd,
         config1: 30,
         period: 10007,
         sample_type,
-        flags: ATTR_SAMPLE_ID_ALL | ATTR_PRECISE_2,
+        flags: ATTR_SAMPLE_ID_ALL | if precise { ATTR_PRECISE_2 } else { 0 },
         ids: vec![7],
         ..AttrSpec::default()
     });
@@ -351,7 +352,7 @@ fn pebs_weight_struct_data_src_and_addr_import() {
         (0x7ffd_0000_1078, 40, 5),
     ] {
         let mut b = Bytes::default();
-        b.u64(IP)
+        b.u64(PEBS_IP)
             .u32(100)
             .u32(101)
             .u64(5_000_000)
@@ -364,12 +365,30 @@ fn pebs_weight_struct_data_src_and_addr_import() {
             .u64(0x1_2345_6040);
         file = file.record(SAMPLE, MISC_USER | (1 << 14), &b.take());
     }
-    let file = file
-        .feature(
-            FEATURE_EVENT_DESC,
-            event_desc(&[("cpu/mem-loads,ldlat=30/P", &[7])]),
-        )
-        .build();
+    file.feature(
+        FEATURE_EVENT_DESC,
+        event_desc(&[(
+            if precise {
+                "cpu/mem-loads,ldlat=30/P"
+            } else {
+                "cpu/mem-loads,ldlat=30/"
+            },
+            &[7],
+        )]),
+    )
+    .build()
+}
+
+/// The data source of both loads in [`pebs_loads_file`]: an L3 hit in a line another core had
+/// modified (LOAD 2; L3|HIT 66; HITM 16; lock NA 1; L1|L2|HIT 26; L3 3).
+fn pebs_l3_hitm() -> u64 {
+    data_src(2, 66, 16, 1, 26, 3)
+}
+
+#[test]
+fn pebs_weight_struct_data_src_and_addr_import() {
+    let file = pebs_loads_file(true);
+    let l3_hitm = pebs_l3_hitm();
     let profile = profile_from_perf_data(&parse(&file).unwrap()).unwrap();
 
     assert_eq!(profile.events[0].name, "cpu/mem-loads,ldlat=30/P");
@@ -517,4 +536,97 @@ fn events_without_instruction_pointers_are_refused() {
         "{err}"
     );
     assert!(err.contains("record again with -g"), "{err}");
+}
+
+/// The profiler binary the command-line tests run: $PROFILER_BIN (set by `cargo xtask test`),
+/// else the release build beside this crate.
+fn profiler_binary() -> std::path::PathBuf {
+    let path = std::env::var_os("PROFILER_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/profiler")
+        });
+    assert!(
+        path.is_file(),
+        "profiler binary not found at {}: run the tests with `cargo xtask test`, which builds it",
+        path.display()
+    );
+    path
+}
+
+/// `profiler ARGS`, asserting success: (stdout, stderr).
+fn run_profiler(args: &[&std::ffi::OsStr]) -> (String, String) {
+    let output = std::process::Command::new(profiler_binary())
+        .args(args)
+        .output()
+        .unwrap();
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    assert!(
+        output.status.success(),
+        "profiler {args:?}: {}",
+        text(&output.stderr)
+    );
+    (text(&output.stdout), text(&output.stderr))
+}
+
+#[test]
+fn hardware_views_histograms_and_backtracking_through_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("pebs.data");
+    std::fs::write(&input, pebs_loads_file(true)).unwrap();
+    let arg = |text: &'static str| std::ffi::OsStr::new(text);
+    let input = input.as_os_str();
+
+    let (text, _) = run_profiler(&[
+        arg("report"),
+        arg("-i"),
+        input,
+        arg("--hardware"),
+        arg("data-line"),
+    ]);
+    let expected = "load latency  2 samples: mean 176.0, p50 41, p90 303, p99 303, max 312 cycles";
+    assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    assert!(text.contains("snoop         HitM 2 (100.0%)"), "{text}");
+
+    let svg = dir.path().join("latency.svg");
+    run_profiler(&[
+        arg("report"),
+        arg("-i"),
+        input,
+        arg("--histogram"),
+        svg.as_os_str(),
+    ]);
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.starts_with("<svg") || drawn.contains("<svg"),
+        "{drawn}"
+    );
+    assert!(drawn.contains("mem-loads"), "the histogram names its event");
+
+    // Precise samples are never backtracked; the skidding event's two are considered, and
+    // kept where sampled: the file holds no code to find the access before them in.
+    let backtrack = |file: Vec<u8>| {
+        let path = dir.path().join("backtrack.data");
+        std::fs::write(&path, file).unwrap();
+        let (text, stderr) = run_profiler(&[
+            arg("report"),
+            arg("-i"),
+            path.as_os_str(),
+            arg("--backtrack"),
+            arg("--hardware"),
+            arg("instruction"),
+        ]);
+        assert!(text.contains("401234"), "the sampled instruction:\n{text}");
+        stderr
+    };
+    let precise = backtrack(pebs_loads_file(true));
+    assert!(
+        precise.contains("0 samples moved") && precise.contains("0 kept"),
+        "{precise}"
+    );
+    let skidding = backtrack(pebs_loads_file(false));
+    assert!(
+        skidding.contains("0 samples moved") && skidding.contains("2 kept"),
+        "{skidding}"
+    );
 }
