@@ -361,7 +361,7 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     profile.hardware.cpu = cpu;
     // What offline reports need from files that may be gone by then: the sampled functions'
     // code and the processes' data mappings and variables.
-    capture_code(&mut profile);
+    capture_code(&mut profile, &processes);
     capture_data_objects(&mut profile, &processes);
     Ok(Recording {
         profile,

@@ -7,7 +7,7 @@ use std::{
     collections::HashMap,
     fs,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
-    path::PathBuf,
+    path::{Path, PathBuf},
 };
 
 use anyhow::{Context, Result};
@@ -15,6 +15,7 @@ use perf_event::{data::Record as PerfRecord, events::Software, Builder, SampleFl
 
 use super::counters::{online_cpus, threads_of, Target};
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
+use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};
 
 /// `misc` bit of a COMM record sent by exec: the address space was replaced.
 const MISC_COMM_EXEC: u16 = 1 << 13;
@@ -52,9 +53,32 @@ pub struct MappedFiles {
 }
 
 impl MappedFiles {
-    /// Opens `path` as `pid` sees it; returns the file's identity.
-    fn open(&mut self, pid: u32, path: &str) -> Option<FileIdentity> {
-        let file = fs::File::open(format!("/proc/{pid}/root{path}")).ok()?;
+    /// Opens the file of `mapping` as `pid` mapped it; returns the file's identity. The
+    /// kernel's link to the mapped file comes first (it cannot be swapped); else the path as
+    /// the process sees it, where its owner may since have put a link, a FIFO or a device:
+    /// only a regular file is kept, and opening never blocks.
+    fn open(&mut self, pid: u32, mapping: &Mapping) -> Option<FileIdentity> {
+        let mapped = format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            mapping.start, mapping.end
+        );
+        let file = open_regular(Path::new(&mapped), FinalLink::Follow)
+            .or_else(|_| {
+                let by_path = format!("/proc/{pid}/root{}", mapping.path);
+                open_regular(Path::new(&by_path), FinalLink::Refuse)
+            })
+            .ok()?;
+        self.keep(file)
+    }
+
+    /// Opens a module by its path on this host, for a recording imported from elsewhere
+    /// (perf.data): under the same rules, a regular file opened without blocking, and no link
+    /// in its last component.
+    pub fn open_host_path(&mut self, path: &str) -> Option<FileIdentity> {
+        self.keep(open_regular(Path::new(path), FinalLink::Refuse).ok()?)
+    }
+
+    fn keep(&mut self, file: fs::File) -> Option<FileIdentity> {
         let metadata = file.metadata().ok()?;
         let identity = (metadata.dev(), metadata.ino());
         if !self.by_identity.contains_key(&identity) && self.by_identity.len() < MAX_OPEN_FILES {
@@ -65,8 +89,12 @@ impl MappedFiles {
 
     /// A path that reaches the opened file from this process, while the table lives.
     pub fn path(&self, identity: FileIdentity) -> Option<PathBuf> {
-        let file = self.by_identity.get(&identity)?;
-        Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
+        self.by_identity.get(&identity).map(descriptor_path)
+    }
+
+    /// The opened file, to be read in bounded ranges, with the path of [`MappedFiles::path`].
+    pub fn image(&self, identity: FileIdentity) -> Option<(PathBuf, ModuleImage)> {
+        ModuleImage::of(self.by_identity.get(&identity)?)
     }
 }
 
@@ -157,7 +185,7 @@ impl ProcessTable {
         if !(mapping.executable && mapping.is_file()) {
             return;
         }
-        mapping.file = self.files.open(pid, &mapping.path);
+        mapping.file = self.files.open(pid, mapping);
         if mapping.build_id.is_none() {
             if let Some(path) = mapping.file.and_then(|identity| self.files.path(identity)) {
                 mapping.build_id = blazesym::helper::read_elf_build_id(&path)
@@ -280,6 +308,30 @@ impl ProcessTable {
     /// mappings made later over part of a file's range (bss, heap) do not hide its code.
     pub fn code_mapping_for(&self, pid: u32, address: u64) -> Option<&Mapping> {
         self.newest_mapping(pid, address, |mapping| mapping.executable)
+    }
+
+    /// The module file at `path` as one of `pids` mapped it, else as any process that mapped
+    /// that path did: only through a descriptor opened while the process lived, never by path
+    /// afterwards, when another user may have put anything there.
+    pub fn module_image(
+        &self,
+        pids: impl IntoIterator<Item = u32>,
+        path: &str,
+    ) -> Option<(PathBuf, ModuleImage)> {
+        let opened = |process: &ProcessInfo| {
+            process
+                .mappings
+                .iter()
+                .rev()
+                .filter(|mapping| mapping.path == path)
+                .find_map(|mapping| mapping.file)
+        };
+        let identity = pids
+            .into_iter()
+            .filter_map(|pid| self.processes.get(&pid))
+            .find_map(opened)
+            .or_else(|| self.processes.values().find_map(opened))?;
+        self.files.image(identity)
     }
 
     fn newest_mapping(
