@@ -256,11 +256,14 @@ struct Counts {
     per_cpu: Vec<u64>,
 }
 
+/// CPU numbers above the kernel's largest `NR_CPUS` come from a damaged or crafted file: such
+/// samples count in totals, not in a per-CPU row (which would be sized by the number).
+const MAX_CPUS: usize = 8192;
+
 impl Counts {
     fn add(&mut self, cpu: Option<u32>) {
         self.total += 1;
-        if let Some(cpu) = cpu {
-            let cpu = cpu as usize;
+        if let Some(cpu) = cpu.map(|cpu| cpu as usize).filter(|&cpu| cpu < MAX_CPUS) {
             if self.per_cpu.len() <= cpu {
                 self.per_cpu.resize(cpu + 1, 0);
             }
