@@ -234,3 +234,292 @@ fn program_replaced_by_a_link_to_dev_zero_is_not_read() {
 fn program_replaced_by_a_fifo_does_not_block_the_recording() {
     replaced_module_is_not_read_by_path(Planted::Fifo);
 }
+
+/// Runs the profiler as root with `args` under [`watch`], expecting it to fail; its stderr.
+fn failing_root_run(args: &[&str], max_rss_bytes: u64, deadline: Duration) -> String {
+    let child = Command::new(profiler_bin())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watched = watch(child, max_rss_bytes, deadline);
+    assert!(!watched.output.status.success(), "{args:?} succeeded");
+    assert!(watched.max_rss_bytes < max_rss_bytes);
+    String::from_utf8(watched.output.stderr).unwrap()
+}
+
+/// A profile file whose payload is 128 KiB of zstd RLE blocks that inflate to 4 GiB of zeros,
+/// its header announcing as much, with a valid checksum.
+fn profile_announcing_four_gigabytes() -> Vec<u8> {
+    const BLOCK: u64 = 128 << 10;
+    let decoded: u64 = 4 << 30;
+    let mut payload = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 7 << 3];
+    let blocks = decoded / BLOCK;
+    for block in 0..blocks {
+        let header = u32::from(block + 1 == blocks) | (1 << 1) | ((BLOCK as u32) << 3);
+        payload.extend_from_slice(&header.to_le_bytes()[..3]);
+        payload.push(0);
+    }
+    let mut file = b"EBPFPROF".to_vec();
+    file.extend_from_slice(&2u32.to_le_bytes());
+    file.extend_from_slice(&[0; 4]);
+    file.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    file.extend_from_slice(&decoded.to_le_bytes());
+    file.extend_from_slice(&payload);
+    let crc = crc32fast::hash(&file[16..]);
+    file[12..16].copy_from_slice(&crc.to_le_bytes());
+    file
+}
+
+/// Files the untrusted user hands root to report on: a crafted profile, a FIFO, a link to
+/// /dev/zero. Each is refused at once, in little memory, saying why.
+#[test]
+fn hostile_inputs_to_report_fail_fast_in_little_memory() {
+    let home = untrusted_dir("hostile-inputs");
+    let crafted = home.join("crafted.prof");
+    let fifo = home.join("fifo.prof");
+    let zero = home.join("zero.prof");
+    let staged = home.parent().unwrap().join("staged");
+    fs::write(&staged, profile_announcing_four_gigabytes()).unwrap();
+    fs::set_permissions(&staged, fs::Permissions::from_mode(0o644)).unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    run_untrusted(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "cp {} {} && mkfifo {} && ln -s /dev/zero {}",
+                path(&staged),
+                path(&crafted),
+                path(&fifo),
+                path(&zero)
+            ),
+        ],
+    );
+    for (input, expected) in [
+        (
+            &crafted,
+            "corrupt: its header says the 131078-byte payload decompresses to 4294967296 bytes, \
+             more than 64 times its size",
+        ),
+        (&fifo, "a FIFO, not a regular file"),
+        (&zero, "a device, not a regular file"),
+    ] {
+        let stderr = failing_root_run(
+            &["report", "-i", input.to_str().unwrap()],
+            64 << 20,
+            Duration::from_secs(10),
+        );
+        assert!(
+            stderr.contains(input.to_str().unwrap()) && stderr.contains(expected),
+            "{stderr}"
+        );
+    }
+}
+
+/// As the untrusted user, with neither root nor CAP_BPF: the error says which privilege is
+/// missing (not a map name, which varies from run to run) and how to get it.
+#[test]
+fn unprivileged_record_names_the_missing_privilege() {
+    let home = untrusted_dir("unprivileged");
+    let output = as_untrusted(
+        profiler_bin(),
+        &[
+            "record",
+            "-o",
+            home.join("p.prof").to_str().unwrap(),
+            "--",
+            "/bin/true",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    for expected in [
+        "the kernel refused to create the capture program's BPF maps: permission denied (EPERM)",
+        "needs root, or CAP_BPF and CAP_PERFMON",
+        "sudo setcap cap_bpf,cap_perfmon+ep",
+    ] {
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+    assert!(!stderr.contains("failed to create map"), "{stderr}");
+}
+
+/// A map larger than the kernel can allocate is named, with the errno and the option that
+/// sizes it.
+#[test]
+fn a_map_the_kernel_cannot_allocate_is_named_with_its_option() {
+    let stderr = failing_root_run(
+        &[
+            "record",
+            "--stack-map-entries",
+            "200000000",
+            "--",
+            "/bin/true",
+        ],
+        256 << 20,
+        Duration::from_secs(30),
+    );
+    assert!(
+        stderr.contains("the kernel could not allocate BPF map `STACKS_")
+            && stderr.contains("(ENOMEM): lower --stack-map-entries"),
+        "{stderr}"
+    );
+}
+
+/// A command's arguments (here a password) stay out of the profile unless asked for.
+#[test]
+fn command_arguments_stay_out_of_the_profile_unless_asked() {
+    let dir = temp_dir("arguments");
+    let profile = dir.join("args.prof");
+    let record = |extra: &[&str]| {
+        let mut args = vec!["record", "-o", profile.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "/bin/sh", "-c", "true", "sh", "--password=hunter2"]);
+        profiler(&args);
+        let report = report_json(&profile, &[]);
+        let text = String::from_utf8(profiler(&["report", "-i", profile.to_str().unwrap()]).stdout)
+            .unwrap();
+        (report, text)
+    };
+    let (report, text) = record(&[]);
+    assert_eq!(
+        report["meta"]["target"], "`/bin/sh` (4 arguments not recorded)",
+        "{:#}",
+        report["meta"]
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+    let (report, _) = record(&["--record-args"]);
+    assert_eq!(
+        report["meta"]["target"],
+        "`/bin/sh -c true sh --password=hunter2`"
+    );
+}
+
+/// Sets `kernel.kptr_restrict` while it lives, then puts the old value back.
+struct KptrRestrict(String);
+
+impl KptrRestrict {
+    const PATH: &'static str = "/proc/sys/kernel/kptr_restrict";
+
+    fn set(value: &str) -> KptrRestrict {
+        let old = fs::read_to_string(Self::PATH).unwrap();
+        fs::write(Self::PATH, value).unwrap();
+        KptrRestrict(old)
+    }
+}
+
+impl Drop for KptrRestrict {
+    fn drop(&mut self) {
+        let _ = fs::write(Self::PATH, self.0.trim());
+    }
+}
+
+/// Numbers in kernel space (x86-64) anywhere in a JSON document.
+fn kernel_addresses_in(value: &Value) -> usize {
+    match value {
+        Value::Number(n) => usize::from(n.as_u64().is_some_and(|n| n >= 0xffff_8000_0000_0000)),
+        Value::String(s) => s
+            .split(|c: char| !c.is_ascii_hexdigit() && c != 'x')
+            .filter_map(|word| u64::from_str_radix(word.strip_prefix("0x")?, 16).ok())
+            .filter(|&n| n >= 0xffff_8000_0000_0000)
+            .count(),
+        Value::Array(items) => items.iter().map(kernel_addresses_in).sum(),
+        Value::Object(fields) => fields.values().map(kernel_addresses_in).sum(),
+        _ => 0,
+    }
+}
+
+/// With kptr_restrict = 1 the kernel shows its addresses only to CAP_SYSLOG: root's recording
+/// has them (root has it), the untrusted user's report of that same profile does not, and a
+/// recording by root without CAP_SYSLOG writes none, in its profile or its `--raw` stream.
+#[test]
+fn kernel_addresses_are_hidden_from_whom_the_kernel_hides_them() {
+    let _restrict = KptrRestrict::set("1");
+    let dir = untrusted_dir("kptr").parent().unwrap().to_path_buf();
+    let toucher = workload("page_toucher");
+    let record = |wrapper: &[&str], name: &str| {
+        let profile = dir.join(format!("{name}.prof"));
+        let raw = dir.join(format!("{name}.jsonl"));
+        let mut command = Command::new(wrapper.first().copied().unwrap_or("env"));
+        command
+            .args(wrapper.iter().skip(1))
+            .arg(profiler_bin())
+            .args([
+                "record",
+                "-e",
+                "page-faults",
+                "-c",
+                "1",
+                "-o",
+                profile.to_str().unwrap(),
+                "--raw",
+                raw.to_str().unwrap(),
+                "--",
+                toucher.to_str().unwrap(),
+            ]);
+        let output = command.output().unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        fs::set_permissions(&profile, fs::Permissions::from_mode(0o644)).unwrap();
+        let raw_lines: Vec<Value> = fs::read_to_string(&raw)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (profile, raw_lines)
+    };
+    let instruction_report = |profile: &Path, untrusted: bool| -> Value {
+        let args = [
+            "report",
+            "-i",
+            profile.to_str().unwrap(),
+            "--json",
+            "--by",
+            "instruction",
+        ];
+        let output = if untrusted {
+            run_untrusted(profiler_bin(), &args)
+        } else {
+            profiler(&args)
+        };
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+
+    // Root, with CAP_SYSLOG: page faults are taken in the kernel, at kernel addresses.
+    let (shown, raw) = record(&[], "root");
+    let report = instruction_report(&shown, false);
+    assert!(
+        kernel_addresses_in(&report) > 0,
+        "no kernel frames: {report:#}"
+    );
+    assert!(raw.iter().map(kernel_addresses_in).sum::<usize>() > 0);
+    // The untrusted user reading root's profile.
+    let hidden = instruction_report(&shown, true);
+    assert_eq!(kernel_addresses_in(&hidden), 0, "{hidden:#}");
+    assert!(
+        hidden.to_string().contains("[kernel.kallsyms]"),
+        "kernel rows remain, by name: {hidden:#}"
+    );
+    // Root without CAP_SYSLOG.
+    let (without, raw) = record(
+        &[
+            "setpriv",
+            "--inh-caps=-syslog",
+            "--bounding-set=-syslog",
+            "--",
+        ],
+        "no-syslog",
+    );
+    assert_eq!(kernel_addresses_in(&instruction_report(&without, false)), 0);
+    assert_eq!(raw.iter().map(kernel_addresses_in).sum::<usize>(), 0);
+    assert!(
+        raw.iter().any(|line| line["ip"] == "0x0"),
+        "kernel samples are kept"
+    );
+}

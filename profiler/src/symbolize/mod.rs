@@ -2,6 +2,7 @@
 //! blazesym. User addresses are first normalized to (file, file offset) through the process
 //! table recorded while the processes lived, so processes that exited are symbolized too.
 
+pub mod kernel_addresses;
 mod perf_map;
 
 use std::{
