@@ -22,7 +22,7 @@ use super::perf_data::{
     Comm, Features, Mmap, PerfAttr, PerfData, PerfSample, Sampling, TaskEvent,
     PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_IP,
 };
-use crate::capture::sideband::{FileIdentity, Mapping, ProcessTable};
+use crate::capture::sideband::{FileIdentity, FileInode, Mapping, ProcessTable};
 use crate::events::catalog::{self, unit};
 use crate::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
 use crate::profile::from_capture::lookup_addresses;
@@ -507,10 +507,21 @@ fn process_table(data: &PerfData) -> ProcessTable {
             Change::Mmap(mmap) if mmap.pid == u32::MAX => {}
             Change::Mmap(mmap) => {
                 let executable = mmap.prot.map_or(!mmap.data, |prot| prot & PROT_EXEC != 0);
+                let build_id = mmap
+                    .build_id
+                    .clone()
+                    .or_else(|| build_ids.get(mmap.filename.as_str()).map(|id| id.to_vec()));
+                let inode = mmap.file_id.as_ref().map(|id| FileInode {
+                    major: id.maj,
+                    minor: id.min,
+                    inode: id.ino,
+                });
                 let file = if executable && mmap.filename.starts_with('/') {
-                    *opened
-                        .entry(mmap.filename.as_str())
-                        .or_insert_with(|| table.files.open_host_path(&mmap.filename))
+                    *opened.entry(mmap.filename.as_str()).or_insert_with(|| {
+                        table
+                            .files
+                            .open_path(&mmap.filename, build_id.as_deref(), inode)
+                    })
                 } else {
                     None
                 };
@@ -522,9 +533,7 @@ fn process_table(data: &PerfData) -> ProcessTable {
                         file_offset: mmap.pgoff,
                         path: mmap.filename.clone(),
                         executable,
-                        build_id: mmap.build_id.clone().or_else(|| {
-                            build_ids.get(mmap.filename.as_str()).map(|id| id.to_vec())
-                        }),
+                        build_id,
                         file,
                     },
                 )
