@@ -217,6 +217,7 @@ fn replaced_module_is_not_read_by_path(planted: Planted) {
     let function = &details["events"][0]["function_details"];
     assert_eq!(function["code"], "disassembled", "{function:#}");
     assert!(function["samples"].as_u64().unwrap() > 0, "{function:#}");
+    fs::remove_dir_all(home.parent().unwrap()).ok();
 }
 
 fn report_json(profile: &Path, args: &[&str]) -> Value {
@@ -316,6 +317,7 @@ fn hostile_inputs_to_report_fail_fast_in_little_memory() {
             "{stderr}"
         );
     }
+    fs::remove_dir_all(home.parent().unwrap()).ok();
 }
 
 /// As the untrusted user, with neither root nor CAP_BPF: the error says which privilege is
@@ -345,6 +347,7 @@ fn unprivileged_record_names_the_missing_privilege() {
         assert!(stderr.contains(expected), "{stderr}");
     }
     assert!(!stderr.contains("failed to create map"), "{stderr}");
+    fs::remove_dir_all(home.parent().unwrap()).ok();
 }
 
 /// A map larger than the kernel can allocate is named, with the errno and the option that
@@ -396,6 +399,7 @@ fn command_arguments_stay_out_of_the_profile_unless_asked() {
         report["meta"]["target"],
         "`/bin/sh -c true sh --password=hunter2`"
     );
+    fs::remove_dir_all(dir).ok();
 }
 
 /// Sets `kernel.kptr_restrict` while it lives, then puts the old value back.
@@ -522,4 +526,5 @@ fn kernel_addresses_are_hidden_from_whom_the_kernel_hides_them() {
         raw.iter().any(|line| line["ip"] == "0x0"),
         "kernel samples are kept"
     );
+    fs::remove_dir_all(dir).ok();
 }
