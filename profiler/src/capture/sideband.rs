@@ -229,7 +229,7 @@ impl ProcessTable {
         );
     }
 
-    /// Opens an executable mapping's file while its process lives (see [`MappedFiles::open`]),
+    /// Opens an executable mapping's file as the side-band reports it (see [`MappedFiles::open`]),
     /// and reads its build ID from it when the kernel did not send one.
     fn open_mapped_file(&mut self, pid: u32, mapping: &mut Mapping, inode: Option<FileInode>) {
         if !(mapping.executable && mapping.is_file()) {
