@@ -111,6 +111,10 @@ pub struct RecordArgs {
     /// Do not collect kernel call stacks.
     #[arg(long)]
     pub no_kernel_stacks: bool,
+    /// Keep the command's arguments in the profile and its reports (by default only the
+    /// program is named: arguments may hold passwords or tokens).
+    #[arg(long)]
+    pub record_args: bool,
     #[command(flatten)]
     pub report: ReportOutput,
     /// The command to launch and profile.

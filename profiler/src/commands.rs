@@ -28,6 +28,7 @@ use crate::{
         container::find_container_cgroup,
         resolve_uid,
     },
+    symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
 };
 
 pub async fn run(command: Command) -> Result<ExitCode> {
@@ -173,6 +174,7 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
         cgroups,
         uid,
         offsets,
+        record_args: args.record_args,
     };
     let recording = record(options).await?;
     if let Some(path) = &args.output {
@@ -203,6 +205,11 @@ fn run_report(args: ReportArgs) -> Result<ExitCode> {
     } else {
         read_profile(&args.input)?
     };
+    // A profile recorded by someone the kernel shows its addresses to, read by someone it
+    // does not.
+    if !kernel_addresses_shown() {
+        hide_kernel_addresses(&mut profile);
+    }
     report(&mut profile, &args.report)?;
     Ok(ExitCode::SUCCESS)
 }

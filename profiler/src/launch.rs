@@ -87,6 +87,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn command_arguments_are_described_only_when_asked() {
+        let command =
+            |argv: &[&str]| TargetSpec::Command(argv.iter().map(|a| a.to_string()).collect());
+        let login = command(&["./client", "--password", "hunter2"]);
+        assert_eq!(
+            login.describe(false),
+            "`./client` (2 arguments not recorded)"
+        );
+        assert_eq!(login.describe(true), "`./client --password hunter2`");
+        assert_eq!(
+            command(&["./client", "hunter2"]).describe(false),
+            "`./client` (1 argument not recorded)"
+        );
+        assert_eq!(command(&["./server"]).describe(false), "`./server`");
+    }
+
+    #[test]
     fn programs_are_found_by_path_or_on_path() {
         assert_eq!(resolve_program("/bin/sh"), Some(PathBuf::from("/bin/sh")));
         assert!(resolve_program("sh").is_some_and(|path| path.ends_with("sh")));
@@ -123,10 +140,20 @@ pub enum TargetSpec {
 }
 
 impl TargetSpec {
-    /// For reports: `` `cmd args` ``, `process 1,2`, `all CPUs`.
-    pub fn describe(&self) -> String {
+    /// For reports: `` `cmd args` ``, `process 1,2`, `all CPUs`. A command's arguments can hold
+    /// secrets (a password, a token): unless `arguments`, only the program is named, with how
+    /// many arguments were left out.
+    pub fn describe(&self, arguments: bool) -> String {
         match self {
-            TargetSpec::Command(argv) => format!("`{}`", argv.join(" ")),
+            TargetSpec::Command(argv) if arguments || argv.len() < 2 => {
+                format!("`{}`", argv.join(" "))
+            }
+            TargetSpec::Command(argv) => format!(
+                "`{}` ({} argument{} not recorded)",
+                argv[0],
+                argv.len() - 1,
+                if argv.len() == 2 { "" } else { "s" }
+            ),
             TargetSpec::Processes(pids) => format!(
                 "process {}",
                 pids.iter()

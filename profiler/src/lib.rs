@@ -5,6 +5,8 @@
 //! what precise samplers decoded (data sources, IBS) and skid backtracking.
 
 pub mod aggregate;
+#[cfg(test)]
+mod alloc_meter;
 pub mod capture;
 pub mod cli;
 pub mod commands;
@@ -13,6 +15,7 @@ pub mod events;
 pub mod export;
 pub mod hardware;
 pub mod import;
+pub mod input;
 pub mod launch;
 pub mod profile;
 pub mod record;

@@ -30,6 +30,7 @@ use crate::{
     launch::spawn_stopped,
     launch::TargetSpec,
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
+    symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
 };
 
 pub struct RecordOptions {
@@ -48,6 +49,8 @@ pub struct RecordOptions {
     pub cgroups: Vec<u64>,
     pub uid: Option<u32>,
     pub offsets: Option<KernelOffsets>,
+    /// Keep the command's arguments in the profile (see [`TargetSpec::describe`]).
+    pub record_args: bool,
 }
 
 /// The outcome of a recording: the profile, the capture's accounting and cost, and what the
@@ -345,7 +348,7 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         profiler_version: env!("CARGO_PKG_VERSION").to_string(),
         hostname: hostname(),
         kernel_release: kernel_release(),
-        target: options.target.describe(),
+        target: options.target.describe(options.record_args),
         start_unix_ns: unix_ns(start),
         duration_ns: duration.as_nanos() as u64,
     };
@@ -354,8 +357,12 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     profile.hardware.cpu = cpu;
     // What offline reports need from files that may be gone by then: the sampled functions'
     // code and the processes' data mappings and variables.
-    capture_code(&mut profile);
+    capture_code(&mut profile, &processes);
     capture_data_objects(&mut profile, &processes);
+    // The profile file, exports and reports alike.
+    if !kernel_addresses_shown() {
+        hide_kernel_addresses(&mut profile);
+    }
     Ok(Recording {
         profile,
         accounting,

@@ -12,11 +12,14 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
 };
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, GasFormatter, Instruction};
-use object::SymbolKind;
+use object::{ReadRef, SymbolKind};
 
-use crate::profile::{CodeBytes, CodeLine, Frame, Profile};
+use crate::{
+    capture::sideband::ProcessTable,
+    profile::{CodeBytes, CodeLine, Frame, Profile},
+};
 
-use super::module_file::{address_of_file_offset, build_id, read_module, sized_symbols};
+use super::module_file::{address_of_file_offset, build_id, sized_symbols};
 
 /// Offset in its module's file of the first byte of the function holding `frame`.
 pub fn function_file_offset(frame: &Frame) -> Option<u64> {
@@ -38,11 +41,16 @@ pub fn code_of<'a>(profile: &'a Profile, frame: &Frame) -> Option<&'a CodeBytes>
 /// A function to capture: module path and the file offset of its first byte.
 type FunctionStart = (String, u64);
 
+/// Largest function whose code a profile keeps: a symbol's size comes from a file that may be
+/// crafted, and real functions are far smaller.
+const MAX_FUNCTION_BYTES: u64 = 1 << 20;
+
 /// Reads the bytes and the line table of every user function with instruction samples from its
-/// module file, so that the function details view disassembles offline. Kernel functions are
-/// skipped (their text is not in a file this profiler reads), as are functions whose module is
-/// gone or was replaced by a file with another build ID since it was sampled.
-pub fn capture_code(profile: &mut Profile) {
+/// module file, as the side-band opened it while the process lived, so that the function
+/// details view disassembles offline. Kernel functions are skipped (their text is not in a file
+/// this profiler reads), as are functions whose module was not opened, is not ELF, or was
+/// replaced by a file with another build ID since it was sampled.
+pub fn capture_code(profile: &mut Profile, processes: &ProcessTable) {
     let mut wanted: BTreeMap<FunctionStart, Option<String>> = BTreeMap::new();
     let mut pids: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
     for sample in &profile.instructions {
@@ -69,14 +77,20 @@ pub fn capture_code(profile: &mut Profile) {
     let mut captured = Vec::new();
     for (module, functions) in by_module {
         let pids = pids.get(module).cloned().unwrap_or_default();
-        let Some((path, bytes)) = read_module(pids, module) else {
+        let Some((path, image)) = processes.module_image(pids, module) else {
             continue;
         };
-        let Ok(elf) = object::File::parse(bytes.as_slice()) else {
+        let Ok(elf) = object::File::parse(&image) else {
             continue;
         };
         let file_build_id = build_id(&elf);
-        let symbols = sized_symbols(&elf, SymbolKind::Text);
+        let starts: BTreeMap<u64, u64> = functions
+            .iter()
+            .filter_map(|&(start, _)| Some((address_of_file_offset(&elf, start)?, start)))
+            .collect();
+        let symbols = sized_symbols(&elf, SymbolKind::Text, |address, _| {
+            starts.contains_key(&address)
+        });
         for (start, sampled_build_id) in functions {
             // A file rebuilt since the recording started has other code at these offsets.
             if sampled_build_id.is_some()
@@ -91,7 +105,10 @@ pub fn capture_code(profile: &mut Profile) {
             let Some(symbol) = symbols.iter().find(|s| s.address == address) else {
                 continue;
             };
-            let Some(code) = bytes.get(start as usize..(start + symbol.size) as usize) else {
+            if symbol.size > MAX_FUNCTION_BYTES {
+                continue;
+            }
+            let Ok(code) = (&image).read_bytes_at(start, symbol.size) else {
                 continue;
             };
             captured.push(CodeBytes {
@@ -203,6 +220,8 @@ pub fn disassemble(bytes: &[u8], address: u64) -> Vec<DecodedInstruction> {
 
 #[cfg(test)]
 mod tests {
+    use object::{Object, ObjectSymbol};
+
     use super::*;
 
     #[test]
@@ -298,10 +317,15 @@ mod tests {
         let binary = std::env::current_exe().unwrap();
         let bytes = std::fs::read(&binary).unwrap();
         let elf = object::File::parse(bytes.as_slice()).unwrap();
-        let symbol = sized_symbols(&elf, SymbolKind::Text)
-            .into_iter()
-            .find(|s| s.name == "profiler_objdump_probe")
+        let probe = elf
+            .symbol_by_name("profiler_objdump_probe")
             .expect("the probe is in the symbol table");
+        let symbol = sized_symbols(&elf, SymbolKind::Text, |address, _| {
+            address == probe.address()
+        })
+        .into_iter()
+        .find(|s| s.name == "profiler_objdump_probe")
+        .expect("the probe is a sized function");
         let file_offset = (0..bytes.len() as u64)
             .step_by(4096)
             .find_map(|page| {
@@ -326,7 +350,10 @@ mod tests {
             }],
             ..Profile::default()
         };
-        capture_code(&mut profile);
+        // The test binary, opened as the side-band opens a live process's modules.
+        let mut processes = ProcessTable::default();
+        processes.scan_process(std::process::id());
+        capture_code(&mut profile, &processes);
         let code = code_of(&profile, &profile.frames[0]).expect("the probe's code is captured");
         assert_eq!(code.address, symbol.address);
         assert_eq!(code.bytes.len() as u64, symbol.size);

@@ -19,7 +19,7 @@ use super::{
     filter::Selection,
     functions::FunctionName,
     latency::{LatencyAccumulator, LatencySummary, LineHistograms},
-    module_file::{in_segments, load_bias, read_module, sized_symbols},
+    module_file::{in_segments, load_bias, sized_symbols},
     views::{instruction_location, selected_data_lines, CACHE_LINE},
 };
 
@@ -131,7 +131,7 @@ pub fn capture_data_objects(profile: &mut Profile, processes: &ProcessTable) {
             .collect();
         profile
             .data_symbols
-            .extend(variables_on_lines(*pid, &mappings, lines));
+            .extend(variables_on_lines(processes, *pid, &mappings, lines));
         profile.memory_maps.push(ProcessMemoryMap {
             pid: *pid,
             mappings,
@@ -143,6 +143,7 @@ pub fn capture_data_objects(profile: &mut Profile, processes: &ProcessTable) {
 /// an anonymous mapping after its file mappings, so lines are matched against each module's
 /// whole address range, not only its file-backed mappings.
 fn variables_on_lines(
+    processes: &ProcessTable,
     pid: u32,
     mappings: &[MemoryMapping],
     lines: &BTreeSet<u64>,
@@ -154,37 +155,43 @@ fn variables_on_lines(
     }
     let mut found = Vec::new();
     for (path, mapping) in modules {
-        let Some((_, bytes)) = read_module([pid], path) else {
+        let Some((_, image)) = processes.module_image([pid], path) else {
             continue;
         };
-        let Ok(module) = object::File::parse(bytes.as_slice()) else {
+        let Ok(module) = object::File::parse(&image) else {
             continue;
         };
         let Some(bias) = load_bias(&module, mapping.start, mapping.file_offset) else {
             continue;
         };
-        let mut symbols = None;
-        for line in lines {
-            let linked = line.wrapping_sub(bias);
-            if !in_segments(&module, linked) {
-                continue;
-            }
-            let symbols = symbols.get_or_insert_with(|| sized_symbols(&module, SymbolKind::Data));
-            // Symbols are sorted by address; those starting past the line's end cannot overlap.
-            let end = symbols.partition_point(|s| s.address < linked + CACHE_LINE);
-            found.extend(
-                symbols[..end]
-                    .iter()
-                    .filter(|s| s.address + s.size > linked)
-                    .map(|s| DataSymbol {
-                        pid,
-                        address: s.address.wrapping_add(bias),
-                        size: s.size,
-                        name: s.name.clone(),
-                        module: path.to_string(),
-                    }),
-            );
+        // The sampled lines at link-time addresses.
+        let linked: BTreeSet<u64> = lines
+            .iter()
+            .map(|line| line.wrapping_sub(bias))
+            .filter(|&linked| in_segments(&module, linked))
+            .collect();
+        if linked.is_empty() {
+            continue;
         }
+        let overlaps = |address: u64, size: u64| {
+            // A line overlaps [address, address + size) if it starts before the end and ends
+            // after the start.
+            linked
+                .range(..address.saturating_add(size))
+                .next_back()
+                .is_some_and(|&line| line + CACHE_LINE > address)
+        };
+        found.extend(
+            sized_symbols(&module, SymbolKind::Data, overlaps)
+                .into_iter()
+                .map(|s| DataSymbol {
+                    pid,
+                    address: s.address.wrapping_add(bias),
+                    size: s.size,
+                    name: s.name,
+                    module: path.to_string(),
+                }),
+        );
     }
     found.sort_by(|a, b| (a.address, &a.name).cmp(&(b.address, &b.name)));
     found.dedup();

@@ -1,27 +1,15 @@
-//! Reading load modules (ELF files) at record time: where a file offset lies in the module's
-//! address space, its symbols, and the load bias of a mapping.
+//! Reading load modules (ELF files) at record time, through the descriptors the side-band
+//! opened ([`crate::capture::sideband::ProcessTable::module_image`]): where a file offset lies
+//! in the module's address space, its symbols, and the load bias of a mapping.
 
-use std::{fs, path::PathBuf};
+use object::{Object, ObjectSegment, ObjectSymbol, ReadRef, SymbolKind};
 
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
-
-/// The bytes of a module file, read through the root of one of the processes that mapped it
-/// (processes in containers see other files at the same path), else as the host sees the path.
-pub fn read_module(pids: impl IntoIterator<Item = u32>, path: &str) -> Option<(PathBuf, Vec<u8>)> {
-    let candidates = pids
-        .into_iter()
-        .map(|pid| PathBuf::from(format!("/proc/{pid}/root{path}")))
-        .chain([PathBuf::from(path)]);
-    for candidate in candidates {
-        if let Ok(bytes) = fs::read(&candidate) {
-            return Some((candidate, bytes));
-        }
-    }
-    None
-}
+/// Most symbols one module gives a capture: a crafted symbol table can hold millions at the
+/// wanted addresses, each with a 4 KiB name.
+const MAX_MATCHED_SYMBOLS: usize = 10_000;
 
 /// The hex build ID of a parsed module.
-pub fn build_id(module: &object::File) -> Option<String> {
+pub fn build_id<'d, R: ReadRef<'d>>(module: &object::File<'d, R>) -> Option<String> {
     module.build_id().ok().flatten().map(crate::symbolize::hex)
 }
 
@@ -45,13 +33,22 @@ pub struct ModuleSymbol {
     pub size: u64,
 }
 
-/// Symbols of one kind with a size, from the symbol table or, in stripped files, the dynamic
-/// symbol table; sorted by address.
-pub fn sized_symbols(module: &object::File, kind: SymbolKind) -> Vec<ModuleSymbol> {
+/// Symbols of one kind with a size whose extent `wanted` accepts (at most
+/// [`MAX_MATCHED_SYMBOLS`]), from the symbol table or, in stripped files, the dynamic symbol
+/// table; sorted by address. Only those accepted are named, so a module's size never decides
+/// what this keeps.
+pub fn sized_symbols<'d, R: ReadRef<'d>>(
+    module: &object::File<'d, R>,
+    kind: SymbolKind,
+    wanted: impl Fn(u64, u64) -> bool,
+) -> Vec<ModuleSymbol> {
     let mut symbols: Vec<ModuleSymbol> = module
         .symbols()
         .chain(module.dynamic_symbols())
-        .filter(|s| s.kind() == kind && s.size() > 0 && s.is_definition())
+        .filter(|s| {
+            s.kind() == kind && s.size() > 0 && s.is_definition() && wanted(s.address(), s.size())
+        })
+        .take(MAX_MATCHED_SYMBOLS)
         .filter_map(|s| {
             Some(ModuleSymbol {
                 name: demangle(s.name().ok()?),
@@ -66,7 +63,10 @@ pub fn sized_symbols(module: &object::File, kind: SymbolKind) -> Vec<ModuleSymbo
 }
 
 /// Link-time address of a file offset, through the loadable segment holding it.
-pub fn address_of_file_offset(module: &object::File, offset: u64) -> Option<u64> {
+pub fn address_of_file_offset<'d, R: ReadRef<'d>>(
+    module: &object::File<'d, R>,
+    offset: u64,
+) -> Option<u64> {
     module.segments().find_map(|segment| {
         let (start, size) = segment.file_range();
         (start..start + size)
@@ -77,7 +77,11 @@ pub fn address_of_file_offset(module: &object::File, offset: u64) -> Option<u64>
 
 /// How far a mapping of the module at `start` (file offset `file_offset`) moved its link-time
 /// addresses: runtime address = link-time address + bias (wrapping).
-pub fn load_bias(module: &object::File, start: u64, file_offset: u64) -> Option<u64> {
+pub fn load_bias<'d, R: ReadRef<'d>>(
+    module: &object::File<'d, R>,
+    start: u64,
+    file_offset: u64,
+) -> Option<u64> {
     module.segments().find_map(|segment| {
         let (segment_offset, size) = segment.file_range();
         // Mappings start on a page boundary below the segment's first byte.
@@ -95,7 +99,7 @@ pub fn load_bias(module: &object::File, start: u64, file_offset: u64) -> Option<
 }
 
 /// Whether a link-time address lies in one of the module's loadable segments (bss included).
-pub fn in_segments(module: &object::File, address: u64) -> bool {
+pub fn in_segments<'d, R: ReadRef<'d>>(module: &object::File<'d, R>, address: u64) -> bool {
     module
         .segments()
         .any(|s| (s.address()..s.address() + s.size()).contains(&address))

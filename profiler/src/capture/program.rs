@@ -5,9 +5,9 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
+    maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
     programs::PerfEvent,
-    Ebpf, EbpfLoader,
+    Ebpf, EbpfError, EbpfLoader,
 };
 use perf_event::Counter;
 use profiler_common::{
@@ -157,6 +157,91 @@ fn take_generation(ebpf: &mut Ebpf, generation: usize) -> Result<GenerationMaps>
     })
 }
 
+/// Why the kernel refused the capture program or one of its maps, by errno, and what to do:
+/// a missing privilege is no map's fault (the first map tried, in no fixed order, fails), a
+/// refused size is one map's.
+fn load_error(error: EbpfError) -> anyhow::Error {
+    let errno = {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+        std::iter::from_fn(|| {
+            let current = source?;
+            source = current.source();
+            Some(current)
+        })
+        .find_map(|e| e.downcast_ref::<std::io::Error>()?.raw_os_error())
+    };
+    let map = match &error {
+        EbpfError::MapError(MapError::CreateError { name, .. }) => Some(name.as_str()),
+        _ => None,
+    };
+    match (errno, map) {
+        (Some(libc::EPERM | libc::EACCES), _) => {
+            let setting = std::fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled")
+                .map(|value| format!(" (kernel.unprivileged_bpf_disabled = {})", value.trim()))
+                .unwrap_or_default();
+            anyhow!(
+                "the kernel refused to create the capture program's BPF maps: permission \
+                 denied (EPERM){setting}. Loading BPF programs needs root, or CAP_BPF and \
+                 CAP_PERFMON: run it with sudo, or grant them to the binary with \
+                 `sudo setcap cap_bpf,cap_perfmon+ep {}`",
+                std::env::current_exe()
+                    .map(|path| path.display().to_string())
+                    .unwrap_or_else(|_| "profiler".into())
+            )
+        }
+        (Some(libc::E2BIG), Some(map)) => anyhow!(
+            "BPF map `{map}` is larger than the kernel allows (E2BIG): lower {}",
+            size_option(map)
+        ),
+        (Some(libc::ENOMEM), Some(map)) => anyhow!(
+            "the kernel could not allocate BPF map `{map}` (ENOMEM): lower {}, or raise the \
+             locked-memory limit (`ulimit -l`, which kernels before 5.11 charge maps to) or \
+             the memory limit of this process's cgroup",
+            size_option(map)
+        ),
+        (Some(code @ (libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)), Some(map)) => anyhow!(
+            "the kernel does not support BPF map `{map}` as the capture program defines it \
+             ({}): it needs Linux 5.8 or later (BPF ring buffers), built with CONFIG_BPF_SYSCALL",
+            errno_name(code)
+        ),
+        _ => anyhow!(
+            "loading the eBPF capture program failed: {}\nThe profiler needs root (or CAP_BPF + \
+             CAP_PERFMON) and a kernel with BPF perf_event programs.",
+            error_chain(&error)
+        ),
+    }
+}
+
+/// An error and its causes, as one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// The option that sizes a map of the capture program.
+fn size_option(map: &str) -> &'static str {
+    match map.trim_end_matches(|c: char| c == '_' || c.is_ascii_digit()) {
+        "STACKS" => "--stack-map-entries",
+        "LATENCIES" | "LINE_LATENCIES" => "--latency-map-entries",
+        "RAW_SAMPLES" | "IBS_SAMPLES" => "--ring-buffer-kib",
+        _ => "--map-entries",
+    }
+}
+
+fn errno_name(code: i32) -> &'static str {
+    match code {
+        libc::EINVAL => "EINVAL",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ENOSYS => "ENOSYS",
+        _ => "an error",
+    }
+}
+
 impl CaptureProgram {
     /// Loads the program with its options; the verifier runs here.
     pub fn load(
@@ -184,12 +269,7 @@ impl CaptureProgram {
         loader
             .map_max_entries("RAW_SAMPLES", sizes.ring_buffer_bytes)
             .map_max_entries("IBS_SAMPLES", sizes.ibs_ring_bytes);
-        let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(|e| {
-            anyhow!(
-                "loading the eBPF capture program failed: {e}\nThe profiler needs root (or \
-                 CAP_BPF + CAP_PERFMON) and a kernel with BPF perf_event programs."
-            )
-        })?;
+        let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(load_error)?;
         let program: &mut PerfEvent = ebpf
             .program_mut(PROGRAM_NAME)
             .ok_or_else(|| anyhow!("the capture program has no {PROGRAM_NAME}"))?

@@ -13,16 +13,21 @@ use aya::maps::{MapData, RingBuf};
 use profiler_common::capture::RawSample;
 
 use super::ring::KernelRing;
+use crate::symbolize::kernel_addresses::{kernel_addresses_shown, shown_address};
 
 pub struct RawStream {
     ring: KernelRing,
     out: BufWriter<File>,
     written: u64,
+    /// Whether kernel addresses may be written (see [`kernel_addresses_shown`]).
+    kernel_addresses: bool,
 }
 
 /// One sample as a JSON line. Stack ids are left out: they index maps the drain clears; the
-/// stacks themselves are in the profile.
-pub fn json_line(sample: &RawSample) -> String {
+/// stacks themselves are in the profile. Unless `kernel_addresses`, kernel instruction and data
+/// addresses are written as 0, and physical addresses too (the kernel hides page frames from
+/// the same users).
+pub fn json_line(sample: &RawSample, kernel_addresses: bool) -> String {
     format!(
         "{{\"time_ns\":{},\"cpu\":{},\"pid\":{},\"tid\":{},\"event\":{},\"ip\":\"{:#x}\",\
          \"addr\":\"{:#x}\",\"phys_addr\":\"{:#x}\",\"latency\":{},\"data_src\":\"{:#x}\",\
@@ -32,9 +37,13 @@ pub fn json_line(sample: &RawSample) -> String {
         sample.pid,
         sample.tid,
         sample.event,
-        sample.ip,
-        sample.addr,
-        sample.phys_addr,
+        shown_address(sample.ip, kernel_addresses),
+        shown_address(sample.addr, kernel_addresses),
+        if kernel_addresses {
+            sample.phys_addr
+        } else {
+            0
+        },
         sample.latency,
         sample.data_src,
         sample.cgroup,
@@ -50,6 +59,7 @@ impl RawStream {
             ring: KernelRing::new(ring)?,
             out: BufWriter::new(file),
             written: 0,
+            kernel_addresses: kernel_addresses_shown(),
         })
     }
 
@@ -60,9 +70,9 @@ impl RawStream {
 
     /// Writes every sample in the ring buffer.
     pub fn write_ready(&mut self) -> Result<()> {
-        let (out, written) = (&mut self.out, &mut self.written);
+        let (out, written, shown) = (&mut self.out, &mut self.written, self.kernel_addresses);
         self.ring.for_each(usize::MAX, |sample: RawSample| {
-            writeln!(out, "{}", json_line(&sample))?;
+            writeln!(out, "{}", json_line(&sample, shown))?;
             *written += 1;
             Ok(())
         })?;

@@ -7,7 +7,7 @@ use std::{
     collections::HashMap,
     fs,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
-    path::PathBuf,
+    path::{Path, PathBuf},
 };
 
 use anyhow::{Context, Result};
@@ -15,6 +15,7 @@ use perf_event::{data::Record as PerfRecord, events::Software, Builder, SampleFl
 
 use super::counters::{online_cpus, threads_of, Target};
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
+use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};
 
 /// `misc` bit of a COMM record sent by exec: the address space was replaced.
 const MISC_COMM_EXEC: u16 = 1 << 13;
@@ -39,6 +40,35 @@ pub struct Mapping {
 /// A file by device and inode: the same library mapped by many processes is opened once.
 pub type FileIdentity = (u64, u64);
 
+/// A mapped file as PERF_RECORD_MMAP2 names it when it sends no build ID: device numbers and
+/// inode, to recognise the file when it is opened by path later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileInode {
+    pub major: u32,
+    pub minor: u32,
+    pub inode: u64,
+}
+
+impl FileInode {
+    fn of(metadata: &fs::Metadata) -> FileInode {
+        FileInode {
+            major: libc::major(metadata.dev()),
+            minor: libc::minor(metadata.dev()),
+            inode: metadata.ino(),
+        }
+    }
+}
+
+/// The GNU build ID of an ELF file, read in bounded ranges.
+fn build_id_of(file: &fs::File) -> Option<Vec<u8>> {
+    let (_, image) = ModuleImage::of(file)?;
+    let elf = object::File::parse(&image).ok()?;
+    object::Object::build_id(&elf)
+        .ok()
+        .flatten()
+        .map(<[u8]>::to_vec)
+}
+
 /// Most mapped files kept open: enough for a system's distinct binaries and libraries, well
 /// under the usual descriptor limit.
 const MAX_OPEN_FILES: usize = 4096;
@@ -52,9 +82,52 @@ pub struct MappedFiles {
 }
 
 impl MappedFiles {
-    /// Opens `path` as `pid` sees it; returns the file's identity.
-    fn open(&mut self, pid: u32, path: &str) -> Option<FileIdentity> {
-        let file = fs::File::open(format!("/proc/{pid}/root{path}")).ok()?;
+    /// Opens the file of `mapping` as `pid` mapped it; returns the file's identity. The
+    /// kernel's link to the mapped file comes first (it cannot be swapped). Once that is gone
+    /// (the mapping or the process already is), the path as the process saw it, else as the
+    /// host sees it: its owner may since have put anything there, so only a regular file is
+    /// opened, without blocking, and kept only if it is the file the kernel reported mapped.
+    fn open(
+        &mut self,
+        pid: u32,
+        mapping: &Mapping,
+        inode: Option<FileInode>,
+    ) -> Option<FileIdentity> {
+        let mapped = format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            mapping.start, mapping.end
+        );
+        if let Ok(file) = open_regular(Path::new(&mapped), FinalLink::Follow) {
+            return self.keep(file);
+        }
+        let in_its_root = format!("/proc/{pid}/root{}", mapping.path);
+        let build_id = mapping.build_id.as_deref();
+        self.open_path(&in_its_root, build_id, inode)
+            .or_else(|| self.open_path(&mapping.path, build_id, inode))
+    }
+
+    /// Opens a module by its path, for a recording imported from perf.data or a mapping whose
+    /// process is gone: a regular file, opened without blocking, no link in its last
+    /// component, and, when the recording identified the file (build ID or inode), that file.
+    pub fn open_path(
+        &mut self,
+        path: &str,
+        build_id: Option<&[u8]>,
+        inode: Option<FileInode>,
+    ) -> Option<FileIdentity> {
+        let file = open_regular(Path::new(path), FinalLink::Refuse).ok()?;
+        let is_mapped_file = match (inode, build_id) {
+            (Some(inode), _) => {
+                let metadata = file.metadata().ok()?;
+                FileInode::of(&metadata) == inode
+            }
+            (None, Some(expected)) => build_id_of(&file).as_deref() == Some(expected),
+            (None, None) => true,
+        };
+        is_mapped_file.then(|| self.keep(file))?
+    }
+
+    fn keep(&mut self, file: fs::File) -> Option<FileIdentity> {
         let metadata = file.metadata().ok()?;
         let identity = (metadata.dev(), metadata.ino());
         if !self.by_identity.contains_key(&identity) && self.by_identity.len() < MAX_OPEN_FILES {
@@ -65,8 +138,12 @@ impl MappedFiles {
 
     /// A path that reaches the opened file from this process, while the table lives.
     pub fn path(&self, identity: FileIdentity) -> Option<PathBuf> {
-        let file = self.by_identity.get(&identity)?;
-        Some(PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())))
+        self.by_identity.get(&identity).map(descriptor_path)
+    }
+
+    /// The opened file, to be read in bounded ranges, with the path of [`MappedFiles::path`].
+    pub fn image(&self, identity: FileIdentity) -> Option<(PathBuf, ModuleImage)> {
+        ModuleImage::of(self.by_identity.get(&identity)?)
     }
 }
 
@@ -133,7 +210,8 @@ impl ProcessTable {
         };
         let mut mappings: Vec<Mapping> = maps.lines().filter_map(parse_maps_line).collect();
         for mapping in &mut mappings {
-            self.open_mapped_file(pid, mapping);
+            // The process lives: its map_files links reach the files.
+            self.open_mapped_file(pid, mapping, None);
         }
         let comm = read_comm(&format!("/proc/{pid}/comm")).unwrap_or_default();
         for tid in threads_of(pid).unwrap_or_default() {
@@ -151,20 +229,18 @@ impl ProcessTable {
         );
     }
 
-    /// Opens an executable mapping's file while its process lives, and reads its build ID from
-    /// it when the kernel did not send one.
-    fn open_mapped_file(&mut self, pid: u32, mapping: &mut Mapping) {
+    /// Opens an executable mapping's file as the side-band reports it (see [`MappedFiles::open`]),
+    /// and reads its build ID from it when the kernel did not send one.
+    fn open_mapped_file(&mut self, pid: u32, mapping: &mut Mapping, inode: Option<FileInode>) {
         if !(mapping.executable && mapping.is_file()) {
             return;
         }
-        mapping.file = self.files.open(pid, &mapping.path);
+        mapping.file = self.files.open(pid, mapping, inode);
         if mapping.build_id.is_none() {
-            if let Some(path) = mapping.file.and_then(|identity| self.files.path(identity)) {
-                mapping.build_id = blazesym::helper::read_elf_build_id(&path)
-                    .ok()
-                    .flatten()
-                    .map(|id| id.to_vec());
-            }
+            mapping.build_id = mapping
+                .file
+                .and_then(|identity| self.files.by_identity.get(&identity))
+                .and_then(build_id_of);
         }
     }
 
@@ -196,7 +272,16 @@ impl ProcessTable {
                     file: None,
                 };
                 // Live only: a pid in a perf.data import may belong to another process now.
-                self.open_mapped_file(mmap.pid, &mut mapping);
+                let inode =
+                    mmap.ino()
+                        .zip(mmap.maj())
+                        .zip(mmap.min())
+                        .map(|((inode, major), minor)| FileInode {
+                            major,
+                            minor,
+                            inode,
+                        });
+                self.open_mapped_file(mmap.pid, &mut mapping, inode);
                 Change::Map(mmap.pid, mapping)
             }
             PerfRecord::Comm(comm) => Change::NameThread {
@@ -280,6 +365,30 @@ impl ProcessTable {
     /// mappings made later over part of a file's range (bss, heap) do not hide its code.
     pub fn code_mapping_for(&self, pid: u32, address: u64) -> Option<&Mapping> {
         self.newest_mapping(pid, address, |mapping| mapping.executable)
+    }
+
+    /// The module file at `path` as one of `pids` mapped it, else as any process that mapped
+    /// that path did: only through a descriptor opened while the process lived, never by path
+    /// afterwards, when another user may have put anything there.
+    pub fn module_image(
+        &self,
+        pids: impl IntoIterator<Item = u32>,
+        path: &str,
+    ) -> Option<(PathBuf, ModuleImage)> {
+        let opened = |process: &ProcessInfo| {
+            process
+                .mappings
+                .iter()
+                .rev()
+                .filter(|mapping| mapping.path == path)
+                .find_map(|mapping| mapping.file)
+        };
+        let identity = pids
+            .into_iter()
+            .filter_map(|pid| self.processes.get(&pid))
+            .find_map(opened)
+            .or_else(|| self.processes.values().find_map(opened))?;
+        self.files.image(identity)
     }
 
     fn newest_mapping(
@@ -467,6 +576,33 @@ impl Sideband {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A module opened by path after its process exited is kept only if it is the file the
+    /// kernel reported mapped: another file put at the path since is refused.
+    #[test]
+    fn files_opened_by_path_must_be_the_mapped_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("program");
+        fs::write(&path, b"first").unwrap();
+        let mapped = FileInode::of(&fs::metadata(&path).unwrap());
+        let path = path.to_str().unwrap();
+        let mut files = MappedFiles::default();
+        assert!(files.open_path(path, None, Some(mapped)).is_some());
+        // Replaced: same path, another inode.
+        fs::remove_file(path).unwrap();
+        fs::write(path, b"second").unwrap();
+        assert_eq!(files.open_path(path, None, Some(mapped)), None);
+        // Identified by build ID: not an ELF file, so not the one mapped.
+        assert_eq!(files.open_path(path, Some(&[0xc0, 0xde]), None), None);
+        // The running test binary has the build ID it has.
+        let exe = std::env::current_exe().unwrap();
+        let build_id = build_id_of(&fs::File::open(&exe).unwrap());
+        if let Some(id) = build_id {
+            let exe = exe.to_str().unwrap();
+            assert!(files.open_path(exe, Some(&id), None).is_some());
+            assert_eq!(files.open_path(exe, Some(&[0; 20]), None), None);
+        }
+    }
 
     #[test]
     fn parses_proc_maps_lines() {

@@ -10,11 +10,13 @@
 //! candidate and the reported instruction): then the attribution stays where it was.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
+use object::ReadRef;
 
+use crate::input::{open_regular, FinalLink, ModuleImage};
 use crate::profile::{
     BacktrackedAttribution, DataAccess, DataLineSample, EventIndex, EventInfo, Frame, FrameId,
     InstructionSample, LatencyHistogram, Profile, Stats,
@@ -229,10 +231,12 @@ fn add_per_cpu(into: &mut Vec<u64>, from: &[u64]) {
     }
 }
 
-/// Reads module files once each and finds where sampled frames move.
+/// Opens module files once each and finds where sampled frames move.
 #[derive(Default)]
 struct Mover {
-    files: HashMap<String, Option<Vec<u8>>>,
+    /// By module path: the file open (regular files only, never blocking), the path of its
+    /// descriptor, and its image.
+    files: HashMap<String, Option<(File, PathBuf, ModuleImage)>>,
 }
 
 impl Mover {
@@ -254,10 +258,10 @@ impl Mover {
         }
         let mut by_module: BTreeMap<PathBuf, Vec<usize>> = BTreeMap::new();
         for (index, (_, frame)) in targets.iter().enumerate() {
-            by_module
-                .entry(PathBuf::from(&frame.module))
-                .or_default()
-                .push(index);
+            // Targets exist only for modules that opened.
+            if let Some(Some((_, path, _))) = self.files.get(&frame.module) {
+                by_module.entry(path.clone()).or_default().push(index);
+            }
         }
         let symbolizer = new_symbolizer();
         for (path, indices) in by_module {
@@ -287,13 +291,19 @@ impl Mover {
         let function_start = frame.function_address?;
         let into_function = frame.address.checked_sub(function_start)?;
         let start_offset = frame.module_offset.checked_sub(into_function)?;
-        let file = self
+        let (_, _, image) = self
             .files
             .entry(frame.module.clone())
-            .or_insert_with(|| fs::read(Path::new(&frame.module)).ok())
-            .as_deref()?;
-        let end = (frame.module_offset + LOOKAHEAD_BYTES).min(file.len() as u64);
-        let code = file.get(start_offset as usize..end as usize)?;
+            .or_insert_with(|| {
+                let file = open_regular(Path::new(&frame.module), FinalLink::Refuse).ok()?;
+                let (path, image) = ModuleImage::of(&file)?;
+                Some((file, path, image))
+            })
+            .as_ref()?;
+        let end = (frame.module_offset + LOOKAHEAD_BYTES).min(image.len().ok()?);
+        let code = image
+            .read_bytes_at(start_offset, end.checked_sub(start_offset)?)
+            .ok()?;
         let access = backtrack(code, function_start, frame.address)?;
         Some(Frame {
             address: access,
@@ -408,7 +418,7 @@ mod tests {
         let module = dir.path().join("module.bin");
         let mut bytes = vec![0u8; 0x100];
         bytes.extend(code(&[&LOAD, &ADD, &INC]));
-        fs::write(&module, &bytes).unwrap();
+        std::fs::write(&module, &bytes).unwrap();
         let sampled = Frame {
             address: BASE + 7,
             module: module.to_str().unwrap().to_string(),

@@ -22,7 +22,7 @@ use super::perf_data::{
     Comm, Features, Mmap, PerfAttr, PerfData, PerfSample, Sampling, TaskEvent,
     PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_IP,
 };
-use crate::capture::sideband::{Mapping, ProcessTable};
+use crate::capture::sideband::{FileIdentity, FileInode, Mapping, ProcessTable};
 use crate::events::catalog::{self, unit};
 use crate::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
 use crate::profile::from_capture::lookup_addresses;
@@ -256,11 +256,14 @@ struct Counts {
     per_cpu: Vec<u64>,
 }
 
+/// CPU numbers above the kernel's largest `NR_CPUS` come from a damaged or crafted file: such
+/// samples count in totals, not in a per-CPU row (which would be sized by the number).
+const MAX_CPUS: usize = 8192;
+
 impl Counts {
     fn add(&mut self, cpu: Option<u32>) {
         self.total += 1;
-        if let Some(cpu) = cpu {
-            let cpu = cpu as usize;
+        if let Some(cpu) = cpu.map(|cpu| cpu as usize).filter(|&cpu| cpu < MAX_CPUS) {
             if self.per_cpu.len() <= cpu {
                 self.per_cpu.resize(cpu + 1, 0);
             }
@@ -498,6 +501,8 @@ fn process_table(data: &PerfData) -> ProcessTable {
         .map(|id| (id.filename.as_str(), id.build_id.as_slice()))
         .collect();
     let mut table = ProcessTable::default();
+    // Module files on this host, opened once each: nothing of an import is read by path later.
+    let mut opened: HashMap<&str, Option<FileIdentity>> = HashMap::new();
     for (_, _, change) in changes {
         match change {
             Change::Fork(fork) => table.fork(fork.pid, fork.ppid),
@@ -506,21 +511,39 @@ fn process_table(data: &PerfData) -> ProcessTable {
             }
             // The kernel's own mappings (pid -1): kernel addresses are symbolized from kallsyms.
             Change::Mmap(mmap) if mmap.pid == u32::MAX => {}
-            Change::Mmap(mmap) => table.map(
-                mmap.pid,
-                Mapping {
-                    start: mmap.start,
-                    end: mmap.start.saturating_add(mmap.len),
-                    file_offset: mmap.pgoff,
-                    path: mmap.filename.clone(),
-                    executable: mmap.prot.map_or(!mmap.data, |prot| prot & PROT_EXEC != 0),
-                    build_id: mmap
-                        .build_id
-                        .clone()
-                        .or_else(|| build_ids.get(mmap.filename.as_str()).map(|id| id.to_vec())),
-                    file: None,
-                },
-            ),
+            Change::Mmap(mmap) => {
+                let executable = mmap.prot.map_or(!mmap.data, |prot| prot & PROT_EXEC != 0);
+                let build_id = mmap
+                    .build_id
+                    .clone()
+                    .or_else(|| build_ids.get(mmap.filename.as_str()).map(|id| id.to_vec()));
+                let inode = mmap.file_id.as_ref().map(|id| FileInode {
+                    major: id.maj,
+                    minor: id.min,
+                    inode: id.ino,
+                });
+                let file = if executable && mmap.filename.starts_with('/') {
+                    *opened.entry(mmap.filename.as_str()).or_insert_with(|| {
+                        table
+                            .files
+                            .open_path(&mmap.filename, build_id.as_deref(), inode)
+                    })
+                } else {
+                    None
+                };
+                table.map(
+                    mmap.pid,
+                    Mapping {
+                        start: mmap.start,
+                        end: mmap.start.saturating_add(mmap.len),
+                        file_offset: mmap.pgoff,
+                        path: mmap.filename.clone(),
+                        executable,
+                        build_id,
+                        file,
+                    },
+                )
+            }
             Change::Exit(exit) if exit.pid == exit.tid => table.exit(exit.pid),
             Change::Exit(_) => {}
         }

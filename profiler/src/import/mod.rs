@@ -4,7 +4,6 @@
 pub mod convert;
 pub mod perf_data;
 
-use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 
@@ -19,7 +18,8 @@ const PERF_DATA_MAGICS: [&[u8; 8]; 3] = [b"PERFILE2", b"2ELIFREP", b"PERFFILE"];
 /// Whether the file at `path` starts like a perf.data file.
 pub fn is_perf_data(path: &Path) -> io::Result<bool> {
     let mut magic = [0u8; 8];
-    let mut file = File::open(path)?;
+    // Never blocks on a FIFO: reading it would wait for a writer.
+    let mut file = crate::input::open_regular(path, crate::input::FinalLink::Follow)?;
     match file.read_exact(&mut magic) {
         Ok(()) => Ok(PERF_DATA_MAGICS.contains(&&magic)),
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),

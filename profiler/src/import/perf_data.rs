@@ -70,7 +70,7 @@ pub struct PerfData {
 /// Reads and parses a perf.data file.
 pub fn read_perf_data(path: impl AsRef<Path>) -> Result<PerfData, PerfDataError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| PerfDataError::Io {
+    let bytes = crate::input::read_input(path).map_err(|source| PerfDataError::Io {
         path: path.to_path_buf(),
         source,
     })?;

@@ -31,7 +31,7 @@
 //! target, so a crash leaves either the old file or the new one, never half a file.
 
 use std::fmt;
-use std::fs::{self, File, Permissions};
+use std::fs::{File, Permissions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -53,6 +53,12 @@ const HEADER_LEN: usize = 32;
 const CHECKED_FROM: usize = 16;
 /// zstd's default level: fast enough for large profiles at record time.
 const ZSTD_LEVEL: i32 = 3;
+/// How many times larger than its compressed payload a serialized profile may be. Profiles
+/// compress about 3 to 1; zstd can compress a run of one pattern 30000 to 1, so a small file
+/// could otherwise announce gigabytes. This bounds the memory reading a file takes by its size.
+const MAX_EXPANSION: u64 = 64;
+/// Serialized size always allowed, however small the payload.
+const MIN_DECODED_LIMIT: u64 = 1 << 20;
 
 /// An error reading or writing a profile file, naming the file when there is one.
 #[derive(Debug)]
@@ -96,6 +102,11 @@ pub enum ProfileFileErrorKind {
     DecodedLength {
         expected: u64,
         actual: u64,
+    },
+    /// The header announces more serialized bytes than [`MAX_EXPANSION`] allows.
+    Expansion {
+        payload: u64,
+        decoded: u64,
     },
     Decode(postcard::Error),
     /// The profile decoded but refers to frames or events it does not hold.
@@ -186,6 +197,11 @@ impl fmt::Display for ProfileFileErrorKind {
                 f,
                 "corrupt: the payload decompresses to {actual} bytes, its header says {expected}"
             ),
+            Expansion { payload, decoded } => write!(
+                f,
+                "corrupt: its header says the {payload}-byte payload decompresses to {decoded} \
+                 bytes, more than {MAX_EXPANSION} times its size (profiles compress about 3 to 1)"
+            ),
             Decode(e) => write!(f, "corrupt: the payload does not decode as a profile: {e}"),
             Inconsistent(what) => write!(f, "corrupt: {what}"),
             Encode(e) => write!(f, "cannot serialize the profile: {e}"),
@@ -252,7 +268,8 @@ pub fn write_profile(path: impl AsRef<Path>, profile: &Profile) -> Result<(), Pr
 /// Reads the profile file at `path`.
 pub fn read_profile(path: impl AsRef<Path>) -> Result<Profile, ProfileFileError> {
     let path = path.as_ref();
-    let bytes = fs::read(path).map_err(|e| ProfileFileError::io(path, "cannot read", e))?;
+    let bytes =
+        crate::input::read_input(path).map_err(|e| ProfileFileError::io(path, "cannot read", e))?;
     decode_profile(&bytes).map_err(|e| e.in_file(path))
 }
 
@@ -335,9 +352,20 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
         });
     }
 
-    // Read at most one byte more than announced, so a lying header cannot make us inflate
-    // without bound, and reserve no more than the payload could plausibly need up front.
-    let mut decoded = Vec::with_capacity(decoded_len.min(actual.saturating_mul(32)) as usize);
+    // Refused before anything is decompressed: a lying header cannot make us inflate without
+    // bound. Read at most one byte more than announced, to see a payload that is longer.
+    if decoded_len
+        > payload_len
+            .saturating_mul(MAX_EXPANSION)
+            .max(MIN_DECODED_LIMIT)
+    {
+        return fail(Expansion {
+            payload: payload_len,
+            decoded: decoded_len,
+        });
+    }
+    // Room for the one byte too many too, so that seeing it does not double the buffer.
+    let mut decoded = Vec::with_capacity(decoded_len as usize + 1);
     zstd::stream::read::Decoder::with_buffer(payload)
         .and_then(|decoder| {
             decoder
@@ -414,6 +442,7 @@ fn check_references(profile: &Profile) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::fs;
 
     use proptest::prelude::*;
 
@@ -914,5 +943,143 @@ mod written_formats {
         let written = encode_profile(&profile_2()).unwrap();
         assert_eq!(written[8..12], 2u32.to_le_bytes());
         assert_eq!(decode_profile(&written).unwrap(), profile_2());
+    }
+}
+
+/// Structure-aware fuzzing of the reader: the size and count fields of the header and of the
+/// serialized profile (postcard's varint lengths) set far beyond what the file holds, framed
+/// with a valid checksum so they reach the decoder. Every input fails or decodes to a
+/// consistent profile, never panics, and never holds more than [`MEMORY_BOUND`].
+#[cfg(test)]
+mod bounded_decoding {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::alloc_meter::peak_bytes;
+
+    /// What a decode of these few-kilobyte inputs may hold at once: the serialized profile
+    /// (at most [`MIN_DECODED_LIMIT`] here) and what it decodes to.
+    const MEMORY_BOUND: usize = 32 << 20;
+
+    /// Lengths and counts no file of this size holds.
+    const HUGE: [u64; 6] = [
+        0x7f_ffff,
+        1 << 31,
+        u32::MAX as u64,
+        1 << 40,
+        i64::MAX as u64,
+        u64::MAX,
+    ];
+
+    fn varint(mut value: u64) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        while value >= 0x80 {
+            bytes.push(value as u8 | 0x80);
+            value >>= 7;
+        }
+        bytes.push(value as u8);
+        bytes
+    }
+
+    fn serialized(profile: &Profile) -> Vec<u8> {
+        let body = postcard::to_allocvec(profile).unwrap();
+        postcard::to_extend(&(&profile.line_latency,), body).unwrap()
+    }
+
+    /// Decodes `file` under the meter: an error, or a profile that is safe to index.
+    fn decode_within_bound(file: &[u8]) -> Result<(), ProfileFileError> {
+        let (decoded, peak) = peak_bytes(|| decode_profile(file));
+        assert!(peak < MEMORY_BOUND, "decoding held {peak} bytes");
+        let profile = decoded?;
+        assert_eq!(check_references(&profile), Ok(()));
+        Ok(())
+    }
+
+    /// Every byte of the serialized profile in turn replaced by each huge varint: every
+    /// length and count prefix the format has is hit.
+    #[test]
+    fn huge_lengths_and_counts_anywhere_fail_within_the_memory_bound() {
+        for profile in [
+            super::written_formats::profile_2(),
+            crate::export::test_profile::profile(),
+        ] {
+            let serialized = serialized(&profile);
+            for at in 0..serialized.len() {
+                for huge in HUGE {
+                    let mut mutated = serialized[..at].to_vec();
+                    mutated.extend(varint(huge));
+                    mutated.extend_from_slice(&serialized[at + 1..]);
+                    let _ = decode_within_bound(&frame_payload(&mutated).unwrap());
+                }
+            }
+        }
+    }
+
+    /// A valid checksum over a header that declares more decoded bytes than the payload.
+    #[test]
+    fn huge_decoded_lengths_in_the_header_fail_within_the_memory_bound() {
+        let file = encode_profile(&super::written_formats::profile_2()).unwrap();
+        for huge in HUGE {
+            let mut lying = file.clone();
+            lying[24..32].copy_from_slice(&huge.to_le_bytes());
+            let crc = crc32fast::hash(&lying[CHECKED_FROM..]);
+            lying[12..16].copy_from_slice(&crc.to_le_bytes());
+            assert!(decode_within_bound(&lying).is_err());
+        }
+    }
+
+    /// Zeros compress about 30000 to 1: 64 MiB of them, announced as such with a valid
+    /// checksum, are refused before anything is decompressed (tests/security.rs reproduces the
+    /// reported 4 GiB file with hand-made RLE blocks).
+    #[test]
+    fn a_payload_announcing_far_more_than_it_holds_fails_at_once() {
+        let mut file = frame_payload(&vec![0; 64 << 20]).unwrap();
+        let payload = (file.len() - HEADER_LEN) as u64;
+        let err = decode_within_bound(&file).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "corrupt: its header says the {payload}-byte payload decompresses to 67108864 \
+                 bytes, more than 64 times its size (profiles compress about 3 to 1)"
+            )
+        );
+        // Announcing what the limit allows, decompression stops there.
+        let allowed = (payload * MAX_EXPANSION).max(MIN_DECODED_LIMIT);
+        file[24..32].copy_from_slice(&allowed.to_le_bytes());
+        let crc = crc32fast::hash(&file[CHECKED_FROM..]);
+        file[12..16].copy_from_slice(&crc.to_le_bytes());
+        let (err, peak) = peak_bytes(|| decode_profile(&file).unwrap_err());
+        assert!(matches!(
+            err.kind(),
+            ProfileFileErrorKind::DecodedLength { .. }
+        ));
+        assert!(peak <= allowed as usize + 1 + (1 << 20), "{peak}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        /// Random edits, huge varints inserted at random places and random cuts, combined.
+        #[test]
+        fn mutated_sizes_and_counts_fail_within_the_memory_bound(
+            edits in proptest::collection::vec(
+                (any::<prop::sample::Index>(), any::<u8>(), 0..HUGE.len() + 1),
+                1..6,
+            ),
+            keep in any::<prop::sample::Index>(),
+        ) {
+            let mut serialized = serialized(&super::written_formats::profile_2());
+            for (at, byte, huge) in edits {
+                let at = at.index(serialized.len());
+                match HUGE.get(huge) {
+                    Some(&huge) => {
+                        serialized.splice(at..at + 1, varint(huge));
+                    }
+                    None => serialized[at] = byte,
+                }
+            }
+            serialized.truncate(keep.index(serialized.len() + 1).max(1));
+            let _ = decode_within_bound(&frame_payload(&serialized).unwrap());
+        }
     }
 }

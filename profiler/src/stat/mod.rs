@@ -291,7 +291,8 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
     let log = counters.into_log();
     let (events, breakdown) = assemble(&specs, &unsupported, &readings, &log, split);
     let report = StatReport {
-        target: target.describe(),
+        // Counts go to the user who ran the command, as `perf stat` prints it.
+        target: target.describe(true),
         elapsed,
         events,
         breakdown,

@@ -2,6 +2,7 @@
 //! blazesym. User addresses are first normalized to (file, file offset) through the process
 //! table recorded while the processes lived, so processes that exited are symbolized too.
 
+pub mod kernel_addresses;
 mod perf_map;
 
 use std::{
@@ -105,11 +106,15 @@ impl<'a> FrameTable<'a> {
                         build_id: mapping.build_id.as_deref().map(hex),
                         ..Frame::default()
                     };
-                    let path = mapping
+                    // Only through the descriptor opened while the process lived: by now its
+                    // owner may have put a FIFO, a device or a link at the path.
+                    match mapping
                         .file
                         .and_then(|identity| self.processes.files.path(identity))
-                        .unwrap_or_else(|| elf_path(address.pid, &mapping.path));
-                    by_file.entry(path).or_default().push((address, frame));
+                    {
+                        Some(path) => by_file.entry(path).or_default().push((address, frame)),
+                        None => unresolved.push((address, frame)),
+                    }
                 }
                 Some(mapping) => unresolved.push((
                     address,
@@ -227,18 +232,6 @@ pub fn progress_bar(length: u64, what: &'static str) -> indicatif::ProgressBar {
         bar.set_style(style);
     }
     bar
-}
-
-/// Where to open a mapped file that was not opened while its process lived: through the
-/// process's root if it still lives (containers have other mount namespaces), else the path as
-/// the host sees it.
-fn elf_path(pid: u32, path: &str) -> PathBuf {
-    let in_its_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-    if in_its_root.exists() {
-        in_its_root
-    } else {
-        Path::new(path).to_path_buf()
-    }
 }
 
 fn fill(frame: &mut Frame, sym: &Sym<'_>, address: u64) {

@@ -1,7 +1,14 @@
 //! JIT perf maps (`/tmp/perf-PID.map`, written by JIT runtimes: "START SIZE name" in hex), read
-//! from the process's own root so containers work; the files outlive their processes.
+//! from the process's own root so containers work; the files outlive their processes. Anyone
+//! can create such a file in /tmp: only a regular file is read (never through a link, never
+//! blocking on a FIFO), and at most [`MAX_PERF_MAP_BYTES`] of it.
 
-use std::{collections::HashMap, fs};
+use std::{collections::HashMap, path::Path};
+
+use crate::input::{open_regular, read_text_bounded, FinalLink};
+
+/// Most of a perf map read: far above what JIT runtimes write (a line per compiled function).
+const MAX_PERF_MAP_BYTES: u64 = 256 << 20;
 
 #[derive(Default)]
 pub struct PerfMaps {
@@ -31,7 +38,10 @@ impl PerfMaps {
                 format!("/tmp/perf-{pid}.map"),
             ]
             .iter()
-            .find_map(|path| fs::read_to_string(path).ok())
+            .find_map(|path| {
+                let file = open_regular(Path::new(path), FinalLink::Refuse).ok()?;
+                read_text_bounded(file, MAX_PERF_MAP_BYTES).ok()
+            })
             .map(|text| parse_perf_map(&text))
             .unwrap_or_default()
         });
@@ -59,5 +69,27 @@ mod tests {
         assert_eq!(maps.lookup(1, 0x2008), Some(("jitted_b".into(), 0x2000)));
         assert_eq!(maps.lookup(1, 0x1100), None);
         assert_eq!(maps.lookup(1, 0x10), None);
+    }
+
+    /// Anyone can create /tmp/perf-PID.map: a FIFO there (no writer) must not block the
+    /// symbolizer, nor a link to /dev/zero feed it without end.
+    #[test]
+    fn planted_fifo_and_device_link_are_not_read() {
+        // Pids no process has (above the kernel's pid_max limit).
+        for (pid, plant) in [(4_000_000_001u32, "fifo"), (4_000_000_002, "link")] {
+            let path = format!("/tmp/perf-{pid}.map");
+            let _ = std::fs::remove_file(&path);
+            if plant == "fifo" {
+                let name = std::ffi::CString::new(path.clone()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+            } else {
+                std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+            }
+            let mut maps = PerfMaps::default();
+            let found = maps.lookup(pid, 0x1000);
+            std::fs::remove_file(&path).unwrap();
+            assert_eq!(found, None);
+        }
     }
 }

@@ -138,6 +138,22 @@ fn data_src(op: u64, lvl: u64, snoop: u64, lock: u64, dtlb: u64, lvl_num: u64) -
     op | (lvl << 5) | (snoop << 19) | (lock << 24) | (dtlb << 26) | (lvl_num << 33)
 }
 
+/// A crafted CPU number must not size the per-CPU rows (u32::MAX of them: 32 GiB).
+#[test]
+fn impossible_cpu_numbers_count_without_a_per_cpu_row() {
+    let raw = ibs_raw(CAPS, &[(1 << 18) | (1 << 17), OP_RIP, 0, 0, 0, 0, 0]);
+    let file = ibs_file(
+        IBS_OP_TYPE,
+        &[(OP_RIP, u32::MAX, raw.clone()), (OP_RIP, 2, raw)],
+    );
+    let data = parse(&file).unwrap();
+    let (profile, peak) = crate::alloc_meter::peak_bytes(|| profile_from_perf_data(&data));
+    let profile = profile.unwrap();
+    assert!(peak < 64 << 20, "{peak}");
+    assert_eq!(profile.stacks[0].count, 2);
+    assert_eq!(profile.stacks[0].per_cpu, vec![0, 0, 1]);
+}
+
 #[test]
 fn ibs_op_raw_samples_decode_into_the_profile() {
     let profile = profile_from_perf_data(&parse(&op_file()).unwrap()).unwrap();

@@ -928,6 +928,67 @@ fn two_event_file() -> Vec<u8> {
         .build()
 }
 
+/// What parsing these kilobyte files may hold at once: the parsed records, a few times the file.
+const MEMORY_BOUND: usize = 1 << 20;
+
+/// Sizes, counts and offsets no file of this size holds.
+const HUGE: [u64; 6] = [
+    0xffff,
+    0x7fff_ffff,
+    u32::MAX as u64,
+    1 << 40,
+    i64::MAX as u64,
+    u64::MAX,
+];
+
+fn parse_within_bound(file: &[u8]) {
+    let (_, peak) = crate::alloc_meter::peak_bytes(|| parse(file));
+    assert!(peak < MEMORY_BOUND, "parsing held {peak} bytes");
+}
+
+/// Structure-aware: every 16-, 32- and 64-bit field position of the seed files (header
+/// sections, attr sizes and id counts, record sizes, callchain and branch counts, RAW and
+/// stack sizes, feature lengths) in turn set to each huge value.
+#[test]
+fn huge_sizes_and_counts_at_every_field_fail_within_the_memory_bound() {
+    for seed in [two_event_file(), every_field_file()] {
+        for width in [2, 4, 8] {
+            for at in 0..=seed.len() - width {
+                for huge in HUGE {
+                    let mut file = seed.clone();
+                    file[at..at + width].copy_from_slice(&huge.to_le_bytes()[..width]);
+                    parse_within_bound(&file);
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// Several huge fields and random bytes at once, and a cut.
+    #[test]
+    fn mutated_sizes_and_counts_fail_within_the_memory_bound(
+        seed in any::<bool>(),
+        edits in proptest::collection::vec(
+            (any::<prop::sample::Index>(), any::<u8>(), 0..HUGE.len() + 1),
+            1..6,
+        ),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let mut file = if seed { two_event_file() } else { every_field_file() };
+        for (at, byte, huge) in edits {
+            let at = at.index(file.len() - 7);
+            match HUGE.get(huge) {
+                Some(huge) => file[at..at + 8].copy_from_slice(&huge.to_le_bytes()),
+                None => file[at] = byte,
+            }
+        }
+        parse_within_bound(&file[..cut.index(file.len() + 1)]);
+    }
+}
+
 proptest! {
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {

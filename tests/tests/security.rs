@@ -1,0 +1,530 @@
+//! A system-wide profiler runs as root next to other users' processes: these tests play such a
+//! user (a second, unprivileged account, created if missing) and check that what they plant
+//! cannot make root's profiler block, grow without bound, or leak what the kernel hides.
+
+mod common;
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use common::{profiler, profiler_bin, require_root, temp_dir, workload};
+use serde_json::Value;
+
+/// The other user of the machine.
+const UNTRUSTED: &str = "profiler-untrusted";
+
+/// (uid, gid) of [`UNTRUSTED`], created without a home or a login shell if missing.
+fn untrusted_user() -> (u32, u32) {
+    require_root();
+    let id = |flag: &str| {
+        let output = Command::new("id").args([flag, UNTRUSTED]).output().unwrap();
+        output.status.success().then(|| {
+            String::from_utf8(output.stdout)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        })
+    };
+    if id("-u").is_none() {
+        let status = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+            ])
+            .arg(UNTRUSTED)
+            .status()
+            .expect("useradd runs");
+        // Another test may have created it meanwhile.
+        assert!(status.success() || id("-u").is_some(), "useradd failed");
+    }
+    (id("-u").unwrap(), id("-g").unwrap())
+}
+
+/// `program args` as the untrusted user, with no supplementary groups and no capabilities.
+fn as_untrusted(program: impl AsRef<Path>, args: &[&str]) -> Command {
+    let (uid, gid) = untrusted_user();
+    let mut command = Command::new("setpriv");
+    command
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .args(["--clear-groups", "--inh-caps=-all", "--"])
+        .arg(program.as_ref())
+        .args(args);
+    command
+}
+
+fn run_untrusted(program: impl AsRef<Path>, args: &[&str]) -> Output {
+    let output = as_untrusted(program, args).output().expect("setpriv runs");
+    assert!(
+        output.status.success(),
+        "{args:?} as {UNTRUSTED} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A directory the untrusted user owns, in a directory only root writes.
+fn untrusted_dir(name: &str) -> PathBuf {
+    let (uid, gid) = untrusted_user();
+    let root = temp_dir(name);
+    fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = root.join("home");
+    fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+    dir
+}
+
+/// How a watched profiler run ended.
+struct Watched {
+    output: Output,
+    /// Peak resident memory, from the kernel's accounting of the exited process.
+    max_rss_bytes: u64,
+    elapsed: Duration,
+}
+
+/// Waits for `child`, killing it (and failing) once it holds more than `max_rss_bytes` or runs
+/// past `deadline`: a profiler that grows without bound must not take the machine with it.
+fn watch(mut child: Child, max_rss_bytes: u64, deadline: Duration) -> Watched {
+    let start = Instant::now();
+    let pid = child.id() as libc::pid_t;
+    let status_path = format!("/proc/{pid}/status");
+    loop {
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is valid; wait4 writes it and the status through valid
+        // pointers, for our own child only.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let waited = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        assert!(waited >= 0, "wait4: {}", std::io::Error::last_os_error());
+        if waited == pid {
+            let read = |mut pipe: Option<Box<dyn std::io::Read>>| {
+                let mut bytes = Vec::new();
+                if let Some(pipe) = pipe.as_mut() {
+                    pipe.read_to_end(&mut bytes).unwrap();
+                }
+                bytes
+            };
+            let stdout = read(child.stdout.take().map(|p| Box::new(p) as _));
+            let stderr = read(child.stderr.take().map(|p| Box::new(p) as _));
+            use std::os::unix::process::ExitStatusExt;
+            return Watched {
+                output: Output {
+                    status: std::process::ExitStatus::from_raw(status),
+                    stdout,
+                    stderr,
+                },
+                max_rss_bytes: usage.ru_maxrss as u64 * 1024,
+                elapsed: start.elapsed(),
+            };
+        }
+        let rss_kib: u64 = fs::read_to_string(&status_path)
+            .ok()
+            .and_then(|text| {
+                let line = text.lines().find(|l| l.starts_with("VmHWM:"))?.to_owned();
+                line.split_whitespace().nth(1)?.parse().ok()
+            })
+            .unwrap_or(0);
+        let over_memory = rss_kib * 1024 > max_rss_bytes;
+        if over_memory || start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the profiler was killed after {:?} holding {} MiB (bound {} MiB, deadline {:?})",
+                start.elapsed(),
+                rss_kib >> 10,
+                max_rss_bytes >> 20,
+                deadline
+            );
+        }
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// Peak memory of `record -a` here is about 150 MiB; reading a planted device or sparse file
+/// whole would pass this at once.
+const RECORD_MEMORY_BOUND: u64 = 512 << 20;
+
+/// What the untrusted user puts where their program was, once it has exited.
+#[derive(Clone, Copy, Debug)]
+enum Planted {
+    LinkToDevZero,
+    Fifo,
+}
+
+/// Root records the whole system while the untrusted user runs a program of theirs, lets it
+/// exit, and replaces it with `planted`. The recording ends on time, within its memory bound,
+/// and has the program's code, read through the descriptor opened while it lived.
+fn replaced_module_is_not_read_by_path(planted: Planted) {
+    let home = untrusted_dir(&format!("replaced-{planted:?}"));
+    let program = home.join("cpu_split");
+    run_untrusted(
+        "cp",
+        &[
+            workload("cpu_split").to_str().unwrap(),
+            program.to_str().unwrap(),
+        ],
+    );
+    let profile = home.parent().unwrap().join("system.prof");
+    let recording = Command::new(profiler_bin())
+        .args(["record", "-a", "--duration", "5", "-o"])
+        .arg(&profile)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let the recording start, then run the program to its end (about half a second).
+    sleep(Duration::from_millis(1500));
+    run_untrusted(&program, &["1500"]);
+    let program = program.to_str().unwrap();
+    match planted {
+        Planted::LinkToDevZero => run_untrusted(
+            "sh",
+            &["-c", &format!("rm {program} && ln -s /dev/zero {program}")],
+        ),
+        Planted::Fifo => run_untrusted("sh", &["-c", &format!("rm {program} && mkfifo {program}")]),
+    };
+    let watched = watch(recording, RECORD_MEMORY_BOUND, Duration::from_secs(90));
+    assert!(
+        watched.output.status.success(),
+        "record failed: {}",
+        String::from_utf8_lossy(&watched.output.stderr)
+    );
+    assert!(watched.max_rss_bytes < RECORD_MEMORY_BOUND);
+    eprintln!(
+        "record -a with a {planted:?} planted: {:?}, {} MiB",
+        watched.elapsed,
+        watched.max_rss_bytes >> 20
+    );
+
+    // The program's hottest function was symbolized and disassembled from the file it ran.
+    let details = report_json(
+        &profile,
+        &[
+            "--only-module",
+            program,
+            "--function",
+            "cpu_split::heavy_work",
+        ],
+    );
+    let function = &details["events"][0]["function_details"];
+    assert_eq!(function["code"], "disassembled", "{function:#}");
+    assert!(function["samples"].as_u64().unwrap() > 0, "{function:#}");
+    fs::remove_dir_all(home.parent().unwrap()).ok();
+}
+
+fn report_json(profile: &Path, args: &[&str]) -> Value {
+    let mut all = vec!["report", "-i", profile.to_str().unwrap(), "--json"];
+    all.extend_from_slice(args);
+    serde_json::from_slice(&profiler(&all).stdout).expect("a JSON report")
+}
+
+#[test]
+fn program_replaced_by_a_link_to_dev_zero_is_not_read() {
+    replaced_module_is_not_read_by_path(Planted::LinkToDevZero);
+}
+
+#[test]
+fn program_replaced_by_a_fifo_does_not_block_the_recording() {
+    replaced_module_is_not_read_by_path(Planted::Fifo);
+}
+
+/// Runs the profiler as root with `args` under [`watch`], expecting it to fail; its stderr.
+fn failing_root_run(args: &[&str], max_rss_bytes: u64, deadline: Duration) -> String {
+    let child = Command::new(profiler_bin())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watched = watch(child, max_rss_bytes, deadline);
+    assert!(!watched.output.status.success(), "{args:?} succeeded");
+    assert!(watched.max_rss_bytes < max_rss_bytes);
+    String::from_utf8(watched.output.stderr).unwrap()
+}
+
+/// A profile file whose payload is 128 KiB of zstd RLE blocks that inflate to 4 GiB of zeros,
+/// its header announcing as much, with a valid checksum.
+fn profile_announcing_four_gigabytes() -> Vec<u8> {
+    const BLOCK: u64 = 128 << 10;
+    let decoded: u64 = 4 << 30;
+    let mut payload = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 7 << 3];
+    let blocks = decoded / BLOCK;
+    for block in 0..blocks {
+        let header = u32::from(block + 1 == blocks) | (1 << 1) | ((BLOCK as u32) << 3);
+        payload.extend_from_slice(&header.to_le_bytes()[..3]);
+        payload.push(0);
+    }
+    let mut file = b"EBPFPROF".to_vec();
+    file.extend_from_slice(&2u32.to_le_bytes());
+    file.extend_from_slice(&[0; 4]);
+    file.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    file.extend_from_slice(&decoded.to_le_bytes());
+    file.extend_from_slice(&payload);
+    let crc = crc32fast::hash(&file[16..]);
+    file[12..16].copy_from_slice(&crc.to_le_bytes());
+    file
+}
+
+/// Files the untrusted user hands root to report on: a crafted profile, a FIFO, a link to
+/// /dev/zero. Each is refused at once, in little memory, saying why.
+#[test]
+fn hostile_inputs_to_report_fail_fast_in_little_memory() {
+    let home = untrusted_dir("hostile-inputs");
+    let crafted = home.join("crafted.prof");
+    let fifo = home.join("fifo.prof");
+    let zero = home.join("zero.prof");
+    let staged = home.parent().unwrap().join("staged");
+    fs::write(&staged, profile_announcing_four_gigabytes()).unwrap();
+    fs::set_permissions(&staged, fs::Permissions::from_mode(0o644)).unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    run_untrusted(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "cp {} {} && mkfifo {} && ln -s /dev/zero {}",
+                path(&staged),
+                path(&crafted),
+                path(&fifo),
+                path(&zero)
+            ),
+        ],
+    );
+    for (input, expected) in [
+        (
+            &crafted,
+            "corrupt: its header says the 131078-byte payload decompresses to 4294967296 bytes, \
+             more than 64 times its size",
+        ),
+        (&fifo, "a FIFO, not a regular file"),
+        (&zero, "a device, not a regular file"),
+    ] {
+        let stderr = failing_root_run(
+            &["report", "-i", input.to_str().unwrap()],
+            64 << 20,
+            Duration::from_secs(10),
+        );
+        assert!(
+            stderr.contains(input.to_str().unwrap()) && stderr.contains(expected),
+            "{stderr}"
+        );
+    }
+    fs::remove_dir_all(home.parent().unwrap()).ok();
+}
+
+/// As the untrusted user, with neither root nor CAP_BPF: the error says which privilege is
+/// missing (not a map name, which varies from run to run) and how to get it.
+#[test]
+fn unprivileged_record_names_the_missing_privilege() {
+    let home = untrusted_dir("unprivileged");
+    let output = as_untrusted(
+        profiler_bin(),
+        &[
+            "record",
+            "-o",
+            home.join("p.prof").to_str().unwrap(),
+            "--",
+            "/bin/true",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    for expected in [
+        "the kernel refused to create the capture program's BPF maps: permission denied (EPERM)",
+        "needs root, or CAP_BPF and CAP_PERFMON",
+        "sudo setcap cap_bpf,cap_perfmon+ep",
+    ] {
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+    assert!(!stderr.contains("failed to create map"), "{stderr}");
+    fs::remove_dir_all(home.parent().unwrap()).ok();
+}
+
+/// A map larger than the kernel can allocate is named, with the errno and the option that
+/// sizes it.
+#[test]
+fn a_map_the_kernel_cannot_allocate_is_named_with_its_option() {
+    let stderr = failing_root_run(
+        &[
+            "record",
+            "--stack-map-entries",
+            "200000000",
+            "--",
+            "/bin/true",
+        ],
+        256 << 20,
+        Duration::from_secs(30),
+    );
+    assert!(
+        stderr.contains("the kernel could not allocate BPF map `STACKS_")
+            && stderr.contains("(ENOMEM): lower --stack-map-entries"),
+        "{stderr}"
+    );
+}
+
+/// A command's arguments (here a password) stay out of the profile unless asked for.
+#[test]
+fn command_arguments_stay_out_of_the_profile_unless_asked() {
+    let dir = temp_dir("arguments");
+    let profile = dir.join("args.prof");
+    let record = |extra: &[&str]| {
+        let mut args = vec!["record", "-o", profile.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "/bin/sh", "-c", "true", "sh", "--password=hunter2"]);
+        profiler(&args);
+        let report = report_json(&profile, &[]);
+        let text = String::from_utf8(profiler(&["report", "-i", profile.to_str().unwrap()]).stdout)
+            .unwrap();
+        (report, text)
+    };
+    let (report, text) = record(&[]);
+    assert_eq!(
+        report["meta"]["target"], "`/bin/sh` (4 arguments not recorded)",
+        "{:#}",
+        report["meta"]
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+    let (report, _) = record(&["--record-args"]);
+    assert_eq!(
+        report["meta"]["target"],
+        "`/bin/sh -c true sh --password=hunter2`"
+    );
+    fs::remove_dir_all(dir).ok();
+}
+
+/// Sets `kernel.kptr_restrict` while it lives, then puts the old value back.
+struct KptrRestrict(String);
+
+impl KptrRestrict {
+    const PATH: &'static str = "/proc/sys/kernel/kptr_restrict";
+
+    fn set(value: &str) -> KptrRestrict {
+        let old = fs::read_to_string(Self::PATH).unwrap();
+        fs::write(Self::PATH, value).unwrap();
+        KptrRestrict(old)
+    }
+}
+
+impl Drop for KptrRestrict {
+    fn drop(&mut self) {
+        let _ = fs::write(Self::PATH, self.0.trim());
+    }
+}
+
+/// Numbers in kernel space (x86-64) anywhere in a JSON document.
+fn kernel_addresses_in(value: &Value) -> usize {
+    match value {
+        Value::Number(n) => usize::from(n.as_u64().is_some_and(|n| n >= 0xffff_8000_0000_0000)),
+        Value::String(s) => s
+            .split(|c: char| !c.is_ascii_hexdigit() && c != 'x')
+            .filter_map(|word| u64::from_str_radix(word.strip_prefix("0x")?, 16).ok())
+            .filter(|&n| n >= 0xffff_8000_0000_0000)
+            .count(),
+        Value::Array(items) => items.iter().map(kernel_addresses_in).sum(),
+        Value::Object(fields) => fields.values().map(kernel_addresses_in).sum(),
+        _ => 0,
+    }
+}
+
+/// With kptr_restrict = 1 the kernel shows its addresses only to CAP_SYSLOG: root's recording
+/// has them (root has it), the untrusted user's report of that same profile does not, and a
+/// recording by root without CAP_SYSLOG writes none, in its profile or its `--raw` stream.
+#[test]
+fn kernel_addresses_are_hidden_from_whom_the_kernel_hides_them() {
+    let _restrict = KptrRestrict::set("1");
+    let dir = untrusted_dir("kptr").parent().unwrap().to_path_buf();
+    let toucher = workload("page_toucher");
+    let record = |wrapper: &[&str], name: &str| {
+        let profile = dir.join(format!("{name}.prof"));
+        let raw = dir.join(format!("{name}.jsonl"));
+        let mut command = Command::new(wrapper.first().copied().unwrap_or("env"));
+        command
+            .args(wrapper.iter().skip(1))
+            .arg(profiler_bin())
+            .args([
+                "record",
+                "-e",
+                "page-faults",
+                "-c",
+                "1",
+                "-o",
+                profile.to_str().unwrap(),
+                "--raw",
+                raw.to_str().unwrap(),
+                "--",
+                toucher.to_str().unwrap(),
+            ]);
+        let output = command.output().unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        fs::set_permissions(&profile, fs::Permissions::from_mode(0o644)).unwrap();
+        let raw_lines: Vec<Value> = fs::read_to_string(&raw)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (profile, raw_lines)
+    };
+    let instruction_report = |profile: &Path, untrusted: bool| -> Value {
+        let args = [
+            "report",
+            "-i",
+            profile.to_str().unwrap(),
+            "--json",
+            "--by",
+            "instruction",
+        ];
+        let output = if untrusted {
+            run_untrusted(profiler_bin(), &args)
+        } else {
+            profiler(&args)
+        };
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+
+    // Root, with CAP_SYSLOG: page faults are taken in the kernel, at kernel addresses.
+    let (shown, raw) = record(&[], "root");
+    let report = instruction_report(&shown, false);
+    assert!(
+        kernel_addresses_in(&report) > 0,
+        "no kernel frames: {report:#}"
+    );
+    assert!(raw.iter().map(kernel_addresses_in).sum::<usize>() > 0);
+    // The untrusted user reading root's profile.
+    let hidden = instruction_report(&shown, true);
+    assert_eq!(kernel_addresses_in(&hidden), 0, "{hidden:#}");
+    assert!(
+        hidden.to_string().contains("[kernel.kallsyms]"),
+        "kernel rows remain, by name: {hidden:#}"
+    );
+    // Root without CAP_SYSLOG.
+    let (without, raw) = record(
+        &[
+            "setpriv",
+            "--inh-caps=-syslog",
+            "--bounding-set=-syslog",
+            "--",
+        ],
+        "no-syslog",
+    );
+    assert_eq!(kernel_addresses_in(&instruction_report(&without, false)), 0);
+    assert_eq!(raw.iter().map(kernel_addresses_in).sum::<usize>(), 0);
+    assert!(
+        raw.iter().any(|line| line["ip"] == "0x0"),
+        "kernel samples are kept"
+    );
+    fs::remove_dir_all(dir).ok();
+}
