@@ -14,6 +14,7 @@ pub mod export;
 pub mod hardware;
 pub mod import;
 pub mod launch;
+pub mod output;
 pub mod profile;
 pub mod record;
 pub mod report;
