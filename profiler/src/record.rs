@@ -348,10 +348,9 @@ fn check_privileges(options: &RecordOptions) -> Result<Vec<String>> {
                     .and_then(|mut file| std::io::Read::read(&mut file, &mut [0u8; 1]))
                     .and_then(|_| std::fs::read_link(format!("/proc/{pid}/root")));
                 match readable {
+                    // A process that does not exist is reported where its counters are opened.
                     Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        return Err(anyhow!("-p {pid}: no such process"));
-                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(e) => {
                         return Err(anyhow!(
                             "-p {pid}: cannot read the process's mappings and files \
