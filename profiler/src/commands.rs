@@ -243,7 +243,7 @@ fn finish_record(capture: Capture, args: &RecordArgs, outputs: RecordOutputs) ->
     let mut view = args.report.view.clone();
     view.json = args.json.is_some();
     let ending = recording.ending;
-    report(
+    let reported = report(
         &mut profile,
         &args.report,
         &view,
@@ -258,6 +258,7 @@ fn finish_record(capture: Capture, args: &RecordArgs, outputs: RecordOutputs) ->
             }
         },
     );
+    failures.extend(reported.err());
     for failure in &failures {
         eprintln!("error: {failure:#}");
     }
@@ -286,7 +287,7 @@ fn run_report(args: ReportArgs) -> Result<ExitCode> {
     let mut view = args.report.view.clone();
     view.json = args.json;
     let mut failures = Vec::new();
-    report(
+    let reported = report(
         &mut profile,
         &args.report,
         &view,
@@ -294,6 +295,7 @@ fn run_report(args: ReportArgs) -> Result<ExitCode> {
         &mut failures,
         |_, _| {},
     );
+    failures.extend(reported.err());
     for failure in &failures {
         eprintln!("error: {failure:#}");
     }
@@ -338,22 +340,9 @@ impl ReportTargets {
 }
 
 /// Applies `--backtrack`, writes the requested exports, then writes the report (with the
-/// hardware view when asked, and what `annotate` adds to its text or JSON). What fails is added
-/// to `failures`; the rest is still written.
+/// hardware view when asked, and what `annotate` adds to its text or JSON). An export that fails
+/// is added to `failures` and the rest is still written; the error is the report's own.
 fn report(
-    profile: &mut Profile,
-    output: &ReportOutput,
-    view: &ViewArgs,
-    targets: &ReportTargets,
-    failures: &mut Vec<anyhow::Error>,
-    annotate: impl FnOnce(&mut String, Option<&mut serde_json::Value>),
-) {
-    if let Err(error) = write_report(profile, output, view, targets, failures, annotate) {
-        failures.push(error);
-    }
-}
-
-fn write_report(
     profile: &mut Profile,
     output: &ReportOutput,
     view: &ViewArgs,
