@@ -326,13 +326,15 @@ fn has_capability(cap: u32) -> bool {
 /// Whether /proc/kallsyms hides addresses from this process (`kernel.kptr_restrict`, or
 /// `perf_event_paranoid` above 1 without CAP_SYSLOG): kernel frames cannot be named then.
 fn kernel_symbols_hidden() -> bool {
-    std::fs::read_to_string("/proc/kallsyms").map_or(true, |kallsyms| {
-        kallsyms
-            .lines()
+    let mut first = String::new();
+    let read = std::fs::File::open("/proc/kallsyms").and_then(|file| {
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(file), &mut first)
+    });
+    read.is_err()
+        || first
+            .split_whitespace()
             .next()
-            .and_then(|line| line.split_whitespace().next())
             .is_none_or(|address| address.bytes().all(|b| b == b'0'))
-    })
 }
 
 /// Checks, before anything starts, what the run needs beyond opening counters and loading the

@@ -723,6 +723,22 @@ fn cap_bpf_and_cap_perfmon_alone_are_enough() {
         stderr.contains("enabling BPF run-time statistics needs CAP_SYS_ADMIN"),
         "--stats degrades with a note: {stderr}"
     );
+    // Kernel symbols: said before the start when /proc/kallsyms hides them from this user.
+    let kallsyms = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={gid}"),
+            "--clear-groups",
+        ])
+        .args(["head", "-c", "16", "/proc/kallsyms"])
+        .output()
+        .unwrap();
+    let hidden = text(&kallsyms.stdout).bytes().all(|b| b == b'0');
+    assert_eq!(
+        stderr.contains("note: kernel symbols are hidden from this user"),
+        hidden,
+        "{stderr}"
+    );
     let map_memory = stderr
         .lines()
         .find_map(|line| line.trim().strip_prefix("map memory: "))
