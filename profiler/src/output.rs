@@ -351,8 +351,21 @@ impl Output {
     /// file and the cause (the errno's text).
     pub fn write(&self, write: impl FnOnce(&mut OutputWriter) -> Result<()>) -> Result<()> {
         let mut writer = self.create()?;
-        write(&mut writer).with_context(|| format!("{}: cannot write", self.describe()))?;
-        writer.commit()
+        match write(&mut writer) {
+            Err(error) if self.reader_went_away(&error) => Ok(()),
+            Err(error) => Err(error.context(format!("{}: cannot write", self.describe()))),
+            Ok(()) => writer.commit(),
+        }
+    }
+
+    /// Whether `error` only says that the reader of standard output stopped reading
+    /// (`profiler ... --json - | head`): not a failure, as for any filter in a pipeline.
+    pub fn reader_went_away(&self, error: &anyhow::Error) -> bool {
+        self.is_stdout()
+            && error
+                .chain()
+                .filter_map(|cause| cause.downcast_ref::<io::Error>())
+                .any(|io| io.kind() == io::ErrorKind::BrokenPipe)
     }
 }
 
@@ -429,8 +442,13 @@ impl OutputWriter {
     /// directory, which makes the rename durable).
     pub fn commit(mut self) -> Result<()> {
         let describe = self.output.describe();
-        self.flush()
-            .with_context(|| format!("{describe}: cannot write"))?;
+        if let Err(error) = self.flush() {
+            let error = anyhow::Error::new(error);
+            if self.output.reader_went_away(&error) {
+                return Ok(());
+            }
+            return Err(error.context(format!("{describe}: cannot write")));
+        }
         let (Sink::File(file), Target::File { dir, name }) = (&self.sink, &self.output.target)
         else {
             return Ok(());
@@ -639,6 +657,15 @@ mod tests {
         );
         assert!(path.join("keep").exists());
         assert_eq!(names(dir.path()), ["run.prof"]);
+    }
+
+    #[test]
+    fn a_reader_of_standard_output_that_went_away_is_not_a_failure() {
+        let closed = || Err(io::Error::from(io::ErrorKind::BrokenPipe).into());
+        assert!(Output::stdout("--json").write(|_| closed()).is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let file = check(&dir.path().join("f")).unwrap();
+        assert!(file.write(|_| closed()).is_err());
     }
 
     #[test]

@@ -67,10 +67,13 @@ impl RawStream {
             match writeln!(writer, "{}", json_line(&sample)) {
                 Ok(()) => *written += 1,
                 Err(error) => {
-                    let describe = writer.output().describe();
-                    *failure = Some(anyhow::Error::new(error).context(format!(
-                        "{describe}: cannot write; stopped streaming samples"
-                    )));
+                    let error = anyhow::Error::new(error);
+                    if !writer.output().reader_went_away(&error) {
+                        let describe = writer.output().describe();
+                        *failure = Some(error.context(format!(
+                            "{describe}: cannot write; stopped streaming samples"
+                        )));
+                    }
                     // Dropping the writer removes its temporary file.
                     *out = None;
                 }
