@@ -78,7 +78,8 @@ impl Checker {
                 target: Target::Stdout,
             });
         }
-        let target = check_file(path).with_context(|| format!("{option} {}", path.display()))?;
+        let target =
+            check_file(option, path).with_context(|| format!("{option} {}", path.display()))?;
         Ok(Output {
             option,
             path: path.to_path_buf(),
@@ -102,7 +103,7 @@ impl Checker {
 
 /// Resolves `path`'s links under the protected-link rule, then checks its directory and the
 /// target itself.
-fn check_file(path: &Path) -> Result<Target> {
+fn check_file(option: &str, path: &Path) -> Result<Target> {
     let resolved = resolve_links(path)?;
     let (dir_path, name) = match (resolved.parent(), resolved.file_name()) {
         (Some(dir), Some(name)) => (
@@ -117,19 +118,6 @@ fn check_file(path: &Path) -> Result<Target> {
     };
     let dir = open_directory(dir_path)?;
     let name = c_string(name)?;
-    // SAFETY: `dir` is an open descriptor and the path a NUL-terminated string.
-    if unsafe {
-        libc::faccessat(
-            dir.as_raw_fd(),
-            c".".as_ptr(),
-            libc::W_OK | libc::X_OK,
-            libc::AT_EACCESS,
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error())
-            .with_context(|| format!("cannot create files in {}", dir_path.display()));
-    }
     match stat_at(&dir, &name, libc::AT_SYMLINK_NOFOLLOW) {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
         Err(e) => return Err(e).context("cannot look at the existing file"),
@@ -150,11 +138,25 @@ fn check_file(path: &Path) -> Result<Target> {
                 }
                 bail!(
                     "{what}: the profiler writes only regular files (to stream to it, give `-` \
-                     and redirect standard output, e.g. `-o - > {}`)",
+                     and redirect standard output, e.g. `{option} - > {}`)",
                     path.display()
                 );
             }
         }
+    }
+    // After the target: a device in a directory the user cannot write is named as a device.
+    // SAFETY: `dir` is an open descriptor and the path a NUL-terminated string.
+    if unsafe {
+        libc::faccessat(
+            dir.as_raw_fd(),
+            c".".as_ptr(),
+            libc::W_OK | libc::X_OK,
+            libc::AT_EACCESS,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error())
+            .with_context(|| format!("cannot create files in {}", dir_path.display()));
     }
     Ok(Target::File {
         dir: Arc::new(dir),
