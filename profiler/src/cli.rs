@@ -82,9 +82,18 @@ pub struct RecordArgs {
     /// Write the profile to this file (read it back with `profiler report -i`).
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Also stream every sample, time-ordered, through a ring buffer into this file (JSON lines).
+    /// Also stream every sample, time-ordered, through a ring buffer into this file (JSON lines;
+    /// `-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub raw: Option<PathBuf>,
+    /// Write the report to this file instead of standard error (`-`: standard output). The
+    /// command's standard input, output and error are its own either way.
+    #[arg(long = "report", value_name = "FILE", conflicts_with = "json")]
+    pub report_file: Option<PathBuf>,
+    /// Write the report as JSON (schema profiler.report/1) to this file, or `-` for standard
+    /// output.
+    #[arg(long, value_name = "PATH|-", help_heading = "Report")]
+    pub json: Option<PathBuf>,
     /// Report the capture's own cost: ns per sample in the kernel, map memory, drain time.
     #[arg(long)]
     pub stats: bool,
@@ -133,6 +142,9 @@ pub struct ReportArgs {
     /// The profile file to read: one `record -o` wrote, or a perf.data from `perf record`.
     #[arg(short = 'i', long, value_name = "FILE")]
     pub input: PathBuf,
+    /// Print the report as JSON (schema profiler.report/1, docs/json-report.md).
+    #[arg(long, help_heading = "Report")]
+    pub json: bool,
     #[command(flatten)]
     pub report: ReportOutput,
 }
@@ -144,13 +156,15 @@ pub struct ReportOutput {
     pub view: ViewArgs,
     #[command(flatten)]
     pub hardware: HardwareArgs,
-    /// Write folded stacks (for flamegraph.pl, speedscope) of the first event to this file.
+    /// Write folded stacks (for flamegraph.pl, speedscope) of the first event to this file
+    /// (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub folded: Option<PathBuf>,
-    /// Write a flame graph SVG of the first event to this file.
+    /// Write a flame graph SVG of the first event to this file (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub flamegraph: Option<PathBuf>,
-    /// Write a pprof profile (gzipped protobuf, all events) to this file.
+    /// Write a pprof profile (gzipped protobuf, all events) to this file (`-`: standard
+    /// output).
     #[arg(long, value_name = "FILE")]
     pub pprof: Option<PathBuf>,
 }

@@ -1,6 +1,6 @@
 //! Each subcommand: resolve the arguments into options, run, print.
 
-use std::{fs::File, io::Write, path::Path, process::ExitCode, time::Duration};
+use std::{io::Write, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
 
@@ -16,13 +16,14 @@ use crate::{
     export::{flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof},
     hardware::render::{hardware_json, render_hardware},
     import::{is_perf_data, profile_from_perf_data_file},
-    launch::TargetSpec,
+    launch::{signal_name, CommandEnd, StopSignals, TargetSpec},
+    output::{Checker, Output},
     profile::{
         file::{read_profile, write_profile},
         Profile,
     },
-    record::{record, RecordOptions},
-    report::render_report,
+    record::{record, Capture, RecordOptions},
+    report::{render_report, ViewArgs},
     scope::{
         cgroup::{cgroup2_mount, cgroup_subtree_ids, resolve_cgroup_dir},
         container::find_container_cgroup,
@@ -118,6 +119,9 @@ fn resolve_cgroups(args: &RecordArgs) -> Result<Vec<u64>> {
 }
 
 async fn run_record(args: RecordArgs) -> Result<ExitCode> {
+    // From the start: no stop signal kills the profiler and leaves its command running.
+    let mut signals = StopSignals::catch()?;
+    let outputs = RecordOutputs::check(&args)?;
     let pmus = PmuRegistry::live()?;
     let mut events = resolve_events(&args, &pmus)?;
     let cgroups = resolve_cgroups(&args)?;
@@ -169,35 +173,112 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
             user: true,
             kernel: !args.no_kernel_stacks,
         },
-        raw: args.raw.clone(),
+        raw: outputs.raw.clone(),
         stats: args.stats,
         cgroups,
         uid,
         offsets,
         record_args: args.record_args,
     };
-    let recording = record(options).await?;
-    if let Some(path) = &args.output {
-        write_profile(path, &recording.profile)
-            .with_context(|| format!("writing the profile to {}", path.display()))?;
-        eprintln!("profile written to {}", path.display());
+    let capture = record(options, &mut signals).await?;
+    // Assembling and reporting take seconds on a big run: off this thread, so that a signal
+    // meanwhile still ends the profiler at once.
+    let finish = tokio::task::spawn_blocking(move || finish_record(capture, &args, outputs));
+    tokio::select! {
+        finished = finish => finished.context("assembling the profile")?,
+        signal = signals.recv() => {
+            // Outputs already put in place are complete; the one being written is removed.
+            crate::output::remove_temporaries();
+            eprintln!(
+                "profiler: {} while the report was computed: stopped; outputs already written \
+                 are kept, the others were not written",
+                signal_name(signal)
+            );
+            std::process::exit(128 + signal);
+        }
+    }
+}
+
+/// Where `record` writes: checked before the recording starts, so that a bad path costs
+/// nothing.
+struct RecordOutputs {
+    profile: Option<Output>,
+    raw: Option<Output>,
+    report: ReportTargets,
+}
+
+impl RecordOutputs {
+    fn check(args: &RecordArgs) -> Result<RecordOutputs> {
+        let mut checker = Checker::default();
+        let profile = checker.check_optional("-o", args.output.as_deref())?;
+        let raw = checker.check_optional("--raw", args.raw.as_deref())?;
+        let destination = match (&args.json, &args.report_file) {
+            (Some(path), _) => Some(checker.check("--json", path)?),
+            (None, Some(path)) => Some(checker.check("--report", path)?),
+            (None, None) => None,
+        };
+        let report = ReportTargets::check(&mut checker, &args.report, destination)?;
+        Ok(RecordOutputs {
+            profile,
+            raw,
+            report,
+        })
+    }
+}
+
+/// After the recording: assemble the profile, write it, print the report, say how it ended.
+/// Outputs that fail do not stop the others; they are named at the end and make the exit status
+/// non-zero (the command's own status, when it failed, comes first).
+fn finish_record(capture: Capture, args: &RecordArgs, outputs: RecordOutputs) -> Result<ExitCode> {
+    let mut recording = capture.assemble();
+    let mut failures = std::mem::take(&mut recording.failures);
+    if let Some(output) = &outputs.profile {
+        match write_profile(output, &recording.profile) {
+            Ok(()) => eprintln!("profile written to {}", output.path().display()),
+            Err(error) => failures.push(error),
+        }
     }
     if args.stats {
         eprint!("{}", recording.stats_text());
     }
     let mut profile = recording.profile;
-    report(&mut profile, &args.report)?;
-    if let Some(code) = recording
-        .command_status
-        .and_then(|status| status.code())
-        .filter(|code| *code != 0)
-    {
-        eprintln!("note: the profiled command exited with status {code}");
+    let mut view = args.report.view.clone();
+    view.json = args.json.is_some();
+    let ending = recording.ending;
+    let reported = report(
+        &mut profile,
+        &args.report,
+        &view,
+        &outputs.report,
+        &mut failures,
+        |text, json| match json {
+            Some(json) => json["recording"] = ending.json(),
+            None => {
+                text.push('\n');
+                text.push_str(&ending.describe());
+                text.push('\n');
+            }
+        },
+    );
+    failures.extend(reported.err());
+    for failure in &failures {
+        eprintln!("error: {failure:#}");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if failures.is_empty() {
+        CommandEnd::exit_code(ending.command)
+    } else {
+        CommandEnd::exit_code_after_failed_outputs(ending.command)
+    })
 }
 
 fn run_report(args: ReportArgs) -> Result<ExitCode> {
+    let mut checker = Checker::default();
+    let targets = ReportTargets::check(&mut checker, &args.report, None)?;
+    // The report goes to standard output, unless an export streams there.
+    let targets = ReportTargets {
+        report: (!checker.stdout_taken()).then(|| Output::stdout("report")),
+        ..targets
+    };
     let mut profile = if is_perf_data(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?
     {
@@ -210,17 +291,72 @@ fn run_report(args: ReportArgs) -> Result<ExitCode> {
     if !kernel_addresses_shown() {
         hide_kernel_addresses(&mut profile);
     }
-    report(&mut profile, &args.report)?;
-    Ok(ExitCode::SUCCESS)
+    let mut view = args.report.view.clone();
+    view.json = args.json;
+    let mut failures = Vec::new();
+    let reported = report(
+        &mut profile,
+        &args.report,
+        &view,
+        &targets,
+        &mut failures,
+        |_, _| {},
+    );
+    failures.extend(reported.err());
+    for failure in &failures {
+        eprintln!("error: {failure:#}");
+    }
+    Ok(if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
-fn create(path: &Path) -> Result<File> {
-    File::create(path).with_context(|| format!("cannot create {}", path.display()))
+/// Where a report and its exports go.
+struct ReportTargets {
+    /// The report itself; `None`: standard error.
+    report: Option<Output>,
+    folded: Option<Output>,
+    flamegraph: Option<Output>,
+    pprof: Option<Output>,
+    latency_plot: Option<Output>,
 }
 
-/// Applies `--backtrack`, writes the requested exports, then prints the report (with the
-/// hardware view when asked).
-fn report(profile: &mut Profile, output: &ReportOutput) -> Result<()> {
+impl ReportTargets {
+    fn check(
+        checker: &mut Checker,
+        output: &ReportOutput,
+        report: Option<Output>,
+    ) -> Result<ReportTargets> {
+        Ok(ReportTargets {
+            report,
+            folded: checker.check_optional("--folded", output.folded.as_deref())?,
+            flamegraph: checker.check_optional("--flamegraph", output.flamegraph.as_deref())?,
+            pprof: checker.check_optional("--pprof", output.pprof.as_deref())?,
+            latency_plot: checker.check_optional(
+                "--histogram",
+                output
+                    .view
+                    .histogram
+                    .as_ref()
+                    .and_then(|plot| plot.as_deref()),
+            )?,
+        })
+    }
+}
+
+/// Applies `--backtrack`, writes the requested exports, then writes the report (with the
+/// hardware view when asked, and what `annotate` adds to its text or JSON). An export that fails
+/// is added to `failures` and the rest is still written; the error is the report's own.
+fn report(
+    profile: &mut Profile,
+    output: &ReportOutput,
+    view: &ViewArgs,
+    targets: &ReportTargets,
+    failures: &mut Vec<anyhow::Error>,
+    annotate: impl FnOnce(&mut String, Option<&mut serde_json::Value>),
+) -> Result<()> {
     if let Some(summary) = output.hardware.prepare(profile) {
         eprintln!(
             "backtracking: {} samples moved to the memory access before the sampled \
@@ -229,24 +365,43 @@ fn report(profile: &mut Profile, output: &ReportOutput) -> Result<()> {
         );
     }
     let profile = &*profile;
-    if let Some(path) = &output.folded {
-        write_folded(profile, 0, &mut create(path)?)?;
+    if let Some(target) = &targets.folded {
+        failures.extend(target.write(|out| Ok(write_folded(profile, 0, out)?)).err());
     }
-    if let Some(path) = &output.flamegraph {
-        write_flamegraph(profile, 0, create(path)?)?;
+    if let Some(target) = &targets.flamegraph {
+        failures.extend(
+            target
+                .write(|out| Ok(write_flamegraph(profile, 0, out)?))
+                .err(),
+        );
     }
-    if let Some(path) = &output.pprof {
-        write_pprof(profile, create(path)?)?;
+    if let Some(target) = &targets.pprof {
+        failures.extend(target.write(|out| Ok(write_pprof(profile, out)?)).err());
     }
-    let mut text = render_report(profile, &output.view)?;
-    if let Some(view) = output.hardware.hardware {
-        if output.view.json {
-            let mut json: serde_json::Value = serde_json::from_str(&text)?;
-            json["hardware"] = hardware_json(profile, view);
-            text = serde_json::to_string_pretty(&json)?;
-        } else {
-            text.push_str(&render_hardware(profile, view));
+    let rendered = render_report(profile, view)?;
+    if let (Some(target), Some(svg)) = (&targets.latency_plot, &rendered.latency_plot) {
+        failures.extend(target.write(|out| Ok(out.write_all(svg.as_bytes())?)).err());
+    }
+    let mut text = rendered.text;
+    if view.json {
+        let mut json: serde_json::Value = serde_json::from_str(&text)?;
+        if let Some(hardware) = output.hardware.hardware {
+            json["hardware"] = hardware_json(profile, hardware);
+        }
+        annotate(&mut text, Some(&mut json));
+        text = serde_json::to_string_pretty(&json)?;
+        text.push('\n');
+    } else {
+        if let Some(hardware) = output.hardware.hardware {
+            text.push_str(&render_hardware(profile, hardware));
+        }
+        annotate(&mut text, None);
+    }
+    match &targets.report {
+        Some(target) => target.write(|out| Ok(out.write_all(text.as_bytes())?)),
+        None => {
+            eprint!("{text}");
+            Ok(())
         }
     }
-    print(&text)
 }

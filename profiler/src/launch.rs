@@ -1,14 +1,32 @@
-//! Launching the command to profile or count so that nothing it does is missed: it is started
-//! stopped, counters are opened on its pid with `enable_on_exec`, and releasing it lets it exec
-//! the real program, which switches the counters on exactly at that exec.
+//! How a command is started and how it ended, for `record` and `stat` alike.
+//!
+//! Starting: the command is started stopped, counters are opened on its pid with
+//! `enable_on_exec`, and releasing it lets it exec the real program, which switches the counters
+//! on exactly at that exec. A command whose profiler never releases it (the profiler failed or
+//! died first) never runs: the trampoline exits instead, and the kernel ends it if the profiler
+//! dies while it runs (`PR_SET_PDEATHSIG`).
+//!
+//! Ending: the stop signals the profiler catches ([`StopSignals`]) are forwarded to the command,
+//! which is then given [`GRACE`] to exit before it is killed ([`StoppedCommand::end`]);
+//! [`CommandEnd`] says how it ended and gives the exit status a shell would report.
 
 use std::{
     io::Write as _,
-    os::{fd::AsRawFd, unix::process::CommandExt as _},
+    os::{
+        fd::AsRawFd,
+        unix::process::{CommandExt as _, ExitStatusExt as _},
+    },
     path::PathBuf,
+    process::{ExitCode, ExitStatus},
+    time::Duration,
 };
 
 use anyhow::{anyhow, Context, Result};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+/// How long a command has to exit once it was asked to (a forwarded signal, or SIGTERM when
+/// `--duration` ends) before it is killed.
+pub const GRACE: Duration = Duration::from_secs(5);
 
 /// A command started stopped: a shell trampoline waits on a pipe and then execs the command.
 pub struct StoppedCommand {
@@ -30,11 +48,59 @@ impl StoppedCommand {
             .write_all(b"go\n")
             .context("starting the command")
     }
+
+    /// Sends `signal` to the command (its pid is the command's own once released).
+    pub fn signal(&self, signal: i32) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill(2) on the pid of our own child, which we have not reaped (tokio
+            // reaps it only in `wait`), so the pid cannot belong to another process.
+            unsafe { libc::kill(pid as i32, signal) };
+        }
+    }
+
+    /// Asks the command to exit with `signal`, waits up to [`GRACE`], then kills it; returns
+    /// how it ended.
+    pub async fn end(&mut self, signal: i32) -> Result<ExitStatus> {
+        self.signal(signal);
+        if let Ok(status) = tokio::time::timeout(GRACE, self.child.wait()).await {
+            return status.context("waiting for the command");
+        }
+        self.signal(libc::SIGKILL);
+        self.child.wait().await.context("waiting for the command")
+    }
+}
+
+impl Drop for StoppedCommand {
+    /// A profiler that fails while its command runs does not leave it behind: the command is
+    /// asked to exit, then killed after [`GRACE`], and reaped.
+    fn drop(&mut self) {
+        let Some(pid) = self.child.id() else {
+            return;
+        };
+        let pid = pid as i32;
+        let reaped = |flags| {
+            let mut status = 0;
+            // SAFETY: waitpid(2) on our own child's pid; `status` is a valid out-pointer.
+            unsafe { libc::waitpid(pid, &mut status, flags) != 0 }
+        };
+        self.signal(libc::SIGTERM);
+        let deadline = std::time::Instant::now() + GRACE;
+        while std::time::Instant::now() < deadline {
+            if reaped(libc::WNOHANG) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.signal(libc::SIGKILL);
+        reaped(0);
+    }
 }
 
 /// File descriptor the trampoline reads the go-ahead from.
 const GATE_FD: i32 = 3;
-const TRAMPOLINE: &str = "read -r _ <&3; exec 3<&-; exec \"$@\"";
+/// Execs the command once the profiler writes the go-ahead; exits without running it when the
+/// pipe closes first (the profiler failed or died before the start).
+const TRAMPOLINE: &str = "read -r _ <&3 || exit 127; exec 3<&-; exec \"$@\"";
 
 /// Finds a program the way exec does: a path as given, a bare name on PATH.
 fn resolve_program(program: &str) -> Option<PathBuf> {
@@ -65,12 +131,23 @@ pub fn spawn_stopped(argv: &[String]) -> Result<StoppedCommand> {
         .arg(TRAMPOLINE)
         .arg("profiler-launch")
         .args(argv);
-    // SAFETY: runs in the forked child before exec and only calls dup2(2), which is
-    // async-signal-safe; the duplicate has no close-on-exec flag, so the shell inherits it.
+    // SAFETY: getpid(2) has no preconditions.
+    let profiler = unsafe { libc::getpid() };
+    // SAFETY: runs in the forked child before exec and only calls dup2(2), prctl(2) and
+    // getppid(2), which are async-signal-safe; the duplicate has no close-on-exec flag, so the
+    // shell inherits it.
     unsafe {
         command.pre_exec(move || {
             if libc::dup2(gate_fd, GATE_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            // Killed with the profiler: a command must not run on unprofiled and orphaned.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The profiler died before the line above took effect.
+            if libc::getppid() != profiler {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
             Ok(())
         });
@@ -80,6 +157,135 @@ pub fn spawn_stopped(argv: &[String]) -> Result<StoppedCommand> {
         .context("starting /bin/sh to launch the command")?;
     drop(gate);
     Ok(StoppedCommand { child, release })
+}
+
+/// How a launched command ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommandEnd {
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+    /// Still running when counting stopped (duration, Ctrl-C): the profiler ended it.
+    Stopped,
+}
+
+impl CommandEnd {
+    pub fn from_status(status: ExitStatus) -> Option<CommandEnd> {
+        status
+            .code()
+            .map(CommandEnd::Exited)
+            .or_else(|| status.signal().map(CommandEnd::Signaled))
+    }
+
+    /// The profiler's exit code: the command's, as a shell reports it (128 + N when signal N
+    /// killed it), else success.
+    pub fn exit_code(end: Option<CommandEnd>) -> ExitCode {
+        match end {
+            Some(CommandEnd::Exited(code)) => ExitCode::from(code.clamp(0, 255) as u8),
+            Some(CommandEnd::Signaled(signal)) => {
+                ExitCode::from((128 + signal).clamp(0, 255) as u8)
+            }
+            Some(CommandEnd::Stopped) | None => ExitCode::SUCCESS,
+        }
+    }
+
+    /// The exit code when some of the profiler's outputs could not be written: the command's
+    /// when it failed (its failure comes first), else 1.
+    pub fn exit_code_after_failed_outputs(end: Option<CommandEnd>) -> ExitCode {
+        match end {
+            Some(CommandEnd::Exited(code)) if code != 0 => CommandEnd::exit_code(end),
+            Some(CommandEnd::Signaled(_)) => CommandEnd::exit_code(end),
+            _ => ExitCode::FAILURE,
+        }
+    }
+
+    /// `exited with status 7`, `was killed by signal 15 (SIGTERM)`.
+    pub fn describe(&self) -> String {
+        match self {
+            CommandEnd::Exited(code) => format!("exited with status {code}"),
+            CommandEnd::Signaled(signal) => {
+                format!("was killed by signal {signal} ({})", signal_name(*signal))
+            }
+            CommandEnd::Stopped => {
+                "was still running when the profiler stopped; it was ended".to_string()
+            }
+        }
+    }
+}
+
+/// `SIGTERM` for 15; `signal N` for one without a name here.
+pub fn signal_name(signal: i32) -> String {
+    let names = [
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGQUIT, "SIGQUIT"),
+        (libc::SIGILL, "SIGILL"),
+        (libc::SIGTRAP, "SIGTRAP"),
+        (libc::SIGABRT, "SIGABRT"),
+        (libc::SIGBUS, "SIGBUS"),
+        (libc::SIGFPE, "SIGFPE"),
+        (libc::SIGKILL, "SIGKILL"),
+        (libc::SIGUSR1, "SIGUSR1"),
+        (libc::SIGSEGV, "SIGSEGV"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGPIPE, "SIGPIPE"),
+        (libc::SIGALRM, "SIGALRM"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGXCPU, "SIGXCPU"),
+        (libc::SIGSYS, "SIGSYS"),
+    ];
+    names
+        .iter()
+        .find(|(number, _)| *number == signal)
+        .map_or_else(|| format!("signal {signal}"), |(_, name)| name.to_string())
+}
+
+/// Whether a process still runs (exists and is not a zombie).
+pub fn process_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// The signals that stop a recording or count: SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught from
+/// the moment this is made, so that none of them kills the profiler and orphans its command.
+pub struct StopSignals {
+    streams: Vec<(i32, Signal)>,
+}
+
+impl StopSignals {
+    pub fn catch() -> Result<StopSignals> {
+        let kinds = [
+            (libc::SIGINT, SignalKind::interrupt()),
+            (libc::SIGTERM, SignalKind::terminate()),
+            (libc::SIGHUP, SignalKind::hangup()),
+            (libc::SIGQUIT, SignalKind::quit()),
+        ];
+        let streams = kinds
+            .into_iter()
+            .map(|(number, kind)| {
+                signal(kind)
+                    .map(|stream| (number, stream))
+                    .with_context(|| format!("catching {}", signal_name(number)))
+            })
+            .collect::<Result<_>>()?;
+        Ok(StopSignals { streams })
+    }
+
+    /// The next stop signal received.
+    pub async fn recv(&mut self) -> i32 {
+        std::future::poll_fn(|context| {
+            for (number, stream) in &mut self.streams {
+                if stream.poll_recv(context).is_ready() {
+                    return std::task::Poll::Ready(*number);
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -127,6 +333,83 @@ mod tests {
             err.to_string(),
             "cannot run 'no-such-program-here': no such file, or not on PATH"
         );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_command_never_released_never_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let script = format!("touch {}", marker.display());
+        let mut stopped = spawn_stopped(&["sh".to_string(), "-c".to_string(), script]).unwrap();
+        // The profiler failed before the start: its end of the pipe closes unwritten.
+        let (_, unused) = std::io::pipe().unwrap();
+        drop(std::mem::replace(&mut stopped.release, unused));
+        let status = stopped.child.wait().await.unwrap();
+        assert_eq!(status.code(), Some(127));
+        assert!(!marker.exists(), "the command ran without its profiler");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_ended_command_gets_the_signal_first_and_is_killed_after_the_grace() {
+        let mut stopped = spawn_stopped(&["sleep".to_string(), "30".to_string()]).unwrap();
+        stopped.release().unwrap();
+        let status = stopped.end(libc::SIGINT).await.unwrap();
+        assert_eq!(
+            CommandEnd::from_status(status),
+            Some(CommandEnd::Signaled(libc::SIGINT))
+        );
+        let mut stubborn = spawn_stopped(&[
+            "sh".to_string(),
+            "-c".to_string(),
+            "trap '' TERM; sleep 30".to_string(),
+        ])
+        .unwrap();
+        stubborn.release().unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        let status = stubborn.end(libc::SIGTERM).await.unwrap();
+        assert_eq!(
+            CommandEnd::from_status(status),
+            Some(CommandEnd::Signaled(libc::SIGKILL))
+        );
+        assert!(started.elapsed() >= GRACE, "killed before its grace period");
+    }
+
+    #[test]
+    fn the_exit_code_is_the_commands() {
+        assert_eq!(
+            CommandEnd::exit_code(Some(CommandEnd::Exited(3))),
+            ExitCode::from(3)
+        );
+        assert_eq!(
+            CommandEnd::exit_code(Some(CommandEnd::Signaled(11))),
+            ExitCode::from(139)
+        );
+        assert_eq!(
+            CommandEnd::exit_code(Some(CommandEnd::Stopped)),
+            ExitCode::SUCCESS
+        );
+        assert_eq!(CommandEnd::exit_code(None), ExitCode::SUCCESS);
+        let after_failure = CommandEnd::exit_code_after_failed_outputs;
+        assert_eq!(
+            after_failure(Some(CommandEnd::Exited(0))),
+            ExitCode::FAILURE
+        );
+        assert_eq!(
+            after_failure(Some(CommandEnd::Exited(7))),
+            ExitCode::from(7)
+        );
+        assert_eq!(after_failure(None), ExitCode::FAILURE);
+        assert_eq!(
+            CommandEnd::Signaled(15).describe(),
+            "was killed by signal 15 (SIGTERM)"
+        );
+    }
+
+    #[test]
+    fn zombies_and_missing_processes_are_not_running() {
+        assert!(process_running(std::process::id()));
+        assert!(!process_running(u32::MAX - 1));
     }
 }
 

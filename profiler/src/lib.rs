@@ -17,6 +17,7 @@ pub mod hardware;
 pub mod import;
 pub mod input;
 pub mod launch;
+pub mod output;
 pub mod profile;
 pub mod record;
 pub mod report;

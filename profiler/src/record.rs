@@ -1,6 +1,11 @@
 //! `profiler record`: launch or find the target, open and attach the counters, drain the maps
 //! until the target exits, the duration ends or the user interrupts, then drain everything
-//! that is left and assemble the profile.
+//! that is left ([`record`] returns the [`Capture`]) and assemble the profile
+//! ([`Capture::assemble`], slow on a big run, so the caller runs it where signals still reach).
+//!
+//! A launched command is never killed outright: a stop signal is forwarded to it and `--duration`
+//! sends it SIGTERM; recording goes on until it exits, for at most [`GRACE`] or until a second
+//! signal, after which it is killed. The recording's outcome says how the command ended.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -10,10 +15,7 @@ use profiler_common::capture::{
     CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
     CAPTURE_USER_STACKS, MAX_EVENTS,
 };
-use tokio::{
-    signal::unix::{signal, SignalKind},
-    time::interval,
-};
+use tokio::time::interval;
 
 use crate::{
     aggregate::{code::capture_code, dataspace::capture_data_objects},
@@ -23,12 +25,14 @@ use crate::{
         program::{CaptureProgram, MapSizes, Ring},
         raw::RawStream,
         sideband::{ProcessTable, Sideband},
-        stats::CaptureStats,
+        stats::{fdinfo_memlock, CaptureStats},
     },
     drain::{ibs::IbsStream, read_accounting, Accounting, Drained, Drainer},
     events::{EventSpec, PmuRegistry, Sampling, SystemFacts},
-    launch::spawn_stopped,
-    launch::TargetSpec,
+    launch::{
+        process_running, signal_name, spawn_stopped, CommandEnd, StopSignals, TargetSpec, GRACE,
+    },
+    output::Output,
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
     symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
 };
@@ -41,8 +45,8 @@ pub struct RecordOptions {
     pub drain_interval: Duration,
     pub sizes: MapSizes,
     pub stacks: StackCapture,
-    /// Stream every sample, time-ordered, into this file (JSON lines).
-    pub raw: Option<std::path::PathBuf>,
+    /// Stream every sample, time-ordered, into this output (JSON lines).
+    pub raw: Option<Output>,
     /// Measure the capture's own cost.
     pub stats: bool,
     /// Keep only samples in these cgroups (ids).
@@ -53,13 +57,117 @@ pub struct RecordOptions {
     pub record_args: bool,
 }
 
-/// The outcome of a recording: the profile, the capture's accounting and cost, and what the
-/// command's exit said.
+/// Why the recording stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The launched command exited (on its own, or after a forwarded signal or `--duration`).
+    CommandExited,
+    /// Every process given with `-p` exited.
+    TargetsExited,
+    Duration,
+    /// The profiler received this signal.
+    Signal(i32),
+}
+
+/// How a recording ended: why it stopped and, for a launched command, how that ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ending {
+    pub stop: Stop,
+    /// The signal forwarded to the launched command, or SIGTERM when `--duration` ended.
+    pub asked: Option<(i32, Stop)>,
+    pub command: Option<CommandEnd>,
+    /// Why the command was killed: it did not exit within [`GRACE`], or a second signal came.
+    pub killed: Option<Stop>,
+}
+
+impl Ending {
+    /// One sentence for the report: `Recording ended: ...`.
+    pub fn describe(&self) -> String {
+        let command = self.command.map(|end| end.describe());
+        let asked = self.asked.map(|(signal, why)| match why {
+            Stop::Duration => format!(
+                "--duration ended: the command was sent {}",
+                signal_name(signal)
+            ),
+            _ => format!(
+                "the profiler received {} and forwarded it to the command",
+                signal_name(signal)
+            ),
+        });
+        let killed = match self.killed {
+            Some(Stop::Signal(signal)) => format!(
+                "; it was killed when the profiler received {} too",
+                signal_name(signal)
+            ),
+            Some(_) => format!(
+                "; it was killed after it had not exited for {} s",
+                GRACE.as_secs()
+            ),
+            None => String::new(),
+        };
+        match (asked, command) {
+            (Some(asked), Some(command)) => {
+                format!("Recording ended: {asked}, and the command {command}{killed}.")
+            }
+            (None, Some(command)) => format!("Recording ended: the command {command}."),
+            _ => match self.stop {
+                Stop::TargetsExited => "Recording ended: every profiled process exited.".into(),
+                Stop::Duration => "Recording ended: --duration ended.".into(),
+                Stop::Signal(signal) => {
+                    format!(
+                        "Recording ended: the profiler received {}.",
+                        signal_name(signal)
+                    )
+                }
+                Stop::CommandExited => "Recording ended: the command exited.".into(),
+            },
+        }
+    }
+
+    /// As JSON, for `record --json`: `{"stop": ..., "command": {"exit_code": N} | {"signal": N}}`.
+    pub fn json(&self) -> serde_json::Value {
+        let stop = match self.stop {
+            Stop::CommandExited => "command exited".to_string(),
+            Stop::TargetsExited => "targets exited".to_string(),
+            Stop::Duration => "duration".to_string(),
+            Stop::Signal(signal) => format!("signal {}", signal_name(signal)),
+        };
+        let command = match self.command {
+            Some(CommandEnd::Exited(code)) => serde_json::json!({ "exit_code": code }),
+            Some(CommandEnd::Signaled(signal)) => serde_json::json!({ "signal": signal }),
+            Some(CommandEnd::Stopped) | None => serde_json::Value::Null,
+        };
+        serde_json::json!({
+            "stop": stop,
+            "asked": self.asked.map(|(signal, _)| signal_name(signal)),
+            "killed": self.killed.is_some(),
+            "command": command,
+            "description": self.describe(),
+        })
+    }
+}
+
+/// What a recording gathered, before the profile is assembled from it.
+pub struct Capture {
+    meta: ProfileMeta,
+    events: Vec<EventInfo>,
+    drained: Drained,
+    processes: ProcessTable,
+    cpu: Option<crate::profile::CpuIdentity>,
+    pub accounting: Accounting,
+    pub stats: CaptureStats,
+    pub ending: Ending,
+    /// Outputs written during the recording that failed (the `--raw` stream).
+    pub failures: Vec<anyhow::Error>,
+}
+
+/// The outcome of a recording: the profile, the capture's accounting and cost, how it ended.
 pub struct Recording {
     pub profile: Profile,
     pub accounting: Accounting,
-    pub command_status: Option<std::process::ExitStatus>,
     pub stats: CaptureStats,
+    pub ending: Ending,
+    pub failures: Vec<anyhow::Error>,
 }
 
 impl Recording {
@@ -67,6 +175,36 @@ impl Recording {
     pub fn stats_text(&self) -> String {
         self.stats
             .render(self.accounting.samples_fired.iter().sum())
+    }
+}
+
+impl Capture {
+    /// Assembles the profile and reads what offline reports need from files that may be gone
+    /// by then: the sampled functions' code and the processes' data mappings and variables.
+    pub fn assemble(self) -> Recording {
+        let mut profile = assemble(
+            self.meta,
+            self.events,
+            self.drained,
+            &self.processes,
+            &self.accounting,
+        );
+        profile.hardware.cpu = self.cpu;
+        // What offline reports need from files that may be gone by then: the sampled functions'
+        // code and the processes' data mappings and variables.
+        capture_code(&mut profile, &self.processes);
+        capture_data_objects(&mut profile, &self.processes);
+        // The profile file, exports and reports alike.
+        if !kernel_addresses_shown() {
+            hide_kernel_addresses(&mut profile);
+        }
+        Recording {
+            profile,
+            accounting: self.accounting,
+            stats: self.stats,
+            ending: self.ending,
+            failures: self.failures,
+        }
     }
 }
 
@@ -141,15 +279,123 @@ fn kernel_release() -> String {
 /// How often the side-band records (new mappings, exec, exit) are read.
 const SIDEBAND_INTERVAL: Duration = Duration::from_millis(50);
 
-/// Why the recording stopped.
-#[derive(Debug, PartialEq, Eq)]
-enum Stop {
-    CommandExited,
-    Duration,
-    Interrupted,
+/// Enables the kernel's BPF run-time statistics for `--stats` while held, when they are not on
+/// already; without the privilege (CAP_SYS_ADMIN) says so and goes on without them.
+fn enable_run_statistics() -> Option<std::os::fd::OwnedFd> {
+    let already_on = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+        .is_ok_and(|value| value.trim() == "1");
+    if already_on {
+        return None;
+    }
+    match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            eprintln!(
+                "note: --stats: the in-kernel cost per sample is not measured: enabling BPF \
+                 run-time statistics needs CAP_SYS_ADMIN or kernel.bpf_stats_enabled=1 ({})",
+                e.io_error
+            );
+            None
+        }
+    }
 }
 
-pub async fn record(options: RecordOptions) -> Result<Recording> {
+/// Kernel memory locked by the BPF maps this process holds (fdinfo memlock), read from its own
+/// descriptors: looking maps up by id would need CAP_SYS_ADMIN.
+fn held_map_memory() -> u64 {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    entries
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let link = std::fs::read_link(entry.path()).ok()?;
+            (link.as_os_str() == "anon_inode:bpf-map").then(|| fdinfo_memlock(fd))
+        })
+        .sum()
+}
+
+/// Capability numbers (linux/capability.h).
+const CAP_SYS_PTRACE: u32 = 19;
+
+/// Whether this process holds capability `cap` (CapEff in /proc/self/status).
+fn has_capability(cap: u32) -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let hex = status
+                .lines()
+                .find_map(|line| line.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|effective| effective & (1 << cap) != 0)
+}
+
+/// Whether /proc/kallsyms hides addresses from this process (`kernel.kptr_restrict`, or
+/// `perf_event_paranoid` above 1 without CAP_SYSLOG): kernel frames cannot be named then.
+fn kernel_symbols_hidden() -> bool {
+    let mut first = String::new();
+    let read = std::fs::File::open("/proc/kallsyms").and_then(|file| {
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(file), &mut first)
+    });
+    read.is_err()
+        || first
+            .split_whitespace()
+            .next()
+            .is_none_or(|address| address.bytes().all(|b| b == b'0'))
+}
+
+/// Checks, before anything starts, what the run needs beyond opening counters and loading the
+/// program: reading the mappings and files of the processes it profiles (ptrace access), and
+/// kernel symbols. A `-p` process that cannot be read is an error; the rest are notes, returned.
+fn check_privileges(options: &RecordOptions) -> Result<Vec<String>> {
+    let mut notes = Vec::new();
+    match &options.target {
+        TargetSpec::Processes(pids) => {
+            for pid in pids {
+                let maps = format!("/proc/{pid}/maps");
+                let readable = std::fs::File::open(&maps)
+                    .and_then(|mut file| std::io::Read::read(&mut file, &mut [0u8; 1]))
+                    .and_then(|_| std::fs::read_link(format!("/proc/{pid}/root")));
+                match readable {
+                    // A process that does not exist is reported where its counters are opened.
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(anyhow!(
+                            "-p {pid}: cannot read the process's mappings and files \
+                             ({maps}, /proc/{pid}/root: {e}), so its code could not be named: \
+                             profile it as its own user, or with CAP_SYS_PTRACE"
+                        ));
+                    }
+                }
+            }
+        }
+        // SAFETY: geteuid has no preconditions.
+        TargetSpec::System
+            if unsafe { libc::geteuid() } != 0 && !has_capability(CAP_SYS_PTRACE) =>
+        {
+            notes.push(
+                "without CAP_SYS_PTRACE, other users' processes cannot be read: their samples \
+                 are counted but their code is not named"
+                    .to_string(),
+            );
+        }
+        _ => {}
+    }
+    if options.stacks.kernel && kernel_symbols_hidden() {
+        notes.push(
+            "kernel symbols are hidden from this user (kernel.kptr_restrict, or \
+             kernel.perf_event_paranoid above 1 without CAP_SYSLOG): kernel frames are not named; \
+             --no-kernel-stacks leaves them out"
+                .to_string(),
+        );
+    }
+    Ok(notes)
+}
+
+pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result<Capture> {
     if options.events.is_empty() || options.events.len() > MAX_EVENTS {
         return Err(anyhow!("record takes 1 to {MAX_EVENTS} events"));
     }
@@ -159,17 +405,13 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
              their samples apart: sample one event per run on this kernel"
         ));
     }
+    for note in check_privileges(&options)? {
+        eprintln!("note: {note}");
+    }
     let config = capture_config(&options);
     let facts = SystemFacts::read(&options.pmus);
     // While held, the kernel counts the program's runs and run time.
-    let _stats_enabled = if options.stats {
-        Some(
-            aya::sys::enable_stats(aya::sys::Stats::RunTime)
-                .context("enabling BPF run-time statistics (BPF_ENABLE_STATS) for --stats")?,
-        )
-    } else {
-        None
-    };
+    let _stats_enabled = options.stats.then(enable_run_statistics).flatten();
     let cpu = cpu_identity();
     let raw_decoding = raw_decoding(&options.events, cpu.as_ref());
     let ibs_events = raw_decoding.ibs_events() != 0;
@@ -188,9 +430,10 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes)?;
     let mut drainer = Drainer::new(&mut program, sizes)?;
     program.filter_cgroups(&options.cgroups)?;
+    let map_bytes = held_map_memory();
     let mut raw = match &options.raw {
-        Some(path) => Some(RawStream::create(
-            path,
+        Some(output) => Some(RawStream::create(
+            output,
             program.take_ring(Ring::RawSamples)?,
         )?),
         None => None,
@@ -215,11 +458,6 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
 
     let mut processes = ProcessTable::default();
     let mut sideband = Sideband::open(&target, &options.pmus, &facts)?;
-    match &target {
-        Target::Processes(pids) => pids.iter().for_each(|pid| processes.scan_process(*pid)),
-        Target::System => processes.scan_all(),
-        Target::Command(_) => {}
-    }
     let mut counters = open_sampling_counters(&options.events, &target, options.stacks, &facts)?;
     for counter in &mut counters {
         program.attach(&mut counter.counter)?;
@@ -232,7 +470,13 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         // Counters with enable_on_exec start when the command execs, which this releases.
         stopped.release()?;
     } else {
+        // The side-band first, then /proc: a process that starts or maps code in between is
+        // in both, and the table keeps one copy.
         sideband.enable()?;
+        match &target {
+            Target::Processes(pids) => pids.iter().for_each(|pid| processes.scan_process(*pid)),
+            _ => processes.scan_all(),
+        }
         for counter in &mut counters {
             counter.counter.enable()?;
         }
@@ -243,9 +487,10 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     ticker.tick().await;
     let mut sideband_ticker = interval(SIDEBAND_INTERVAL);
     sideband_ticker.tick().await;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
+    // Set once the launched command was asked to exit: (signal, why), and until when it may.
+    let mut asked: Option<(i32, Stop)> = None;
+    let mut killed = None;
     let mut command_status = None;
     let stop = loop {
         let sleep_until_deadline = async {
@@ -272,6 +517,9 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
                 None => std::future::pending().await,
             }
         };
+        // What ends the recording now: a stop signal, the duration, the grace given to a command
+        // asked to exit.
+        let mut ending = None;
         tokio::select! {
             // Mappings are read often so their files are opened while short-lived processes live.
             _ = sideband_ticker.tick() => {
@@ -281,6 +529,11 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
                     stream.read_into(&mut drained.ibs)?;
                 }
                 drainer.drain_if_filling(&mut program, &mut drained)?;
+                if let Target::Processes(pids) = &target {
+                    if !pids.iter().any(|&pid| process_running(pid)) {
+                        break Stop::TargetsExited;
+                    }
+                }
             }
             requested = drainer.requested() => {
                 requested.context("waiting on the capture program's drain requests")?;
@@ -306,10 +559,37 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
                 command_status = Some(status.context("waiting for the command")?);
                 break Stop::CommandExited;
             }
-            _ = sleep_until_deadline => break Stop::Duration,
-            _ = interrupt.recv() => break Stop::Interrupted,
-            _ = terminate.recv() => break Stop::Interrupted,
+            // The duration, or once the command was asked to exit, its grace period.
+            _ = sleep_until_deadline => ending = Some(Stop::Duration),
+            signal = signals.recv() => ending = Some(Stop::Signal(signal)),
         }
+        let Some(why) = ending else {
+            continue;
+        };
+        let Some(stopped) = &mut command else {
+            break why;
+        };
+        if asked.is_some() {
+            // A second signal, or the grace is over: the command is killed.
+            stopped.signal(libc::SIGKILL);
+            command_status = Some(
+                stopped
+                    .child
+                    .wait()
+                    .await
+                    .context("waiting for the command")?,
+            );
+            killed = Some(why);
+            break asked.map_or(why, |(_, first)| first);
+        }
+        // Keep recording while the command shuts down, for at most the grace period.
+        let signal = match why {
+            Stop::Signal(signal) => signal,
+            _ => libc::SIGTERM,
+        };
+        stopped.signal(signal);
+        asked = Some((signal, why));
+        deadline = Some(tokio::time::Instant::now() + GRACE);
     };
     for counter in &mut counters {
         counter.counter.disable()?;
@@ -318,8 +598,9 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     let duration = start.elapsed().unwrap_or_default();
     sideband.read_into(&mut processes);
     drainer.drain_all(&mut program, &mut drained)?;
+    let mut failures = Vec::new();
     if let Some(stream) = &mut raw {
-        stream.finish()?;
+        failures.extend(stream.finish()?);
     }
     let mut accounting = read_accounting(&program, options.events.len())?;
     if let Some(stream) = &mut ibs {
@@ -330,19 +611,22 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
     let stats = CaptureStats {
         program_runs,
         program_run_time,
-        map_bytes: program.map_memory()?,
+        map_bytes,
         drain_time: drainer.drain_time,
         drains: drainer.drains,
         raw_samples_written: raw.as_ref().map_or(0, RawStream::written),
     };
-
-    if stop != Stop::CommandExited {
-        if let Some(stopped) = &mut command {
-            // The user stopped profiling: the launched command does not outlive the profiler.
-            let _ = stopped.child.start_kill();
-            command_status = stopped.child.wait().await.ok();
-        }
-    }
+    let stop = match (stop, asked) {
+        // The command exited after it was asked to: the recording ended for the asking's reason.
+        (Stop::CommandExited, Some((_, why))) => why,
+        _ => stop,
+    };
+    let ending = Ending {
+        stop,
+        asked,
+        command: command_status.and_then(CommandEnd::from_status),
+        killed,
+    };
 
     let meta = ProfileMeta {
         profiler_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -352,21 +636,15 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         start_unix_ns: unix_ns(start),
         duration_ns: duration.as_nanos() as u64,
     };
-    let events = options.events.iter().map(event_info).collect();
-    let mut profile = assemble(meta, events, drained, &processes, &accounting);
-    profile.hardware.cpu = cpu;
-    // What offline reports need from files that may be gone by then: the sampled functions'
-    // code and the processes' data mappings and variables.
-    capture_code(&mut profile, &processes);
-    capture_data_objects(&mut profile, &processes);
-    // The profile file, exports and reports alike.
-    if !kernel_addresses_shown() {
-        hide_kernel_addresses(&mut profile);
-    }
-    Ok(Recording {
-        profile,
+    Ok(Capture {
+        meta,
+        events: options.events.iter().map(event_info).collect(),
+        drained,
+        processes,
+        cpu,
         accounting,
-        command_status,
         stats,
+        ending,
+        failures,
     })
 }

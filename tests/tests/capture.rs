@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, process::Command};
 
 use common::{
     assert_no_losses, profiler, record_page_faults, second_touched_region, temp_dir,
-    touched_region, workload, STACK_COLLISIONS,
+    touched_region, workload, Running, STACK_COLLISIONS,
 };
 use profiler::profile::{file::read_profile, Profile};
 
@@ -239,21 +239,21 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
     std::fs::create_dir_all(&cgroup).unwrap();
     let cpu_split = workload("cpu_split");
     // One cpu_split inside the cgroup, one outside, both running during the recording.
-    let inside = Command::new("/bin/sh")
-        .arg("-c")
-        .arg(format!(
-            "echo $$ > {}/cgroup.procs && exec {} 12000",
-            cgroup.display(),
-            cpu_split.display()
-        ))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut outside = Command::new(&cpu_split)
-        .arg("12000")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut inside = Running::spawn(
+        Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec {} 12000",
+                cgroup.display(),
+                cpu_split.display()
+            ))
+            .stderr(std::process::Stdio::null()),
+    );
+    let mut outside = Running::spawn(
+        Command::new(&cpu_split)
+            .arg("12000")
+            .stderr(std::process::Stdio::null()),
+    );
     std::thread::sleep(std::time::Duration::from_millis(200));
     let outside_cpu_before = cpu_ticks(outside.id());
     let dir = temp_dir("cgroup");
@@ -269,11 +269,8 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
     ]);
     let profile = read_profile(&file).unwrap();
     let outside_ran = cpu_ticks(outside.id()) - outside_cpu_before;
-    let mut inside = inside;
-    inside.kill().ok();
-    outside.kill().ok();
-    inside.wait().ok();
-    outside.wait().ok();
+    inside.stop();
+    outside.stop();
     std::fs::remove_dir(&cgroup).ok();
     std::fs::remove_dir(&parent).ok();
     let pids: BTreeSet<u32> = profile.stacks.iter().map(|s| s.pid).collect();
@@ -373,16 +370,16 @@ fn without_btf_it_captures_ips_and_stacks_and_says_what_is_missing() {
 #[test]
 fn several_pids_are_profiled_together() {
     let cpu_split = workload("cpu_split");
-    let mut first = Command::new(&cpu_split)
-        .arg("12000")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut second = Command::new(&cpu_split)
-        .arg("12000")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut first = Running::spawn(
+        Command::new(&cpu_split)
+            .arg("12000")
+            .stderr(std::process::Stdio::null()),
+    );
+    let mut second = Running::spawn(
+        Command::new(&cpu_split)
+            .arg("12000")
+            .stderr(std::process::Stdio::null()),
+    );
     let pids = format!("{},{}", first.id(), second.id());
     let dir = temp_dir("pids");
     let file = dir.join("pids.prof");
@@ -395,10 +392,8 @@ fn several_pids_are_profiled_together() {
         "-o",
         file.to_str().unwrap(),
     ]);
-    first.kill().ok();
-    second.kill().ok();
-    first.wait().ok();
-    second.wait().ok();
+    first.stop();
+    second.stop();
     let profile = read_profile(&file).unwrap();
     let seen: BTreeSet<u32> = profile.stacks.iter().map(|s| s.pid).collect();
     assert_eq!(seen, BTreeSet::from([first.id(), second.id()]));

@@ -54,6 +54,7 @@ fn two_events_in_one_run_each_get_their_samples() {
     let (report, _) = profiler_json(&[
         "record",
         "--json",
+        "-",
         "-e",
         "cpu-clock,page-faults/period=1/",
         "--",
@@ -117,15 +118,16 @@ fn bad_event_specs_get_clear_errors() {
 #[test]
 fn target_rate_calibrates_each_event_near_the_rate() {
     let cpu_split = workload("cpu_split");
-    let mut busy = Command::new(&cpu_split)
-        .arg("20000")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let busy = common::Running::spawn(
+        Command::new(&cpu_split)
+            .arg("20000")
+            .stderr(std::process::Stdio::null()),
+    );
     let pid = busy.id().to_string();
     let output = profiler(&[
         "record",
         "--json",
+        "-",
         "-p",
         &pid,
         "-e",
@@ -135,8 +137,7 @@ fn target_rate_calibrates_each_event_near_the_rate() {
         "--duration",
         "2",
     ]);
-    busy.kill().ok();
-    busy.wait().ok();
+    drop(busy);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.matches("calibration: ").count(), 2, "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{profiler_json, self_percent, workload};
+use common::{profiler_json, self_percent, wait_until_recording, workload, Running};
 
 /// The split cpu_split measured with its own thread CPU clock, by function.
 fn measured_split(stderr: &str) -> Vec<(String, f64)> {
@@ -31,6 +31,7 @@ fn cpu_split_shares_match_the_workload() {
     let (report, stderr) = profiler_json(&[
         "record",
         "--json",
+        "-",
         "-F",
         "4999",
         "--",
@@ -59,6 +60,7 @@ fn hot_function_stacks_include_its_callers() {
     let (report, _) = profiler_json(&[
         "record",
         "--json",
+        "-",
         "--paths",
         "20",
         "--",
@@ -92,6 +94,7 @@ fn every_fired_sample_is_drained_or_reported_lost() {
     let (report, _) = profiler_json(&[
         "record",
         "--json",
+        "-",
         "--drain-interval",
         "50",
         "-F",
@@ -124,25 +127,23 @@ fn every_fired_sample_is_drained_or_reported_lost() {
 #[test]
 fn ctrl_c_stops_a_system_wide_run_and_drains_everything() {
     common::require_root();
-    let child = std::process::Command::new(common::profiler_bin())
-        .args(["record", "-a", "--json", "-F", "999"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut profiler = Running::spawn(
+        std::process::Command::new(common::profiler_bin())
+            .args(["record", "-a", "--json", "-", "-F", "999"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped()),
+    );
+    // No signal before the profiler handles it and records: an early one would kill it.
+    wait_until_recording(profiler.id());
     let cpu_split = workload("cpu_split");
     std::process::Command::new(&cpu_split)
         .arg("3000")
         .output()
         .unwrap();
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    profiler.signal(libc::SIGINT);
+    let output = profiler.output_at_most(std::time::Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let event = &report["events"][0];
     assert_eq!(
@@ -153,6 +154,7 @@ fn ctrl_c_stops_a_system_wide_run_and_drains_everything() {
         self_percent(event, "cpu_split::heavy_work") > 5.0,
         "{event:#}"
     );
+    assert_eq!(report["recording"]["stop"], "signal SIGINT", "{stderr}");
 }
 
 #[test]
@@ -169,6 +171,7 @@ fn a_process_in_another_mount_namespace_is_symbolized_after_it_exits() {
     let (report, stderr) = profiler_json(&[
         "record",
         "--json",
+        "-",
         "--",
         "unshare",
         "--mount",

@@ -233,14 +233,14 @@ fn per_thread_counts_follow_each_threads_own_work() {
 #[test]
 fn running_processes_are_counted_until_they_exit() {
     let threads = workload("threads");
-    let mut child = Command::new(&threads)
-        .args(["2", "10"])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the workload starts");
+    let mut child = common::Running::spawn(
+        Command::new(&threads)
+            .args(["2", "10"])
+            .stderr(std::process::Stdio::null()),
+    );
     let pid = child.id().to_string();
     let report = stat_json("pid", &["-e", "task-clock", "-p", &pid, "--duration", "30"]);
-    child.wait().expect("the workload ends");
+    child.wait_at_most(std::time::Duration::from_secs(30));
     let elapsed = report["elapsed_ns"].as_u64().unwrap();
     assert!(
         elapsed < 20_000_000_000,

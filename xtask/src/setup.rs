@@ -18,7 +18,8 @@ use crate::run_command;
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Purpose {
     Build,
-    /// Also the reference tools the tests use: perf, bpftool, objdump, Go's pprof.
+    /// Also the reference tools the tests use: perf, bpftool, objdump, Go's pprof, and setcap
+    /// and useradd for the tests that run without root.
     Test,
 }
 
@@ -130,6 +131,9 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "binutils",
             "golang-go",
             "golang-github-google-pprof-dev",
+            // setcap (the capabilities-only test) and useradd (tests run as a second user).
+            "libcap2-bin",
+            "passwd",
         ])?;
     }
     Ok(())

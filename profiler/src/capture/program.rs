@@ -345,17 +345,6 @@ impl CaptureProgram {
             .ok_or_else(|| anyhow!("the {ring:?} ring buffer was already taken"))
     }
 
-    /// Kernel memory locked by the program's maps.
-    pub fn map_memory(&self) -> Result<u64> {
-        let ids = self.program()?.info()?.map_ids()?.unwrap_or_default();
-        let mut total = 0;
-        for id in ids {
-            let fd = aya::maps::MapInfo::from_id(id)?.fd()?;
-            total += super::stats::fdinfo_memlock(fd.as_fd().as_raw_fd());
-        }
-        Ok(total)
-    }
-
     /// The kernel's run-time statistics of the program: (runs, total run time). Zero unless
     /// `kernel.bpf_stats_enabled` is 1.
     pub fn run_statistics(&self) -> Result<(u64, std::time::Duration)> {

@@ -1,23 +1,23 @@
 //! `record --raw`: every sample, time-ordered, streamed by the capture program through a BPF ring
 //! buffer and written as JSON lines, beside the aggregated maps. Drops (ring full) are counted by
-//! the program as a loss kind.
+//! the program as a loss kind. A write that fails (a full disk, a closed pipe) stops the stream,
+//! not the recording: the ring is still emptied and the failure is reported at the end.
 
-use std::{
-    fs::File,
-    io::{BufWriter, Write},
-    path::Path,
-};
+use std::io::Write;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use profiler_common::capture::RawSample;
 
 use super::ring::KernelRing;
+use crate::output::{Output, OutputWriter};
 use crate::symbolize::kernel_addresses::{kernel_addresses_shown, shown_address};
 
 pub struct RawStream {
     ring: KernelRing,
-    out: BufWriter<File>,
+    /// `None` once a write failed.
+    out: Option<OutputWriter>,
+    failure: Option<anyhow::Error>,
     written: u64,
     /// Whether kernel addresses may be written (see [`kernel_addresses_shown`]).
     kernel_addresses: bool,
@@ -52,12 +52,11 @@ pub fn json_line(sample: &RawSample, kernel_addresses: bool) -> String {
 }
 
 impl RawStream {
-    pub fn create(path: &Path, ring: RingBuf<MapData>) -> Result<RawStream> {
-        let file = File::create(path)
-            .with_context(|| format!("cannot create the raw sample file {}", path.display()))?;
+    pub fn create(output: &Output, ring: RingBuf<MapData>) -> Result<RawStream> {
         Ok(RawStream {
             ring: KernelRing::new(ring)?,
-            out: BufWriter::new(file),
+            out: Some(output.create()?),
+            failure: None,
             written: 0,
             kernel_addresses: kernel_addresses_shown(),
         })
@@ -68,21 +67,41 @@ impl RawStream {
         self.ring.readable().await
     }
 
-    /// Writes every sample in the ring buffer.
+    /// Writes every sample in the ring buffer (empties it, whether the writes succeed or not).
     pub fn write_ready(&mut self) -> Result<()> {
-        let (out, written, shown) = (&mut self.out, &mut self.written, self.kernel_addresses);
+        let (out, failure, written) = (&mut self.out, &mut self.failure, &mut self.written);
+        let shown = self.kernel_addresses;
         self.ring.for_each(usize::MAX, |sample: RawSample| {
-            writeln!(out, "{}", json_line(&sample, shown))?;
-            *written += 1;
+            let Some(writer) = out else {
+                return Ok(());
+            };
+            match writeln!(writer, "{}", json_line(&sample, shown)) {
+                Ok(()) => *written += 1,
+                Err(error) => {
+                    let error = anyhow::Error::new(error);
+                    if !writer.output().reader_went_away(&error) {
+                        let describe = writer.output().describe();
+                        *failure = Some(error.context(format!(
+                            "{describe}: cannot write; stopped streaming samples"
+                        )));
+                    }
+                    // Dropping the writer removes its temporary file.
+                    *out = None;
+                }
+            }
             Ok(())
         })?;
         Ok(())
     }
 
-    /// Writes what is left and flushes.
-    pub fn finish(&mut self) -> Result<()> {
+    /// Writes what is left and puts the file in place. Returns why the stream is incomplete,
+    /// if it is: the recording itself is not affected.
+    pub fn finish(&mut self) -> Result<Option<anyhow::Error>> {
         self.write_ready()?;
-        self.out.flush().context("writing the raw sample file")
+        if let Some(failure) = self.failure.take() {
+            return Ok(Some(failure));
+        }
+        Ok(self.out.take().and_then(|writer| writer.commit().err()))
     }
 
     pub fn written(&self) -> u64 {

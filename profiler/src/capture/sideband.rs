@@ -312,13 +312,25 @@ impl ProcessTable {
         }
     }
 
-    /// A new mapping of `pid` (PERF_RECORD_MMAP/MMAP2).
+    /// A new mapping of `pid` (PERF_RECORD_MMAP/MMAP2). One the /proc scan already found (the
+    /// side-band is enabled before the scan, so a mapping made in between arrives twice) is kept
+    /// once.
     pub fn map(&mut self, pid: u32, mapping: Mapping) {
-        self.processes
-            .entry(pid)
-            .or_default()
-            .mappings
-            .push(mapping);
+        let mappings = &mut self.processes.entry(pid).or_default().mappings;
+        let overlaps = |known: &&Mapping| known.start < mapping.end && mapping.start < known.end;
+        let latest = mappings.iter().rev().find(overlaps);
+        let same = latest.is_some_and(|known| {
+            (known.start, known.end, known.file_offset, &known.path)
+                == (
+                    mapping.start,
+                    mapping.end,
+                    mapping.file_offset,
+                    &mapping.path,
+                )
+        });
+        if !same {
+            mappings.push(mapping);
+        }
     }
 
     /// A thread's name (PERF_RECORD_COMM); `exec` when exec gave it, which also replaced the
@@ -631,5 +643,28 @@ mod tests {
         assert_eq!(table.mapping_for(7, 0x1800).unwrap().path, "/new");
         assert!(table.mapping_for(7, 0x3000).is_none());
         assert!(table.mapping_for(8, 0x1800).is_none());
+    }
+
+    #[test]
+    fn a_mapping_seen_by_the_scan_and_the_side_band_is_kept_once() {
+        let mut table = ProcessTable::default();
+        let code = parse_maps_line("1000-2000 r-xp 0 0:0 0 /bin/app").unwrap();
+        let data = parse_maps_line("2000-3000 rw-p 1000 0:0 0 /bin/app").unwrap();
+        table.processes.entry(7).or_default().mappings = vec![code.clone(), data.clone()];
+        // Made between enabling the side-band and the scan: in both.
+        table.map(7, code.clone());
+        table.map(7, data.clone());
+        assert_eq!(table.processes[&7].mappings, [code.clone(), data]);
+        // A different file over the same range is a new mapping, and wins.
+        let replaced = parse_maps_line("1000-2000 r-xp 0 0:0 0 /bin/other").unwrap();
+        table.map(7, replaced);
+        assert_eq!(
+            table.code_mapping_for(7, 0x1800).unwrap().path,
+            "/bin/other"
+        );
+        // The old one mapped again after it is newest once more.
+        table.map(7, code);
+        assert_eq!(table.code_mapping_for(7, 0x1800).unwrap().path, "/bin/app");
+        assert_eq!(table.processes[&7].mappings.len(), 4);
     }
 }

@@ -27,16 +27,16 @@
 //! as format 2 did, or through a frozen copy of the old model (the `format_N_file_still_reads`
 //! tests fail when a shape changes).
 //!
-//! Writing goes to a temporary file in the target's directory, synced, then renamed over the
-//! target, so a crash leaves either the old file or the new one, never half a file.
+//! Writing goes through [`crate::output`]: a temporary file in the target's directory, synced,
+//! then renamed over the target, so a crash leaves either the old file or the new one, never half
+//! a file.
 
 use std::fmt;
-use std::fs::{File, Permissions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::{EventIndex, FrameId, LineLatencyHistogram, Profile};
+use crate::output::Output;
 
 pub const MAGIC: [u8; 8] = *b"EBPFPROF";
 /// The format this profiler writes, and the newest it reads.
@@ -221,48 +221,11 @@ impl std::error::Error for ProfileFileError {
     }
 }
 
-/// Writes `profile` to `path` through a temporary file and a rename: the file at `path` is
-/// always either what was there before or the complete new profile.
-pub fn write_profile(path: impl AsRef<Path>, profile: &Profile) -> Result<(), ProfileFileError> {
-    let path = path.as_ref();
-    let bytes = encode_profile(profile).map_err(|e| e.in_file(path))?;
-    let Some(name) = path.file_name() else {
-        let not_a_file = io::Error::new(io::ErrorKind::InvalidInput, "not a file name");
-        return Err(ProfileFileError::io(
-            path,
-            "cannot write a profile",
-            not_a_file,
-        ));
-    };
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let mut prefix = std::ffi::OsString::from(".");
-    prefix.push(name);
-    prefix.push(".");
-    // Dropping `temp` on any error below removes the temporary file.
-    let mut temp = tempfile::Builder::new()
-        .prefix(&prefix)
-        .suffix(".tmp")
-        // As for any file the user creates (the umask applies), not tempfile's private 0600.
-        .permissions(Permissions::from_mode(0o666))
-        .tempfile_in(dir)
-        .map_err(|e| {
-            ProfileFileError::io(path, "cannot create a temporary file in its directory", e)
-        })?;
-    temp.write_all(&bytes)
-        .map_err(|e| ProfileFileError::io(path, "cannot write", e))?;
-    temp.as_file()
-        .sync_all()
-        .map_err(|e| ProfileFileError::io(path, "cannot flush to disk", e))?;
-    temp.persist(path).map_err(|e| {
-        ProfileFileError::io(path, "cannot rename the temporary file over it", e.error)
-    })?;
-    // The rename is durable only once the directory is.
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ProfileFileError::io(path, "cannot flush its directory to disk", e))
+/// Writes `profile` to `output`, which puts it in place only once it is complete (the file at
+/// the path is always either what was there before or the whole new profile).
+pub fn write_profile(output: &Output, profile: &Profile) -> anyhow::Result<()> {
+    let bytes = encode_profile(profile).map_err(|e| e.in_file(output.path()))?;
+    output.write(|out| Ok(out.write_all(&bytes)?))
 }
 
 /// Reads the profile file at `path`.
@@ -502,6 +465,12 @@ mod tests {
         decode_profile(bytes).expect_err("the bytes are not a valid profile file")
     }
 
+    fn output(path: &Path) -> Output {
+        use crate::output::Checker;
+
+        Checker::default().check("-o", path).unwrap()
+    }
+
     fn file_names(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(dir)
             .unwrap()
@@ -516,7 +485,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.prof");
         let profile = full_profile();
-        write_profile(&path, &profile).unwrap();
+        write_profile(&output(&path), &profile).unwrap();
         assert_eq!(read_profile(&path).unwrap(), profile);
         assert_eq!(file_names(dir.path()), ["run.prof"]);
     }
@@ -525,39 +494,10 @@ mod tests {
     fn rewriting_replaces_the_file_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.prof");
-        write_profile(&path, &full_profile()).unwrap();
+        write_profile(&output(&path), &full_profile()).unwrap();
         let smaller = test_profile::profile();
-        write_profile(&path, &smaller).unwrap();
+        write_profile(&output(&path), &smaller).unwrap();
         assert_eq!(read_profile(&path).unwrap(), smaller);
-        assert_eq!(file_names(dir.path()), ["run.prof"]);
-    }
-
-    #[test]
-    fn failed_write_leaves_no_file_and_no_temporary() {
-        let dir = tempfile::tempdir().unwrap();
-
-        let missing_dir = dir.path().join("no-such-dir").join("run.prof");
-        let err = write_profile(&missing_dir, &full_profile()).unwrap_err();
-        assert!(
-            err.to_string().starts_with(&format!(
-                "{}: cannot create a temporary file in its directory: ",
-                missing_dir.display()
-            )),
-            "{err}"
-        );
-        assert!(!missing_dir.exists());
-
-        // A directory in the way makes the final rename fail after the data was written.
-        let occupied = dir.path().join("run.prof");
-        fs::create_dir(&occupied).unwrap();
-        fs::write(occupied.join("keep"), b"x").unwrap();
-        let err = write_profile(&occupied, &full_profile()).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("cannot rename the temporary file over it"),
-            "{err}"
-        );
-        assert!(occupied.join("keep").exists());
         assert_eq!(file_names(dir.path()), ["run.prof"]);
     }
 

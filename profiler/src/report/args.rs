@@ -57,8 +57,9 @@ pub struct ViewArgs {
     /// into that SVG file.
     #[arg(long, value_name = "FILE.svg", num_args = 0..=1)]
     pub histogram: Option<Option<PathBuf>>,
-    /// Print the report as JSON (schema profiler.report/1, docs/json-report.md).
-    #[arg(long)]
+    /// The report as JSON (schema profiler.report/1, docs/json-report.md): set from `report
+    /// --json` or `record --json PATH`, whose options differ.
+    #[arg(skip)]
     pub json: bool,
 }
 

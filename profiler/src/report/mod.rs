@@ -7,7 +7,7 @@ pub mod json;
 pub mod svg;
 pub mod text;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::{
     aggregate::{
@@ -146,23 +146,24 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
     })
 }
 
-/// The report as text or JSON; with `--histogram FILE.svg`, also writes the latency plot.
-pub fn render_report(profile: &Profile, args: &ViewArgs) -> Result<String> {
+/// A rendered report, and the latency plot that `--histogram FILE.svg` asks for (the caller
+/// writes it, as every output, through [`crate::output`]).
+#[derive(Clone, Debug)]
+pub struct Rendered {
+    pub text: String,
+    pub latency_plot: Option<String>,
+}
+
+/// The report as text or JSON, and with `--histogram FILE.svg` the latency plot.
+pub fn render_report(profile: &Profile, args: &ViewArgs) -> Result<Rendered> {
     let report = build_report(profile, args)?;
-    if let Some(Some(path)) = &args.histogram {
-        let svg = svg::latency_plot(&report);
-        std::fs::write(path, svg).with_context(|| {
-            format!(
-                "writing the latency plot to {}: check that its directory exists and is writable",
-                path.display()
-            )
-        })?;
-    }
-    if args.json {
-        Ok(json::render(&report)?)
+    let latency_plot = matches!(args.histogram, Some(Some(_))).then(|| svg::latency_plot(&report));
+    let text = if args.json {
+        json::render(&report)?
     } else {
-        Ok(text::render(&report))
-    }
+        text::render(&report)
+    };
+    Ok(Rendered { text, latency_plot })
 }
 
 #[cfg(test)]
@@ -210,7 +211,7 @@ mod tests {
             ..ViewArgs::default()
         });
         all.into_iter()
-            .map(|a| (format!("{a:?}"), render_report(profile, &a).unwrap()))
+            .map(|a| (format!("{a:?}"), render_report(profile, &a).unwrap().text))
             .collect()
     }
 
@@ -244,7 +245,9 @@ mod tests {
 
     #[test]
     fn function_view_text_is_aligned_with_hot_paths() {
-        let text = render_report(&test_samples::profile(), &ViewArgs::default()).unwrap();
+        let text = render_report(&test_samples::profile(), &ViewArgs::default())
+            .unwrap()
+            .text;
         assert!(text.contains("Event cpu-clock (1000 Hz), by function: 100 samples"));
         assert!(text.contains("event counts not estimated, samples only"));
         assert!(text.contains("events = samples x period 10"));
@@ -260,7 +263,9 @@ mod tests {
 
     #[test]
     fn dcache_text_lists_touchers_and_the_sharing_hint() {
-        let text = render_report(&test_samples::profile(), &args(ViewKind::DcacheLine)).unwrap();
+        let text = render_report(&test_samples::profile(), &args(ViewKind::DcacheLine))
+            .unwrap()
+            .text;
         assert!(text.contains("counter_a, counter_b (app)"), "{text}");
         assert!(
             text.contains("compute+0x90 3 (2 stores), compute+0xa4 1 (1 store)"),
@@ -288,7 +293,7 @@ mod tests {
             event: Some("cpu-clock".into()),
             ..ViewArgs::default()
         };
-        let text = render_report(&test_samples::profile(), &view).unwrap();
+        let text = render_report(&test_samples::profile(), &view).unwrap().text;
         assert!(!text.contains("page-faults (every"), "one event only");
         let dashes = format!("  {}", "-".repeat(98));
         assert_eq!(text.lines().filter(|l| *l == dashes).count(), 2, "{text}");
@@ -302,7 +307,9 @@ mod tests {
         // The third line's total on its first row.
         let first = text.lines().find(|l| l.contains("+0x80")).unwrap();
         assert!(first.contains(" 60 "), "{first}");
-        let text = render_report(&test_samples::profile_without_code(), &view).unwrap();
+        let text = render_report(&test_samples::profile_without_code(), &view)
+            .unwrap()
+            .text;
         assert!(text.contains("code not captured"), "{text}");
         let tildes = format!("  {}", "~".repeat(98));
         assert!(text.lines().any(|l| l == tildes), "{text}");
@@ -314,7 +321,7 @@ mod tests {
             function: Some("exc_page_fault".into()),
             ..ViewArgs::default()
         };
-        let text = render_report(&test_samples::profile(), &view).unwrap();
+        let text = render_report(&test_samples::profile(), &view).unwrap().text;
         assert!(
             text.contains("kernel code: its bytes are not captured"),
             "{text}"
@@ -345,16 +352,12 @@ mod tests {
             message.contains("no function named or containing"),
             "{message}"
         );
-        let message = error(ViewArgs {
-            histogram: Some(Some("/nonexistent/dir/plot.svg".into())),
-            ..ViewArgs::default()
-        });
-        assert!(message.contains("writing the latency plot"), "{message}");
     }
 
     fn json(view: ViewArgs) -> serde_json::Value {
-        let text =
-            render_report(&test_samples::profile(), &ViewArgs { json: true, ..view }).unwrap();
+        let text = render_report(&test_samples::profile(), &ViewArgs { json: true, ..view })
+            .unwrap()
+            .text;
         serde_json::from_str(&text).unwrap()
     }
 
@@ -462,17 +465,15 @@ mod tests {
 
     #[test]
     fn latency_svg_parses_with_a_bar_per_bucket() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("latency.svg");
         let mut profile = test_samples::profile();
         profile.meta.target = "-- ./app <in> & \"out\"".into();
         let view = ViewArgs {
-            histogram: Some(Some(path.clone())),
+            histogram: Some(Some("latency.svg".into())),
             ..ViewArgs::default()
         };
-        let text = render_report(&profile, &view).unwrap();
-        assert!(text.contains("Latency percentiles (cycles):"));
-        let svg = std::fs::read_to_string(&path).unwrap();
+        let rendered = render_report(&profile, &view).unwrap();
+        assert!(rendered.text.contains("Latency percentiles (cycles):"));
+        let svg = rendered.latency_plot.unwrap();
         let document = roxmltree::Document::parse(&svg).unwrap();
         let root = document.root_element();
         assert_eq!(root.tag_name().name(), "svg");

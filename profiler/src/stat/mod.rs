@@ -11,18 +11,21 @@ pub mod counters;
 pub mod metrics;
 pub mod render;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
-use tokio::signal::unix::{signal, SignalKind};
 
 use self::assemble::assemble;
 use self::count::Count;
 use self::counters::{CountScope, CounterSet, Split, ThreadId};
 use crate::events::{parse_event_list, EventAttr, EventSpec, PmuRegistry, SystemFacts};
-use crate::launch::{spawn_stopped, StoppedCommand, TargetSpec};
+use crate::launch::{
+    process_running, spawn_stopped, CommandEnd, StopSignals, StoppedCommand, TargetSpec,
+};
+use crate::output::Checker;
 
 /// `profiler stat` arguments.
 #[derive(Debug, clap::Args)]
@@ -158,16 +161,6 @@ pub enum Breakdown {
     Cpus(Vec<CpuRow>),
 }
 
-/// How the launched command ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CommandEnd {
-    Exited(i32),
-    /// Killed by this signal.
-    Signaled(i32),
-    /// Still running when counting stopped (duration, Ctrl-C): the profiler ended it.
-    Stopped,
-}
-
 /// Everything `profiler stat` reports.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StatReport {
@@ -181,35 +174,11 @@ pub struct StatReport {
     pub lost_thread_records: u64,
 }
 
-/// Whether a process still runs (exists and is not a zombie).
-fn process_running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
-}
-
-fn command_end(status: std::process::ExitStatus) -> Option<CommandEnd> {
-    use std::os::unix::process::ExitStatusExt as _;
-    status
-        .code()
-        .map(CommandEnd::Exited)
-        .or_else(|| status.signal().map(CommandEnd::Signaled))
-}
-
-/// `profiler stat`'s exit code: the command's, as a shell reports it, else success.
-fn exit_code(end: Option<CommandEnd>) -> ExitCode {
-    match end {
-        Some(CommandEnd::Exited(code)) => ExitCode::from(code.clamp(0, 255) as u8),
-        Some(CommandEnd::Signaled(signal)) => ExitCode::from((128 + signal).clamp(0, 255) as u8),
-        Some(CommandEnd::Stopped) | None => ExitCode::SUCCESS,
-    }
-}
-
 /// Runs `profiler stat`. Its exit code is the launched command's (128 + N when signal N killed
 /// it), or success.
 pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
+    let mut signals = StopSignals::catch()?;
+    let output = Checker::default().check_optional("-o", args.output.as_deref())?;
     let target = args.target()?;
     let duration = args.duration()?;
     let registry = PmuRegistry::live().context("reading the PMUs from /sys")?;
@@ -238,8 +207,6 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
         None => counters.enable()?,
     }
     let mut ticker = tokio::time::interval(POLL_INTERVAL);
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
     let mut command_status = None;
     loop {
@@ -269,19 +236,17 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
                 break;
             }
             _ = until_deadline => break,
-            _ = interrupt.recv() => break,
-            _ = terminate.recv() => break,
+            _ = signals.recv() => break,
         }
     }
     counters.disable()?;
     let elapsed = start.elapsed();
-    let mut command_end = command_status.and_then(command_end);
+    let mut command_end = command_status.and_then(CommandEnd::from_status);
     if command_status.is_none() {
         if let Some(stopped) = &mut command {
             // Counting was stopped by the user: the launched command does not outlive it. Its
             // threads' exit records still arrive, with the counts frozen at the stop.
-            let _ = stopped.child.start_kill();
-            let _ = stopped.child.wait().await;
+            stopped.end(libc::SIGTERM).await?;
             command_end = Some(CommandEnd::Stopped);
         }
     }
@@ -305,12 +270,18 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
     } else {
         render::text(&report)
     };
-    match &args.output {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("writing the report to {}", path.display()))?,
+    match &output {
+        // The counts are printed all the same when their file cannot be written.
+        Some(output) => {
+            if let Err(error) = output.write(|out| Ok(out.write_all(text.as_bytes())?)) {
+                eprint!("{text}");
+                eprintln!("error: {error:#}");
+                return Ok(CommandEnd::exit_code_after_failed_outputs(report.command));
+            }
+        }
         None => eprint!("{text}"),
     }
-    Ok(exit_code(report.command))
+    Ok(CommandEnd::exit_code(report.command))
 }
 
 #[cfg(test)]
@@ -389,22 +360,5 @@ mod tests {
         assert!(err
             .to_string()
             .starts_with("unknown event 'cycels'. Did you mean: cycles"));
-    }
-
-    #[test]
-    fn the_exit_code_is_the_commands() {
-        assert_eq!(exit_code(Some(CommandEnd::Exited(3))), ExitCode::from(3));
-        assert_eq!(
-            exit_code(Some(CommandEnd::Signaled(9))),
-            ExitCode::from(137)
-        );
-        assert_eq!(exit_code(Some(CommandEnd::Stopped)), ExitCode::SUCCESS);
-        assert_eq!(exit_code(None), ExitCode::SUCCESS);
-    }
-
-    #[test]
-    fn zombies_and_missing_processes_are_not_running() {
-        assert!(process_running(std::process::id()));
-        assert!(!process_running(u32::MAX - 1));
     }
 }

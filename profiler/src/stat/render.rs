@@ -40,8 +40,9 @@ use serde::Serialize;
 
 use super::count::Count;
 use super::metrics::{metrics_for, EventValue, Metric};
-use super::{Breakdown, CommandEnd, StatEvent, StatReport};
+use super::{Breakdown, StatEvent, StatReport};
 use crate::events::catalog::unit;
+use crate::launch::CommandEnd;
 
 /// Width of the count column, as in perf.
 const COUNT_WIDTH: usize = 18;

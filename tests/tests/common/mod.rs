@@ -167,3 +167,103 @@ pub fn assert_no_losses(profile: &profiler::profile::Profile, explained: &[&str]
         .collect();
     assert!(lost.is_empty(), "losses: {lost:?}");
 }
+
+/// A process a test started, killed and reaped when the test ends, passed or failed, so that a
+/// failing test leaves no workload behind.
+pub struct Running(pub std::process::Child);
+
+impl Running {
+    pub fn spawn(command: &mut Command) -> Running {
+        Running(command.spawn().expect("the process starts"))
+    }
+
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Its exit status, or a panic (which still kills it) after `timeout`.
+    pub fn wait_at_most(&mut self, timeout: std::time::Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("waiting for the process") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the process did not exit within {timeout:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for its exit (at most `timeout`), with what it wrote to the pipes it was given.
+    pub fn output_at_most(&mut self, timeout: std::time::Duration) -> Output {
+        use std::io::Read as _;
+
+        let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                if let Some(mut pipe) = pipe {
+                    pipe.read_to_end(&mut bytes).ok();
+                }
+                bytes
+            })
+        };
+        let stdout = drain(self.0.stdout.take().map(|p| Box::new(p) as _));
+        let stderr = drain(self.0.stderr.take().map(|p| Box::new(p) as _));
+        let status = self.wait_at_most(timeout);
+        Output {
+            status,
+            stdout: stdout.join().unwrap(),
+            stderr: stderr.join().unwrap(),
+        }
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid, not reaped yet.
+        unsafe { libc::kill(self.0.id() as i32, signal) };
+    }
+}
+
+impl Running {
+    /// Kills and reaps it (its pid stays known).
+    pub fn stop(&mut self) {
+        self.0.kill().ok();
+        self.0.wait().ok();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Waits until the profiler `pid` is recording: its stop-signal handlers are installed (a signal
+/// now cannot kill it) and its counters are open; then a little longer for them to be enabled.
+pub fn wait_until_recording(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let handles_sigint = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|status| {
+                let hex = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+                u64::from_str_radix(hex.trim(), 16).ok()
+            })
+            .is_some_and(|caught| caught & (1 << (libc::SIGINT - 1)) != 0)
+    };
+    let has_perf_events = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .any(|link| link.to_string_lossy() == "anon_inode:[perf_event]")
+        })
+    };
+    while !(handles_sigint() && has_perf_events()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the profiler (pid {pid}) did not start recording within 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+}

@@ -131,7 +131,7 @@ impl Tools {
         argv.extend(options.iter().map(|option| option.to_string()));
         if tool == Tool::Ours {
             // The JSON report on stdout carries the sample accounting.
-            argv.push("--json".into());
+            argv.extend(["--json".into(), "-".into()]);
         }
         argv.extend(["-o".into(), path_arg(profile)]);
         match (target, tool) {
@@ -302,7 +302,7 @@ mod tests {
             tools
                 .argv(Tool::Ours, &sampling, command, file, &["--stats"])
                 .join(" "),
-            "/r/profiler record -e page-faults -c 1 --stats --json -o /w/p -- /r/run_timed \
+            "/r/profiler record -e page-faults -c 1 --stats --json - -o /w/p -- /r/run_timed \
              /r/deep_stack 5"
         );
         assert_eq!(
@@ -330,7 +330,7 @@ mod tests {
             tools
                 .argv(Tool::Ours, &sampling, system, file, &[])
                 .join(" "),
-            "/r/profiler record -e cpu-clock -F 1000 --json -o /w/p -a --duration 2.5"
+            "/r/profiler record -e cpu-clock -F 1000 --json - -o /w/p -a --duration 2.5"
         );
         assert_eq!(
             tools

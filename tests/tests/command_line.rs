@@ -1,0 +1,849 @@
+//! `profiler record` as a command-line tool: the command's bytes and exit status pass through,
+//! stop signals reach the command, outputs are checked first, written privately, never through
+//! planted links, and a failed write loses nothing else; capabilities alone are enough.
+
+mod common;
+
+use std::{
+    os::unix::fs::{symlink, FileTypeExt, MetadataExt, PermissionsExt},
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::{profiler_bin, require_root, temp_dir, wait_until_recording, workload, Running};
+use profiler::profile::{file::read_profile, Profile};
+
+/// Runs the profiler with `args`, whatever its exit status.
+fn run(args: &[&str]) -> Output {
+    require_root();
+    Command::new(profiler_bin())
+        .args(args)
+        .output()
+        .expect("the profiler runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
+
+/// Samples whose innermost user frame is in `function`.
+fn function_samples(profile: &Profile, function: &str) -> u64 {
+    profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            stack
+                .frames
+                .iter()
+                .map(|&id| &profile.frames[id as usize])
+                .find(|frame| !frame.kernel)
+                .is_some_and(|frame| frame.function.as_deref() == Some(function))
+        })
+        .map(|stack| stack.count)
+        .sum()
+}
+
+#[test]
+fn record_passes_the_commands_bytes_and_exit_status_through() {
+    let dir = temp_dir("passthrough");
+    // Every byte value, NULs and newlines included, well past a pipe's buffer.
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let input = dir.join("data.bin");
+    std::fs::write(&input, &data).unwrap();
+    let script = format!("cat {}; exit 7", input.display());
+    let output = run(&["record", "--", "sh", "-c", &script]);
+    assert_eq!(output.status.code(), Some(7), "{}", text(&output.stderr));
+    assert!(
+        output.stdout == data,
+        "the command's standard output was changed"
+    );
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("Sample accounting:"),
+        "the report goes to stderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("Recording ended: the command exited with status 7."),
+        "{stderr}"
+    );
+
+    let output = run(&["record", "--", "sh", "-c", "kill -SEGV $$"]);
+    assert_eq!(output.status.code(), Some(139), "{}", text(&output.stderr));
+    assert!(output.stdout.is_empty());
+    assert!(
+        text(&output.stderr)
+            .contains("Recording ended: the command was killed by signal 11 (SIGSEGV)."),
+        "{}",
+        text(&output.stderr)
+    );
+
+    // Standard input reaches the command too.
+    let mut child = Command::new(profiler_bin())
+        .args(["record", "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feeder = {
+        let data = data.clone();
+        std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &data))
+    };
+    let output = child.wait_with_output().unwrap();
+    feeder.join().unwrap().unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        output.stdout == data,
+        "standard input did not pass through unchanged"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn the_report_goes_to_the_file_asked_and_json_to_a_path() {
+    let dir = temp_dir("report-file");
+    let json = dir.join("report.json");
+    let report = dir.join("report.txt");
+    let output = run(&[
+        "record",
+        "--json",
+        path_str(&json),
+        "--",
+        "sh",
+        "-c",
+        "echo workload output; exit 3",
+    ]);
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "workload output\n");
+    let parsed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(parsed["schema"], "profiler.report/1");
+    assert_eq!(parsed["recording"]["command"]["exit_code"], 3);
+    assert_eq!(parsed["recording"]["stop"], "command exited");
+
+    let output = run(&[
+        "record",
+        "--report",
+        path_str(&report),
+        "--",
+        "sh",
+        "-c",
+        "echo workload output",
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "workload output\n");
+    let written = std::fs::read_to_string(&report).unwrap();
+    assert!(written.contains("Sample accounting:"), "{written}");
+    assert!(!text(&output.stderr).contains("Sample accounting:"));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A shell command that prints `ready`, idles until one of the stop signals, then spins a while
+/// (so the recording must go on after the signal to see it) and exits 3.
+const EXITS_3_ON_SIGNALS: &str =
+    "trap 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exit 3' \
+                                  INT TERM HUP QUIT; echo ready; while :; do sleep 0.02; done";
+
+/// Starts `profiler record ARGS -- sh -c SCRIPT` and waits until the script printed `ready`.
+fn start_ready(args: &[&str], script: &str) -> Running {
+    require_root();
+    let mut profiler = Running::spawn(
+        Command::new(profiler_bin())
+            .args(args)
+            .args(["--", "sh", "-c", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    let mut line = String::new();
+    let mut stdout = std::io::BufReader::new(profiler.0.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    profiler
+}
+
+#[test]
+fn stop_signals_are_forwarded_and_the_recording_goes_on_until_the_command_exits() {
+    let dir = temp_dir("forward");
+    for (signal, name) in [
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGQUIT, "SIGQUIT"),
+    ] {
+        let file = dir.join(format!("{name}.prof"));
+        let mut profiler = start_ready(
+            &["record", "-F", "999", "-o", path_str(&file)],
+            EXITS_3_ON_SIGNALS,
+        );
+        profiler.signal(signal);
+        let output = profiler.output_at_most(Duration::from_secs(20));
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(3), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "Recording ended: the profiler received {name} and forwarded it to the command, \
+                 and the command exited with status 3."
+            )),
+            "{name}: {stderr}"
+        );
+        // The command's work after the signal was recorded.
+        let profile = read_profile(&file).unwrap();
+        let samples: u64 = profile.stacks.iter().map(|s| s.count).sum();
+        assert!(samples >= 20, "{name}: {samples} samples after the signal");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_second_signal_or_the_grace_period_ends_a_command_that_ignores_the_first() {
+    let ignores_term = "trap '' TERM; echo ready; while :; do sleep 0.02; done";
+    let mut profiler = start_ready(&["record"], ignores_term);
+    profiler.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        profiler.0.try_wait().unwrap().is_none(),
+        "stopped before the command exited"
+    );
+    profiler.signal(libc::SIGTERM);
+    let output = profiler.output_at_most(Duration::from_secs(3));
+    assert_eq!(output.status.code(), Some(137), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("it was killed when the profiler received SIGTERM too"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let mut profiler = start_ready(&["record"], ignores_term);
+    let started = Instant::now();
+    profiler.signal(libc::SIGTERM);
+    let output = profiler.output_at_most(Duration::from_secs(15));
+    let waited = started.elapsed();
+    assert_eq!(output.status.code(), Some(137), "{}", text(&output.stderr));
+    assert!(
+        (Duration::from_millis(4_500)..Duration::from_secs(10)).contains(&waited),
+        "killed after {waited:?}, the grace period is 5 s"
+    );
+    assert!(
+        text(&output.stderr).contains("it was killed after it had not exited for 5 s"),
+        "{}",
+        text(&output.stderr)
+    );
+}
+
+#[test]
+fn duration_asks_the_command_to_exit_with_sigterm() {
+    let started = Instant::now();
+    let mut profiler = start_ready(
+        &["record", "--duration", "1"],
+        "trap 'exit 5' TERM; echo ready; while :; do sleep 0.02; done",
+    );
+    let output = profiler.output_at_most(Duration::from_secs(10));
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(5), "{stderr}");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(
+        stderr.contains(
+            "Recording ended: --duration ended: the command was sent SIGTERM, and the command \
+             exited with status 5."
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn system_wide_runs_end_on_duration_and_on_sigterm_with_everything_recorded() {
+    let dir = temp_dir("system-wide");
+    let cpu_split = workload("cpu_split");
+    // Busy for the whole of both recordings.
+    let _busy = Running::spawn(Command::new(&cpu_split).arg("40000").stderr(Stdio::null()));
+
+    let file = dir.join("duration.prof");
+    let started = Instant::now();
+    let output = run(&["record", "-a", "--duration", "1.5", "-o", path_str(&file)]);
+    let elapsed = started.elapsed();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    // The report of a whole system takes a while on a loaded machine, not minutes.
+    assert!(elapsed < Duration::from_secs(90), "took {elapsed:?}");
+    let profile = read_profile(&file).unwrap();
+    let recorded = Duration::from_nanos(profile.meta.duration_ns);
+    assert!(
+        (Duration::from_millis(1_400)..Duration::from_millis(2_500)).contains(&recorded),
+        "recorded for {recorded:?}"
+    );
+    assert!(
+        function_samples(&profile, "cpu_split::heavy_work") > 200,
+        "a busy CPU for 1.5 s at 997 Hz"
+    );
+    assert!(text(&output.stderr).contains("Recording ended: --duration ended."));
+
+    let file = dir.join("sigterm.prof");
+    let mut profiler = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["record", "-a", "-o", path_str(&file)])
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(profiler.id());
+    std::thread::sleep(Duration::from_secs(1));
+    profiler.signal(libc::SIGTERM);
+    let output = profiler.output_at_most(Duration::from_secs(30));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("Recording ended: the profiler received SIGTERM."),
+        "{}",
+        text(&output.stderr)
+    );
+    let profile = read_profile(&file).unwrap();
+    assert!(function_samples(&profile, "cpu_split::heavy_work") > 100);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn record_p_stops_when_every_process_has_exited() {
+    let dir = temp_dir("pids-exit");
+    let cpu_split = workload("cpu_split");
+    let mut first = Running::spawn(Command::new(&cpu_split).arg("2000").stderr(Stdio::null()));
+    let mut second = Running::spawn(Command::new(&cpu_split).arg("5000").stderr(Stdio::null()));
+    let pids = format!("{},{}", first.id(), second.id());
+    let file = dir.join("pids.prof");
+    let mut profiler = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["record", "-p", &pids, "-o", path_str(&file)])
+            .stderr(Stdio::piped()),
+    );
+    first.wait_at_most(Duration::from_secs(20));
+    second.wait_at_most(Duration::from_secs(20));
+    let output = profiler.output_at_most(Duration::from_secs(5));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("Recording ended: every profiled process exited."),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(function_samples(&read_profile(&file).unwrap(), "cpu_split::heavy_work") > 100);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The pid of `parent`'s child, once it runs `comm`.
+fn child_running(parent: u32, comm: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+            .unwrap_or_default();
+        for child in children.split_whitespace() {
+            let name = std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+            if name.trim_end() == comm {
+                return child.parse().unwrap();
+            }
+        }
+        assert!(Instant::now() < deadline, "no child {comm} of {parent}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.starts_with(" Z"))
+    })
+}
+
+#[test]
+fn a_command_does_not_outlive_a_profiler_killed_outright() {
+    require_root();
+    let mut profiler = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["record", "--", "sleep", "60"])
+            .stderr(Stdio::null()),
+    );
+    let sleep = child_running(profiler.id(), "sleep");
+    profiler.signal(libc::SIGKILL);
+    profiler.wait_at_most(Duration::from_secs(5));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(sleep) {
+        assert!(
+            Instant::now() < deadline,
+            "the command {sleep} outlived its profiler"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn outputs_are_checked_before_recording() {
+    for (option, path, expected) in [
+        (
+            "-o",
+            "/nonexistent/x.prof",
+            "the directory /nonexistent does not exist",
+        ),
+        ("--raw", "/dev/full", "is a device"),
+        ("--folded", "/dev/full", "is a device"),
+        ("--flamegraph", "/dev/full", "is a device"),
+        ("--pprof", "/dev/full", "is a device"),
+        ("--histogram", "/dev/full", "is a device"),
+        ("--report", "/dev/full", "is a device"),
+        ("--json", "/dev/full", "is a device"),
+        ("-o", "/tmp", "is a directory"),
+    ] {
+        let started = Instant::now();
+        let output = run(&["record", "-a", "--duration", "30", option, path]);
+        let stderr = text(&output.stderr);
+        assert!(!output.status.success(), "{option} {path}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{option} {path} was refused only after {:?}",
+            started.elapsed()
+        );
+        assert!(
+            stderr.contains(&format!("error: {option} {path}")) && stderr.contains(expected),
+            "{option} {path}: {stderr}"
+        );
+    }
+    let output = run(&["stat", "-a", "--duration", "30", "-o", "/dev/full"]);
+    assert!(text(&output.stderr).contains("error: -o /dev/full"));
+    assert!(std::fs::metadata("/dev/full")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+}
+
+/// Every output option of `record`, with a file name for it under `dir`.
+fn record_outputs(dir: &Path) -> Vec<(&'static str, PathBuf)> {
+    [
+        ("-o", "run.prof"),
+        ("--raw", "raw.jsonl"),
+        ("--folded", "stacks.folded"),
+        ("--flamegraph", "flame.svg"),
+        ("--pprof", "profile.pb.gz"),
+        ("--histogram", "latency.svg"),
+        ("--json", "report.json"),
+    ]
+    .into_iter()
+    .map(|(option, name)| (option, dir.join(name)))
+    .collect()
+}
+
+fn lchown(path: &Path, uid: u32) {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::lchown(c_path.as_ptr(), uid, uid) }, 0);
+}
+
+#[test]
+fn links_planted_in_a_sticky_directory_are_not_followed() {
+    let dir = temp_dir("planted");
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "root's own data").unwrap();
+    // World-writable and sticky like /tmp, owned by one user; the links by another.
+    let sticky = dir.join("shared");
+    std::fs::create_dir_all(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    lchown(&sticky, 4242);
+    let mut options = record_outputs(&sticky);
+    options.push(("--report", sticky.join("report.txt")));
+    for (option, link) in &options {
+        symlink(&victim, link).unwrap();
+        lchown(link, 4343);
+        let value = path_str(link);
+        let args: Vec<&str> = match *option {
+            "--report" => vec!["record", "-a", "--duration", "5", "--report", value],
+            _ => vec!["record", "-a", "--duration", "5", option, value],
+        };
+        let output = run(&args);
+        let stderr = text(&output.stderr);
+        assert!(!output.status.success(), "{option}");
+        assert!(
+            stderr.contains(&format!("error: {option} {value}"))
+                && stderr.contains("refusing to follow the symbolic link"),
+            "{option}: {stderr}"
+        );
+    }
+    let link = sticky.join("stat.json");
+    symlink(&victim, &link).unwrap();
+    lchown(&link, 4343);
+    let output = run(&[
+        "stat",
+        "-e",
+        "task-clock",
+        "-o",
+        path_str(&link),
+        "--",
+        "true",
+    ]);
+    assert!(text(&output.stderr).contains("refusing to follow the symbolic link"));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root's own data");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn every_output_is_created_private() {
+    let dir = temp_dir("private");
+    let outputs = record_outputs(&dir);
+    // An older file's wider mode is not kept.
+    std::fs::write(&outputs[0].1, "old").unwrap();
+    std::fs::set_permissions(&outputs[0].1, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut args: Vec<String> = ["record", "-e", "page-faults", "-c", "1"]
+        .map(String::from)
+        .to_vec();
+    for (option, path) in &outputs {
+        args.extend([option.to_string(), path_str(path).to_string()]);
+    }
+    args.extend([
+        "--".to_string(),
+        path_str(&workload("page_toucher")).to_string(),
+        "200".into(),
+    ]);
+    let report = dir.join("report.txt");
+    let stat = dir.join("stat.txt");
+    let script = "umask 0 && exec \"$0\" \"$@\"";
+    for argv in [
+        args.clone(),
+        vec![
+            "record".into(),
+            "--report".into(),
+            path_str(&report).into(),
+            "--".into(),
+            "true".into(),
+        ],
+        vec![
+            "stat".into(),
+            "-o".into(),
+            path_str(&stat).into(),
+            "--".into(),
+            "true".into(),
+        ],
+    ] {
+        // With umask 0, the mode the profiler asks for is the mode the file gets.
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(profiler_bin())
+            .args(&argv)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{argv:?}: {}",
+            text(&output.stderr)
+        );
+    }
+    let mut written: Vec<PathBuf> = outputs.into_iter().map(|(_, path)| path).collect();
+    written.extend([report, stat]);
+    for path in written {
+        let mode = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .mode();
+        assert_eq!(
+            mode & 0o777,
+            0o600,
+            "{} is {:o}",
+            path.display(),
+            mode & 0o777
+        );
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A tmpfs mounted for one test, unmounted when it ends.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    /// A 1 MiB tmpfs, filled up.
+    fn full(name: &str) -> SmallDisk {
+        let dir = temp_dir(name);
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "none", path_str(&dir)])
+            .status()
+            .unwrap();
+        assert!(status.success(), "mounting a tmpfs needs root");
+        let disk = SmallDisk(dir);
+        let filler = disk.0.join("filler");
+        let error = std::fs::write(&filler, vec![0u8; 2 << 20]).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::ENOSPC));
+        disk
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        Command::new("umount").arg(&self.0).status().ok();
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+#[test]
+fn a_full_disk_keeps_the_report_names_the_files_and_fails() {
+    let disk = SmallDisk::full("full-disk");
+    let profile = disk.0.join("run.prof");
+    let folded = disk.0.join("stacks.folded");
+    let output = run(&[
+        "record",
+        "-o",
+        path_str(&profile),
+        "--folded",
+        path_str(&folded),
+        "--",
+        path_str(&workload("cpu_split")),
+        "500",
+    ]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cpu_split::heavy_work"),
+        "the report is printed:\n{stderr}"
+    );
+    for (option, path) in [("-o", &profile), ("--folded", &folded)] {
+        assert!(
+            stderr.contains(&format!("error: {option} {}: cannot", path.display()))
+                && stderr.contains("No space left on device (os error 28)"),
+            "{option}: {stderr}"
+        );
+    }
+    let names: Vec<_> = std::fs::read_dir(&disk.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    assert_eq!(names, ["filler"], "nothing half-written is left behind");
+}
+
+#[test]
+fn a_failing_raw_stream_stops_the_stream_not_the_recording() {
+    let dir = temp_dir("raw-full");
+    let file = dir.join("run.prof");
+    let output = Command::new(profiler_bin())
+        .args(["record", "--raw", "-", "-o", path_str(&file), "--"])
+        .arg(workload("cpu_split"))
+        .arg("1000")
+        .stdout(
+            std::fs::File::options()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "error: --raw (standard output): cannot write; stopped streaming samples: No space \
+             left on device (os error 28)"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Sample accounting:"), "{stderr}");
+    assert!(function_samples(&read_profile(&file).unwrap(), "cpu_split::heavy_work") > 100);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// The uid and gid of the unprivileged user the capability test runs as, created if missing.
+fn unprivileged_user() -> (u32, u32) {
+    const NAME: &str = "profiler-test";
+    let id = |flag: &str| {
+        let output = Command::new("id").args([flag, NAME]).output().unwrap();
+        output
+            .status
+            .success()
+            .then(|| text(&output.stdout).trim().parse::<u32>().unwrap())
+    };
+    if id("-u").is_none() {
+        let status = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                NAME,
+            ])
+            .status()
+            .unwrap();
+        assert!(status.success(), "useradd {NAME} failed");
+    }
+    (id("-u").unwrap(), id("-g").unwrap())
+}
+
+#[test]
+fn cap_bpf_and_cap_perfmon_alone_are_enough() {
+    require_root();
+    let (uid, gid) = unprivileged_user();
+    let dir = temp_dir("capabilities");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let binary = dir.join("profiler");
+    std::fs::copy(profiler_bin(), &binary).unwrap();
+    let cpu_split = dir.join("cpu_split");
+    std::fs::copy(workload("cpu_split"), &cpu_split).unwrap();
+    let setcap = Command::new("setcap")
+        .args(["cap_bpf,cap_perfmon+ep", path_str(&binary)])
+        .status()
+        .expect("setcap (Debian package libcap2-bin) is installed");
+    assert!(setcap.success());
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    lchown(&out, uid);
+    let file = out.join("run.prof");
+    let as_user = |args: &[&str]| {
+        Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={gid}"),
+                "--clear-groups",
+                "--",
+            ])
+            .arg(&binary)
+            .args(args)
+            .current_dir(&out)
+            .output()
+            .unwrap()
+    };
+    let output = as_user(&[
+        "record",
+        "--stats",
+        "-o",
+        path_str(&file),
+        "--",
+        path_str(&cpu_split),
+        "2000",
+    ]);
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("enabling BPF run-time statistics needs CAP_SYS_ADMIN"),
+        "--stats degrades with a note: {stderr}"
+    );
+    // Kernel symbols: said before the start when /proc/kallsyms hides them from this user.
+    let kallsyms = Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={gid}"),
+            "--clear-groups",
+        ])
+        .args(["head", "-c", "16", "/proc/kallsyms"])
+        .output()
+        .unwrap();
+    let hidden = text(&kallsyms.stdout).bytes().all(|b| b == b'0');
+    assert_eq!(
+        stderr.contains("note: kernel symbols are hidden from this user"),
+        hidden,
+        "{stderr}"
+    );
+    let map_memory = stderr
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("map memory: "))
+        .unwrap_or_else(|| panic!("no map memory line: {stderr}"));
+    assert!(!map_memory.starts_with("0.0 MiB"), "{map_memory}");
+    assert_eq!(std::fs::metadata(&file).unwrap().uid(), uid);
+    let profile = read_profile(&file).unwrap();
+    let all: u64 = profile.stacks.iter().map(|s| s.count).sum();
+    let heavy = function_samples(&profile, "cpu_split::heavy_work");
+    assert!(
+        heavy * 100 > all * 30,
+        "heavy_work has {heavy} of {all} samples"
+    );
+
+    // Another user's process cannot be read: said before anything starts.
+    let started = Instant::now();
+    let output = as_user(&["record", "-p", "1", "--duration", "30"]);
+    assert!(!output.status.success());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(
+        text(&output.stderr).contains("-p 1: cannot read the process's mappings and files")
+            && text(&output.stderr).contains("CAP_SYS_PTRACE"),
+        "{}",
+        text(&output.stderr)
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_signal_while_the_report_is_computed_stops_the_profiler_at_once() {
+    let dir = temp_dir("late-signal");
+    let file = dir.join("run.prof");
+    let mut profiler = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["record", "-a", "--duration", "1", "-o", path_str(&file)])
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(profiler.id());
+    // The counters close when the recording ends; symbolizing a whole system follows.
+    let has_perf_events = || {
+        std::fs::read_dir(format!("/proc/{}/fd", profiler.id())).is_ok_and(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .any(|link| link.to_string_lossy() == "anon_inode:[perf_event]")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while has_perf_events() {
+        assert!(Instant::now() < deadline, "the recording did not end");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let signalled = Instant::now();
+    profiler.signal(libc::SIGINT);
+    let output = profiler.output_at_most(Duration::from_secs(30));
+    let stderr = text(&output.stderr);
+    assert!(
+        signalled.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("SIGINT while the report was computed"),
+        "{stderr}"
+    );
+    assert!(!file.exists(), "no half-written profile");
+    let leftovers = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(leftovers, 0, "no temporary file left behind");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_command_whose_profiler_fails_to_start_never_runs() {
+    require_root();
+    let dir = temp_dir("failed-start");
+    let marker = dir.join("ran");
+    // Each descriptor limit makes the profiler fail one step later, until it has enough: some
+    // of those steps come after the command was started stopped (its counters, the side-band).
+    let mut failed_after_launch = false;
+    for limit in 20..400 {
+        let script = format!(
+            "ulimit -n {limit} && exec \"$0\" record -- sh -c 'touch {}'",
+            marker.display()
+        );
+        let output = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .arg(profiler_bin())
+            .output()
+            .unwrap();
+        if output.status.success() {
+            assert!(marker.exists(), "a successful recording ran its command");
+            break;
+        }
+        let stderr = text(&output.stderr);
+        failed_after_launch |= stderr.contains("cannot open event");
+        // An orphaned command would run right after its profiler exited.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !marker.exists(),
+            "the command ran although its profiler failed (ulimit -n {limit}): {stderr}"
+        );
+    }
+    assert!(
+        failed_after_launch,
+        "no descriptor limit made the counters fail to open"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
