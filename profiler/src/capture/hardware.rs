@@ -398,6 +398,13 @@ mod tests {
             "page-faults/period=1000/",
             "context-switches/period=7/",
             "minor-faults",
+            // Hardware, raw, IBS and PEBS events in period mode: the PMU counts the period down,
+            // and the program reads it from the sample data without the bit.
+            "cycles",
+            "cpu/event=0x3c/",
+            "ibs_op/period=160000/",
+            "ibs_fetch//",
+            "cpu/mem-loads,ldlat=30/",
         ] {
             let (sample_type, _) = hardware_sample_type(&spec(text), true);
             assert_eq!(sample_type & sample::PERIOD, 0, "{text}");
