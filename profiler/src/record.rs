@@ -20,7 +20,7 @@ use tokio::time::interval;
 use crate::{
     aggregate::{code::capture_code, dataspace::capture_data_objects},
     capture::{
-        counters::{open_sampling_counters, StackCapture, Target},
+        counters::{open_sampling_counters, EventCounter, StackCapture, Target},
         hardware::{self, cpu_identity, hardware_sample_type, raw_decoding, samples_latency},
         program::{CaptureProgram, MapSizes, Ring},
         raw::RawStream,
@@ -34,6 +34,7 @@ use crate::{
     },
     output::Output,
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
+    stat::count::Count,
     symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
 };
 
@@ -206,6 +207,21 @@ impl Capture {
             failures: self.failures,
         }
     }
+}
+
+/// What the sampling counters counted, per event: each counter's reading (inherited children
+/// included) scaled for multiplexing, summed over its placements.
+fn event_counts(counters: &mut [EventCounter], events: usize) -> Result<Vec<u64>> {
+    let mut totals = vec![0u64; events];
+    for counter in counters {
+        let reading = counter
+            .counter
+            .read_count_and_time()
+            .context("reading a sampling counter's count")?;
+        let count = Count::from_reading(reading.count, reading.time_enabled, reading.time_running);
+        totals[counter.event as usize] += count.estimate;
+    }
+    Ok(totals)
 }
 
 /// What reports say about an event.
@@ -603,6 +619,10 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         failures.extend(stream.finish()?);
     }
     let mut accounting = read_accounting(&program, options.events.len())?;
+    // A filter drops samples of what the counters still count: their totals would not match.
+    if config.flags & (CAPTURE_FILTER_CGROUP | CAPTURE_FILTER_UID) == 0 {
+        accounting.event_counts = event_counts(&mut counters, options.events.len())?;
+    }
     if let Some(stream) = &mut ibs {
         stream.finish(&mut drained.ibs)?;
         accounting.losses[LossKind::IbsRegistersUnreadable as usize] += stream.unreadable();

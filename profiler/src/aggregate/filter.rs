@@ -128,6 +128,11 @@ impl<'a> Selection<'a> {
 /// How a sample converts to an estimated event count.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum EventScale {
+    /// The sampling counters' own count of `events` over the `samples` they fired: each sample
+    /// stands for the exact mean, which also holds the remainders a period leaves in every
+    /// process (a short-lived child counts up to a period that never fires) and the ticks a
+    /// saturated clock timer skips.
+    Counted { events: u64, samples: u64 },
     /// Sampled every `period` events.
     Period(u64),
     /// Frequency sampling: the kernel varied the period; the mean of the fired samples' periods.
@@ -139,10 +144,18 @@ pub enum EventScale {
 impl EventScale {
     pub fn of(profile: &Profile, event: EventIndex) -> EventScale {
         let index = event as usize;
+        let losses = &profile.losses;
+        if let (Some(&events), Some(&samples)) = (
+            losses.event_counts.get(index),
+            losses.samples_fired.get(index),
+        ) {
+            if events > 0 && samples > 0 {
+                return EventScale::Counted { events, samples };
+            }
+        }
         if let Some(period) = profile.events.get(index).and_then(|e| e.period) {
             return EventScale::Period(period);
         }
-        let losses = &profile.losses;
         match (
             losses.period_sums.get(index),
             losses.samples_fired.get(index),
@@ -157,6 +170,10 @@ impl EventScale {
     /// Events that `samples` samples stand for.
     pub fn estimate(self, samples: u64) -> Option<f64> {
         match self {
+            EventScale::Counted {
+                events,
+                samples: fired,
+            } => Some(samples as f64 * events as f64 / fired as f64),
             EventScale::Period(period) => Some(samples as f64 * period as f64),
             EventScale::MeanPeriod(mean) => Some(samples as f64 * mean),
             EventScale::Unknown => None,
@@ -166,6 +183,11 @@ impl EventScale {
     /// What the estimate is, for the report's header.
     pub fn describe(self) -> String {
         match self {
+            EventScale::Counted { events, samples } => format!(
+                "events = samples x {:.1}: the counter counted {events} events in {samples} \
+                 samples",
+                events as f64 / samples as f64
+            ),
             EventScale::Period(period) => format!("events = samples x period {period}"),
             EventScale::MeanPeriod(mean) => {
                 format!("events = samples x mean period {mean:.0} (frequency sampling)")

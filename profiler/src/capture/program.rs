@@ -74,11 +74,12 @@ impl MapSizes {
     }
 
     /// How many new entries of each map one CPU creates between drain requests. Each CPU counts
-    /// its own, so up to `cpus` steps can go unannounced: a quarter of the map at most, which
-    /// leaves the agent a quarter between its check at half full and a full map.
+    /// its own, so up to `cpus` steps can go unannounced: an eighth of the map at most. The
+    /// agent drains from a quarter full, so at least five eighths of the map remain for the
+    /// time it takes to be scheduled and drain, however the steps fall.
     pub fn drain_request_steps(&self, cpus: usize) -> [u32; Fill::COUNT] {
-        let quarter_per_cpu = |fill: Fill| (self.entries(fill) / (4 * cpus.max(1) as u32)).max(1);
-        Fill::ALL.map(quarter_per_cpu)
+        let eighth_per_cpu = |fill: Fill| (self.entries(fill) / (8 * cpus.max(1) as u32)).max(1);
+        Fill::ALL.map(eighth_per_cpu)
     }
 }
 

@@ -79,6 +79,9 @@ pub struct Accounting {
     pub samples_fired: Vec<u64>,
     /// Sum of sample periods per event index.
     pub period_sums: Vec<u64>,
+    /// Events counted by the sampling counters per event index (read from the counters, not
+    /// the program; empty when the counts do not match the samples, as under a filter).
+    pub event_counts: Vec<u64>,
     pub samples_filtered: u64,
     pub losses: [u64; LossKind::COUNT],
 }
@@ -157,8 +160,9 @@ impl Drainer {
         self.requests.readable().await
     }
 
-    /// Drains now when any map of the generation being written is half full, rather than lose
-    /// samples to a full map before the next drain; whether it drained.
+    /// Drains now when any map of the generation being written is a quarter full, rather than
+    /// lose samples to a full map before the next drain (a drain can wait for the CPU on a busy
+    /// machine, and the program goes on filling meanwhile); whether it drained.
     pub fn drain_if_filling(
         &mut self,
         program: &mut CaptureProgram,
@@ -168,7 +172,7 @@ impl Drainer {
         while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
         let mut filling = false;
         for fill in Fill::ALL {
-            filling |= self.fill(program, fill)? * 2 > u64::from(self.sizes.entries(fill));
+            filling |= self.fill(program, fill)? * 4 > u64::from(self.sizes.entries(fill));
         }
         if filling {
             self.drain(program, into)?;

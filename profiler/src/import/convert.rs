@@ -609,6 +609,8 @@ fn losses(data: &PerfData, aggregates: &Aggregates) -> Losses {
     Losses {
         samples_fired,
         period_sums: per_event(&aggregates.period_sums),
+        // perf.data holds no counter totals, only samples.
+        event_counts: Vec::new(),
         counters: counters
             .into_iter()
             .map(|(name, count)| (name.to_string(), count))

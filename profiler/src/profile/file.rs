@@ -15,8 +15,8 @@
 //!
 //! The serialized profile is the format 1 body (the [`Profile`] model without the fields marked
 //! `#[serde(skip)]`), then in format 2 the additions of format 2 (the per-data-line latency
-//! histograms), serialized the same way. Older files end after the body and read with the
-//! additions empty.
+//! histograms), then in format 3 those of format 3 (the sampling counters' own event counts),
+//! serialized the same way. Older files end sooner and read with the later additions empty.
 //!
 //! Why these encodings: postcard's wire format is specified and stable across its 1.x releases,
 //! compact (varints, no field names) and among the fastest serde formats to decode, which is what
@@ -40,12 +40,14 @@ use crate::output::Output;
 
 pub const MAGIC: [u8; 8] = *b"EBPFPROF";
 /// The format this profiler writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format it reads.
 const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// What format 2 added after the format 1 body.
 type Format2Additions = (Vec<LineLatencyHistogram>,);
+/// What format 3 added after format 2's additions: the sampling counters' own counts.
+type Format3Additions = (Vec<u64>,);
 /// perf.data files start with this.
 const PERF_DATA_MAGIC: [u8; 8] = *b"PERFILE2";
 const HEADER_LEN: usize = 32;
@@ -241,6 +243,8 @@ pub fn encode_profile(profile: &Profile) -> Result<Vec<u8>, ProfileFileError> {
     let encode = |e| ProfileFileError::new(ProfileFileErrorKind::Encode(e));
     let body = postcard::to_allocvec(profile).map_err(encode)?;
     let serialized = postcard::to_extend(&(&profile.line_latency,), body).map_err(encode)?;
+    let serialized =
+        postcard::to_extend(&(&profile.losses.event_counts,), serialized).map_err(encode)?;
     frame_payload(&serialized)
 }
 
@@ -357,6 +361,17 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
     } else {
         rest
     };
+    let rest = if version >= 3 {
+        match postcard::take_from_bytes::<Format3Additions>(rest) {
+            Ok(((event_counts,), rest)) => {
+                profile.losses.event_counts = event_counts;
+                rest
+            }
+            Err(e) => return fail(Decode(e)),
+        }
+    } else {
+        rest
+    };
     if !rest.is_empty() {
         return fail(Inconsistent(format!(
             "{} bytes follow the serialized profile",
@@ -455,6 +470,7 @@ mod tests {
             samples_fired: vec![102, 7],
             counters: BTreeMap::from([("user stacks lost: stack-map hash collision".into(), 2)]),
             period_sums: vec![0, 70],
+            event_counts: Vec::new(),
         };
         profile.stacks[0].per_cpu = vec![40, 5];
         profile.stacks[0].cgroup = 1234;
@@ -567,13 +583,13 @@ mod tests {
         newer[8..12].copy_from_slice(&7u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "written by a newer profiler (format 7); this one reads format 2: \
+            "written by a newer profiler (format 7); this one reads format 3: \
              read it with a newer profiler"
         );
         newer[8..12].copy_from_slice(&0u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 2)"
+            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 3)"
         );
     }
 
@@ -744,6 +760,7 @@ mod written_formats {
                 samples_fired: vec![10],
                 counters: BTreeMap::from([("samples lost: stack-count map full".into(), 1)]),
                 period_sums: vec![89_999_919],
+                event_counts: Vec::new(),
             },
             code: vec![CodeBytes {
                 module: "/usr/bin/demo".into(),
@@ -846,6 +863,19 @@ mod written_formats {
         "80851608f0e74973266aabd5a21b1a4d82419c2ab83e06ac586e8f591cd916a66404e6648334df9be92800b50c9a3bf7",
     ];
 
+    /// A file this profiler wrote in format 3, from [`profile_3`] (`encode_profile` as hex).
+    const FORMAT_3: [&str; 9] = [
+        "4542504650524f4603000000694da4416501000000000000e40100000000000028b52ffd60e400dd0a00d6d2473a508d",
+        "3306d0732db120a83a42b606ad62f6ad5b00b92a0f11f351b2fa8808cd7b2c29feebf502304fca65b0f4cd65f6ad8061",
+        "8775f9d64bb64c323c0035003700389c2865cd913285e6e5983fcc73ff1939286438e9319314eb3a8bb8025b7e95a89c",
+        "f680488ac649c7c6de05069bf9c93a0e21c41d58c0775c88ebb2b5de6798d55eeb2fd5737f1d34f3a9b16f8e39cbed46",
+        "a527435363cf5f873f8fd461de519563fe4064480295340a02a876a354cf01180ca3ac93feae9c387e51442336d31bb7",
+        "93444bfc91c0dea9b7845397e2a6b3688e9eee3cf36bcf6cf55ce3b446f6deab7aff109bb25a96646778b07e85beb157",
+        "ad7fb5b7a0695f7cdc3ea07501828506110e4f3283272ada94f205632df6ea1ee2e1524de9debfd7e083a004160021bb",
+        "78052b007980851608f0e74973266aabd5a21b1a4d82419c2ab83e06ac586e8f591cd916a66404e6648334df9be92800",
+        "b50c9a3bf7",
+    ];
+
     fn decode_hex(lines: &[&str]) -> Result<Profile, ProfileFileError> {
         let hex = lines.concat();
         let bytes: Vec<u8> = (0..hex.len())
@@ -878,11 +908,23 @@ mod written_formats {
         assert_reads(&FORMAT_2, profile_2(), 2);
     }
 
+    /// [`profile_2`] with the counters' own counts, which format 3 added.
+    fn profile_3() -> Profile {
+        let mut profile = profile_2();
+        profile.losses.event_counts = vec![91_000_004_471];
+        profile
+    }
+
     #[test]
-    fn format_2_is_what_this_profiler_writes() {
-        let written = encode_profile(&profile_2()).unwrap();
-        assert_eq!(written[8..12], 2u32.to_le_bytes());
-        assert_eq!(decode_profile(&written).unwrap(), profile_2());
+    fn format_3_file_still_reads() {
+        assert_reads(&FORMAT_3, profile_3(), 3);
+    }
+
+    #[test]
+    fn format_3_is_what_this_profiler_writes() {
+        let written = encode_profile(&profile_3()).unwrap();
+        assert_eq!(written[8..12], 3u32.to_le_bytes());
+        assert_eq!(decode_profile(&written).unwrap(), profile_3());
     }
 }
 

@@ -195,6 +195,7 @@ pub fn assemble(
     let mut losses = Losses {
         samples_fired: accounting.samples_fired.clone(),
         period_sums: accounting.period_sums.clone(),
+        event_counts: accounting.event_counts.clone(),
         ..Losses::default()
     };
     for kind in LossKind::ALL {

@@ -228,6 +228,12 @@ pub struct Losses {
     /// with frequency sampling the kernel varies the period, and the mean period estimates the
     /// events each sample stands for.
     pub period_sums: Vec<u64>,
+    /// Events the sampling counters themselves counted, per event (empty when not read:
+    /// imports, filtered recordings, files before format 3): the exact total beside the
+    /// samples, as HP Caliper printed it, and what estimates scale to. Appended to the file
+    /// after the format 1 body (see `profile::file`).
+    #[serde(skip)]
+    pub event_counts: Vec<u64>,
 }
 
 /// The bytes of one function as its module file holds them.

@@ -64,7 +64,8 @@ struct JsonEvent {
 
 #[derive(Serialize)]
 struct JsonEstimate {
-    /// `period`, `mean-period` or `none`.
+    /// `counted` (the counter's exact count over its samples), `period`, `mean-period` or
+    /// `none`.
     method: &'static str,
     events_per_sample: Option<f64>,
 }
@@ -296,6 +297,10 @@ struct JsonDistribution {
 
 fn estimate(scale: EventScale) -> JsonEstimate {
     match scale {
+        EventScale::Counted { events, samples } => JsonEstimate {
+            method: "counted",
+            events_per_sample: Some(events as f64 / samples as f64),
+        },
         EventScale::Period(period) => JsonEstimate {
             method: "period",
             events_per_sample: Some(period as f64),
