@@ -140,13 +140,16 @@ pub struct ReportOutput {
     pub view: ViewArgs,
     #[command(flatten)]
     pub hardware: HardwareArgs,
-    /// Write folded stacks (for flamegraph.pl, speedscope) of the first event to this file.
+    /// Write folded stacks (for flamegraph.pl, speedscope) to this file: of the `--only-event`
+    /// event (default: the first), of the samples the report's filters select.
     #[arg(long, value_name = "FILE")]
     pub folded: Option<PathBuf>,
-    /// Write a flame graph SVG of the first event to this file.
+    /// Write a flame graph SVG to this file: of the `--only-event` event (default: the first),
+    /// of the samples the report's filters select.
     #[arg(long, value_name = "FILE")]
     pub flamegraph: Option<PathBuf>,
-    /// Write a pprof profile (gzipped protobuf, all events) to this file.
+    /// Write a pprof profile (gzipped protobuf) to this file: every event, or the `--only-event`
+    /// one, of the samples the report's filters select.
     #[arg(long, value_name = "FILE")]
     pub pprof: Option<PathBuf>,
 }

@@ -13,7 +13,9 @@ use crate::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
     },
-    export::{flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof},
+    export::{
+        flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof, selected_profile,
+    },
     hardware::render::{hardware_json, render_hardware},
     import::{is_perf_data, profile_from_perf_data_file},
     launch::TargetSpec,
@@ -22,7 +24,7 @@ use crate::{
         Profile,
     },
     record::{record, RecordOptions},
-    report::render_report,
+    report::{render_report, text::terminal_width},
     scope::{
         cgroup::{cgroup2_mount, cgroup_subtree_ids, resolve_cgroup_dir},
         container::find_container_cgroup,
@@ -116,7 +118,24 @@ fn resolve_cgroups(args: &RecordArgs) -> Result<Vec<u64>> {
         .with_context(|| format!("reading the cgroup tree under {}", directory.display()))
 }
 
-async fn run_record(args: RecordArgs) -> Result<ExitCode> {
+/// The cgroup, container and user filters as given, for the report's title: `cgroup
+/// system.slice, user alice`.
+fn describe_scope(args: &RecordArgs) -> Option<String> {
+    let parts: Vec<String> = [
+        args.cgroup
+            .as_ref()
+            .map(|path| format!("cgroup {}", path.display())),
+        args.container.as_ref().map(|id| format!("container {id}")),
+        args.uid.as_ref().map(|user| format!("user {user}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
+    args.report.view.width = terminal_width(&std::io::stdout());
     let pmus = PmuRegistry::live()?;
     let mut events = resolve_events(&args, &pmus)?;
     let cgroups = resolve_cgroups(&args)?;
@@ -172,6 +191,7 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
         stats: args.stats,
         cgroups,
         uid,
+        scope: describe_scope(&args),
         offsets,
     };
     let recording = record(options).await?;
@@ -195,7 +215,8 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_report(args: ReportArgs) -> Result<ExitCode> {
+fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
+    args.report.view.width = terminal_width(&std::io::stdout());
     let mut profile = if is_perf_data(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?
     {
@@ -211,8 +232,10 @@ fn create(path: &Path) -> Result<File> {
     File::create(path).with_context(|| format!("cannot create {}", path.display()))
 }
 
-/// Applies `--backtrack`, writes the requested exports, then prints the report (with the
-/// hardware view when asked).
+/// Applies `--backtrack`, writes the requested exports of what the report's filters select and
+/// names them, then prints the report (with the hardware view when asked). With an export and
+/// no JSON or hardware view asked, the written files are the output: the text report is not
+/// printed too.
 fn report(profile: &mut Profile, output: &ReportOutput) -> Result<()> {
     if let Some(summary) = output.hardware.prepare(profile) {
         eprintln!(
@@ -222,14 +245,31 @@ fn report(profile: &mut Profile, output: &ReportOutput) -> Result<()> {
         );
     }
     let profile = &*profile;
-    if let Some(path) = &output.folded {
-        write_folded(profile, 0, &mut create(path)?)?;
-    }
-    if let Some(path) = &output.flamegraph {
-        write_flamegraph(profile, 0, create(path)?)?;
-    }
-    if let Some(path) = &output.pprof {
-        write_pprof(profile, create(path)?)?;
+    let exports = [&output.folded, &output.flamegraph, &output.pprof];
+    if exports.iter().any(|path| path.is_some()) {
+        let view = &output.view;
+        let selected = selected_profile(profile, view.event.as_deref(), &view.filter())?;
+        let first = selected.events.first().map_or("", |e| e.name.as_str());
+        if let Some(path) = &output.folded {
+            write_folded(&selected, 0, &mut create(path)?)?;
+            eprintln!("folded stacks of {first} written to {}", path.display());
+        }
+        if let Some(path) = &output.flamegraph {
+            write_flamegraph(&selected, 0, create(path)?)?;
+            eprintln!("flame graph of {first} written to {}", path.display());
+        }
+        if let Some(path) = &output.pprof {
+            write_pprof(&selected, create(path)?)?;
+            let names: Vec<&str> = selected.events.iter().map(|e| e.name.as_str()).collect();
+            eprintln!(
+                "pprof profile of {} written to {}",
+                names.join(", "),
+                path.display()
+            );
+        }
+        if !view.json && output.hardware.hardware.is_none() {
+            return Ok(());
+        }
     }
     let mut text = render_report(profile, &output.view)?;
     if let Some(view) = output.hardware.hardware {

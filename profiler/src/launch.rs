@@ -87,6 +87,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn commands_are_described_shell_quoted() {
+        let target = TargetSpec::Command(vec![
+            "sh".into(),
+            "-c".into(),
+            "echo it's $HOME".into(),
+            "".into(),
+            "a/b-c.txt".into(),
+        ]);
+        assert_eq!(
+            target.describe(),
+            r#"`sh -c 'echo it'\''s $HOME' '' a/b-c.txt`"#
+        );
+    }
+
+    #[test]
     fn programs_are_found_by_path_or_on_path() {
         assert_eq!(resolve_program("/bin/sh"), Some(PathBuf::from("/bin/sh")));
         assert!(resolve_program("sh").is_some_and(|path| path.ends_with("sh")));
@@ -122,11 +137,25 @@ pub enum TargetSpec {
     System,
 }
 
+/// A word as a POSIX shell reads it back: as is when it is only safe characters, else in
+/// single quotes (a quote inside written `'\''`).
+pub fn shell_quoted(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
 impl TargetSpec {
     /// For reports: `` `cmd args` ``, `process 1,2`, `all CPUs`.
     pub fn describe(&self) -> String {
         match self {
-            TargetSpec::Command(argv) => format!("`{}`", argv.join(" ")),
+            TargetSpec::Command(argv) => {
+                let words: Vec<String> = argv.iter().map(|word| shell_quoted(word)).collect();
+                format!("`{}`", words.join(" "))
+            }
             TargetSpec::Processes(pids) => format!(
                 "process {}",
                 pids.iter()

@@ -47,6 +47,9 @@ pub struct RecordOptions {
     /// Keep only samples in these cgroups (ids).
     pub cgroups: Vec<u64>,
     pub uid: Option<u32>,
+    /// The cgroup, container or user filter as the user gave it (`cgroup /sys/fs/cgroup/x`),
+    /// for the report's title.
+    pub scope: Option<String>,
     pub offsets: Option<KernelOffsets>,
 }
 
@@ -74,7 +77,7 @@ pub fn event_info(spec: &EventSpec) -> EventInfo {
         Sampling::Frequency(hz) => (None, Some(hz)),
     };
     EventInfo {
-        name: spec.name.clone(),
+        name: spec.report_name(),
         period,
         frequency,
         unit: spec.unit.clone(),
@@ -352,7 +355,11 @@ pub async fn record(options: RecordOptions) -> Result<Recording> {
         profiler_version: env!("CARGO_PKG_VERSION").to_string(),
         hostname: hostname(),
         kernel_release: kernel_release(),
-        target: options.target.describe(),
+        target: match (&options.target, &options.scope) {
+            (TargetSpec::System, Some(scope)) => scope.clone(),
+            (target, Some(scope)) => format!("{} ({scope})", target.describe()),
+            (target, None) => target.describe(),
+        },
         start_unix_ns: unix_ns(start),
         duration_ns: duration.as_nanos() as u64,
     };

@@ -39,7 +39,8 @@ struct JsonFilters<'a> {
     pids: &'a [u32],
     comm: Option<&'a str>,
     module: Option<&'a str>,
-    top: usize,
+    /// `--top` as given; null when the rows are whole.
+    top: Option<usize>,
     sort: &'static str,
 }
 
@@ -628,7 +629,7 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
             pids: &args.pids,
             comm: args.comm.as_deref(),
             module: args.module.as_deref(),
-            top: args.top,
+            top: args.top.filter(|&rows| rows > 0),
             sort: args.sort.name(),
         },
         meta: &profile.meta,

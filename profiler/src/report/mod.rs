@@ -89,7 +89,7 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
     let options = ViewOptions {
         filter: &filter,
         sort: args.sort,
-        top: args.top,
+        top: args.rows(),
     };
     let mut sections = Vec::new();
     for event in events {
@@ -131,7 +131,7 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
         let latency = args
             .histogram
             .is_some()
-            .then(|| distributions(profile, event, &selection, args.top));
+            .then(|| distributions(profile, event, &selection, args.rows()));
         sections.push(EventSection {
             event,
             content,
@@ -210,6 +210,10 @@ mod tests {
             ..ViewArgs::default()
         });
         all.into_iter()
+            .map(|a| ViewArgs {
+                width: Some(text::WIDTH),
+                ..a
+            })
             .map(|a| (format!("{a:?}"), render_report(profile, &a).unwrap()))
             .collect()
     }
@@ -253,9 +257,51 @@ mod tests {
         assert_eq!(column(&text, "  self ", "do_syscall_64"), header);
         // Numbers are right-aligned under their headers.
         let end = |word: &str| column(&text, "  self ", word) + word.len();
-        assert_eq!(end("total"), end("   85"));
+        assert_eq!(end("cum"), end(" 85"));
+        assert!(
+            text.contains("self    %  sum% cum    %"),
+            "pprof's words: {text}"
+        );
         assert!(text.contains("60 60.0 compute <- run <- main"), "{text}");
         assert!(text.contains("Sample accounting:"));
+    }
+
+    #[test]
+    fn text_width_is_the_terminal_s_or_whole_and_events_have_a_unit() {
+        let mut profile = test_samples::profile();
+        profile.events[0].period = Some(1_000_000);
+        let long = format!("{}::compute", "very_long_module_path".repeat(5));
+        for frame in &mut profile.frames {
+            if frame.function.as_deref() == Some("compute") {
+                frame.function = Some(long.clone());
+            }
+        }
+        let whole = render_report(&profile, &ViewArgs::default()).unwrap();
+        assert!(
+            whole.contains(&long),
+            "nothing cut without a terminal: {whole}"
+        );
+        let header = whole.lines().find(|l| l.contains(" function ")).unwrap();
+        assert!(
+            header.contains(" ns function"),
+            "cpu-clock counts ns: {header}"
+        );
+        assert!(
+            whole.contains("cum     % events lat avg"),
+            "page-faults: {whole}"
+        );
+        for width in [80, 150] {
+            let text = render_report(
+                &profile,
+                &ViewArgs {
+                    width: Some(width),
+                    ..ViewArgs::default()
+                },
+            )
+            .unwrap();
+            assert!(text.lines().all(|l| chars(l) <= width), "{width}: {text}");
+            assert_eq!(text.contains(&long), width == 150, "{width}: {text}");
+        }
     }
 
     #[test]

@@ -1,0 +1,262 @@
+//! What reports name and say, on real recordings: JIT functions of a real runtime, processes whose main thread took no sample, the title's scope, pprof's column words,
+//! exports that follow the report's filters, and the terminal's width.
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::OnceLock,
+};
+
+use common::{profiler, profiler_bin, temp_dir, workload};
+use serde_json::Value;
+
+/// `threads 3 2` sampled on cpu-clock and on every page fault: three named spinning threads
+/// and a main thread that only waits.
+fn threads_profile() -> &'static Path {
+    static PROFILE: OnceLock<PathBuf> = OnceLock::new();
+    PROFILE.get_or_init(|| {
+        let file = temp_dir("wording-threads").join("threads.prof");
+        let threads = workload("threads");
+        profiler(&[
+            "record",
+            "-e",
+            "cpu-clock",
+            "-e",
+            "page-faults/period=1/",
+            "-o",
+            file.to_str().unwrap(),
+            "--",
+            threads.to_str().unwrap(),
+            "3",
+            "2",
+        ]);
+        file
+    })
+}
+
+fn report(file: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["report", "-i", file.to_str().unwrap()];
+    all.extend_from_slice(args);
+    profiler(&all)
+}
+
+fn report_json(file: &Path, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    serde_json::from_slice(&report(file, &all).stdout).expect("the report is JSON")
+}
+
+fn text(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn folded_total(folded: &str) -> u64 {
+    folded
+        .lines()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn node_jit_functions_are_named_from_its_perf_map() {
+    let dir = temp_dir("node-jit");
+    let script = dir.join("jit.js");
+    std::fs::write(
+        &script,
+        "function hotJsFunction(n) { let s = 0; for (let i = 0; i < n; i++) \
+         { s = (s * 31 + i) % 1000003; } return s; }\n\
+         const t = Date.now(); let r = 0;\n\
+         while (Date.now() - t < 1500) { r += hotJsFunction(100000); }\n\
+         console.log(r > 0);\n",
+    )
+    .unwrap();
+    let file = dir.join("node.prof");
+    let node = Command::new("node").arg("--version").output();
+    assert!(
+        node.is_ok_and(|o| o.status.success()),
+        "this test profiles a real JIT runtime: install node (apt-get install nodejs)"
+    );
+    // In its own directory: node writes V8 logs (isolate-*.log) where it runs.
+    let recorded = Command::new(profiler_bin())
+        .current_dir(&dir)
+        .args(["record", "-F", "499", "-o"])
+        .arg(&file)
+        .args(["--", "node", "--perf-basic-prof"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        recorded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&recorded.stderr)
+    );
+    let report = report_json(&file, &["--by", "function"]);
+    let functions = report["events"][0]["functions"].as_array().unwrap();
+    let hot = &functions[0];
+    assert!(
+        hot["function"].as_str().unwrap().contains("hotJsFunction"),
+        "{hot:#}"
+    );
+    assert!(hot["self_percent"].as_f64().unwrap() > 50.0, "{hot:#}");
+    assert!(
+        hot["module"].as_str().unwrap().starts_with("[perf-"),
+        "{hot:#}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn exports_follow_the_report_filters_and_are_named() {
+    let file = threads_profile();
+    let dir = temp_dir("wording-exports");
+    let folded = dir.join("spin2.folded");
+    let output = report(
+        file,
+        &[
+            "--only-comm",
+            "spin-2",
+            "--folded",
+            folded.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        text(&output).is_empty(),
+        "the export is the output, no text report: {}",
+        text(&output)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "folded stacks of cpu-clock written to {}",
+            folded.display()
+        )),
+        "{stderr}"
+    );
+    let stacks = std::fs::read_to_string(&folded).unwrap();
+    assert!(!stacks.is_empty());
+    assert!(stacks.lines().all(|l| l.starts_with("spin-2;")), "{stacks}");
+
+    // The event as it was given, and only its samples.
+    let faults = dir.join("faults.folded");
+    let svg = dir.join("faults.svg");
+    report(
+        file,
+        &[
+            "--only-event",
+            "page-faults/period=1/",
+            "--folded",
+            faults.to_str().unwrap(),
+            "--flamegraph",
+            svg.to_str().unwrap(),
+        ],
+    );
+    let json = report_json(file, &["--only-event", "page-faults/period=1/"]);
+    let event = &json["events"][0];
+    assert_eq!(event["name"], "page-faults/period=1/", "modifiers kept");
+    let samples = event["samples"].as_u64().unwrap();
+    assert_eq!(
+        folded_total(&std::fs::read_to_string(&faults).unwrap()),
+        samples
+    );
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg.contains(&format!("page-faults/period=1/: {samples} samples")),
+        "the flame graph is of the chosen event"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn processes_are_named_after_their_main_thread_even_unsampled() {
+    let dir = temp_dir("wording-process");
+    let file = dir.join("spin.prof");
+    let threads = workload("threads");
+    // Only the spinning threads run: the main thread waits, unsampled.
+    profiler(&[
+        "record",
+        "-e",
+        "cpu-clock",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        threads.to_str().unwrap(),
+        "2",
+        "1",
+    ]);
+    let json = report_json(&file, &["--by", "process"]);
+    let rows = json["events"][0]["processes"].as_array().unwrap();
+    assert_eq!(rows[0]["comm"], "threads", "{rows:#?}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn column_words_are_pprof_s_and_top_0_and_json_are_whole() {
+    let file = threads_profile();
+    let output = text(&report(file, &["--only-event", "cpu-clock", "--top", "0"]));
+    assert!(output.contains("self    %  sum% cum"), "{output}");
+    assert!(!output.contains("rows; --top N"), "{output}");
+    assert!(!output.contains("no samples"), "{output}");
+    let json = report_json(file, &["--by", "function"]);
+    for event in json["events"].as_array().unwrap() {
+        let rows = event["functions"].as_array().unwrap().len() as u64;
+        assert_eq!(rows, event["total_rows"].as_u64().unwrap(), "whole");
+    }
+    assert!(
+        json["events"][1]["total_rows"].as_u64().unwrap() > 20,
+        "enough page-fault functions to tell: {json:#}"
+    );
+    let json = report_json(file, &["--by", "function", "--top", "3"]);
+    assert_eq!(json["events"][1]["functions"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn text_fits_columns_or_is_whole() {
+    let file = threads_profile();
+    let narrow = Command::new(profiler_bin())
+        .args(["report", "--by", "line", "-i"])
+        .arg(file)
+        .env("COLUMNS", "72")
+        .output()
+        .unwrap();
+    let narrow = text(&narrow);
+    assert!(narrow.lines().all(|l| l.chars().count() <= 72), "{narrow}");
+    let whole = text(&report(file, &["--by", "line"]));
+    let longest = whole.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(!whole.contains('…'), "nothing cut into a pipe: {whole}");
+    assert!(longest > 72, "{whole}");
+}
+
+#[test]
+fn the_title_names_the_scope_and_quotes_the_command() {
+    let dir = temp_dir("wording-title");
+    let file = dir.join("user.prof");
+    profiler(&[
+        "record",
+        "--uid",
+        "0",
+        "--duration",
+        "0.3",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    let title = text(&report(&file, &[]));
+    assert!(title.starts_with("Profile of user 0 on "), "{title}");
+    let file = dir.join("quoted.prof");
+    profiler(&[
+        "record",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "echo it's here > /dev/null",
+    ]);
+    let title = text(&report(&file, &[]));
+    assert!(
+        title.starts_with(r"Profile of `sh -c 'echo it'\''s here > /dev/null'` on "),
+        "{title}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
