@@ -167,13 +167,13 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
         }
     };
     let entries = args.map_entries;
-    let ring_bytes = (args.ring_buffer_kib.max(4) * 1024).next_power_of_two();
+    let ring_bytes = args.ring_buffer_bytes();
     let options = RecordOptions {
         events,
         pmus,
         target,
         duration: args.duration(),
-        drain_interval: Duration::from_millis(args.drain_interval.max(10)),
+        drain_interval: Duration::from_millis(args.drain_interval),
         sizes: MapSizes {
             stacks: args.stack_map_entries,
             stack_counts: entries,

@@ -45,7 +45,7 @@ pub struct StatArgs {
     )]
     pub pids: Vec<u32>,
     /// Stop after this many seconds.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = crate::cli::seconds)]
     pub duration: Option<f64>,
     /// Counts per thread (with the thread's name), then the totals. Not with -a.
     #[arg(long, conflicts_with_all = ["all_cpus", "per_cpu"])]
@@ -91,14 +91,9 @@ impl StatArgs {
         }
     }
 
-    fn duration(&self) -> Result<Option<Duration>> {
-        self.duration
-            .map(|seconds| {
-                Duration::try_from_secs_f64(seconds).map_err(|_| {
-                    anyhow!("--duration {seconds}: give a positive number of seconds, e.g. 2.5")
-                })
-            })
-            .transpose()
+    pub(crate) fn duration(&self) -> Option<Duration> {
+        // `cli::seconds` checked that the value fits.
+        self.duration.map(Duration::from_secs_f64)
     }
 
     fn event_specs(&self, registry: &PmuRegistry, system_wide: bool) -> Result<Vec<EventSpec>> {
@@ -211,7 +206,7 @@ fn exit_code(end: Option<CommandEnd>) -> ExitCode {
 /// it), or success.
 pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
     let target = args.target()?;
-    let duration = args.duration()?;
+    let duration = args.duration();
     let registry = PmuRegistry::live().context("reading the PMUs from /sys")?;
     let specs = args.event_specs(&registry, target == TargetSpec::System)?;
     let facts = SystemFacts::read(&registry);
@@ -350,18 +345,9 @@ mod tests {
     #[test]
     fn durations_must_be_positive_numbers() {
         let parsed = args(&["-a", "--duration", "2.5"]).unwrap();
-        assert_eq!(
-            parsed.duration().unwrap(),
-            Some(Duration::from_millis(2_500))
-        );
-        let err = args(&["-a", "--duration=-1"])
-            .unwrap()
-            .duration()
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "--duration -1: give a positive number of seconds, e.g. 2.5"
-        );
+        assert_eq!(parsed.duration(), Some(Duration::from_millis(2_500)));
+        let err = args(&["-a", "--duration=-1"]).unwrap_err().to_string();
+        assert!(err.contains("'-1' for '--duration <SECONDS>'"), "{err}");
     }
 
     #[test]
