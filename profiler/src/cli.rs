@@ -85,7 +85,8 @@ pub struct RecordArgs {
     /// Write the profile to this file (read it back with `profiler report -i`).
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Also stream every sample, time-ordered, through a ring buffer into this file (JSON lines).
+    /// Also stream every sample through a ring buffer into this file (JSON lines, in timestamp
+    /// order).
     #[arg(long, value_name = "FILE")]
     pub raw: Option<PathBuf>,
     /// Report the capture's own cost: ns per sample in the kernel, map memory, drain time.
@@ -118,8 +119,13 @@ pub struct RecordArgs {
     pub no_kernel_stacks: bool,
     #[command(flatten)]
     pub report: ReportOutput,
-    /// The command to launch and profile.
-    #[arg(last = true, value_name = "COMMAND")]
+    /// The command to launch and profile: after `--`, or after the options as perf takes it
+    /// (`record ./prog -x`: what follows the program is its own).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
     pub command: Vec<String>,
 }
 
@@ -386,5 +392,20 @@ mod tests {
         assert_eq!(record.pids, vec![7]);
         assert_eq!(record.report.view.pids, vec![8]);
         assert_eq!(record.events, vec!["cycles"]);
+        let Command::Record(record) =
+            parse(&["profiler", "record", "-F", "99", "./prog", "-x", "--", "y"])
+        else {
+            panic!("not a record");
+        };
+        assert_eq!(
+            record.command,
+            ["./prog", "-x", "--", "y"],
+            "as perf takes it"
+        );
+        assert_eq!(record.frequency, Some(99));
+        let Command::Record(record) = parse(&["profiler", "record", "--", "./prog", "-x"]) else {
+            panic!("not a record");
+        };
+        assert_eq!(record.command, ["./prog", "-x"]);
     }
 }

@@ -40,7 +40,7 @@ pub struct RecordOptions {
     pub drain_interval: Duration,
     pub sizes: MapSizes,
     pub stacks: StackCapture,
-    /// Stream every sample, time-ordered, into this file (JSON lines).
+    /// Stream every sample, in timestamp order, into this file (JSON lines).
     pub raw: Option<std::path::PathBuf>,
     /// Measure the capture's own cost.
     pub stats: bool,

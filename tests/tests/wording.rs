@@ -260,3 +260,37 @@ fn the_title_names_the_scope_and_quotes_the_command() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn raw_samples_are_in_timestamp_order() {
+    let dir = temp_dir("wording-raw");
+    let raw = dir.join("samples.jsonl");
+    let threads = workload("threads");
+    // Two CPUs sampling at once: their samples interleave in the ring buffer.
+    profiler(&[
+        "record",
+        "-F",
+        "2000",
+        "--raw",
+        raw.to_str().unwrap(),
+        "-o",
+        dir.join("raw.prof").to_str().unwrap(),
+        "--",
+        threads.to_str().unwrap(),
+        "2",
+        "2",
+    ]);
+    let times: Vec<u64> = std::fs::read_to_string(&raw)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["time_ns"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert!(times.len() > 100, "{} samples", times.len());
+    let cpus_late = times.windows(2).filter(|w| w[1] < w[0]).count();
+    assert_eq!(cpus_late, 0, "samples out of timestamp order");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -276,12 +276,13 @@ fn code_group(kind: ViewKind, frame: &Frame) -> GroupKey {
     }
 }
 
-/// `function+0x1c`, or module+offset for code without a symbol.
+/// `function+0x1c`, module+offset for code without a symbol, or the address in no mapping.
 pub fn instruction_location(frame: &Frame) -> String {
     match (&frame.function, frame.function_address) {
         (Some(function), Some(start)) => {
             format!("{function}+{:#x}", frame.address.wrapping_sub(start))
         }
+        _ if frame.module.is_empty() => format!("{:#x}", frame.address),
         _ => frame.display_name(),
     }
 }

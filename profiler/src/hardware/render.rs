@@ -349,19 +349,14 @@ fn location(by: HardwareView, frame: &Frame, sample: &HardwareSample) -> (String
 fn function(frame: &Frame) -> String {
     match &frame.function {
         Some(function) => function.clone(),
-        None if frame.module.is_empty() => "[unknown]".to_string(),
+        None if frame.module.is_empty() => crate::profile::UNKNOWN_FUNCTION.to_string(),
         None => format!("[{}]", module_basename(&frame.module)),
     }
 }
 
 /// `function+0xoffset (file:line)`, or the module offset for code without symbols.
 fn instruction(frame: &Frame) -> String {
-    let mut text = match (&frame.function, frame.function_address) {
-        (Some(function), Some(start)) => {
-            format!("{function}+{:#x}", frame.address.wrapping_sub(start))
-        }
-        _ => frame.display_name(),
-    };
+    let mut text = crate::aggregate::views::instruction_location(frame);
     if let (Some(file), Some(line)) = (&frame.file, frame.line) {
         write!(text, " ({}:{line})", module_basename(file)).unwrap();
     }
