@@ -294,3 +294,49 @@ fn raw_samples_are_in_timestamp_order() {
     assert_eq!(cpus_late, 0, "samples out of timestamp order");
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn views_an_event_cannot_fill_say_what_they_need() {
+    let file = threads_profile();
+    let dcache = text(&report(
+        file,
+        &["--by", "dcache-line", "--only-event", "cpu-clock"],
+    ));
+    assert!(dcache.contains("carry no data addresses"), "{dcache}");
+    assert!(!dcache.contains(" 0x0 "), "no rows at address 0: {dcache}");
+    let hardware = text(&report(file, &["--hardware", "function"]));
+    assert!(
+        hardware.contains("No hardware data for --hardware"),
+        "{hardware}"
+    );
+    assert!(
+        hardware.contains("PEBS") && hardware.contains("IBS"),
+        "{hardware}"
+    );
+    let histogram = text(&report(file, &["--histogram", "--only-event", "cpu-clock"]));
+    assert!(
+        histogram.contains("latency distributions need PEBS"),
+        "{histogram}"
+    );
+    let dir = temp_dir("wording-histogram");
+    let svg = dir.join("latency.svg");
+    let plot = Command::new(profiler_bin())
+        .args(["report", "-i"])
+        .arg(file)
+        .arg("--histogram")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(!plot.status.success());
+    let stderr = String::from_utf8_lossy(&plot.stderr);
+    assert!(stderr.contains("nothing to plot"), "{stderr}");
+    assert!(!svg.exists());
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn stat_help_names_events_as_the_output_does() {
+    let help = text(&profiler(&["stat", "--help"]));
+    assert!(help.contains("branch-instructions"), "{help}");
+    assert!(!help.contains(" branches,"), "{help}");
+}

@@ -154,6 +154,18 @@ pub fn hardware_json(profile: &Profile, by: HardwareView) -> serde_json::Value {
 pub fn render_hardware(profile: &Profile, by: HardwareView) -> String {
     let report = hardware_report(profile, by);
     let mut out = String::new();
+    if report.sections.is_empty() && report.backtracked.is_empty() {
+        let events: Vec<&str> = profile.events.iter().map(|e| e.name.as_str()).collect();
+        writeln!(
+            out,
+            "\nNo hardware data for --hardware: it needs samples of a precise memory event \
+             (Intel PEBS, e.g. -e cpu/mem-loads,ldlat=30/P), of AMD IBS (-e ibs_op//, \
+             -e ibs_fetch//) or of an event with data addresses under --backtrack; this \
+             profile has {}",
+            events.join(", ")
+        )
+        .unwrap();
+    }
     for section in &report.sections {
         render_section(&mut out, section, by);
     }

@@ -61,6 +61,9 @@ struct JsonEvent {
     hot_paths: Option<Vec<JsonPath>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     latency_distributions: Option<Vec<JsonDistribution>>,
+    /// Why a view is empty when the event cannot fill it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -618,6 +621,7 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
                     .latency
                     .as_ref()
                     .map(|list| list.iter().map(distribution).collect()),
+                notes: section.notes.clone(),
             }
         })
         .collect();

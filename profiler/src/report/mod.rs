@@ -45,6 +45,24 @@ pub struct EventSection {
     pub hot_paths: Vec<CallPath>,
     /// With `--histogram`: the event's latency distributions (empty when it has none).
     pub latency: Option<Vec<Distribution>>,
+    /// Why the view is empty when the event cannot fill it (no data addresses).
+    pub notes: Vec<String>,
+}
+
+/// What `--by dcache-line` needs and an event lacks.
+pub const NO_DATA_ADDRESSES: &str = "this event's samples carry no data addresses: the data \
+    cache-line view needs an event that records them (page-faults, PEBS memory events such as \
+    cpu/mem-loads,ldlat=30/P, or IBS op ibs_op//)";
+/// What `--histogram` needs and an event lacks.
+pub const NO_LATENCY: &str = "no latency for this event: latency distributions need PEBS \
+    load-latency (cpu/mem-loads,ldlat=30/P) or IBS op (ibs_op//) samples";
+
+/// Whether any sample of `event` carried a data address.
+fn has_data_addresses(profile: &Profile, event: EventIndex) -> bool {
+    profile
+        .data_lines
+        .iter()
+        .any(|line| line.event == event && line.line != 0)
 }
 
 /// A report: the sections of the selected events.
@@ -93,6 +111,7 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
     };
     let mut sections = Vec::new();
     for event in events {
+        let mut notes = Vec::new();
         let (content, hot_paths) = if let Some(function) = &details_of {
             let details = function_details(profile, event, &selection, function);
             (Content::Function(details), Vec::new())
@@ -101,7 +120,13 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
             let paths = hot_paths(profile, event, &selection, Some(function), args.paths);
             (Content::CallGraph(graph), paths)
         } else {
-            let view = build_view(profile, args.by, event, &options);
+            let mut view = build_view(profile, args.by, event, &options);
+            if args.by == ViewKind::DcacheLine && !has_data_addresses(profile, event) {
+                // Samples without an address would all sit at "address 0x0".
+                view.rows.clear();
+                view.total_rows = 0;
+                notes.push(NO_DATA_ADDRESSES.to_string());
+            }
             let lines = if args.by == ViewKind::DcacheLine {
                 let histograms = LineHistograms::new(profile, event, &selection);
                 view.rows
@@ -137,6 +162,7 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
             content,
             hot_paths,
             latency,
+            notes,
         });
     }
     Ok(Report {
@@ -150,6 +176,17 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
 pub fn render_report(profile: &Profile, args: &ViewArgs) -> Result<String> {
     let report = build_report(profile, args)?;
     if let Some(Some(path)) = &args.histogram {
+        let plotted = report
+            .sections
+            .iter()
+            .any(|s| s.latency.as_ref().is_some_and(|l| !l.is_empty()));
+        if !plotted {
+            anyhow::bail!(
+                "--histogram {}: nothing to plot: {NO_LATENCY}, and no event of this report has \
+                 any",
+                path.display()
+            );
+        }
         let svg = svg::latency_plot(&report);
         std::fs::write(path, svg).with_context(|| {
             format!(

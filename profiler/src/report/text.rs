@@ -318,6 +318,9 @@ fn render_section(report: &Report, section: &EventSection, width: usize, out: &m
                 event_header(report, section, width, view.total_samples, &what)
             );
             let _ = writeln!(out, "{INDENT}{}", view.scale.describe());
+            for note in &section.notes {
+                wrapped(out, width, "note", std::slice::from_ref(note));
+            }
             render_view(report.profile, view, width, out);
             for line in lines {
                 render_data_line(line, width, out);
@@ -840,7 +843,7 @@ fn render_call_graph(graph: &Neighbours, width: usize, out: &mut String) {
 fn render_distributions(distributions: &[Distribution], width: usize, out: &mut String) {
     let _ = writeln!(out, "\n{INDENT}Latency percentiles (cycles):");
     if distributions.is_empty() {
-        let _ = writeln!(out, "{INDENT}no latency histograms for this event");
+        wrapped(out, width, "note", &[super::NO_LATENCY.to_string()]);
         return;
     }
     let rows: Vec<Vec<String>> = distributions

@@ -29,7 +29,7 @@ use crate::launch::{spawn_stopped, StoppedCommand, TargetSpec};
 pub struct StatArgs {
     /// Events to count: repeat or comma-separate (`profiler list` shows them). Default:
     /// task-clock (cpu-clock with -a), context-switches, cpu-migrations, page-faults, cycles,
-    /// instructions, branches, branch-misses.
+    /// instructions, branch-instructions, branch-misses.
     #[arg(short = 'e', long = "event", value_name = "EVENTS")]
     pub events: Vec<String>,
     /// Count on every CPU (all processes).
