@@ -340,3 +340,36 @@ fn stat_help_names_events_as_the_output_does() {
     assert!(help.contains("branch-instructions"), "{help}");
     assert!(!help.contains(" branches,"), "{help}");
 }
+
+#[test]
+fn a_truncated_perf_data_error_names_the_file_given() {
+    let dir = temp_dir("wording-perfdata");
+    let data = dir.join("short-run.data");
+    let recorded = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-o"])
+        .arg(&data)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done",
+        ])
+        .output()
+        .expect("perf is installed");
+    assert!(recorded.status.success());
+    let whole = std::fs::read(&data).unwrap();
+    let cut = dir.join("cut-short.data");
+    std::fs::write(&cut, &whole[..whole.len() * 2 / 3]).unwrap();
+    let output = Command::new(profiler_bin())
+        .args(["report", "-i"])
+        .arg(&cut)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&cut.display().to_string()) && stderr.contains("truncated"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
