@@ -373,3 +373,29 @@ fn a_truncated_perf_data_error_names_the_file_given() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn an_unprivileged_list_blames_the_missing_pmu_not_permissions() {
+    if Path::new("/sys/bus/event_source/devices/cpu").exists() {
+        println!("skipped: this machine has a hardware PMU, so cycles' reason is not its absence");
+        return;
+    }
+    common::require_root();
+    let output = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(profiler_bin())
+        .args(["list", "--json"])
+        .output()
+        .expect("setpriv (util-linux) runs the profiler as nobody");
+    assert!(output.status.success(), "{output:?}");
+    let listing: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let cycles = listing["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["entries"].as_array().unwrap())
+        .find(|e| e["name"] == "cycles")
+        .expect("cycles is listed");
+    let reason = cycles["availability"]["reason"].as_str().unwrap();
+    assert!(reason.contains("no hardware PMU"), "{reason}");
+}
