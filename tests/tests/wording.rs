@@ -399,3 +399,31 @@ fn an_unprivileged_list_blames_the_missing_pmu_not_permissions() {
     let reason = cycles["availability"]["reason"].as_str().unwrap();
     assert!(reason.contains("no hardware PMU"), "{reason}");
 }
+
+#[test]
+fn kernel_icache_lines_are_named_symbol_plus_offset() {
+    let lines = text(&report(
+        threads_profile(),
+        &[
+            "--by",
+            "icache-line",
+            "--only-event",
+            "page-faults/period=1/",
+            "--top",
+            "0",
+        ],
+    ));
+    let kernel: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains(" 0xffffffff"))
+        .collect();
+    assert!(!kernel.is_empty(), "page faults run kernel code: {lines}");
+    for line in kernel {
+        assert!(!line.contains("kallsyms"), "{line}");
+        let location = line.split_whitespace().nth(5).unwrap();
+        assert!(
+            location.contains("+0x") || location.contains("-0x"),
+            "{line}"
+        );
+    }
+}

@@ -123,6 +123,9 @@ pub enum RowKey {
         module_offset: u64,
         /// Functions with sampled instructions in the line, most samples first.
         functions: Vec<String>,
+        /// The line's start as people find it: `module+0xoffset` in user code, `symbol+0xoffset`
+        /// in the kernel, whose module offsets are bare addresses.
+        location: String,
     },
     DcacheLine {
         pid: u32,
@@ -573,6 +576,7 @@ fn row_key(
                 }
             } else {
                 RowKey::IcacheLine {
+                    location: line_location(frame, address, &module, module_offset),
                     address,
                     module,
                     module_offset,
@@ -585,6 +589,24 @@ fn row_key(
             address: line,
             object: describe_data_address(profile, pid, line),
         },
+    }
+}
+
+/// Where a code line starts (see `RowKey::IcacheLine::location`); `frame` is one of its
+/// instructions.
+fn line_location(frame: &Frame, address: u64, module: &str, module_offset: u64) -> String {
+    match (&frame.function, frame.function_address) {
+        (Some(function), Some(start)) if frame.kernel => {
+            if address >= start {
+                format!("{function}+{:#x}", address - start)
+            } else {
+                format!("{function}-{:#x}", start - address)
+            }
+        }
+        _ => format!(
+            "{}+{module_offset:#x}",
+            crate::profile::module_basename(module)
+        ),
     }
 }
 

@@ -377,6 +377,7 @@ fn key(key: &RowKey) -> JsonKey {
             module,
             module_offset,
             functions,
+            ..
         } => JsonKey::IcacheLine {
             address,
             module,

@@ -399,7 +399,7 @@ fn key_columns(kind: ViewKind) -> Vec<Column> {
         ],
         ViewKind::IcacheLine => vec![
             number("address"),
-            name("module+offset", Shorten::KeepEnd),
+            name("location", Shorten::KeepEnd),
             optional("functions", Shorten::KeepStart),
         ],
         ViewKind::DcacheLine => vec![
@@ -427,12 +427,12 @@ fn key_cells(key: &RowKey) -> Vec<String> {
         } => vec![location.clone(), source.clone().unwrap_or_default()],
         RowKey::IcacheLine {
             address,
-            module,
-            module_offset,
+            location,
             functions,
+            ..
         } => vec![
             format!("{address:#x}"),
-            format!("{}+{module_offset:#x}", module_basename(module)),
+            location.clone(),
             functions.join(", "),
         ],
         RowKey::DcacheLine {
