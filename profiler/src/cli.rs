@@ -45,15 +45,18 @@ pub struct RecordArgs {
         short = 'F',
         long = "freq",
         value_name = "HZ",
-        conflicts_with = "period"
+        conflicts_with = "period",
+        value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub frequency: Option<u64>,
     /// Sample every N events, for every event (the overflow value; Caliper's -s).
-    #[arg(short = 'c', short_alias = 's', long, value_name = "N")]
+    #[arg(short = 'c', short_alias = 's', long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub period: Option<u64>,
     /// Pick each event's overflow value from a short counting pass so that it samples about HZ
     /// times per second (a launched command, not yet running, is sampled at HZ instead).
-    #[arg(long, value_name = "HZ", conflicts_with_all = ["period", "frequency"])]
+    #[arg(long, value_name = "HZ", conflicts_with_all = ["period", "frequency"],
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub target_rate: Option<u64>,
     /// Profile every CPU (all processes).
     #[arg(short = 'a', long = "all-cpus", conflicts_with_all = ["pids", "command"])]
@@ -77,13 +80,13 @@ pub struct RecordArgs {
     #[arg(long, value_name = "USER")]
     pub uid: Option<String>,
     /// Stop after this many seconds.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
     pub duration: Option<f64>,
     /// Write the profile to this file (read it back with `profiler report -i`).
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Also stream every sample, time-ordered, through a ring buffer into this file (JSON lines;
-    /// `-`: standard output).
+    /// Also stream every sample through a ring buffer into this file (JSON lines, in timestamp
+    /// order; `-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub raw: Option<PathBuf>,
     /// Write the report to this file instead of standard error (`-`: standard output). The
@@ -98,21 +101,23 @@ pub struct RecordArgs {
     #[arg(long)]
     pub stats: bool,
     /// How often the agent drains the kernel maps, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    #[arg(long, value_name = "MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(10..=MAX_DRAIN_INTERVAL_MS))]
     pub drain_interval: u64,
     /// Entries of the stack map (per generation): more entries, fewer hash collisions.
-    #[arg(long, value_name = "N", default_value_t = 16384)]
+    #[arg(long, value_name = "N", default_value_t = 16384, value_parser = map_entries)]
     pub stack_map_entries: u32,
     /// Entries of the sample maps (stacks, instructions, data cache lines) per generation.
-    #[arg(long, value_name = "N", default_value_t = 16384)]
+    #[arg(long, value_name = "N", default_value_t = 16384, value_parser = map_entries)]
     pub map_entries: u32,
     /// Entries of each latency-histogram map (one histogram per process, event and instruction,
     /// and one per process, event and data cache line).
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = map_entries)]
     pub latency_map_entries: u32,
     /// Size in KiB of each ring buffer the program streams through: the `--raw` samples and the
-    /// registers of IBS samples (rounded up to a power of two pages).
-    #[arg(long, value_name = "KIB", default_value_t = 4096)]
+    /// registers of IBS samples (rounded up to a power of two pages; 4 to 1048576).
+    #[arg(long, value_name = "KIB", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(4..=MAX_RING_BUFFER_KIB as i64))]
     pub ring_buffer_kib: u32,
     /// Kernel BTF to read structure offsets from (default: /sys/kernel/btf/vmlinux).
     #[arg(long, value_name = "FILE")]
@@ -126,14 +131,68 @@ pub struct RecordArgs {
     pub record_args: bool,
     #[command(flatten)]
     pub report: ReportOutput,
-    /// The command to launch and profile.
-    #[arg(last = true, value_name = "COMMAND")]
+    /// The command to launch and profile: after `--`, or after the options as perf takes it
+    /// (`record ./prog -x`: what follows the program is its own).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
     pub command: Vec<String>,
+}
+
+/// Largest `--ring-buffer-kib`: 1 GiB, whose bytes (a power of two) still fit the u32 size the
+/// kernel takes.
+pub const MAX_RING_BUFFER_KIB: u32 = 1 << 20;
+/// Largest `--drain-interval`: a day.
+const MAX_DRAIN_INTERVAL_MS: u64 = 24 * 3600 * 1000;
+/// Largest map size asked for: the kernel's own limit for BPF hash maps is about this, and
+/// larger values only fail later with less clear errors.
+const MAX_MAP_ENTRIES: u32 = 1 << 28;
+
+/// `--duration`: a finite, positive number of seconds that a `Duration` holds.
+pub fn seconds(text: &str) -> Result<f64, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| "give a number of seconds, e.g. 2.5".to_string())?;
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err("give a positive, finite number of seconds, e.g. 2.5".into());
+    }
+    std::time::Duration::try_from_secs_f64(seconds)
+        .map(|_| seconds)
+        .map_err(|_| "too long: give at most about 5e11 seconds".into())
+}
+
+/// Entries of a BPF map: at least 1 (the kernel refuses an empty map) and at most
+/// [`MAX_MAP_ENTRIES`].
+fn map_entries(text: &str) -> Result<u32, String> {
+    let entries: u32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("give a whole number of entries from 1 to {MAX_MAP_ENTRIES}"))?;
+    if entries == 0 {
+        return Err("a map needs at least 1 entry (the kernel refuses empty maps)".into());
+    }
+    if entries > MAX_MAP_ENTRIES {
+        return Err(format!(
+            "at most {MAX_MAP_ENTRIES} entries (larger maps need more memory than the kernel \
+             lends BPF maps)"
+        ));
+    }
+    Ok(entries)
 }
 
 impl RecordArgs {
     pub fn duration(&self) -> Option<std::time::Duration> {
+        // `seconds` checked that the value fits.
         self.duration.map(std::time::Duration::from_secs_f64)
+    }
+
+    /// Bytes of each ring buffer: `--ring-buffer-kib` rounded up to a power of two (at most
+    /// [`MAX_RING_BUFFER_KIB`], so it fits).
+    pub fn ring_buffer_bytes(&self) -> u32 {
+        (self.ring_buffer_kib * 1024).next_power_of_two()
     }
 }
 
@@ -156,15 +215,17 @@ pub struct ReportOutput {
     pub view: ViewArgs,
     #[command(flatten)]
     pub hardware: HardwareArgs,
-    /// Write folded stacks (for flamegraph.pl, speedscope) of the first event to this file
-    /// (`-`: standard output).
+    /// Write folded stacks (for flamegraph.pl, speedscope) to this file: of the `--only-event`
+    /// event (default: the first), of the samples the report's filters select (`-`: standard
+    /// output).
     #[arg(long, value_name = "FILE")]
     pub folded: Option<PathBuf>,
-    /// Write a flame graph SVG of the first event to this file (`-`: standard output).
+    /// Write a flame graph SVG to this file: of the `--only-event` event (default: the first),
+    /// of the samples the report's filters select (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub flamegraph: Option<PathBuf>,
-    /// Write a pprof profile (gzipped protobuf, all events) to this file (`-`: standard
-    /// output).
+    /// Write a pprof profile (gzipped protobuf) to this file: every event, or the `--only-event`
+    /// one, of the samples the report's filters select (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub pprof: Option<PathBuf>,
 }
@@ -193,6 +254,129 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         command().debug_assert();
+    }
+
+    /// Options of every subcommand, and values that break careless number handling.
+    fn words() -> Vec<String> {
+        let mut words: Vec<String> = Vec::new();
+        for sub in command().get_subcommands() {
+            words.push(sub.get_name().to_string());
+            for arg in sub.get_arguments() {
+                words.extend(arg.get_long().map(|l| format!("--{l}")));
+                words.extend(arg.get_short().map(|s| format!("-{s}")));
+            }
+        }
+        for value in [
+            "0",
+            "-1",
+            "1",
+            "inf",
+            "-inf",
+            "nan",
+            "NaN",
+            "1e300",
+            "1e-300",
+            "4294967295",
+            "4294967296",
+            "18446744073709551615",
+            "18446744073709551616",
+            "",
+            " ",
+            "0x10",
+            "2.5",
+            "--",
+            "cycles",
+            "page-faults/period=0/",
+            "cpu-clock,",
+        ] {
+            words.push(value.to_string());
+        }
+        words
+    }
+
+    /// Parses a command line and computes every value the commands derive from numbers, as
+    /// they do before touching the kernel.
+    fn resolve(line: &[String]) {
+        let Ok(matches) = command().try_get_matches_from(line) else {
+            return;
+        };
+        let Ok(cli) = Cli::from_arg_matches(&matches) else {
+            return;
+        };
+        match cli.command {
+            Command::Record(record) => {
+                let _ = record.duration();
+                let _ = record.ring_buffer_bytes();
+                let _ = record.report.view.rows();
+            }
+            Command::Report(report) => {
+                let _ = report.report.view.rows();
+            }
+            Command::Stat(stat) => {
+                let _ = stat.duration();
+            }
+            Command::List { .. } => {}
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #[test]
+        fn no_command_line_panics(
+            picks in proptest::collection::vec(
+                (proptest::prelude::any::<proptest::sample::Index>(), ".{0,12}"), 0..8
+            ),
+            literal in proptest::prelude::any::<bool>(),
+        ) {
+            let words = words();
+            let mut line = vec!["profiler".to_string()];
+            for (pick, text) in picks {
+                line.push(if literal { text } else { pick.get(&words).clone() });
+            }
+            resolve(&line);
+        }
+    }
+
+    #[test]
+    fn numbers_out_of_range_are_refused_naming_the_option() {
+        let error = |line: &[&str]| {
+            command()
+                .try_get_matches_from(line)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        for value in ["inf", "nan", "1e300", "-1", "0"] {
+            let option = format!("--duration={value}");
+            let message = error(&["profiler", "record", "-a", &option]);
+            assert!(
+                message.contains(&format!("'{value}' for '--duration <SECONDS>'"))
+                    && message.contains("seconds"),
+                "{message}"
+            );
+        }
+        let message = error(&["profiler", "record", "-a", "--ring-buffer-kib", "4194304"]);
+        assert!(message.contains("--ring-buffer-kib"), "{message}");
+        let message = error(&["profiler", "record", "-a", "--map-entries", "0"]);
+        assert!(
+            message.contains("--map-entries") && message.contains("at least 1 entry"),
+            "{message}"
+        );
+        let message = error(&["profiler", "record", "-a", "-F", "0"]);
+        assert!(message.contains("--freq <HZ>"), "{message}");
+        let message = error(&["profiler", "record", "-a", "-c", "0"]);
+        assert!(message.contains("--period <N>"), "{message}");
+        let parse = |line: &[&str]| {
+            let matches = command().try_get_matches_from(line).unwrap();
+            match Cli::from_arg_matches(&matches).unwrap().command {
+                Command::Record(record) => record,
+                _ => unreachable!("a record line"),
+            }
+        };
+        let largest = parse(&["profiler", "record", "-a", "--ring-buffer-kib", "1048576"]);
+        assert_eq!(largest.ring_buffer_bytes(), 1 << 30);
+        let odd = parse(&["profiler", "record", "-a", "--ring-buffer-kib", "5"]);
+        assert_eq!(odd.ring_buffer_bytes(), 8192);
     }
 
     #[test]
@@ -224,5 +408,20 @@ mod tests {
         assert_eq!(record.pids, vec![7]);
         assert_eq!(record.report.view.pids, vec![8]);
         assert_eq!(record.events, vec!["cycles"]);
+        let Command::Record(record) =
+            parse(&["profiler", "record", "-F", "99", "./prog", "-x", "--", "y"])
+        else {
+            panic!("not a record");
+        };
+        assert_eq!(
+            record.command,
+            ["./prog", "-x", "--", "y"],
+            "as perf takes it"
+        );
+        assert_eq!(record.frequency, Some(99));
+        let Command::Record(record) = parse(&["profiler", "record", "--", "./prog", "-x"]) else {
+            panic!("not a record");
+        };
+        assert_eq!(record.command, ["./prog", "-x"]);
     }
 }

@@ -13,17 +13,19 @@ use crate::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
     },
-    export::{flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof},
+    export::{
+        flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof, selected_profile,
+    },
     hardware::render::{hardware_json, render_hardware},
     import::{is_perf_data, profile_from_perf_data_file},
     launch::{signal_name, CommandEnd, StopSignals, TargetSpec},
-    output::{Checker, Output},
+    output::{Checker, Output, OutputWriter},
     profile::{
         file::{read_profile, write_profile},
         Profile,
     },
     record::{record, Capture, RecordOptions},
-    report::{render_report, ViewArgs},
+    report::{render_report, text::terminal_width, ViewArgs},
     scope::{
         cgroup::{cgroup2_mount, cgroup_subtree_ids, resolve_cgroup_dir},
         container::find_container_cgroup,
@@ -118,10 +120,28 @@ fn resolve_cgroups(args: &RecordArgs) -> Result<Vec<u64>> {
         .with_context(|| format!("reading the cgroup tree under {}", directory.display()))
 }
 
-async fn run_record(args: RecordArgs) -> Result<ExitCode> {
+/// The cgroup, container and user filters as given, for the report's title: `cgroup
+/// system.slice, user alice`.
+fn describe_scope(args: &RecordArgs) -> Option<String> {
+    let parts: Vec<String> = [
+        args.cgroup
+            .as_ref()
+            .map(|path| format!("cgroup {}", path.display())),
+        args.container.as_ref().map(|id| format!("container {id}")),
+        args.uid.as_ref().map(|user| format!("user {user}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
+async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
     // From the start: no stop signal kills the profiler and leaves its command running.
     let mut signals = StopSignals::catch()?;
     let outputs = RecordOutputs::check(&args)?;
+    // The report goes to standard error, or to a file.
+    args.report.view.width = terminal_width(&std::io::stderr());
     let pmus = PmuRegistry::live()?;
     let mut events = resolve_events(&args, &pmus)?;
     let cgroups = resolve_cgroups(&args)?;
@@ -153,13 +173,13 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
         }
     };
     let entries = args.map_entries;
-    let ring_bytes = (args.ring_buffer_kib.max(4) * 1024).next_power_of_two();
+    let ring_bytes = args.ring_buffer_bytes();
     let options = RecordOptions {
         events,
         pmus,
         target,
         duration: args.duration(),
-        drain_interval: Duration::from_millis(args.drain_interval.max(10)),
+        drain_interval: Duration::from_millis(args.drain_interval),
         sizes: MapSizes {
             stacks: args.stack_map_entries,
             stack_counts: entries,
@@ -177,6 +197,7 @@ async fn run_record(args: RecordArgs) -> Result<ExitCode> {
         stats: args.stats,
         cgroups,
         uid,
+        scope: describe_scope(&args),
         offsets,
         record_args: args.record_args,
     };
@@ -251,6 +272,7 @@ fn finish_record(capture: Capture, args: &RecordArgs, outputs: RecordOutputs) ->
         &view,
         &outputs.report,
         &mut failures,
+        false,
         |text, json| match json {
             Some(json) => json["recording"] = ending.json(),
             None => {
@@ -271,7 +293,8 @@ fn finish_record(capture: Capture, args: &RecordArgs, outputs: RecordOutputs) ->
     })
 }
 
-fn run_report(args: ReportArgs) -> Result<ExitCode> {
+fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
+    args.report.view.width = terminal_width(&std::io::stdout());
     let mut checker = Checker::default();
     let targets = ReportTargets::check(&mut checker, &args.report, None)?;
     // The report goes to standard output, unless an export streams there.
@@ -300,6 +323,7 @@ fn run_report(args: ReportArgs) -> Result<ExitCode> {
         &view,
         &targets,
         &mut failures,
+        true,
         |_, _| {},
     );
     failures.extend(reported.err());
@@ -346,15 +370,18 @@ impl ReportTargets {
     }
 }
 
-/// Applies `--backtrack`, writes the requested exports, then writes the report (with the
-/// hardware view when asked, and what `annotate` adds to its text or JSON). An export that fails
-/// is added to `failures` and the rest is still written; the error is the report's own.
+/// Applies `--backtrack`, writes the requested exports of what the report's filters select and
+/// names them, then writes the report (with the hardware view when asked, and what `annotate`
+/// adds to its text or JSON). With `exports_replace_text`, an export asked without JSON or a
+/// hardware view is the output: the text report is not written too. An export that fails is
+/// added to `failures` and the rest is still written; the error is the report's own.
 fn report(
     profile: &mut Profile,
     output: &ReportOutput,
     view: &ViewArgs,
     targets: &ReportTargets,
     failures: &mut Vec<anyhow::Error>,
+    exports_replace_text: bool,
     annotate: impl FnOnce(&mut String, Option<&mut serde_json::Value>),
 ) -> Result<()> {
     if let Some(summary) = output.hardware.prepare(profile) {
@@ -365,18 +392,40 @@ fn report(
         );
     }
     let profile = &*profile;
-    if let Some(target) = &targets.folded {
-        failures.extend(target.write(|out| Ok(write_folded(profile, 0, out)?)).err());
-    }
-    if let Some(target) = &targets.flamegraph {
-        failures.extend(
-            target
-                .write(|out| Ok(write_flamegraph(profile, 0, out)?))
-                .err(),
+    let exports = [&targets.folded, &targets.flamegraph, &targets.pprof];
+    if exports.iter().any(|target| target.is_some()) {
+        let selected = selected_profile(profile, view.event.as_deref(), &view.filter())?;
+        let first = selected.events.first().map_or("", |e| e.name.as_str());
+        let mut export =
+            |target: &Option<Output>,
+             what: &str,
+             write: &dyn Fn(&mut OutputWriter) -> Result<()>| {
+                if let Some(target) = target {
+                    match target.write(|out| write(out)) {
+                        Ok(()) => eprintln!("{what} written to {}", target.path().display()),
+                        Err(error) => failures.push(error),
+                    }
+                }
+            };
+        export(
+            &targets.folded,
+            &format!("folded stacks of {first}"),
+            &|out| Ok(write_folded(&selected, 0, out)?),
         );
-    }
-    if let Some(target) = &targets.pprof {
-        failures.extend(target.write(|out| Ok(write_pprof(profile, out)?)).err());
+        export(
+            &targets.flamegraph,
+            &format!("flame graph of {first}"),
+            &|out| Ok(write_flamegraph(&selected, 0, out)?),
+        );
+        let names: Vec<&str> = selected.events.iter().map(|e| e.name.as_str()).collect();
+        export(
+            &targets.pprof,
+            &format!("pprof profile of {}", names.join(", ")),
+            &|out| Ok(write_pprof(&selected, out)?),
+        );
+        if exports_replace_text && !view.json && output.hardware.hardware.is_none() {
+            return Ok(());
+        }
     }
     let rendered = render_report(profile, view)?;
     if let (Some(target), Some(svg)) = (&targets.latency_plot, &rendered.latency_plot) {

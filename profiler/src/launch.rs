@@ -310,6 +310,21 @@ mod tests {
     }
 
     #[test]
+    fn commands_are_described_shell_quoted() {
+        let target = TargetSpec::Command(vec![
+            "sh".into(),
+            "-c".into(),
+            "echo it's $HOME".into(),
+            "".into(),
+            "a/b-c.txt".into(),
+        ]);
+        assert_eq!(
+            target.describe(true),
+            r#"`sh -c 'echo it'\''s $HOME' '' a/b-c.txt`"#
+        );
+    }
+
+    #[test]
     fn programs_are_found_by_path_or_on_path() {
         assert_eq!(resolve_program("/bin/sh"), Some(PathBuf::from("/bin/sh")));
         assert!(resolve_program("sh").is_some_and(|path| path.ends_with("sh")));
@@ -422,6 +437,17 @@ pub enum TargetSpec {
     System,
 }
 
+/// A word as a POSIX shell reads it back: as is when it is only safe characters, else in
+/// single quotes (a quote inside written `'\''`).
+pub fn shell_quoted(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
 impl TargetSpec {
     /// For reports: `` `cmd args` ``, `process 1,2`, `all CPUs`. A command's arguments can hold
     /// secrets (a password, a token): unless `arguments`, only the program is named, with how
@@ -429,11 +455,12 @@ impl TargetSpec {
     pub fn describe(&self, arguments: bool) -> String {
         match self {
             TargetSpec::Command(argv) if arguments || argv.len() < 2 => {
-                format!("`{}`", argv.join(" "))
+                let words: Vec<String> = argv.iter().map(|word| shell_quoted(word)).collect();
+                format!("`{}`", words.join(" "))
             }
             TargetSpec::Command(argv) => format!(
                 "`{}` ({} argument{} not recorded)",
-                argv[0],
+                shell_quoted(&argv[0]),
                 argv.len() - 1,
                 if argv.len() == 2 { "" } else { "s" }
             ),

@@ -22,5 +22,6 @@ pub mod profile;
 pub mod record;
 pub mod report;
 pub mod scope;
+pub mod shell_docs;
 pub mod stat;
 pub mod symbolize;

@@ -46,13 +46,16 @@ pub struct RecordOptions {
     pub drain_interval: Duration,
     pub sizes: MapSizes,
     pub stacks: StackCapture,
-    /// Stream every sample, time-ordered, into this output (JSON lines).
+    /// Stream every sample, in timestamp order, into this output (JSON lines).
     pub raw: Option<Output>,
     /// Measure the capture's own cost.
     pub stats: bool,
     /// Keep only samples in these cgroups (ids).
     pub cgroups: Vec<u64>,
     pub uid: Option<u32>,
+    /// The cgroup, container or user filter as the user gave it (`cgroup /sys/fs/cgroup/x`),
+    /// for the report's title.
+    pub scope: Option<String>,
     pub offsets: Option<KernelOffsets>,
     /// Keep the command's arguments in the profile (see [`TargetSpec::describe`]).
     pub record_args: bool,
@@ -231,7 +234,7 @@ pub fn event_info(spec: &EventSpec) -> EventInfo {
         Sampling::Frequency(hz) => (None, Some(hz)),
     };
     EventInfo {
-        name: spec.name.clone(),
+        name: spec.report_name(),
         period,
         frequency,
         unit: spec.unit.clone(),
@@ -652,7 +655,11 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         profiler_version: env!("CARGO_PKG_VERSION").to_string(),
         hostname: hostname(),
         kernel_release: kernel_release(),
-        target: options.target.describe(options.record_args),
+        target: match (&options.target, &options.scope) {
+            (TargetSpec::System, Some(scope)) => scope.clone(),
+            (target, Some(scope)) => format!("{} ({scope})", target.describe(options.record_args)),
+            (target, None) => target.describe(options.record_args),
+        },
         start_unix_ns: unix_ns(start),
         duration_ns: duration.as_nanos() as u64,
     };

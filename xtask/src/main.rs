@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build | run | test | bench`.
+//! Project tasks: `cargo xtask setup | build | run | test | bench | manuals`.
 //!
 //! Every task sets up what it needs first (idempotently, saying what it installs), so a fresh
 //! clone on a fresh machine needs nothing but these commands.
@@ -41,6 +41,14 @@ enum Task {
     /// Measure the profiler against `perf record` (overhead, loss, data volume, report speed,
     /// in-kernel cost, footprint) and write the tables and plots (needs root).
     Bench(bench::BenchArgs),
+    /// Write the man pages and the bash, zsh and fish completions, generated from the command
+    /// line's definition: under target/manuals, or installed under PREFIX/share.
+    Manuals {
+        /// Install under PREFIX/share (man/man1, bash-completion, zsh/site-functions,
+        /// fish/vendor_completions.d), e.g. /usr/local.
+        #[arg(long, value_name = "PREFIX")]
+        prefix: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -143,9 +151,44 @@ fn build_release() -> Result<()> {
     ]))
 }
 
+/// Writes the man pages and completions with the profiler's `shell_docs` example.
+fn manuals(prefix: Option<PathBuf>) -> Result<()> {
+    let share = prefix.map_or_else(|| target_dir().join("manuals"), |p| p.join("share"));
+    let generate = |args: &[&std::ffi::OsStr]| {
+        run_command(
+            cargo()
+                .args(["run", "--quiet", "--release", "-p", "profiler", "--example"])
+                .arg("shell_docs")
+                .arg("--")
+                .args(args),
+        )
+    };
+    generate(&["man".as_ref(), share.join("man/man1").as_os_str()])?;
+    for (shell, file) in [
+        ("bash", "bash-completion/completions/profiler"),
+        ("zsh", "zsh/site-functions/_profiler"),
+        ("fish", "fish/vendor_completions.d/profiler.fish"),
+    ] {
+        generate(&[
+            "completion".as_ref(),
+            shell.as_ref(),
+            share.join(file).as_os_str(),
+        ])?;
+    }
+    eprintln!(
+        "xtask: man pages and completions written under {}",
+        share.display()
+    );
+    Ok(())
+}
+
 fn run(task: Task) -> Result<()> {
     match task {
         Task::Setup => setup::all(setup::Purpose::Test),
+        Task::Manuals { prefix } => {
+            setup::all(setup::Purpose::Build)?;
+            manuals(prefix)
+        }
         Task::Build => {
             setup::all(setup::Purpose::Build)?;
             build_release()

@@ -30,6 +30,15 @@ pub fn select_events(profile: &Profile, spec: Option<&str>) -> Result<Vec<EventI
             return Ok(vec![index as EventIndex]);
         }
     }
+    // The event's name without the modifiers and terms it was recorded with (`page-faults` for
+    // `page-faults/period=1/`), when that names one event.
+    let bare = |name: &str| name.split([':', '/']).next().unwrap_or(name).to_string();
+    let same: Vec<usize> = (0..profile.events.len())
+        .filter(|&i| bare(&profile.events[i].name) == spec)
+        .collect();
+    if let [index] = same[..] {
+        return Ok(vec![index as EventIndex]);
+    }
     let known: Vec<String> = profile
         .events
         .iter()
@@ -218,6 +227,13 @@ mod tests {
             "{error}"
         );
         assert!(select_events(&profile, Some("2")).is_err());
+        let mut profile = profile;
+        profile.events[1].name = "page-faults/period=1/".into();
+        assert_eq!(
+            select_events(&profile, Some("page-faults/period=1/")).unwrap(),
+            [1]
+        );
+        assert_eq!(select_events(&profile, Some("page-faults")).unwrap(), [1]);
     }
 
     #[test]

@@ -123,6 +123,9 @@ pub enum RowKey {
         module_offset: u64,
         /// Functions with sampled instructions in the line, most samples first.
         functions: Vec<String>,
+        /// The line's start as people find it: `module+0xoffset` in user code, `symbol+0xoffset`
+        /// in the kernel, whose module offsets are bare addresses.
+        location: String,
     },
     DcacheLine {
         pid: u32,
@@ -276,12 +279,13 @@ fn code_group(kind: ViewKind, frame: &Frame) -> GroupKey {
     }
 }
 
-/// `function+0x1c`, or module+offset for code without a symbol.
+/// `function+0x1c`, module+offset for code without a symbol, or the address in no mapping.
 pub fn instruction_location(frame: &Frame) -> String {
     match (&frame.function, frame.function_address) {
         (Some(function), Some(start)) => {
             format!("{function}+{:#x}", frame.address.wrapping_sub(start))
         }
+        _ if frame.module.is_empty() => format!("{:#x}", frame.address),
         _ => frame.display_name(),
     }
 }
@@ -572,6 +576,7 @@ fn row_key(
                 }
             } else {
                 RowKey::IcacheLine {
+                    location: line_location(frame, address, &module, module_offset),
                     address,
                     module,
                     module_offset,
@@ -584,6 +589,24 @@ fn row_key(
             address: line,
             object: describe_data_address(profile, pid, line),
         },
+    }
+}
+
+/// Where a code line starts (see `RowKey::IcacheLine::location`); `frame` is one of its
+/// instructions.
+fn line_location(frame: &Frame, address: u64, module: &str, module_offset: u64) -> String {
+    match (&frame.function, frame.function_address) {
+        (Some(function), Some(start)) if frame.kernel => {
+            if address >= start {
+                format!("{function}+{:#x}", address - start)
+            } else {
+                format!("{function}-{:#x}", start - address)
+            }
+        }
+        _ => format!(
+            "{}+{module_offset:#x}",
+            crate::profile::module_basename(module)
+        ),
     }
 }
 

@@ -152,8 +152,10 @@ impl Mapping {
         (self.start..self.end).contains(&address)
     }
 
+    /// Whether a file backs the mapping. The kernel names anonymous executable memory (JIT
+    /// code) `//anon`, which is no file.
     pub fn is_file(&self) -> bool {
-        self.path.starts_with('/')
+        self.path.starts_with('/') && !self.path.starts_with("//")
     }
 }
 
@@ -628,6 +630,9 @@ mod tests {
         let anon = parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0 [stack]").unwrap();
         assert!(!anon.executable && !anon.is_file());
         assert_eq!(anon.path, "[stack]");
+        // The side-band's name for anonymous executable memory, where JIT code lives.
+        let jit = parse_maps_line("7f00-8000 r-xp 00000000 00:00 0 //anon").unwrap();
+        assert!(jit.executable && !jit.is_file());
         assert!(parse_maps_line("garbage").is_none());
     }
 

@@ -180,14 +180,16 @@ pub fn explain(spec: &EventSpec, err: &io::Error, how: OpenAs, facts: &SystemFac
         return format!("perf_event_open failed: {err}");
     };
     match errno {
-        libc::EACCES | libc::EPERM => permission(spec, how.scope, facts),
-        libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV
+        // Without a PMU no privilege helps; the kernel checks privileges first, so this
+        // comes before EACCES/EPERM.
+        libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV | libc::EACCES | libc::EPERM
             if generic_hardware && !facts.hardware_pmu =>
         {
             "no hardware PMU: virtual machine? (the hypervisor exposes no performance counters; \
              software events such as cpu-clock and page-faults work)"
                 .to_string()
         }
+        libc::EACCES | libc::EPERM => permission(spec, how.scope, facts),
         libc::EOPNOTSUPP | libc::EINVAL if spec.attr.precise_ip > 0 => {
             let supported = match facts.max_precise {
                 Some(0) | None => "no precise level".to_string(),
@@ -336,7 +338,14 @@ mod tests {
             hardware_pmu: false,
             ..facts(2)
         };
-        for code in [libc::ENOENT, libc::EOPNOTSUPP, libc::ENODEV] {
+        // Non-root, the kernel refuses before it looks for the PMU: EACCES/EPERM.
+        for code in [
+            libc::ENOENT,
+            libc::EOPNOTSUPP,
+            libc::ENODEV,
+            libc::EACCES,
+            libc::EPERM,
+        ] {
             let reason = explain(&spec("cycles"), &errno(code), TASK_COUNT, &vm);
             assert!(
                 reason.starts_with("no hardware PMU: virtual machine?"),

@@ -167,6 +167,18 @@ impl EventSpec {
         self.attr.precise_ip > 0
     }
 
+    /// The name profiles and reports keep: as the user wrote it when that says more than the
+    /// event's name (modifiers `cycles:u`, terms `page-faults/period=1/`), else the catalog's
+    /// name (`L1-icache-load-misses` for `icm`) or the `name=` term.
+    pub fn report_name(&self) -> String {
+        let spelled_out = self.text.contains([':', '/']) && !self.text.contains("name=");
+        if spelled_out {
+            self.text.clone()
+        } else {
+            self.name.clone()
+        }
+    }
+
     /// A spec text that parses back to the same counter and overflow value on this machine, for
     /// profile files and logs (the written text may rely on aliases or sysfs event names).
     pub fn encoded(&self) -> String {
@@ -948,6 +960,15 @@ mod tests {
         assert_eq!(spec.attr.config, 0xf4 | (0x38 << 8) | (0x1 << 32));
         assert_eq!(spec.attr.type_, 11);
         assert_eq!(spec.cpumask, Some(vec![0, 8]));
+    }
+
+    #[test]
+    fn report_names_keep_what_the_user_spelled_out() {
+        let name = |text: &str| parse(text).unwrap().report_name();
+        assert_eq!(name("page-faults/period=1/"), "page-faults/period=1/");
+        assert_eq!(name("cpu-clock:u"), "cpu-clock:u");
+        assert_eq!(name("faults"), "page-faults");
+        assert_eq!(name("page-faults/name=pf/"), "pf");
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! Export of a [`Profile`] to the formats other tools read: folded stacks (FlameGraph scripts,
 //! speedscope), flame graph SVG (inferno) and pprof (`go tool pprof`, Pyroscope).
 //!
+//! Exports show what the report shows: [`selected_profile`] keeps the event and the samples the
+//! report's filters select (`--only-event`, `--only-pid`, `--only-comm`, `--only-module`).
+//!
 //! Every export walks call stacks the same way, root first, through [`stack_root_first`], so a
 //! stack looks the same in each format. Exports index `Profile::frames` and `Profile::events`
 //! directly: a profile built by the recorder or read by `profile::file` refers only to frames and
@@ -13,7 +16,10 @@ pub mod pprof;
 use std::fmt;
 use std::io;
 
-use crate::profile::{EventIndex, EventInfo, Frame, FrameId, Profile, StackSample};
+use crate::{
+    aggregate::filter::{select_events, SampleFilter, Selection},
+    profile::{EventIndex, EventInfo, Frame, FrameId, Profile, StackSample},
+};
 
 #[derive(Debug)]
 pub enum ExportError {
@@ -108,12 +114,111 @@ fn stack_root_first<'a>(
     user_lost.into_iter().chain(frames).chain(kernel_lost)
 }
 
+/// The call stacks the report's filters select, for the exports: only the chosen event (`event`
+/// by name or index; every event when `None`), renumbered from 0, and only stacks of the selected
+/// threads that pass through the selected module. Frames keep their ids.
+pub fn selected_profile(
+    profile: &Profile,
+    event: Option<&str>,
+    filter: &SampleFilter,
+) -> anyhow::Result<Profile> {
+    let events = select_events(profile, event)?;
+    let selection = Selection::new(profile, filter);
+    let per_event = |values: &[u64]| -> Vec<u64> {
+        events
+            .iter()
+            .map(|&e| values.get(e as usize).copied().unwrap_or(0))
+            .collect()
+    };
+    let mut losses = profile.losses.clone();
+    losses.samples_fired = per_event(&profile.losses.samples_fired);
+    if !profile.losses.period_sums.is_empty() {
+        losses.period_sums = per_event(&profile.losses.period_sums);
+    }
+    let stacks = profile
+        .stacks
+        .iter()
+        .filter(|s| selection.thread(s.pid, s.tid))
+        .filter(|s| {
+            filter.module.is_none()
+                || s.frames
+                    .iter()
+                    .any(|&id| selection.module(&profile.frames[id as usize]))
+        })
+        .filter_map(|s| {
+            let index = events.iter().position(|&e| e == s.event)?;
+            Some(StackSample {
+                event: index as EventIndex,
+                ..s.clone()
+            })
+        })
+        .collect();
+    Ok(Profile {
+        meta: profile.meta.clone(),
+        events: events
+            .iter()
+            .map(|&e| profile.events[e as usize].clone())
+            .collect(),
+        threads: profile.threads.clone(),
+        frames: profile.frames.clone(),
+        stacks,
+        losses,
+        ..Profile::default()
+    })
+}
+
 /// The stack samples of one event.
 fn samples_of(profile: &Profile, event: EventIndex) -> impl Iterator<Item = &StackSample> {
     profile
         .stacks
         .iter()
         .filter(move |s| s.event == event && s.count > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(profile: &Profile) -> Vec<(EventIndex, u32, u64)> {
+        profile
+            .stacks
+            .iter()
+            .map(|s| (s.event, s.tid, s.count))
+            .collect()
+    }
+
+    #[test]
+    fn selection_keeps_the_chosen_event_threads_and_module() {
+        let profile = test_profile::profile();
+        let all = selected_profile(&profile, None, &SampleFilter::default()).unwrap();
+        assert_eq!(all.stacks, profile.stacks);
+        let faults =
+            selected_profile(&profile, Some("page-faults"), &SampleFilter::default()).unwrap();
+        assert_eq!(faults.events.len(), 1);
+        assert_eq!(faults.events[0].name, "page-faults");
+        assert_eq!(counts(&faults), [(0, 100, 4), (0, 101, 3)]);
+        let worker = SampleFilter {
+            comm: Some("app worker".into()),
+            ..SampleFilter::default()
+        };
+        let selected = selected_profile(&profile, None, &worker).unwrap();
+        assert_eq!(counts(&selected), [(0, 101, 10), (1, 101, 3)]);
+        let libblob = SampleFilter {
+            module: Some("libblob.so".into()),
+            ..SampleFilter::default()
+        };
+        let selected = selected_profile(&profile, Some("0"), &libblob).unwrap();
+        assert_eq!(counts(&selected), [(0, 101, 10)]);
+        let other = SampleFilter {
+            pids: vec![7],
+            ..SampleFilter::default()
+        };
+        assert!(selected_profile(&profile, None, &other)
+            .unwrap()
+            .stacks
+            .is_empty());
+        assert!(selected_profile(&profile, Some("cycles"), &worker).is_err());
+    }
 }
 
 #[cfg(test)]

@@ -154,6 +154,18 @@ pub fn hardware_json(profile: &Profile, by: HardwareView) -> serde_json::Value {
 pub fn render_hardware(profile: &Profile, by: HardwareView) -> String {
     let report = hardware_report(profile, by);
     let mut out = String::new();
+    if report.sections.is_empty() && report.backtracked.is_empty() {
+        let events: Vec<&str> = profile.events.iter().map(|e| e.name.as_str()).collect();
+        writeln!(
+            out,
+            "\nNo hardware data for --hardware: it needs samples of a precise memory event \
+             (Intel PEBS, e.g. -e cpu/mem-loads,ldlat=30/P), of AMD IBS (-e ibs_op//, \
+             -e ibs_fetch//) or of an event with data addresses under --backtrack; this \
+             profile has {}",
+            events.join(", ")
+        )
+        .unwrap();
+    }
     for section in &report.sections {
         render_section(&mut out, section, by);
     }
@@ -349,19 +361,14 @@ fn location(by: HardwareView, frame: &Frame, sample: &HardwareSample) -> (String
 fn function(frame: &Frame) -> String {
     match &frame.function {
         Some(function) => function.clone(),
-        None if frame.module.is_empty() => "[unknown]".to_string(),
+        None if frame.module.is_empty() => crate::profile::UNKNOWN_FUNCTION.to_string(),
         None => format!("[{}]", module_basename(&frame.module)),
     }
 }
 
 /// `function+0xoffset (file:line)`, or the module offset for code without symbols.
 fn instruction(frame: &Frame) -> String {
-    let mut text = match (&frame.function, frame.function_address) {
-        (Some(function), Some(start)) => {
-            format!("{function}+{:#x}", frame.address.wrapping_sub(start))
-        }
-        _ => frame.display_name(),
-    };
+    let mut text = crate::aggregate::views::instruction_location(frame);
     if let (Some(file), Some(line)) = (&frame.file, frame.line) {
         write!(text, " ({}:{line})", module_basename(file)).unwrap();
     }

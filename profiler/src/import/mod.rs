@@ -29,6 +29,8 @@ pub fn is_perf_data(path: &Path) -> io::Result<bool> {
 
 /// Reads a perf.data file and converts it into a profile.
 pub fn profile_from_perf_data_file(path: &Path) -> anyhow::Result<Profile> {
-    let data = perf_data::read_perf_data(path)?;
+    // The file as the user named it: perf.data files are rarely called perf.data.
+    let data = perf_data::read_perf_data(path)
+        .with_context(|| format!("reading the perf.data file {}", path.display()))?;
     convert::profile_from_perf_data(&data).with_context(|| format!("importing {}", path.display()))
 }

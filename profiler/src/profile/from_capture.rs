@@ -1,7 +1,7 @@
 //! Assembling a [`Profile`] from a live capture: drained aggregates, the process table and the
 //! kernel's sample accounting.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use profiler_common::{capture::LossKind, hw::data_src::DataSource};
 
@@ -44,6 +44,17 @@ pub fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddre
 
 /// The container or systemd unit of every cgroup id on this machine (the ids samples carry),
 /// by walking the cgroup v2 tree. The root cgroup is no workload.
+/// Perf's name for the idle task (pid 0), which has no name of its own in the side-band.
+const IDLE_TASK: &str = "swapper";
+
+fn thread_name(processes: &ProcessTable, pid: u32, tid: u32) -> String {
+    if pid == 0 {
+        IDLE_TASK.to_string()
+    } else {
+        processes.thread_name(pid, tid)
+    }
+}
+
 fn cgroup_workloads() -> HashMap<u64, String> {
     let Ok(mount) = cgroup2_mount() else {
         return HashMap::new();
@@ -176,18 +187,34 @@ pub fn assemble(
         .collect();
     line_latency.sort_by_key(|h| (h.event, h.pid, h.line));
 
-    let threads: BTreeSet<(u32, u32, u64)> = drained
+    let mut threads: BTreeSet<(u32, u32, u64)> = drained
         .stacks
         .keys()
         .map(|s| (s.pid, s.tid, s.cgroup))
         .collect();
+    // A process is named after its main thread, which may have taken no sample of its own.
+    let sampled_mains: BTreeSet<u32> = threads
+        .iter()
+        .filter(|(pid, tid, _)| pid == tid)
+        .map(|(pid, _, _)| *pid)
+        .collect();
+    let unsampled_mains: BTreeMap<u32, u64> = threads
+        .iter()
+        .filter(|(pid, _, _)| *pid != 0 && !sampled_mains.contains(pid))
+        .map(|&(pid, _, cgroup)| (pid, cgroup))
+        .collect();
+    threads.extend(
+        unsampled_mains
+            .into_iter()
+            .map(|(pid, cgroup)| (pid, pid, cgroup)),
+    );
     let workloads = cgroup_workloads();
     let threads = threads
         .into_iter()
         .map(|(pid, tid, cgroup)| ThreadInfo {
             pid,
             tid,
-            comm: processes.thread_name(pid, tid),
+            comm: thread_name(processes, pid, tid),
             container: workloads.get(&cgroup).cloned(),
         })
         .collect();
@@ -230,5 +257,17 @@ pub fn assemble(
             ..HardwareProfile::default()
         },
         line_latency,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_task_is_named_as_perf_names_it() {
+        let processes = ProcessTable::default();
+        assert_eq!(thread_name(&processes, 0, 0), "swapper");
+        assert_eq!(thread_name(&processes, 7, 7), "");
     }
 }

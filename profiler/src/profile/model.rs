@@ -102,11 +102,13 @@ pub struct InlinedFrame {
 }
 
 impl Frame {
-    /// Name to show: the function, or module+offset for code without symbols.
+    /// Name to show: the function, module+offset for code without symbols, or perf's
+    /// `[unknown]` for an address in no mapping (a garbage return address of a frame-pointer
+    /// walk through code built without frame pointers).
     pub fn display_name(&self) -> String {
         match &self.function {
             Some(f) => f.clone(),
-            None if self.module.is_empty() => format!("{:#x}", self.address),
+            None if self.module.is_empty() => UNKNOWN_FUNCTION.to_string(),
             None => format!(
                 "{}+{:#x}",
                 module_basename(&self.module),
@@ -115,6 +117,9 @@ impl Frame {
         }
     }
 }
+
+/// What perf calls code at an address in no mapping.
+pub const UNKNOWN_FUNCTION: &str = "[unknown]";
 
 pub fn module_basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
@@ -339,4 +344,29 @@ pub struct BacktrackedAttribution {
     /// The memory-referencing instruction the samples are now attributed to.
     pub attributed: FrameId,
     pub samples: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_is_named_by_symbol_module_offset_or_unknown() {
+        let garbage = Frame {
+            address: 0x4141_4141,
+            ..Frame::default()
+        };
+        assert_eq!(garbage.display_name(), "[unknown]");
+        let stripped = Frame {
+            module: "/usr/lib/libblob.so".into(),
+            module_offset: 0x4a10,
+            ..garbage.clone()
+        };
+        assert_eq!(stripped.display_name(), "libblob.so+0x4a10");
+        let named = Frame {
+            function: Some("main".into()),
+            ..stripped
+        };
+        assert_eq!(named.display_name(), "main");
+    }
 }

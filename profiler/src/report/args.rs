@@ -35,9 +35,9 @@ pub struct ViewArgs {
     /// Only rows of code in this load module (path or file name).
     #[arg(id = "only_module", long = "only-module", value_name = "MODULE")]
     pub module: Option<String>,
-    /// Rows per view.
-    #[arg(long, value_name = "N", default_value_t = 20)]
-    pub top: usize,
+    /// Rows per view; 0 for all (default: 20 in text, all in JSON).
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
     /// Row order.
     #[arg(long, value_enum, value_name = "KEY", default_value_t = SortKey::Samples)]
     pub sort: SortKey,
@@ -61,9 +61,26 @@ pub struct ViewArgs {
     /// --json` or `record --json PATH`, whose options differ.
     #[arg(skip)]
     pub json: bool,
+    /// Columns the text report fits (the terminal's); `None`: no line is cut.
+    #[arg(skip)]
+    pub width: Option<usize>,
 }
 
+/// Rows of a text view when `--top` is not given.
+const TEXT_ROWS: usize = 20;
+
 impl ViewArgs {
+    /// Rows per view: `--top`, all for 0 and for JSON (machine output is whole), else
+    /// [`TEXT_ROWS`].
+    pub fn rows(&self) -> usize {
+        match self.top {
+            Some(0) => usize::MAX,
+            Some(rows) => rows,
+            None if self.json => usize::MAX,
+            None => TEXT_ROWS,
+        }
+    }
+
     pub fn filter(&self) -> SampleFilter {
         SampleFilter {
             pids: self.pids.clone(),
@@ -118,7 +135,17 @@ mod tests {
             .view;
         assert_eq!(view.histogram, Some(Some(PathBuf::from("lat.svg"))));
         assert_eq!(view.by, ViewKind::Function);
-        assert_eq!((view.top, view.paths), (20, 5));
+        assert_eq!((view.rows(), view.paths), (20, 5));
+        // `--json` belongs to each command (record writes it to a file); the view is told.
+        let rows = |args: &[&str], json: bool| {
+            let mut view = Command::try_parse_from(args).unwrap().view;
+            view.json = json;
+            view.rows()
+        };
+        assert_eq!(rows(&["report", "--top", "0"], false), usize::MAX);
+        assert_eq!(rows(&["report", "--top", "3"], true), 3);
+        assert_eq!(rows(&["report"], true), usize::MAX);
+        assert_eq!(rows(&["report"], false), 20);
         assert_eq!(ViewArgs::default().by, ViewKind::Function);
         assert!(Command::try_parse_from(["report", "--callers", "a", "--callees", "b"]).is_err());
     }

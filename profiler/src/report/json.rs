@@ -39,7 +39,8 @@ struct JsonFilters<'a> {
     pids: &'a [u32],
     comm: Option<&'a str>,
     module: Option<&'a str>,
-    top: usize,
+    /// `--top` as given; null when the rows are whole.
+    top: Option<usize>,
     sort: &'static str,
 }
 
@@ -60,6 +61,9 @@ struct JsonEvent {
     hot_paths: Option<Vec<JsonPath>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     latency_distributions: Option<Vec<JsonDistribution>>,
+    /// Why a view is empty when the event cannot fill it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notes: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -378,6 +382,7 @@ fn key(key: &RowKey) -> JsonKey {
             module,
             module_offset,
             functions,
+            ..
         } => JsonKey::IcacheLine {
             address,
             module,
@@ -622,6 +627,7 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
                     .latency
                     .as_ref()
                     .map(|list| list.iter().map(distribution).collect()),
+                notes: section.notes.clone(),
             }
         })
         .collect();
@@ -633,7 +639,7 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
             pids: &args.pids,
             comm: args.comm.as_deref(),
             module: args.module.as_deref(),
-            top: args.top,
+            top: args.top.filter(|&rows| rows > 0),
             sort: args.sort.name(),
         },
         meta: &profile.meta,

@@ -45,6 +45,24 @@ pub struct EventSection {
     pub hot_paths: Vec<CallPath>,
     /// With `--histogram`: the event's latency distributions (empty when it has none).
     pub latency: Option<Vec<Distribution>>,
+    /// Why the view is empty when the event cannot fill it (no data addresses).
+    pub notes: Vec<String>,
+}
+
+/// What `--by dcache-line` needs and an event lacks.
+pub const NO_DATA_ADDRESSES: &str = "this event's samples carry no data addresses: the data \
+    cache-line view needs an event that records them (page-faults, PEBS memory events such as \
+    cpu/mem-loads,ldlat=30/P, or IBS op ibs_op//)";
+/// What `--histogram` needs and an event lacks.
+pub const NO_LATENCY: &str = "no latency for this event: latency distributions need PEBS \
+    load-latency (cpu/mem-loads,ldlat=30/P) or IBS op (ibs_op//) samples";
+
+/// Whether any sample of `event` carried a data address.
+fn has_data_addresses(profile: &Profile, event: EventIndex) -> bool {
+    profile
+        .data_lines
+        .iter()
+        .any(|line| line.event == event && line.line != 0)
 }
 
 /// A report: the sections of the selected events.
@@ -89,10 +107,11 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
     let options = ViewOptions {
         filter: &filter,
         sort: args.sort,
-        top: args.top,
+        top: args.rows(),
     };
     let mut sections = Vec::new();
     for event in events {
+        let mut notes = Vec::new();
         let (content, hot_paths) = if let Some(function) = &details_of {
             let details = function_details(profile, event, &selection, function);
             (Content::Function(details), Vec::new())
@@ -101,7 +120,13 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
             let paths = hot_paths(profile, event, &selection, Some(function), args.paths);
             (Content::CallGraph(graph), paths)
         } else {
-            let view = build_view(profile, args.by, event, &options);
+            let mut view = build_view(profile, args.by, event, &options);
+            if args.by == ViewKind::DcacheLine && !has_data_addresses(profile, event) {
+                // Samples without an address would all sit at "address 0x0".
+                view.rows.clear();
+                view.total_rows = 0;
+                notes.push(NO_DATA_ADDRESSES.to_string());
+            }
             let lines = if args.by == ViewKind::DcacheLine {
                 let histograms = LineHistograms::new(profile, event, &selection);
                 view.rows
@@ -131,12 +156,13 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
         let latency = args
             .histogram
             .is_some()
-            .then(|| distributions(profile, event, &selection, args.top));
+            .then(|| distributions(profile, event, &selection, args.rows()));
         sections.push(EventSection {
             event,
             content,
             hot_paths,
             latency,
+            notes,
         });
     }
     Ok(Report {
@@ -157,7 +183,23 @@ pub struct Rendered {
 /// The report as text or JSON, and with `--histogram FILE.svg` the latency plot.
 pub fn render_report(profile: &Profile, args: &ViewArgs) -> Result<Rendered> {
     let report = build_report(profile, args)?;
-    let latency_plot = matches!(args.histogram, Some(Some(_))).then(|| svg::latency_plot(&report));
+    let latency_plot = match &args.histogram {
+        Some(Some(path)) => {
+            let plotted = report
+                .sections
+                .iter()
+                .any(|s| s.latency.as_ref().is_some_and(|l| !l.is_empty()));
+            if !plotted {
+                anyhow::bail!(
+                    "--histogram {}: nothing to plot: {NO_LATENCY}, and no event of this report \
+                     has any",
+                    path.display()
+                );
+            }
+            Some(svg::latency_plot(&report))
+        }
+        _ => None,
+    };
     let text = if args.json {
         json::render(&report)?
     } else {
@@ -211,6 +253,10 @@ mod tests {
             ..ViewArgs::default()
         });
         all.into_iter()
+            .map(|a| ViewArgs {
+                width: Some(text::WIDTH),
+                ..a
+            })
             .map(|a| (format!("{a:?}"), render_report(profile, &a).unwrap().text))
             .collect()
     }
@@ -256,9 +302,52 @@ mod tests {
         assert_eq!(column(&text, "  self ", "do_syscall_64"), header);
         // Numbers are right-aligned under their headers.
         let end = |word: &str| column(&text, "  self ", word) + word.len();
-        assert_eq!(end("total"), end("   85"));
+        assert_eq!(end("cum"), end(" 85"));
+        assert!(
+            text.contains("self    %  sum% cum    %"),
+            "pprof's words: {text}"
+        );
         assert!(text.contains("60 60.0 compute <- run <- main"), "{text}");
         assert!(text.contains("Sample accounting:"));
+    }
+
+    #[test]
+    fn text_width_is_the_terminal_s_or_whole_and_events_have_a_unit() {
+        let mut profile = test_samples::profile();
+        profile.events[0].period = Some(1_000_000);
+        let long = format!("{}::compute", "very_long_module_path".repeat(5));
+        for frame in &mut profile.frames {
+            if frame.function.as_deref() == Some("compute") {
+                frame.function = Some(long.clone());
+            }
+        }
+        let whole = render_report(&profile, &ViewArgs::default()).unwrap().text;
+        assert!(
+            whole.contains(&long),
+            "nothing cut without a terminal: {whole}"
+        );
+        let header = whole.lines().find(|l| l.contains(" function ")).unwrap();
+        assert!(
+            header.contains(" ns function"),
+            "cpu-clock counts ns: {header}"
+        );
+        assert!(
+            whole.contains("cum     % events lat avg"),
+            "page-faults: {whole}"
+        );
+        for width in [80, 150] {
+            let text = render_report(
+                &profile,
+                &ViewArgs {
+                    width: Some(width),
+                    ..ViewArgs::default()
+                },
+            )
+            .unwrap()
+            .text;
+            assert!(text.lines().all(|l| chars(l) <= width), "{width}: {text}");
+            assert_eq!(text.contains(&long), width == 150, "{width}: {text}");
+        }
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! The text report: per event, the chosen view as an aligned table that fits 100 columns
-//! (names are shortened, never the numbers), the details the view carries (data cache lines,
+//! The text report: per event, the chosen view as an aligned table that fits the width the
+//! report is given, the terminal's (names are shortened, never the numbers; not at all when the
+//! output is no terminal), the details the view carries (data cache lines,
 //! function statements and instructions, callers or callees, hot call paths, latency
 //! percentiles), then the sample accounting with every kind of loss.
 
-use std::fmt::Write;
+use std::{borrow::Cow, fmt::Write, io::IsTerminal, os::fd::AsRawFd};
 
 use crate::{
     aggregate::{
@@ -20,8 +21,12 @@ use crate::{
 
 use super::{Content, EventSection, Report};
 
-/// Every line of the report fits this many columns.
+/// The width of a classic terminal: rules never get longer than this.
 pub const WIDTH: usize = 100;
+/// The width when nothing is to be cut: large, with room for the arithmetic on it.
+const UNLIMITED: usize = usize::MAX / 4;
+/// Narrowest width laid out: on a narrower terminal, lines wrap.
+const MIN_WIDTH: usize = 60;
 const INDENT: &str = "  ";
 /// Narrowest a shortened name gets before its column is left out.
 const MIN_NAME: usize = 12;
@@ -38,7 +43,7 @@ enum Shorten {
 }
 
 struct Column {
-    header: &'static str,
+    header: Cow<'static, str>,
     shorten: Shorten,
     /// May be left out when the columns before it need the room.
     optional: bool,
@@ -46,7 +51,7 @@ struct Column {
 
 const fn number(header: &'static str) -> Column {
     Column {
-        header,
+        header: Cow::Borrowed(header),
         shorten: Shorten::Never,
         optional: false,
     }
@@ -54,7 +59,7 @@ const fn number(header: &'static str) -> Column {
 
 const fn name(header: &'static str, shorten: Shorten) -> Column {
     Column {
-        header,
+        header: Cow::Borrowed(header),
         shorten,
         optional: false,
     }
@@ -62,10 +67,35 @@ const fn name(header: &'static str, shorten: Shorten) -> Column {
 
 const fn optional(header: &'static str, shorten: Shorten) -> Column {
     Column {
-        header,
+        header: Cow::Borrowed(header),
         shorten,
         optional: true,
     }
+}
+
+/// The width a text report on `stream` fits: `COLUMNS` when set (as shells and `ls` read it),
+/// else the terminal's; `None`, cutting nothing, when the stream is no terminal (a file or a
+/// pipe keeps whole names for grep and scripts).
+pub fn terminal_width(stream: &(impl AsRawFd + IsTerminal)) -> Option<usize> {
+    if let Some(columns) = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse::<usize>().ok())
+        .filter(|c| *c > 0)
+    {
+        return Some(columns);
+    }
+    if !stream.is_terminal() {
+        return None;
+    }
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes a `winsize` to the pointer, which points to one.
+    let status = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCGWINSZ, &mut size) };
+    (status == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
 }
 
 fn chars(text: &str) -> usize {
@@ -91,15 +121,15 @@ fn fit(text: &str, width: usize, shorten: Shorten) -> String {
 }
 
 /// Writes an aligned table: numbers at their natural width, names sharing what is left of
-/// [`WIDTH`] in column order, optional names left out when no room remains.
-fn table(out: &mut String, columns: &[Column], rows: &[Vec<String>]) {
+/// `width` in column order, optional names left out when no room remains.
+fn table(out: &mut String, width: usize, columns: &[Column], rows: &[Vec<String>]) {
     let natural: Vec<usize> = columns
         .iter()
         .enumerate()
         .map(|(i, column)| {
             rows.iter()
                 .map(|row| chars(&row[i]))
-                .chain([chars(column.header)])
+                .chain([chars(&column.header)])
                 .max()
                 .unwrap_or(0)
         })
@@ -110,7 +140,7 @@ fn table(out: &mut String, columns: &[Column], rows: &[Vec<String>]) {
         .filter(|(c, _)| c.shorten == Shorten::Never)
         .map(|(_, w)| w + 1)
         .sum();
-    let mut room = WIDTH.saturating_sub(INDENT.len() + fixed);
+    let mut room = width.saturating_sub(INDENT.len() + fixed);
     let mut widths = natural.clone();
     let names: Vec<usize> = (0..columns.len())
         .filter(|i| columns[*i].shorten != Shorten::Never)
@@ -149,7 +179,11 @@ fn table(out: &mut String, columns: &[Column], rows: &[Vec<String>]) {
         }
         text.trim_end().to_string()
     };
-    let _ = writeln!(out, "{}", line(&mut columns.iter().map(|c| c.header)));
+    let _ = writeln!(
+        out,
+        "{}",
+        line(&mut columns.iter().map(|c| c.header.as_ref()))
+    );
     for row in rows {
         let _ = writeln!(out, "{}", line(&mut row.iter().map(String::as_str)));
     }
@@ -228,6 +262,7 @@ const LATENCY_COLUMNS: [Column; 5] = [
 ];
 
 pub fn render(report: &Report) -> String {
+    let width = report.args.width.map_or(UNLIMITED, |w| w.max(MIN_WIDTH));
     let mut out = String::new();
     let profile = report.profile;
     let meta = &profile.meta;
@@ -242,18 +277,24 @@ pub fn render(report: &Report) -> String {
                 meta.kernel_release,
                 meta.duration_ns as f64 / 1e9
             ),
-            WIDTH,
+            width,
             Shorten::KeepStart
         )
     );
     for section in &report.sections {
-        render_section(report, section, &mut out);
+        render_section(report, section, width, &mut out);
     }
-    render_accounting(profile, &mut out);
+    render_accounting(profile, width, &mut out);
     out
 }
 
-fn event_header(report: &Report, section: &EventSection, samples: u64, what: &str) -> String {
+fn event_header(
+    report: &Report,
+    section: &EventSection,
+    width: usize,
+    samples: u64,
+    what: &str,
+) -> String {
     let event = &report.profile.events[section.event as usize];
     let rate = match (event.period, event.frequency) {
         (Some(period), _) => format!("every {period} {}", event.unit),
@@ -262,29 +303,33 @@ fn event_header(report: &Report, section: &EventSection, samples: u64, what: &st
     };
     fit(
         &format!("\nEvent {} ({rate}), {what}: {samples} samples", event.name),
-        WIDTH + 1,
+        width.saturating_add(1),
         Shorten::KeepStart,
     )
 }
 
-fn render_section(report: &Report, section: &EventSection, out: &mut String) {
+fn render_section(report: &Report, section: &EventSection, width: usize, out: &mut String) {
     match &section.content {
         Content::View { view, lines } => {
             let what = format!("by {}", view.kind.name());
             let _ = writeln!(
                 out,
                 "{}",
-                event_header(report, section, view.total_samples, &what)
+                event_header(report, section, width, view.total_samples, &what)
             );
             let _ = writeln!(out, "{INDENT}{}", view.scale.describe());
-            render_view(view, out);
+            for note in &section.notes {
+                wrapped(out, width, "note", std::slice::from_ref(note));
+            }
+            render_view(report.profile, view, width, out);
             for line in lines {
-                render_data_line(line, out);
+                render_data_line(line, width, out);
             }
             render_paths(
                 "Hot call paths (leaf first):",
                 &section.hot_paths,
                 view.total_samples,
+                width,
                 out,
             );
         }
@@ -292,9 +337,13 @@ fn render_section(report: &Report, section: &EventSection, out: &mut String) {
             let samples = details.as_ref().map_or(0, |d| d.event_samples);
             let function = report.args.function.as_deref().unwrap_or_default();
             let what = format!("function {function}");
-            let _ = writeln!(out, "{}", event_header(report, section, samples, &what));
+            let _ = writeln!(
+                out,
+                "{}",
+                event_header(report, section, width, samples, &what)
+            );
             match details {
-                Some(details) => render_details(details, out),
+                Some(details) => render_details(details, width, out),
                 None => {
                     let _ = writeln!(out, "{INDENT}no instruction samples in this function");
                 }
@@ -308,9 +357,9 @@ fn render_section(report: &Report, section: &EventSection, out: &mut String) {
             let _ = writeln!(
                 out,
                 "{}",
-                event_header(report, section, graph.event_samples, what)
+                event_header(report, section, width, graph.event_samples, what)
             );
-            render_call_graph(graph, out);
+            render_call_graph(graph, width, out);
             render_paths(
                 &format!(
                     "Hot call paths through {} (leaf first):",
@@ -318,12 +367,13 @@ fn render_section(report: &Report, section: &EventSection, out: &mut String) {
                 ),
                 &section.hot_paths,
                 graph.event_samples,
+                width,
                 out,
             );
         }
     }
     if let Some(distributions) = &section.latency {
-        render_distributions(distributions, out);
+        render_distributions(distributions, width, out);
     }
 }
 
@@ -334,9 +384,10 @@ fn key_columns(kind: ViewKind) -> Vec<Column> {
         ViewKind::Process => vec![number("pid"), name("process", Shorten::KeepStart)],
         ViewKind::Container => vec![name("container", Shorten::KeepStart)],
         ViewKind::Module => vec![name("module", Shorten::KeepEnd)],
+        // Module file names are cut from the right: their start tells them apart.
         ViewKind::Function => vec![
             name("function", Shorten::KeepEnd),
-            optional("module", Shorten::KeepEnd),
+            optional("module", Shorten::KeepStart),
         ],
         ViewKind::Line => vec![
             name("location", Shorten::KeepEnd),
@@ -348,7 +399,7 @@ fn key_columns(kind: ViewKind) -> Vec<Column> {
         ],
         ViewKind::IcacheLine => vec![
             number("address"),
-            name("module+offset", Shorten::KeepEnd),
+            name("location", Shorten::KeepEnd),
             optional("functions", Shorten::KeepStart),
         ],
         ViewKind::DcacheLine => vec![
@@ -376,12 +427,12 @@ fn key_cells(key: &RowKey) -> Vec<String> {
         } => vec![location.clone(), source.clone().unwrap_or_default()],
         RowKey::IcacheLine {
             address,
-            module,
-            module_offset,
+            location,
             functions,
+            ..
         } => vec![
             format!("{address:#x}"),
-            format!("{}+{module_offset:#x}", module_basename(module)),
+            location.clone(),
             functions.join(", "),
         ],
         RowKey::DcacheLine {
@@ -396,20 +447,38 @@ fn key_cells(key: &RowKey) -> Vec<String> {
     }
 }
 
-fn render_view(view: &View, out: &mut String) {
+/// The header of the estimated events column: the event's unit.
+fn events_header(unit: &str) -> Cow<'static, str> {
+    match unit {
+        "nanoseconds" => Cow::Borrowed("ns"),
+        "" => Cow::Borrowed("events"),
+        unit => Cow::Owned(unit.to_string()),
+    }
+}
+
+/// A view as a table. Column names are pprof's: `sum%` is the running sum of `%`, `cum` the
+/// samples with the function anywhere on the stack.
+fn render_view(profile: &Profile, view: &View, width: usize, out: &mut String) {
     let function = view.kind == ViewKind::Function;
     let estimates = view.scale != EventScale::Unknown;
     let latency = view.rows.iter().any(|r| r.latency.is_some());
     let mut columns = vec![
         number(if function { "self" } else { "samples" }),
         number("%"),
-        number("cum%"),
+        number("sum%"),
     ];
     if function {
-        columns.extend([number("total"), number("%")]);
+        columns.extend([number("cum"), number("%")]);
     }
     if estimates {
-        columns.push(number("events"));
+        let unit = profile
+            .events
+            .get(view.event as usize)
+            .map_or("", |e| e.unit.as_str());
+        columns.push(Column {
+            header: events_header(unit),
+            ..number("")
+        });
     }
     if latency {
         columns.extend(LATENCY_COLUMNS);
@@ -442,7 +511,7 @@ fn render_view(view: &View, out: &mut String) {
         let _ = writeln!(out, "{INDENT}no samples");
         return;
     }
-    table(out, &columns, &rows);
+    table(out, width, &columns, &rows);
     if view.total_rows > view.rows.len() {
         let _ = writeln!(
             out,
@@ -453,14 +522,14 @@ fn render_view(view: &View, out: &mut String) {
     }
 }
 
-fn render_paths(title: &str, paths: &[CallPath], total: u64, out: &mut String) {
+fn render_paths(title: &str, paths: &[CallPath], total: u64, width: usize, out: &mut String) {
     if paths.is_empty() {
         return;
     }
     let _ = writeln!(
         out,
         "\n{INDENT}{}",
-        fit(title, WIDTH - INDENT.len(), Shorten::KeepStart)
+        fit(title, width - INDENT.len(), Shorten::KeepStart)
     );
     let rows: Vec<Vec<String>> = paths
         .iter()
@@ -474,6 +543,7 @@ fn render_paths(title: &str, paths: &[CallPath], total: u64, out: &mut String) {
         .collect();
     table(
         out,
+        width,
         &[
             number("samples"),
             number("%"),
@@ -483,11 +553,11 @@ fn render_paths(title: &str, paths: &[CallPath], total: u64, out: &mut String) {
     );
 }
 
-/// Items joined with `, ` and wrapped at [`WIDTH`] after a label; an item longer than a line
+/// Items joined with `, ` and wrapped at `width` after a label; an item longer than a line
 /// is broken between words.
-fn wrapped(out: &mut String, label: &str, items: &[String]) {
+fn wrapped(out: &mut String, width: usize, label: &str, items: &[String]) {
     let lead = format!("{INDENT}{INDENT}{label:<13} ");
-    let room = WIDTH - chars(&lead);
+    let room = width - chars(&lead);
     let none = ["none recorded".to_string()];
     let items = if items.is_empty() { &none[..] } else { items };
     let mut lines = vec![String::new()];
@@ -547,7 +617,7 @@ fn touches(list: &[Touch], stores_known: bool) -> Vec<String> {
         .collect()
 }
 
-fn render_data_line(line: &DataLineDetails, out: &mut String) {
+fn render_data_line(line: &DataLineDetails, width: usize, out: &mut String) {
     let _ = writeln!(
         out,
         "\n{INDENT}{}",
@@ -558,7 +628,7 @@ fn render_data_line(line: &DataLineDetails, out: &mut String) {
                 line.pid,
                 line.object.describe(line.line)
             ),
-            WIDTH - INDENT.len(),
+            width - INDENT.len(),
             Shorten::KeepStart
         )
     );
@@ -571,25 +641,33 @@ fn render_data_line(line: &DataLineDetails, out: &mut String) {
     if let Some(l) = &line.latency {
         summary.push(format!("latency avg {} max {}", compact(l.mean), l.max));
     }
-    wrapped(out, "accesses", &summary);
+    wrapped(out, width, "accesses", &summary);
     wrapped(
         out,
+        width,
         "instructions",
         &touches(&line.instructions, access_known),
     );
-    wrapped(out, "functions", &touches(&line.functions, access_known));
+    wrapped(
+        out,
+        width,
+        "functions",
+        &touches(&line.functions, access_known),
+    );
     match &line.threads {
-        Some(threads) => wrapped(out, "threads", &touches(threads, access_known)),
+        Some(threads) => wrapped(out, width, "threads", &touches(threads, access_known)),
         None => wrapped(
             out,
+            width,
             "threads",
             &["not recorded by this capture".to_string()],
         ),
     }
-    wrapped(out, "cpus", &touches(&line.cpus, false));
+    wrapped(out, width, "cpus", &touches(&line.cpus, false));
     match line.sharing {
         Some(SharingHint::SeveralWriters(n)) => wrapped(
             out,
+            width,
             "sharing",
             &[format!(
                 "false sharing? {n} threads write this line (if they write different \
@@ -598,6 +676,7 @@ fn render_data_line(line: &DataLineDetails, out: &mut String) {
         ),
         Some(SharingHint::SeveralThreadsUnknownAccess(n)) => wrapped(
             out,
+            width,
             "sharing",
             &[format!(
                 "{n} threads touch this line (loads and stores not told apart: no data source)"
@@ -607,7 +686,7 @@ fn render_data_line(line: &DataLineDetails, out: &mut String) {
     }
 }
 
-fn render_details(details: &FunctionDetails, out: &mut String) {
+fn render_details(details: &FunctionDetails, width: usize, out: &mut String) {
     let _ = writeln!(
         out,
         "{INDENT}{}: {} of {} instruction samples ({:.1}%)",
@@ -646,6 +725,7 @@ fn render_details(details: &FunctionDetails, out: &mut String) {
         "{INDENT}{:>7} {:>5} {:>8} {:>7} {:>6} {:>4} {:>7}  >Statement / instruction",
         "samples", "%", "cache ln", "lat avg", "Line", "Slot", "Offset"
     );
+    let rule = width.min(WIDTH) - INDENT.len();
     // Columns before the statement/instruction text.
     const LEAD: usize = 2 + 7 + 1 + 5 + 1 + 8 + 1 + 7 + 1 + 6 + 1 + 4 + 1 + 7 + 2;
     let samples = |n: u64| if n == 0 { String::new() } else { count(n) };
@@ -673,7 +753,7 @@ fn render_details(details: &FunctionDetails, out: &mut String) {
                     statement.line,
                     "",
                     "",
-                    fit(&location, WIDTH - LEAD, Shorten::KeepEnd)
+                    fit(&location, width - LEAD, Shorten::KeepEnd)
                 )
             }
             DetailRow::Instruction(instruction) => {
@@ -700,17 +780,17 @@ fn render_details(details: &FunctionDetails, out: &mut String) {
                     line,
                     instruction.slot,
                     format!("+{:#x}", instruction.offset),
-                    fit(&text, WIDTH - LEAD - 2, Shorten::KeepStart)
+                    fit(&text, width - LEAD - 2, Shorten::KeepStart)
                 )
             }
-            DetailRow::CacheLineBoundary => format!("{INDENT}{}", "-".repeat(WIDTH - INDENT.len())),
-            DetailRow::Gap => format!("{INDENT}{}", "~".repeat(WIDTH - INDENT.len())),
+            DetailRow::CacheLineBoundary => format!("{INDENT}{}", "-".repeat(rule)),
+            DetailRow::Gap => format!("{INDENT}{}", "~".repeat(rule)),
         };
         let _ = writeln!(out, "{}", text.trim_end());
     }
 }
 
-fn render_call_graph(graph: &Neighbours, out: &mut String) {
+fn render_call_graph(graph: &Neighbours, width: usize, out: &mut String) {
     let _ = writeln!(
         out,
         "{INDENT}{}: on the stack in {} samples ({:.1}%), leaf in {}\n",
@@ -749,20 +829,21 @@ fn render_call_graph(graph: &Neighbours, out: &mut String) {
     }
     table(
         out,
+        width,
         &[
             number("samples"),
             number("%"),
             name(header, Shorten::KeepEnd),
-            optional("module", Shorten::KeepEnd),
+            optional("module", Shorten::KeepStart),
         ],
         &rows,
     );
 }
 
-fn render_distributions(distributions: &[Distribution], out: &mut String) {
+fn render_distributions(distributions: &[Distribution], width: usize, out: &mut String) {
     let _ = writeln!(out, "\n{INDENT}Latency percentiles (cycles):");
     if distributions.is_empty() {
-        let _ = writeln!(out, "{INDENT}no latency histograms for this event");
+        wrapped(out, width, "note", &[super::NO_LATENCY.to_string()]);
         return;
     }
     let rows: Vec<Vec<String>> = distributions
@@ -783,6 +864,7 @@ fn render_distributions(distributions: &[Distribution], out: &mut String) {
         .collect();
     table(
         out,
+        width,
         &[
             name("scope", Shorten::KeepStart),
             name("name", Shorten::KeepEnd),
@@ -797,7 +879,7 @@ fn render_distributions(distributions: &[Distribution], out: &mut String) {
     );
 }
 
-fn render_accounting(profile: &Profile, out: &mut String) {
+fn render_accounting(profile: &Profile, width: usize, out: &mut String) {
     let losses = &profile.losses;
     let _ = writeln!(out, "\nSample accounting:");
     for (index, event) in profile.events.iter().enumerate() {
@@ -811,7 +893,7 @@ fn render_accounting(profile: &Profile, out: &mut String) {
                     "{}: {fired} fired in the kernel, {drained} drained",
                     event.name
                 ),
-                WIDTH - INDENT.len(),
+                width - INDENT.len(),
                 Shorten::KeepStart
             )
         );

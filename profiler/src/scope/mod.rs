@@ -37,6 +37,8 @@ pub enum ScopeError {
     UnknownUser {
         name: String,
     },
+    /// `(uid_t)-1`: the kernel's "no user", which no process runs as.
+    InvalidUid,
     Io {
         path: PathBuf,
         source: io::Error,
@@ -79,6 +81,13 @@ impl fmt::Display for ScopeError {
                 f,
                 "no user '{name}' in {PASSWD_PATH}: give a user name from it or a numeric uid"
             ),
+            ScopeError::InvalidUid => write!(
+                f,
+                "--uid {}: that is (uid_t)-1, which means \"no user\" to the kernel; no process \
+                 runs as it. Give a user name or a uid below {}",
+                u32::MAX,
+                u32::MAX
+            ),
             ScopeError::Io { path, source } => {
                 write!(f, "cannot read {}: {source}", path.display())
             }
@@ -98,8 +107,12 @@ impl std::error::Error for ScopeError {
 /// The uid of `--uid USER`: a number as is (it need not be in /etc/passwd: containers have
 /// their own users), else a name looked up in /etc/passwd.
 pub fn resolve_uid(user: &str) -> Result<u32, ScopeError> {
-    if let Ok(uid) = user.parse() {
-        return Ok(uid);
+    if let Ok(uid) = user.parse::<u32>() {
+        return if uid == u32::MAX {
+            Err(ScopeError::InvalidUid)
+        } else {
+            Ok(uid)
+        };
     }
     let passwd = std::fs::read_to_string(PASSWD_PATH).map_err(|source| ScopeError::Io {
         path: PASSWD_PATH.into(),
@@ -156,6 +169,11 @@ broken:x:notanumber:0::/:/bin/sh
     #[test]
     fn resolves_numbers_and_names_on_this_machine() {
         assert_eq!(resolve_uid("4242").unwrap(), 4242);
+        let err = resolve_uid("4294967295").unwrap_err().to_string();
+        assert!(
+            err.contains("--uid 4294967295") && err.contains("no user"),
+            "{err}"
+        );
         assert_eq!(resolve_uid("root").unwrap(), 0);
         let err = resolve_uid("no-such-user-here").unwrap_err();
         assert!(

@@ -32,7 +32,7 @@ use crate::output::Checker;
 pub struct StatArgs {
     /// Events to count: repeat or comma-separate (`profiler list` shows them). Default:
     /// task-clock (cpu-clock with -a), context-switches, cpu-migrations, page-faults, cycles,
-    /// instructions, branches, branch-misses.
+    /// instructions, branch-instructions, branch-misses.
     #[arg(short = 'e', long = "event", value_name = "EVENTS")]
     pub events: Vec<String>,
     /// Count on every CPU (all processes).
@@ -48,7 +48,7 @@ pub struct StatArgs {
     )]
     pub pids: Vec<u32>,
     /// Stop after this many seconds.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", value_parser = crate::cli::seconds)]
     pub duration: Option<f64>,
     /// Counts per thread (with the thread's name), then the totals. Not with -a.
     #[arg(long, conflicts_with_all = ["all_cpus", "per_cpu"])]
@@ -63,7 +63,11 @@ pub struct StatArgs {
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// The command to launch and count.
-    #[arg(last = true, value_name = "COMMAND")]
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
     pub command: Vec<String>,
 }
 
@@ -94,14 +98,9 @@ impl StatArgs {
         }
     }
 
-    fn duration(&self) -> Result<Option<Duration>> {
-        self.duration
-            .map(|seconds| {
-                Duration::try_from_secs_f64(seconds).map_err(|_| {
-                    anyhow!("--duration {seconds}: give a positive number of seconds, e.g. 2.5")
-                })
-            })
-            .transpose()
+    pub(crate) fn duration(&self) -> Option<Duration> {
+        // `cli::seconds` checked that the value fits.
+        self.duration.map(Duration::from_secs_f64)
     }
 
     fn event_specs(&self, registry: &PmuRegistry, system_wide: bool) -> Result<Vec<EventSpec>> {
@@ -180,7 +179,7 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
     let mut signals = StopSignals::catch()?;
     let output = Checker::default().check_optional("-o", args.output.as_deref())?;
     let target = args.target()?;
-    let duration = args.duration()?;
+    let duration = args.duration();
     let registry = PmuRegistry::live().context("reading the PMUs from /sys")?;
     let specs = args.event_specs(&registry, target == TargetSpec::System)?;
     let facts = SystemFacts::read(&registry);
@@ -322,18 +321,9 @@ mod tests {
     #[test]
     fn durations_must_be_positive_numbers() {
         let parsed = args(&["-a", "--duration", "2.5"]).unwrap();
-        assert_eq!(
-            parsed.duration().unwrap(),
-            Some(Duration::from_millis(2_500))
-        );
-        let err = args(&["-a", "--duration=-1"])
-            .unwrap()
-            .duration()
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "--duration -1: give a positive number of seconds, e.g. 2.5"
-        );
+        assert_eq!(parsed.duration(), Some(Duration::from_millis(2_500)));
+        let err = args(&["-a", "--duration=-1"]).unwrap_err().to_string();
+        assert!(err.contains("'-1' for '--duration <SECONDS>'"), "{err}");
     }
 
     #[test]

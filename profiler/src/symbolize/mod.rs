@@ -183,9 +183,8 @@ impl<'a> FrameTable<'a> {
             if let Some((name, start)) = perf_maps.lookup(address.pid, address.address) {
                 frame.function = Some(name);
                 frame.function_address = Some(start);
-                if frame.module.is_empty() {
-                    frame.module = format!("[perf-{}.map]", address.pid);
-                }
+                // JIT code lives in anonymous memory (`//anon`): the map names its module.
+                frame.module = format!("[perf-{}.map]", address.pid);
             }
             let id = self.intern(frame);
             self.resolved.insert(address, id);

@@ -81,7 +81,7 @@ impl fmt::Display for PerfDataError {
                 remaining,
             } => write!(
                 f,
-                "perf.data: truncated {what} at offset 0x{offset:x} (needs {needed} bytes, \
+                "truncated {what} at offset 0x{offset:x} (needs {needed} bytes, \
                  {remaining} remain): the file is incomplete or corrupt; was `perf record` \
                  killed, or the copy cut short?"
             ),
@@ -91,7 +91,7 @@ impl fmt::Display for PerfDataError {
                 problem,
             } => write!(
                 f,
-                "perf.data: invalid {what} at offset 0x{offset:x}: {problem}; the file is corrupt"
+                "invalid {what} at offset 0x{offset:x}: {problem}; the file is corrupt"
             ),
         }
     }

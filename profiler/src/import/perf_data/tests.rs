@@ -872,7 +872,7 @@ fn a_truncated_record_names_its_type_offset_and_sizes() {
     assert_eq!(
         err,
         format!(
-            "perf.data: truncated PERF_RECORD_SAMPLE record (type 9) at offset 0x{record_offset:x} \
+            "truncated PERF_RECORD_SAMPLE record (type 9) at offset 0x{record_offset:x} \
              (needs 80 bytes, 12 remain): the file is incomplete or corrupt; was `perf record` \
              killed, or the copy cut short?"
         )
