@@ -485,7 +485,10 @@ fn links_planted_in_a_sticky_directory_are_not_followed() {
 #[test]
 fn every_output_is_created_private() {
     let dir = temp_dir("private");
-    let outputs = record_outputs(&dir);
+    let mut outputs = record_outputs(&dir);
+    // Page faults carry no latency, so there is no plot to write: the latency plot's mode is
+    // checked with a PEBS import (profiler's convert tests, through the same writer).
+    outputs.retain(|(option, _)| *option != "--histogram");
     // An older file's wider mode is not kept.
     std::fs::write(&outputs[0].1, "old").unwrap();
     std::fs::set_permissions(&outputs[0].1, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -80,8 +80,15 @@ fn thread_module_and_function_views() {
             "cpu_split::light_work"
         ]
     );
-    // cpu-clock at a frequency: events estimated from the recorded mean period.
-    assert_eq!(functions["events"][0]["estimate"]["method"], "mean-period");
+    // A live recording: events estimated from the counter's own exact count.
+    let event = &functions["events"][0];
+    assert_eq!(event["estimate"]["method"], "counted");
+    let per_sample = event["estimate"]["events_per_sample"].as_f64().unwrap();
+    // About the 1999 Hz period (500,250 ns): more where a timer tick came late.
+    assert!(
+        (500_000.0..550_000.0).contains(&per_sample),
+        "{per_sample} ns per sample"
+    );
 }
 
 #[test]

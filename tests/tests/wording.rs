@@ -243,19 +243,25 @@ fn the_title_names_the_scope_and_quotes_the_command() {
     ]);
     let title = text(&report(&file, &[]));
     assert!(title.starts_with("Profile of user 0 on "), "{title}");
+    // Arguments are kept only when asked (they may hold secrets), and then shell-quoted.
     let file = dir.join("quoted.prof");
-    profiler(&[
-        "record",
-        "-o",
-        file.to_str().unwrap(),
-        "--",
-        "sh",
-        "-c",
-        "echo it's here > /dev/null",
-    ]);
-    let title = text(&report(&file, &[]));
+    let command = ["sh", "-c", r#"echo "it's here" > /dev/null"#];
+    let record = |extra: &[&str]| {
+        let mut args = vec!["record", "-o", file.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.push("--");
+        args.extend_from_slice(&command);
+        profiler(&args);
+        text(&report(&file, &[]))
+    };
+    let title = record(&["--record-args"]);
     assert!(
-        title.starts_with(r"Profile of `sh -c 'echo it'\''s here > /dev/null'` on "),
+        title.starts_with(r#"Profile of `sh -c 'echo "it'\''s here" > /dev/null'` on "#),
+        "{title}"
+    );
+    let title = record(&[]);
+    assert!(
+        title.starts_with("Profile of `sh` (2 arguments not recorded) on "),
         "{title}"
     );
     std::fs::remove_dir_all(dir).ok();

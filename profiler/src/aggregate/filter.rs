@@ -193,8 +193,7 @@ impl EventScale {
     pub fn describe(self) -> String {
         match self {
             EventScale::Counted { events, samples } => format!(
-                "events = samples x {:.1}: the counter counted {events} events in {samples} \
-                 samples",
+                "events = samples x {:.1} (counted: {events} in {samples} samples)",
                 events as f64 / samples as f64
             ),
             EventScale::Period(period) => format!("events = samples x period {period}"),

@@ -613,6 +613,9 @@ fn hardware_views_histograms_and_backtracking_through_the_command_line() {
         svg.as_os_str(),
     ]);
     let drawn = std::fs::read_to_string(&svg).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&svg).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the plot is private, as every output");
     assert!(
         drawn.starts_with("<svg") || drawn.contains("<svg"),
         "{drawn}"
