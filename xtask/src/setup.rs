@@ -134,6 +134,8 @@ pub fn all(purpose: Purpose) -> Result<()> {
             // setcap (the capabilities-only test) and useradd (tests run as a second user).
             "libcap2-bin",
             "passwd",
+            // A real JIT runtime whose perf map the JIT-naming test reads.
+            "nodejs",
         ])?;
     }
     Ok(())
