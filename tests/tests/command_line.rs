@@ -11,7 +11,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{profiler_bin, require_root, temp_dir, wait_until_recording, workload, Running};
+use common::{
+    profiler_bin, require_root, system_user, temp_dir, wait_until_recording, workload, Running,
+};
 use profiler::profile::{file::read_profile, Profile};
 
 /// Runs the profiler with `args`, whatever its exit status.
@@ -652,36 +654,11 @@ fn a_failing_raw_stream_stops_the_stream_not_the_recording() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// The uid and gid of the unprivileged user the capability test runs as, created if missing.
-fn unprivileged_user() -> (u32, u32) {
-    const NAME: &str = "profiler-test";
-    let id = |flag: &str| {
-        let output = Command::new("id").args([flag, NAME]).output().unwrap();
-        output
-            .status
-            .success()
-            .then(|| text(&output.stdout).trim().parse::<u32>().unwrap())
-    };
-    if id("-u").is_none() {
-        let status = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                NAME,
-            ])
-            .status()
-            .unwrap();
-        assert!(status.success(), "useradd {NAME} failed");
-    }
-    (id("-u").unwrap(), id("-g").unwrap())
-}
-
 #[test]
 fn cap_bpf_and_cap_perfmon_alone_are_enough() {
     require_root();
-    let (uid, gid) = unprivileged_user();
+    // The unprivileged user the capability test runs as.
+    let (uid, gid) = system_user("profiler-test");
     let dir = temp_dir("capabilities");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let binary = dir.join("profiler");

@@ -13,6 +13,7 @@ use common::{
     assert_no_losses, core_pmu, profiler, profiler_bin, temp_dir, touched_region, workload,
     STACK_COLLISIONS,
 };
+use profiler::aggregate::functions::event_samples;
 use profiler::profile::{file::read_profile, Profile};
 
 /// `profiler record ARGS -o DIR/run.prof -- COMMAND...`, read back.
@@ -25,15 +26,6 @@ fn record(dir: &Path, args: &[&str], command: &[&str]) -> (Profile, String) {
     let output = profiler(&all);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     (read_profile(&file).unwrap(), stderr)
-}
-
-fn samples_of(profile: &Profile, event: u32) -> u64 {
-    profile
-        .stacks
-        .iter()
-        .filter(|s| s.event == event)
-        .map(|s| s.count)
-        .sum()
 }
 
 /// The `--raw` lines as JSON values.
@@ -126,7 +118,7 @@ fn a_small_raw_ring_counts_every_sample_it_drops() {
         "a one-page ring cannot keep up with a sample per fault"
     );
     // The aggregated views lose nothing to the stream's drops.
-    assert_eq!(samples_of(&profile, 0), fired);
+    assert_eq!(event_samples(&profile, 0), fired);
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -204,7 +196,7 @@ fn four_events_at_high_rates_over_a_long_run_with_deep_stacks_and_resized_maps()
     for (index, event) in profile.events.iter().enumerate() {
         let fired = profile.losses.samples_fired[index];
         assert_eq!(
-            samples_of(&profile, index as u32),
+            event_samples(&profile, index as u32),
             fired,
             "{}: every fired sample drained",
             event.name

@@ -13,40 +13,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{profiler, profiler_bin, require_root, temp_dir, workload};
+use common::{profiler, profiler_bin, system_user, temp_dir, workload};
 use serde_json::Value;
 
 /// The other user of the machine.
 const UNTRUSTED: &str = "profiler-untrusted";
 
-/// (uid, gid) of [`UNTRUSTED`], created without a home or a login shell if missing.
+/// (uid, gid) of [`UNTRUSTED`].
 fn untrusted_user() -> (u32, u32) {
-    require_root();
-    let id = |flag: &str| {
-        let output = Command::new("id").args([flag, UNTRUSTED]).output().unwrap();
-        output.status.success().then(|| {
-            String::from_utf8(output.stdout)
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap()
-        })
-    };
-    if id("-u").is_none() {
-        let status = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-            ])
-            .arg(UNTRUSTED)
-            .status()
-            .expect("useradd runs");
-        // Another test may have created it meanwhile.
-        assert!(status.success() || id("-u").is_some(), "useradd failed");
-    }
-    (id("-u").unwrap(), id("-g").unwrap())
+    system_user(UNTRUSTED)
 }
 
 /// `program args` as the untrusted user, with no supplementary groups and no capabilities.

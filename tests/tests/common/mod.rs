@@ -267,3 +267,36 @@ pub fn wait_until_recording(pid: u32) {
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
 }
+
+/// (uid, gid) of the system user `name`, created without a home or a login shell if missing:
+/// the other, unprivileged user that tests run commands as.
+pub fn system_user(name: &str) -> (u32, u32) {
+    require_root();
+    let id = |flag: &str| -> Option<u32> {
+        let output = Command::new("id").args([flag, name]).output().unwrap();
+        output.status.success().then(|| {
+            String::from_utf8_lossy(&output.stdout)
+                .trim()
+                .parse()
+                .unwrap()
+        })
+    };
+    if id("-u").is_none() {
+        let status = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+            ])
+            .arg(name)
+            .status()
+            .expect("useradd runs (Debian: apt-get install passwd)");
+        // Another test may have created it meanwhile.
+        assert!(
+            status.success() || id("-u").is_some(),
+            "useradd {name} failed"
+        );
+    }
+    (id("-u").unwrap(), id("-g").unwrap())
+}
