@@ -433,3 +433,38 @@ fn kernel_icache_lines_are_named_symbol_plus_offset() {
         );
     }
 }
+
+#[test]
+fn vdso_code_is_named_as_perf_names_it() {
+    // Reading the monotonic clock in a loop runs in the vDSO, which has no file to read.
+    let dir = temp_dir("wording-vdso");
+    let file = dir.join("vdso.prof");
+    let events = workload("known_events");
+    profiler(&[
+        "record",
+        "-F",
+        "1999",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        events.to_str().unwrap(),
+        "clock-reads-ms",
+        "500",
+    ]);
+    let json = report_json(&file, &["--by", "function"]);
+    let functions = json["events"][0]["functions"].as_array().unwrap();
+    let vdso: f64 = functions
+        .iter()
+        .filter(|f| f["module"].as_str().is_some_and(|m| m == "[vdso]"))
+        .map(|f| {
+            let name = f["function"].as_str().unwrap();
+            assert!(
+                name.starts_with("__vdso_"),
+                "a vDSO sample without its function: {f}"
+            );
+            f["self_percent"].as_f64().unwrap()
+        })
+        .sum();
+    assert!(vdso > 20.0, "{vdso}% in the vDSO: {functions:#?}");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -9,6 +9,7 @@
 //! - `major-faults N`: writes an N-page file, drops it from the page cache, maps it with
 //!   read-ahead off and reads every page: N major faults.
 //! - `spin-ms N`: spins for N milliseconds of its own CPU time.
+//! - `clock-reads-ms N`: reads CLOCK_MONOTONIC for N milliseconds: time spent in the vDSO.
 //!
 //! Prints on stderr what it did (`known_events: KIND N done`).
 
@@ -138,13 +139,24 @@ fn spin(duration: Duration) {
     }
 }
 
+#[inline(never)]
+fn clock_reads(duration: Duration) {
+    let start = std::time::Instant::now();
+    // Instant::now is clock_gettime(CLOCK_MONOTONIC), which the vDSO answers in user space.
+    while start.elapsed() < duration {
+        black_box(std::time::Instant::now());
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(kind), Some(n)) = (
         args.first(),
         args.get(1).and_then(|n| n.parse::<u64>().ok()),
     ) else {
-        eprintln!("usage: known_events pipe-round-trips|migrations|major-faults|spin-ms N");
+        eprintln!(
+            "usage: known_events pipe-round-trips|migrations|major-faults|spin-ms|clock-reads-ms N"
+        );
         std::process::exit(2);
     };
     match kind.as_str() {
@@ -152,6 +164,7 @@ fn main() {
         "migrations" => migrations(n),
         "major-faults" => major_faults(n),
         "spin-ms" => spin(Duration::from_millis(n)),
+        "clock-reads-ms" => clock_reads(Duration::from_millis(n)),
         other => {
             eprintln!("known_events: unknown kind {other}");
             std::process::exit(2);

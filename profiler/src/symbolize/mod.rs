@@ -4,6 +4,7 @@
 
 pub mod kernel_addresses;
 mod perf_map;
+mod vdso;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -179,8 +180,20 @@ impl<'a> FrameTable<'a> {
         }
         progress.finish_and_clear();
         let mut perf_maps = perf_map::PerfMaps::default();
+        let vdso = unresolved
+            .iter()
+            .any(|(_, frame)| frame.module == VDSO)
+            .then(vdso::Vdso::own)
+            .flatten();
         for (address, mut frame) in unresolved {
-            if let Some((name, start)) = perf_maps.lookup(address.pid, address.address) {
+            if frame.module == VDSO {
+                if let Some((name, start)) =
+                    vdso.as_ref().and_then(|v| v.lookup(frame.module_offset))
+                {
+                    frame.function = Some(name.to_string());
+                    frame.function_address = Some(frame.address - (frame.module_offset - start));
+                }
+            } else if let Some((name, start)) = perf_maps.lookup(address.pid, address.address) {
                 frame.function = Some(name);
                 frame.function_address = Some(start);
                 // JIT code lives in anonymous memory (`//anon`): the map names its module.
@@ -191,6 +204,9 @@ impl<'a> FrameTable<'a> {
         }
     }
 }
+
+/// The kernel's label of the vDSO mapping.
+const VDSO: &str = "[vdso]";
 
 /// A symbolizer that reports lines and inlined functions.
 pub fn new_symbolizer() -> Symbolizer {
