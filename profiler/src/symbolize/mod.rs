@@ -4,6 +4,7 @@
 
 pub mod kernel_addresses;
 mod perf_map;
+mod plt;
 mod vdso;
 
 use std::{
@@ -147,6 +148,7 @@ impl<'a> FrameTable<'a> {
             let (addresses, mut frames): (Vec<CodeAddress>, Vec<Frame>) =
                 entries.into_iter().unzip();
             fill_from_elf(&symbolizer, &path, &mut frames);
+            name_plt_stubs(&path, &mut frames);
             for (address, frame) in addresses.into_iter().zip(frames) {
                 let id = self.intern(frame);
                 self.resolved.insert(address, id);
@@ -228,6 +230,25 @@ pub fn fill_from_elf(symbolizer: &Symbolizer, path: &Path, frames: &mut [Frame])
         if let Symbolized::Sym(sym) = result {
             let address = frame.address;
             fill(frame, &sym, address);
+        }
+    }
+}
+
+/// Names the frames of the module open at `path` (a descriptor path) that sit in its PLT
+/// stubs, `memcpy@plt`, where the symbolizer found no function.
+fn name_plt_stubs(path: &Path, frames: &mut [Frame]) {
+    if frames.iter().all(|frame| frame.function.is_some()) {
+        return;
+    }
+    let Ok(file) = crate::input::open_regular(path, crate::input::FinalLink::Follow) else {
+        return;
+    };
+    let image = crate::input::ModuleImage::new(file);
+    let stubs = plt::PltStubs::read(&image);
+    for frame in frames.iter_mut().filter(|frame| frame.function.is_none()) {
+        if let Some((name, start)) = stubs.lookup(frame.module_offset) {
+            frame.function = Some(name.to_string());
+            frame.function_address = Some(frame.address - (frame.module_offset - start));
         }
     }
 }
