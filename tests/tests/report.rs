@@ -9,7 +9,9 @@ use std::{
     sync::OnceLock,
 };
 
-use common::{profiler, profiler_bin, record_page_faults, temp_dir, touched_region, workload};
+use common::{
+    profiler, profiler_bin, record_page_faults, report_json, temp_dir, touched_region, workload,
+};
 use serde_json::Value;
 
 /// One recording of cpu_split, shared by the tests of this file.
@@ -29,18 +31,6 @@ fn cpu_split_profile() -> &'static Path {
             "3000",
         ]);
         file
-    })
-}
-
-fn report_json(file: &Path, args: &[&str]) -> Value {
-    let mut all = vec!["report", "-i", file.to_str().unwrap(), "--json"];
-    all.extend_from_slice(args);
-    let output = profiler(&all);
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{args:?}: not JSON ({e}): {}",
-            String::from_utf8_lossy(&output.stdout)
-        )
     })
 }
 

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{profiler, profiler_bin, system_user, temp_dir, workload};
+use common::{profiler, profiler_bin, report_json, system_user, temp_dir, workload};
 use serde_json::Value;
 
 /// The other user of the machine.
@@ -193,12 +193,6 @@ fn replaced_module_is_not_read_by_path(planted: Planted) {
     assert_eq!(function["code"], "disassembled", "{function:#}");
     assert!(function["samples"].as_u64().unwrap() > 0, "{function:#}");
     fs::remove_dir_all(home.parent().unwrap()).ok();
-}
-
-fn report_json(profile: &Path, args: &[&str]) -> Value {
-    let mut all = vec!["report", "-i", profile.to_str().unwrap(), "--json"];
-    all.extend_from_slice(args);
-    serde_json::from_slice(&profiler(&all).stdout).expect("a JSON report")
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::{
     sync::OnceLock,
 };
 
-use common::{profiler, profiler_bin, temp_dir, workload};
+use common::{profiler, profiler_bin, report_json, temp_dir, workload};
 use serde_json::Value;
 
 /// `threads 3 2` sampled on cpu-clock and on every page fault: three named spinning threads
@@ -40,12 +40,6 @@ fn report(file: &Path, args: &[&str]) -> Output {
     let mut all = vec!["report", "-i", file.to_str().unwrap()];
     all.extend_from_slice(args);
     profiler(&all)
-}
-
-fn report_json(file: &Path, args: &[&str]) -> Value {
-    let mut all = vec!["--json"];
-    all.extend_from_slice(args);
-    serde_json::from_slice(&report(file, &all).stdout).expect("the report is JSON")
 }
 
 fn text(output: &Output) -> String {

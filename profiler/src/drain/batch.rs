@@ -49,7 +49,12 @@ pub fn take_all_batched<K: Pod, V: Pod>(
     let fd = IterableMap::<K, _>::map(map).fd().as_fd().as_raw_fd();
     // The kernel lays per-CPU values out at 8-byte strides.
     let stride = std::mem::size_of::<V>().next_multiple_of(8);
-    let mut chunk = (BATCH_VALUE_BYTES / (stride * cpus).max(1)).max(1);
+    // No batch need hold more than the map can: a map of a few thousand entries gets buffers of
+    // that size, not BATCH_VALUE_BYTES, on every drain.
+    let entries = IterableMap::<K, _>::map(map)
+        .info()
+        .map_or(usize::MAX, |info| info.max_entries() as usize);
+    let mut chunk = (BATCH_VALUE_BYTES / (stride * cpus).max(1)).clamp(1, entries.max(1));
     let mut entries = Vec::new();
     // The position token of a hash map is a bucket index (4 bytes); 8 leaves room.
     let (mut position, mut next) = (0u64, 0u64);

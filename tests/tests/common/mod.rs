@@ -72,6 +72,19 @@ pub fn profiler_json(args: &[&str]) -> (Value, String) {
     (report, String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
+/// `profiler report -i FILE --json ARGS...`, parsed.
+pub fn report_json(file: &std::path::Path, args: &[&str]) -> Value {
+    let mut all = vec!["report", "-i", file.to_str().unwrap(), "--json"];
+    all.extend_from_slice(args);
+    let output = profiler(&all);
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{args:?}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
 /// Self-sample percentage of a function in an event of a JSON report (0 when absent).
 pub fn self_percent(event: &Value, function: &str) -> f64 {
     event["functions"]
