@@ -213,9 +213,9 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
             eprintln!(
                 "profiler: {} while the report was computed: stopped; outputs already written \
                  are kept, the others were not written",
-                signal_name(signal)
+                signal_name(signal.number)
             );
-            std::process::exit(128 + signal);
+            std::process::exit(128 + signal.number);
         }
     }
 }
@@ -276,9 +276,7 @@ fn finish_record(capture: Capture, args: &RecordArgs, outputs: RecordOutputs) ->
         |text, json| match json {
             Some(json) => json["recording"] = ending.json(),
             None => {
-                text.push('\n');
-                text.push_str(&ending.describe());
-                text.push('\n');
+                text.push_str(&format!("\nRecording ended: {}.\n", ending.describe()));
             }
         },
     );

@@ -6,9 +6,10 @@
 //! died first) never runs: the trampoline exits instead, and the kernel ends it if the profiler
 //! dies while it runs (`PR_SET_PDEATHSIG`).
 //!
-//! Ending: the stop signals the profiler catches ([`StopSignals`]) are forwarded to the command,
-//! which is then given [`GRACE`] to exit before it is killed ([`StoppedCommand::end`]);
-//! [`CommandEnd`] says how it ended and gives the exit status a shell would report.
+//! Ending: [`Shutdown`] passes the first stop (a signal the profiler catches with
+//! [`StopSignals`], or `--duration` ending) to the command, which is then given [`GRACE`] to exit
+//! before it is killed; [`Ending`] says why the run stopped and how the command ended, and gives
+//! the exit status a shell would report.
 
 use std::{
     io::Write as _,
@@ -18,6 +19,10 @@ use std::{
     },
     path::PathBuf,
     process::{ExitCode, ExitStatus},
+    sync::{
+        atomic::{AtomicI32, Ordering},
+        OnceLock,
+    },
     time::Duration,
 };
 
@@ -56,17 +61,6 @@ impl StoppedCommand {
             // reaps it only in `wait`), so the pid cannot belong to another process.
             unsafe { libc::kill(pid as i32, signal) };
         }
-    }
-
-    /// Asks the command to exit with `signal`, waits up to [`GRACE`], then kills it; returns
-    /// how it ended.
-    pub async fn end(&mut self, signal: i32) -> Result<ExitStatus> {
-        self.signal(signal);
-        if let Ok(status) = tokio::time::timeout(GRACE, self.child.wait()).await {
-            return status.context("waiting for the command");
-        }
-        self.signal(libc::SIGKILL);
-        self.child.wait().await.context("waiting for the command")
     }
 }
 
@@ -165,8 +159,6 @@ pub enum CommandEnd {
     Exited(i32),
     /// Killed by this signal.
     Signaled(i32),
-    /// Still running when counting stopped (duration, Ctrl-C): the profiler ended it.
-    Stopped,
 }
 
 impl CommandEnd {
@@ -185,7 +177,7 @@ impl CommandEnd {
             Some(CommandEnd::Signaled(signal)) => {
                 ExitCode::from((128 + signal).clamp(0, 255) as u8)
             }
-            Some(CommandEnd::Stopped) | None => ExitCode::SUCCESS,
+            None => ExitCode::SUCCESS,
         }
     }
 
@@ -206,9 +198,204 @@ impl CommandEnd {
             CommandEnd::Signaled(signal) => {
                 format!("was killed by signal {signal} ({})", signal_name(*signal))
             }
-            CommandEnd::Stopped => {
-                "was still running when the profiler stopped; it was ended".to_string()
+        }
+    }
+}
+
+/// Why a recording or count stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The launched command exited (on its own, or after it was asked to).
+    CommandExited,
+    /// Every process given with `-p` exited.
+    TargetsExited,
+    Duration,
+    /// The profiler received this signal.
+    Signal(i32),
+}
+
+/// How the launched command was asked to exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asked {
+    /// The signal it got: the one the profiler received, or SIGTERM when `--duration` ended.
+    pub signal: i32,
+    pub why: Stop,
+    /// False when the signal came from the terminal, which sent it to the command as well.
+    pub forwarded: bool,
+}
+
+/// How a run ended: why it stopped and, for a launched command, how that ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ending {
+    pub stop: Stop,
+    pub asked: Option<Asked>,
+    pub command: Option<CommandEnd>,
+    /// Why the command was killed: it did not exit within [`GRACE`], or a second stop came.
+    pub killed: Option<Stop>,
+}
+
+impl Ending {
+    /// What ended the run, as a clause: `the command exited with status 7`.
+    pub fn describe(&self) -> String {
+        let command = self.command.map(|end| end.describe());
+        let asked = self.asked.map(|asked| match (asked.why, asked.forwarded) {
+            (Stop::Duration, _) => format!(
+                "--duration ended: the command was sent {}",
+                signal_name(asked.signal)
+            ),
+            (_, true) => format!(
+                "the profiler received {} and forwarded it to the command",
+                signal_name(asked.signal)
+            ),
+            (_, false) => format!(
+                "{} from the terminal reached the profiler and the command",
+                signal_name(asked.signal)
+            ),
+        });
+        let killed = match self.killed {
+            Some(Stop::Signal(signal)) => format!(
+                "; it was killed when the profiler received {} too",
+                signal_name(signal)
+            ),
+            Some(_) => format!(
+                "; it was killed after it had not exited for {} s",
+                GRACE.as_secs()
+            ),
+            None => String::new(),
+        };
+        match (asked, command) {
+            (Some(asked), Some(command)) => format!("{asked}, and the command {command}{killed}"),
+            (None, Some(command)) => format!("the command {command}"),
+            _ => match self.stop {
+                Stop::TargetsExited => "every profiled process exited".into(),
+                Stop::Duration => "--duration ended".into(),
+                Stop::Signal(signal) => {
+                    format!("the profiler received {}", signal_name(signal))
+                }
+                Stop::CommandExited => "the command exited".into(),
+            },
+        }
+    }
+
+    /// As JSON: `{"stop": ..., "command": {"exit_code": N} | {"signal": N}, ...}`.
+    pub fn json(&self) -> serde_json::Value {
+        let stop = match self.stop {
+            Stop::CommandExited => "command exited".to_string(),
+            Stop::TargetsExited => "targets exited".to_string(),
+            Stop::Duration => "duration".to_string(),
+            Stop::Signal(signal) => format!("signal {}", signal_name(signal)),
+        };
+        let command = match self.command {
+            Some(CommandEnd::Exited(code)) => serde_json::json!({ "exit_code": code }),
+            Some(CommandEnd::Signaled(signal)) => serde_json::json!({ "signal": signal }),
+            None => serde_json::Value::Null,
+        };
+        serde_json::json!({
+            "stop": stop,
+            "asked": self.asked.map(|asked| signal_name(asked.signal)),
+            "forwarded": self.asked.map(|asked| asked.forwarded),
+            "killed": self.killed.is_some(),
+            "command": command,
+            "description": self.describe(),
+        })
+    }
+}
+
+/// How a run with a launched command comes to its end, the same for `record` and `stat`: the
+/// first stop (a signal, `--duration` ending) is passed to the command, and the run goes on
+/// until the command exits, for at most [`GRACE`] or until a second stop, which kills it.
+pub struct Shutdown {
+    /// The duration's end, then the grace's once the command was asked to exit.
+    deadline: Option<tokio::time::Instant>,
+    asked: Option<Asked>,
+    killed: Option<Stop>,
+    status: Option<ExitStatus>,
+}
+
+impl Shutdown {
+    pub fn new(duration: Option<Duration>) -> Shutdown {
+        Shutdown {
+            deadline: duration.map(|duration| tokio::time::Instant::now() + duration),
+            asked: None,
+            killed: None,
+            status: None,
+        }
+    }
+
+    /// The next stop: a signal, or `None` when the duration, or the grace given to the command,
+    /// is over.
+    pub async fn next_stop(&self, signals: &mut StopSignals) -> Option<StopSignal> {
+        let deadline = async {
+            match self.deadline {
+                Some(deadline) => tokio::time::sleep_until(deadline).await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::select! {
+            _ = deadline => None,
+            signal = signals.recv() => Some(signal),
+        }
+    }
+
+    /// The launched command exited; the run stops.
+    pub fn command_exited(&mut self, status: ExitStatus) -> Stop {
+        self.status = Some(status);
+        Stop::CommandExited
+    }
+
+    /// Acts on a stop from [`Shutdown::next_stop`]; returns why the run stops, or `None` while
+    /// the command winds down.
+    pub async fn stop(
+        &mut self,
+        signal: Option<StopSignal>,
+        command: Option<&mut StoppedCommand>,
+    ) -> Result<Option<Stop>> {
+        let why = signal.map_or(Stop::Duration, |signal| Stop::Signal(signal.number));
+        // The terminal sent its signal to the command as well.
+        let forward = !signal.is_some_and(|signal| signal.from_terminal);
+        let Some(command) = command else {
+            return Ok(Some(why));
+        };
+        if let Some(asked) = self.asked {
+            // A second stop, or the grace is over: the command is killed.
+            command.signal(libc::SIGKILL);
+            self.status = Some(
+                command
+                    .child
+                    .wait()
+                    .await
+                    .context("waiting for the command")?,
+            );
+            self.killed = Some(why);
+            return Ok(Some(asked.why));
+        }
+        let signal = match why {
+            Stop::Signal(signal) => signal,
+            _ => libc::SIGTERM,
+        };
+        if forward {
+            command.signal(signal);
+        }
+        self.asked = Some(Asked {
+            signal,
+            why,
+            forwarded: forward,
+        });
+        self.deadline = Some(tokio::time::Instant::now() + GRACE);
+        Ok(None)
+    }
+
+    /// How the run ended, given why it stopped.
+    pub fn ending(self, stop: Stop) -> Ending {
+        Ending {
+            // A command that exited after it was asked to ended the run for the asking's reason.
+            stop: match (stop, self.asked) {
+                (Stop::CommandExited, Some(asked)) => asked.why,
+                _ => stop,
+            },
+            asked: self.asked,
+            command: self.status.and_then(CommandEnd::from_status),
+            killed: self.killed,
         }
     }
 }
@@ -249,6 +436,41 @@ pub fn process_running(pid: u32) -> bool {
     })
 }
 
+/// A stop signal as the profiler received it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopSignal {
+    pub number: i32,
+    /// The terminal sent it (Ctrl-C, Ctrl-\\) to its whole foreground process group, so a
+    /// command launched in the profiler's group has it already and must not get a second copy.
+    pub from_terminal: bool,
+}
+
+const STOP_SIGNALS: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// The `si_code` of each signal's latest delivery, stored before tokio's handler wakes us.
+static DELIVERY_CODES: [AtomicI32; 32] = [const { AtomicI32::new(0) }; 32];
+
+/// Registers, once per process and ahead of tokio's own handlers (the registry runs actions in
+/// registration order), the actions that store where each stop signal came from.
+fn record_signal_origins() -> Result<()> {
+    static REGISTERED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            for number in STOP_SIGNALS {
+                // SAFETY: the action only stores into an atomic, which is async-signal-safe.
+                unsafe {
+                    signal_hook_registry::register_sigaction(number, move |info| {
+                        DELIVERY_CODES[number as usize].store(info.si_code, Ordering::Relaxed)
+                    })
+                }
+                .map_err(|e| format!("catching {}: {e}", signal_name(number)))?;
+            }
+            Ok(())
+        })
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
 /// The signals that stop a recording or count: SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught from
 /// the moment this is made, so that none of them kills the profiler and orphans its command.
 pub struct StopSignals {
@@ -257,16 +479,11 @@ pub struct StopSignals {
 
 impl StopSignals {
     pub fn catch() -> Result<StopSignals> {
-        let kinds = [
-            (libc::SIGINT, SignalKind::interrupt()),
-            (libc::SIGTERM, SignalKind::terminate()),
-            (libc::SIGHUP, SignalKind::hangup()),
-            (libc::SIGQUIT, SignalKind::quit()),
-        ];
-        let streams = kinds
+        record_signal_origins()?;
+        let streams = STOP_SIGNALS
             .into_iter()
-            .map(|(number, kind)| {
-                signal(kind)
+            .map(|number| {
+                signal(SignalKind::from_raw(number))
                     .map(|stream| (number, stream))
                     .with_context(|| format!("catching {}", signal_name(number)))
             })
@@ -275,11 +492,17 @@ impl StopSignals {
     }
 
     /// The next stop signal received.
-    pub async fn recv(&mut self) -> i32 {
+    pub async fn recv(&mut self) -> StopSignal {
         std::future::poll_fn(|context| {
             for (number, stream) in &mut self.streams {
                 if stream.poll_recv(context).is_ready() {
-                    return std::task::Poll::Ready(*number);
+                    let code = DELIVERY_CODES[*number as usize].load(Ordering::Relaxed);
+                    return std::task::Poll::Ready(StopSignal {
+                        number: *number,
+                        // Only the terminal makes the kernel itself send these two.
+                        from_terminal: code == libc::SI_KERNEL
+                            && matches!(*number, libc::SIGINT | libc::SIGQUIT),
+                    });
                 }
             }
             std::task::Poll::Pending
@@ -364,15 +587,57 @@ mod tests {
         assert!(!marker.exists(), "the command ran without its profiler");
     }
 
+    fn received(number: i32, from_terminal: bool) -> Option<StopSignal> {
+        Some(StopSignal {
+            number,
+            from_terminal,
+        })
+    }
+
     #[tokio::test(flavor = "current_thread")]
-    async fn an_ended_command_gets_the_signal_first_and_is_killed_after_the_grace() {
+    async fn a_stop_signal_is_forwarded_and_the_command_waited_for() {
         let mut stopped = spawn_stopped(&["sleep".to_string(), "30".to_string()]).unwrap();
         stopped.release().unwrap();
-        let status = stopped.end(libc::SIGINT).await.unwrap();
+        let mut shutdown = Shutdown::new(None);
+        let stop = shutdown.stop(received(libc::SIGINT, false), Some(&mut stopped));
         assert_eq!(
-            CommandEnd::from_status(status),
-            Some(CommandEnd::Signaled(libc::SIGINT))
+            stop.await.unwrap(),
+            None,
+            "the run goes on until the command exits"
         );
+        let stop = shutdown.command_exited(stopped.child.wait().await.unwrap());
+        let ending = shutdown.ending(stop);
+        assert_eq!(ending.stop, Stop::Signal(libc::SIGINT));
+        assert_eq!(ending.command, Some(CommandEnd::Signaled(libc::SIGINT)));
+        assert_eq!(ending.killed, None);
+        assert_eq!(
+            ending.describe(),
+            "the profiler received SIGINT and forwarded it to the command, and the command was \
+             killed by signal 2 (SIGINT)"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_terminals_signal_is_not_sent_twice_and_a_second_stop_kills() {
+        let mut stopped = spawn_stopped(&["sleep".to_string(), "30".to_string()]).unwrap();
+        stopped.release().unwrap();
+        let mut shutdown = Shutdown::new(None);
+        let stop = shutdown.stop(received(libc::SIGINT, true), Some(&mut stopped));
+        assert_eq!(stop.await.unwrap(), None);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            stopped.child.try_wait().unwrap().is_none(),
+            "the terminal's signal was sent to the command again"
+        );
+        let stop = shutdown.stop(received(libc::SIGTERM, false), Some(&mut stopped));
+        assert_eq!(stop.await.unwrap(), Some(Stop::Signal(libc::SIGINT)));
+        let ending = shutdown.ending(Stop::Signal(libc::SIGINT));
+        assert_eq!(ending.command, Some(CommandEnd::Signaled(libc::SIGKILL)));
+        assert_eq!(ending.killed, Some(Stop::Signal(libc::SIGTERM)));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_command_ignoring_the_duration_is_killed_after_the_grace() {
         let mut stubborn = spawn_stopped(&[
             "sh".to_string(),
             "-c".to_string(),
@@ -380,14 +645,24 @@ mod tests {
         ])
         .unwrap();
         stubborn.release().unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let started = std::time::Instant::now();
-        let status = stubborn.end(libc::SIGTERM).await.unwrap();
+        let mut signals = StopSignals::catch().unwrap();
+        let mut shutdown = Shutdown::new(Some(Duration::from_millis(200)));
+        assert_eq!(shutdown.next_stop(&mut signals).await, None);
         assert_eq!(
-            CommandEnd::from_status(status),
-            Some(CommandEnd::Signaled(libc::SIGKILL))
+            shutdown.stop(None, Some(&mut stubborn)).await.unwrap(),
+            None
         );
+        let started = std::time::Instant::now();
+        assert_eq!(shutdown.next_stop(&mut signals).await, None);
         assert!(started.elapsed() >= GRACE, "killed before its grace period");
+        let stop = shutdown.stop(None, Some(&mut stubborn)).await.unwrap();
+        assert_eq!(stop, Some(Stop::Duration));
+        let ending = shutdown.ending(Stop::Duration);
+        assert_eq!(ending.command, Some(CommandEnd::Signaled(libc::SIGKILL)));
+        assert_eq!(ending.killed, Some(Stop::Duration));
+        assert!(ending.describe().starts_with(
+            "--duration ended: the command was sent SIGTERM, and the command was killed by signal 9"
+        ));
     }
 
     #[test]
@@ -399,10 +674,6 @@ mod tests {
         assert_eq!(
             CommandEnd::exit_code(Some(CommandEnd::Signaled(11))),
             ExitCode::from(139)
-        );
-        assert_eq!(
-            CommandEnd::exit_code(Some(CommandEnd::Stopped)),
-            ExitCode::SUCCESS
         );
         assert_eq!(CommandEnd::exit_code(None), ExitCode::SUCCESS);
         let after_failure = CommandEnd::exit_code_after_failed_outputs;

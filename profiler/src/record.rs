@@ -29,9 +29,7 @@ use crate::{
     },
     drain::{ibs::IbsStream, read_accounting, Accounting, Drained, Drainer},
     events::{EventSpec, PmuRegistry, Sampling, SystemFacts},
-    launch::{
-        process_running, signal_name, spawn_stopped, CommandEnd, StopSignals, TargetSpec, GRACE,
-    },
+    launch::{process_running, spawn_stopped, Ending, Shutdown, Stop, StopSignals, TargetSpec},
     output::Output,
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
     stat::count::Count,
@@ -59,96 +57,6 @@ pub struct RecordOptions {
     pub offsets: Option<KernelOffsets>,
     /// Keep the command's arguments in the profile (see [`TargetSpec::describe`]).
     pub record_args: bool,
-}
-
-/// Why the recording stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
-    /// The launched command exited (on its own, or after a forwarded signal or `--duration`).
-    CommandExited,
-    /// Every process given with `-p` exited.
-    TargetsExited,
-    Duration,
-    /// The profiler received this signal.
-    Signal(i32),
-}
-
-/// How a recording ended: why it stopped and, for a launched command, how that ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ending {
-    pub stop: Stop,
-    /// The signal forwarded to the launched command, or SIGTERM when `--duration` ended.
-    pub asked: Option<(i32, Stop)>,
-    pub command: Option<CommandEnd>,
-    /// Why the command was killed: it did not exit within [`GRACE`], or a second signal came.
-    pub killed: Option<Stop>,
-}
-
-impl Ending {
-    /// One sentence for the report: `Recording ended: ...`.
-    pub fn describe(&self) -> String {
-        let command = self.command.map(|end| end.describe());
-        let asked = self.asked.map(|(signal, why)| match why {
-            Stop::Duration => format!(
-                "--duration ended: the command was sent {}",
-                signal_name(signal)
-            ),
-            _ => format!(
-                "the profiler received {} and forwarded it to the command",
-                signal_name(signal)
-            ),
-        });
-        let killed = match self.killed {
-            Some(Stop::Signal(signal)) => format!(
-                "; it was killed when the profiler received {} too",
-                signal_name(signal)
-            ),
-            Some(_) => format!(
-                "; it was killed after it had not exited for {} s",
-                GRACE.as_secs()
-            ),
-            None => String::new(),
-        };
-        match (asked, command) {
-            (Some(asked), Some(command)) => {
-                format!("Recording ended: {asked}, and the command {command}{killed}.")
-            }
-            (None, Some(command)) => format!("Recording ended: the command {command}."),
-            _ => match self.stop {
-                Stop::TargetsExited => "Recording ended: every profiled process exited.".into(),
-                Stop::Duration => "Recording ended: --duration ended.".into(),
-                Stop::Signal(signal) => {
-                    format!(
-                        "Recording ended: the profiler received {}.",
-                        signal_name(signal)
-                    )
-                }
-                Stop::CommandExited => "Recording ended: the command exited.".into(),
-            },
-        }
-    }
-
-    /// As JSON, for `record --json`: `{"stop": ..., "command": {"exit_code": N} | {"signal": N}}`.
-    pub fn json(&self) -> serde_json::Value {
-        let stop = match self.stop {
-            Stop::CommandExited => "command exited".to_string(),
-            Stop::TargetsExited => "targets exited".to_string(),
-            Stop::Duration => "duration".to_string(),
-            Stop::Signal(signal) => format!("signal {}", signal_name(signal)),
-        };
-        let command = match self.command {
-            Some(CommandEnd::Exited(code)) => serde_json::json!({ "exit_code": code }),
-            Some(CommandEnd::Signaled(signal)) => serde_json::json!({ "signal": signal }),
-            Some(CommandEnd::Stopped) | None => serde_json::Value::Null,
-        };
-        serde_json::json!({
-            "stop": stop,
-            "asked": self.asked.map(|(signal, _)| signal_name(signal)),
-            "killed": self.killed.is_some(),
-            "command": command,
-            "description": self.describe(),
-        })
-    }
 }
 
 /// What a recording gathered, before the profile is assembled from it.
@@ -506,18 +414,8 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
     ticker.tick().await;
     let mut sideband_ticker = interval(SIDEBAND_INTERVAL);
     sideband_ticker.tick().await;
-    let mut deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
-    // Set once the launched command was asked to exit: (signal, why), and until when it may.
-    let mut asked: Option<(i32, Stop)> = None;
-    let mut killed = None;
-    let mut command_status = None;
+    let mut shutdown = Shutdown::new(options.duration);
     let stop = loop {
-        let sleep_until_deadline = async {
-            match deadline {
-                Some(deadline) => tokio::time::sleep_until(deadline).await,
-                None => std::future::pending().await,
-            }
-        };
         let raw_ready = async {
             match &raw {
                 Some(stream) => stream.readable().await,
@@ -536,9 +434,8 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
                 None => std::future::pending().await,
             }
         };
-        // What ends the recording now: a stop signal, the duration, the grace given to a command
-        // asked to exit.
-        let mut ending = None;
+        // A stop to act on once the select's borrows are over.
+        let mut stop = None;
         tokio::select! {
             // Mappings are read often so their files are opened while short-lived processes live.
             _ = sideband_ticker.tick() => {
@@ -575,40 +472,15 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
                 }
             }
             status = command_exit => {
-                command_status = Some(status.context("waiting for the command")?);
-                break Stop::CommandExited;
+                break shutdown.command_exited(status.context("waiting for the command")?);
             }
-            // The duration, or once the command was asked to exit, its grace period.
-            _ = sleep_until_deadline => ending = Some(Stop::Duration),
-            signal = signals.recv() => ending = Some(Stop::Signal(signal)),
+            signal = shutdown.next_stop(signals) => stop = Some(signal),
         }
-        let Some(why) = ending else {
-            continue;
-        };
-        let Some(stopped) = &mut command else {
-            break why;
-        };
-        if asked.is_some() {
-            // A second signal, or the grace is over: the command is killed.
-            stopped.signal(libc::SIGKILL);
-            command_status = Some(
-                stopped
-                    .child
-                    .wait()
-                    .await
-                    .context("waiting for the command")?,
-            );
-            killed = Some(why);
-            break asked.map_or(why, |(_, first)| first);
+        if let Some(signal) = stop {
+            if let Some(stop) = shutdown.stop(signal, command.as_mut()).await? {
+                break stop;
+            }
         }
-        // Keep recording while the command shuts down, for at most the grace period.
-        let signal = match why {
-            Stop::Signal(signal) => signal,
-            _ => libc::SIGTERM,
-        };
-        stopped.signal(signal);
-        asked = Some((signal, why));
-        deadline = Some(tokio::time::Instant::now() + GRACE);
     };
     for counter in &mut counters {
         counter.counter.disable()?;
@@ -639,17 +511,7 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         drains: drainer.drains,
         raw_samples_written: raw.as_ref().map_or(0, RawStream::written),
     };
-    let stop = match (stop, asked) {
-        // The command exited after it was asked to: the recording ended for the asking's reason.
-        (Stop::CommandExited, Some((_, why))) => why,
-        _ => stop,
-    };
-    let ending = Ending {
-        stop,
-        asked,
-        command: command_status.and_then(CommandEnd::from_status),
-        killed,
-    };
+    let ending = shutdown.ending(stop);
 
     let meta = ProfileMeta {
         profiler_version: env!("CARGO_PKG_VERSION").to_string(),

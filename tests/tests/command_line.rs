@@ -203,6 +203,97 @@ fn stop_signals_are_forwarded_and_the_recording_goes_on_until_the_command_exits(
 }
 
 #[test]
+fn stat_forwards_stop_signals_and_counts_until_the_command_exits() {
+    let dir = temp_dir("stat-forward");
+    let counts = dir.join("counts.json");
+    let mut profiler = start_ready(
+        &[
+            "stat",
+            "-e",
+            "task-clock",
+            "--json",
+            "-o",
+            path_str(&counts),
+        ],
+        EXITS_3_ON_SIGNALS,
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    profiler.signal(libc::SIGINT);
+    let output = profiler.output_at_most(Duration::from_secs(20));
+    assert_eq!(output.status.code(), Some(3), "{}", text(&output.stderr));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&counts).unwrap()).unwrap();
+    assert_eq!(json["command"]["exit_code"], 3);
+    assert_eq!(
+        json["ending"]["description"],
+        "the profiler received SIGINT and forwarded it to the command, and the command exited \
+         with status 3"
+    );
+    // The command's spin after the signal was counted: the idle loop before it takes
+    // milliseconds of CPU.
+    let task_clock_ms = json["events"][0]["count"].as_u64().unwrap() / 1_000_000;
+    assert!(task_clock_ms >= 50, "{task_clock_ms} ms counted");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// Runs `profiler ARGS -- sh -c SCRIPT` on a new pseudo-terminal, types Ctrl-C once the output
+/// shows `ready`, and returns everything the terminal showed and the exit status.
+fn ctrl_c_at_a_terminal(args: &[&str], script: &str) -> (String, Option<i32>) {
+    require_root();
+    const DRIVER: &str = r#"
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+shown, typed = b"", False
+while True:
+    try:
+        chunk = os.read(fd, 4096)
+    except OSError:
+        break
+    if not chunk:
+        break
+    shown += chunk
+    if not typed and b"ready" in shown:
+        os.write(fd, b"\x03")
+        typed = True
+_, status = os.waitpid(pid, 0)
+sys.stdout.buffer.write(shown)
+sys.exit(os.waitstatus_to_exitcode(status))
+"#;
+    let output = Command::new("python3")
+        .args(["-c", DRIVER, path_str(&profiler_bin())])
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .output()
+        .expect("python3 runs");
+    (text(&output.stdout), output.status.code())
+}
+
+#[test]
+fn ctrl_c_at_a_terminal_reaches_the_command_once() {
+    // The terminal sends SIGINT to its foreground process group: the profiler and the command.
+    let counts_interrupts = "n=0; trap 'n=$((n+1))' INT; echo ready; \
+         while [ $n -eq 0 ]; do sleep 0.02; done; \
+         i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; echo \"interrupts: $n\"; exit 3";
+    for (args, ended) in [
+        (&["record", "-F", "99"][..], "Recording ended"),
+        (&["stat", "-e", "task-clock"][..], "Counting ended"),
+    ] {
+        let (shown, status) = ctrl_c_at_a_terminal(args, counts_interrupts);
+        assert_eq!(status, Some(3), "{shown}");
+        assert!(shown.contains("interrupts: 1"), "{shown}");
+        assert!(
+            shown.contains(&format!(
+                "{ended}: SIGINT from the terminal reached the profiler and the command, and \
+                 the command exited with status 3."
+            )),
+            "{shown}"
+        );
+    }
+}
+
+#[test]
 fn a_second_signal_or_the_grace_period_ends_a_command_that_ignores_the_first() {
     let ignores_term = "trap '' TERM; echo ready; while :; do sleep 0.02; done";
     let mut profiler = start_ready(&["record"], ignores_term);

@@ -23,7 +23,8 @@ use self::count::Count;
 use self::counters::{CountScope, CounterSet, Split, ThreadId};
 use crate::events::{parse_event_list, EventAttr, EventSpec, PmuRegistry, SystemFacts};
 use crate::launch::{
-    process_running, spawn_stopped, CommandEnd, StopSignals, StoppedCommand, TargetSpec,
+    process_running, spawn_stopped, CommandEnd, Ending, Shutdown, Stop, StopSignals,
+    StoppedCommand, TargetSpec,
 };
 use crate::output::Checker;
 
@@ -167,7 +168,7 @@ pub struct StatReport {
     pub elapsed: Duration,
     pub events: Vec<StatEvent>,
     pub breakdown: Breakdown,
-    pub command: Option<CommandEnd>,
+    pub ending: Ending,
     /// Per-thread records the kernel dropped (full ring buffer): those threads' counts stay in
     /// the row of the thread that started them.
     pub lost_thread_records: u64,
@@ -206,49 +207,39 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
         None => counters.enable()?,
     }
     let mut ticker = tokio::time::interval(POLL_INTERVAL);
-    let deadline = duration.map(|d| tokio::time::Instant::now() + d);
-    let mut command_status = None;
-    loop {
-        let until_deadline = async {
-            match deadline {
-                Some(deadline) => tokio::time::sleep_until(deadline).await,
-                None => std::future::pending().await,
-            }
-        };
+    let mut shutdown = Shutdown::new(duration);
+    let stop = loop {
         let command_exit = async {
             match &mut command {
                 Some(stopped) => stopped.child.wait().await,
                 None => std::future::pending().await,
             }
         };
+        // A stop to act on once the select's borrows are over.
+        let mut stop = None;
         tokio::select! {
             _ = ticker.tick() => {
                 counters.drain();
                 if let TargetSpec::Processes(pids) = &target {
                     if !pids.iter().any(|&pid| process_running(pid)) {
-                        break;
+                        break Stop::TargetsExited;
                     }
                 }
             }
             status = command_exit => {
-                command_status = Some(status.context("waiting for the command")?);
-                break;
+                break shutdown.command_exited(status.context("waiting for the command")?);
             }
-            _ = until_deadline => break,
-            _ = signals.recv() => break,
+            signal = shutdown.next_stop(&mut signals) => stop = Some(signal),
         }
-    }
+        if let Some(signal) = stop {
+            // A command asked to exit is counted until it does, as it is recorded.
+            if let Some(stop) = shutdown.stop(signal, command.as_mut()).await? {
+                break stop;
+            }
+        }
+    };
     counters.disable()?;
     let elapsed = start.elapsed();
-    let mut command_end = command_status.and_then(CommandEnd::from_status);
-    if command_status.is_none() {
-        if let Some(stopped) = &mut command {
-            // Counting was stopped by the user: the launched command does not outlive it. Its
-            // threads' exit records still arrive, with the counts frozen at the stop.
-            stopped.end(libc::SIGTERM).await?;
-            command_end = Some(CommandEnd::Stopped);
-        }
-    }
     counters.drain();
     let readings = counters.read()?;
     let unsupported = counters.unsupported().to_vec();
@@ -260,7 +251,7 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
         elapsed,
         events,
         breakdown,
-        command: command_end,
+        ending: shutdown.ending(stop),
         lost_thread_records: log.lost,
     };
 
@@ -275,12 +266,14 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
             if let Err(error) = output.write(|out| Ok(out.write_all(text.as_bytes())?)) {
                 eprint!("{text}");
                 eprintln!("error: {error:#}");
-                return Ok(CommandEnd::exit_code_after_failed_outputs(report.command));
+                return Ok(CommandEnd::exit_code_after_failed_outputs(
+                    report.ending.command,
+                ));
             }
         }
         None => eprint!("{text}"),
     }
-    Ok(CommandEnd::exit_code(report.command))
+    Ok(CommandEnd::exit_code(report.ending.command))
 }
 
 #[cfg(test)]

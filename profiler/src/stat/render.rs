@@ -250,17 +250,14 @@ pub fn text(report: &StatReport) -> String {
         "\n{:>COUNT_WIDTH$.9} seconds time elapsed",
         report.elapsed.as_secs_f64()
     );
-    match report.command {
-        Some(CommandEnd::Exited(code)) if code != 0 => {
-            let _ = writeln!(out, "\n The command exited with status {code}.");
-        }
-        Some(CommandEnd::Signaled(signal)) => {
-            let _ = writeln!(out, "\n The command was killed by signal {signal}.");
-        }
-        Some(CommandEnd::Stopped) => {
-            out.push_str("\n The command was still running when counting stopped; it was ended.\n");
-        }
-        _ => {}
+    let ending = &report.ending;
+    let failed = match ending.command {
+        Some(CommandEnd::Exited(code)) => code != 0,
+        Some(CommandEnd::Signaled(_)) => true,
+        None => false,
+    };
+    if failed || ending.asked.is_some() {
+        let _ = writeln!(out, "\n Counting ended: {}.", ending.describe());
     }
 
     // One line per distinct reason, naming every event it applies to.
@@ -303,6 +300,8 @@ struct JsonReport<'a> {
     target: &'a str,
     elapsed_ns: u64,
     command: Option<JsonCommand>,
+    /// Why counting stopped and how the command ended, as `record --json` says it.
+    ending: serde_json::Value,
     events: Vec<JsonEvent<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     threads: Option<Vec<JsonThread<'a>>>,
@@ -316,7 +315,6 @@ struct JsonReport<'a> {
 enum JsonCommand {
     ExitCode(i32),
     Signal(i32),
-    Stopped,
 }
 
 #[derive(Serialize)]
@@ -456,11 +454,11 @@ pub fn json(report: &StatReport) -> serde_json::Result<String> {
         schema: "profiler.stat/1",
         target: &report.target,
         elapsed_ns: elapsed_ns(report.elapsed),
-        command: report.command.map(|end| match end {
+        command: report.ending.command.map(|end| match end {
             CommandEnd::Exited(code) => JsonCommand::ExitCode(code),
             CommandEnd::Signaled(signal) => JsonCommand::Signal(signal),
-            CommandEnd::Stopped => JsonCommand::Stopped,
         }),
+        ending: report.ending.json(),
         events: json_events(report, &totals(report), true),
         threads,
         cpus,
@@ -477,6 +475,7 @@ mod tests {
     use super::super::{CpuRow, ThreadRow};
     use super::*;
     use crate::events::{parse_event, PmuRegistry};
+    use crate::launch::{Asked, Ending, Stop};
 
     fn event(text: &str, total: Result<Count, String>) -> StatEvent {
         let spec = parse_event(text, &PmuRegistry::default()).unwrap();
@@ -508,7 +507,12 @@ mod tests {
                 event("cpu-migrations", Ok(Count::from_reading(0, 1_000, 0))),
             ],
             breakdown,
-            command: Some(CommandEnd::Exited(0)),
+            ending: Ending {
+                stop: Stop::CommandExited,
+                asked: None,
+                command: Some(CommandEnd::Exited(0)),
+                killed: None,
+            },
             lost_thread_records: 0,
         }
     }
@@ -620,7 +624,7 @@ mod tests {
             counts: vec![Some(Count::from_reading(3, 1, 1)); 6],
         }];
         let mut report = report(Breakdown::Cpus(rows));
-        report.command = Some(CommandEnd::Signaled(9));
+        report.ending.command = Some(CommandEnd::Signaled(9));
         let parse = |report: &StatReport| -> serde_json::Value {
             serde_json::from_str(&json(report).unwrap()).unwrap()
         };
@@ -651,7 +655,19 @@ mod tests {
         assert!(cpu["events"][1].get("spec").is_none());
         assert_eq!(json["lost_thread_records"], 0);
 
-        report.command = Some(CommandEnd::Stopped);
-        assert_eq!(parse(&report)["command"], "stopped");
+        report.ending.asked = Some(Asked {
+            signal: libc::SIGINT,
+            why: Stop::Signal(libc::SIGINT),
+            forwarded: false,
+        });
+        report.ending.command = Some(CommandEnd::Exited(3));
+        let ending = &parse(&report)["ending"];
+        assert_eq!(ending["asked"], "SIGINT");
+        assert_eq!(ending["forwarded"], false);
+        assert_eq!(
+            ending["description"],
+            "SIGINT from the terminal reached the profiler and the command, and the command \
+             exited with status 3"
+        );
     }
 }
