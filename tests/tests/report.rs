@@ -150,14 +150,110 @@ fn function_details_disassemble_the_hot_function_by_cache_line() {
 #[test]
 fn callers_and_callees() {
     let file = cpu_split_profile();
-    let callers = report_json(file, &["--callers", "cpu_split::heavy_work"]);
-    let text = callers["events"][0].to_string();
-    assert!(text.contains("cpu_split::run_round"), "{text}");
-    let callees = report_json(file, &["--callees", "cpu_split::run_round"]);
-    let text = callees["events"][0].to_string();
-    for callee in ["heavy_work", "medium_work", "light_work"] {
-        assert!(text.contains(&format!("cpu_split::{callee}")), "{text}");
+    let neighbours = |direction: &str, function: &str| -> Vec<String> {
+        let graph = report_json(file, &[&format!("--{direction}"), function]);
+        graph["events"][0][direction]["neighbours"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n["function"].as_str().map(str::to_string))
+            .collect()
+    };
+    // run_round calls each function through `timed` and a closure, both inlined into it: call
+    // graphs walk inlined functions as frames, as folded stacks show them.
+    assert_eq!(
+        neighbours("callers", "cpu_split::heavy_work"),
+        ["cpu_split::run_round::{{closure}}"]
+    );
+    assert_eq!(
+        neighbours("callers", "cpu_split::timed"),
+        ["cpu_split::run_round"]
+    );
+    assert_eq!(
+        neighbours("callees", "cpu_split::run_round"),
+        ["cpu_split::timed"]
+    );
+    let mut callees = neighbours("callees", "cpu_split::run_round::{{closure}}");
+    callees.sort();
+    assert_eq!(
+        callees,
+        [
+            "cpu_split::heavy_work",
+            "cpu_split::light_work",
+            "cpu_split::medium_work"
+        ]
+    );
+}
+
+#[test]
+fn inlined_functions_are_selected_like_any_other() {
+    let file = cpu_split_profile();
+    // `churn` is inlined into heavy_work, medium_work and light_work.
+    let callers = report_json(file, &["--callers", "churn"]);
+    let graph = &callers["events"][0]["callers"];
+    assert_eq!(graph["function"], "cpu_split::churn", "{graph:#}");
+    let named: Vec<&str> = graph["neighbours"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["function"].as_str())
+        .collect();
+    assert_eq!(
+        named[..3],
+        [
+            "cpu_split::heavy_work",
+            "cpu_split::medium_work",
+            "cpu_split::light_work"
+        ],
+        "{graph:#}"
+    );
+    let details = report_json(file, &["--function", "cpu_split::churn"]);
+    let function = &details["events"][0]["function_details"];
+    assert_eq!(function["function"], "cpu_split::churn", "{function:#}");
+    assert_eq!(function["inlined_into"], "cpu_split::heavy_work");
+    assert!(function["samples"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn a_function_is_found_by_any_of_its_names() {
+    // glibc's memcpy is one function with several names (`__memcpy_*_unaligned_erms` is
+    // `__memmove_*_unaligned_erms`); its internal names are in libc6-dbg's debug file.
+    let dir = temp_dir("aliases");
+    let file = dir.join("memcpy.prof");
+    profiler(&[
+        "record",
+        "-F",
+        "999",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        "b = bytes(32 << 20)\nfor _ in range(40): bytearray(b)",
+    ]);
+    let profile = profiler::profile::file::read_profile(&file).unwrap();
+    let aliases = profile
+        .function_aliases
+        .iter()
+        .find(|a| {
+            a.module.ends_with("libc.so.6")
+                && a.names.iter().any(|n| n.starts_with("__memcpy_"))
+                && a.names.iter().any(|n| n.starts_with("__memmove_"))
+        })
+        .unwrap_or_else(|| panic!("no memcpy aliases: {:#?}", profile.function_aliases));
+    let mut found = Vec::new();
+    for name in &aliases.names {
+        let callers = report_json(&file, &["--callers", name]);
+        let graph = &callers["events"][0]["callers"];
+        found.push((
+            graph["function"].as_str().unwrap().to_string(),
+            graph["total_samples"].as_u64().unwrap(),
+        ));
     }
+    assert!(found[0].1 > 0, "{found:?}");
+    assert!(found.iter().all(|f| *f == found[0]), "{found:?}");
+    assert!(aliases.names.contains(&found[0].0), "{found:?}");
+    std::fs::remove_dir_all(dir).ok();
 }
 
 /// Google's pprof, built from Debian's packaged sources (cargo xtask setup installs them).

@@ -136,6 +136,8 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "passwd",
             // A real JIT runtime whose perf map the JIT-naming test reads.
             "nodejs",
+            // glibc's internal function names (memcpy's aliases), in its separate debug file.
+            "libc6-dbg",
         ])?;
     }
     Ok(())

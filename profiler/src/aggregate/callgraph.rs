@@ -63,7 +63,7 @@ pub fn neighbours(
         let names: Vec<FunctionName> = stack
             .frames
             .iter()
-            .map(|id| FunctionName::of(&profile.frames[*id as usize]))
+            .flat_map(|id| FunctionName::logical(&profile.frames[*id as usize]))
             .collect();
         let positions: Vec<usize> = (0..names.len())
             .filter(|i| names[*i] == *function)
@@ -121,11 +121,18 @@ pub fn hot_paths(
     {
         let frames = stack.frames.iter().map(|id| &profile.frames[*id as usize]);
         if let Some(function) = through {
-            if !frames.clone().any(|f| FunctionName::of(f) == *function) {
+            if !frames
+                .clone()
+                .flat_map(FunctionName::logical)
+                .any(|f| f == *function)
+            {
                 continue;
             }
         }
-        let functions = frames.map(|f| f.display_name()).collect();
+        let functions = frames
+            .flat_map(FunctionName::logical)
+            .map(|f| f.name)
+            .collect();
         *paths.entry(functions).or_default() += stack.count;
     }
     let mut paths: Vec<CallPath> = paths
@@ -193,12 +200,35 @@ mod tests {
     }
 
     #[test]
+    fn inlined_functions_have_callers_and_callees() {
+        let profile = test_profile::profile();
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let vec_sum = name("vec_sum").unwrap();
+        let callers = neighbours(&profile, 0, &selection, &vec_sum, Direction::Callers);
+        assert_eq!(entries(&callers), [(Some("compute".into()), 60)]);
+        assert_eq!(callers.self_samples, 0);
+        let callees = neighbours(&profile, 0, &selection, &vec_sum, Direction::Callees);
+        assert_eq!(entries(&callees), [(Some("add_lanes".into()), 60)]);
+        let add_lanes = name("add_lanes").unwrap();
+        let callees = neighbours(&profile, 0, &selection, &add_lanes, Direction::Callees);
+        assert_eq!(callees.self_samples, 60);
+        let through = hot_paths(&profile, 0, &selection, Some(&add_lanes), 10);
+        assert_eq!(through.len(), 1);
+        assert_eq!(through[0].samples, 60);
+    }
+
+    #[test]
     fn hot_paths_through_a_function() {
         let profile = test_profile::profile();
         let filter = SampleFilter::default();
         let selection = Selection::new(&profile, &filter);
         let all = hot_paths(&profile, 0, &selection, None, 10);
-        assert_eq!(all[0].functions, ["compute", "run", "main"]);
+        // Inlined functions are on the path, innermost first, as in folded stacks.
+        assert_eq!(
+            all[0].functions,
+            ["add_lanes", "vec_sum", "compute", "run", "main"]
+        );
         assert_eq!(all[0].samples, 60);
         assert_eq!(all.len(), 4);
         let through = hot_paths(&profile, 0, &selection, name("run").as_ref(), 10);

@@ -72,6 +72,9 @@ pub enum DetailRow {
 #[derive(Clone, Debug, PartialEq)]
 pub struct FunctionDetails {
     pub function: FunctionName,
+    /// For an inlined function, the function whose instructions hold it: those are shown, with
+    /// the samples taken in the inlined code.
+    pub inlined_into: Option<FunctionName>,
     pub module: String,
     pub event: EventIndex,
     /// Instruction samples of the event that pass the filters (the 100% of the shares).
@@ -110,7 +113,8 @@ pub fn function_details(
     {
         event_samples += sample.stats.count;
         let frame = &profile.frames[sample.frame as usize];
-        if FunctionName::of(frame) != *function {
+        // An inlined function's instructions are those of the function it was inlined into.
+        if !FunctionName::logical(frame).any(|f| f == *function) {
             continue;
         }
         let start = function_file_offset(frame).unwrap_or(frame.module_offset);
@@ -186,8 +190,10 @@ pub fn function_details(
     let line_position =
         |site: &Site| (code.map_or(site.address, |c| c.address) + site.offset) % CACHE_LINE;
     let rows = lay_out(&sites, line_of, line_position);
+    let host = FunctionName::of(any_frame);
     Some(FunctionDetails {
         function: function.clone(),
+        inlined_into: (host != *function).then_some(host),
         module: any_frame.module.clone(),
         event,
         event_samples,

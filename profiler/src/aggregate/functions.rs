@@ -1,4 +1,5 @@
-//! Functions as reports name them, finding one by name, and sample totals.
+//! Functions as reports name them, finding one by name (or by any other name its symbol has), and
+//! sample totals.
 
 use std::collections::BTreeMap;
 
@@ -22,10 +23,27 @@ impl FunctionName {
             module: module_basename(&frame.module).to_string(),
         }
     }
+
+    /// The functions a frame stands for, innermost first: those inlined at its address, then the
+    /// one they were inlined into, as folded stacks list them. A call graph walks these, so an
+    /// inlined function has callers and callees like any other.
+    pub fn logical(frame: &Frame) -> impl Iterator<Item = FunctionName> + '_ {
+        let module = module_basename(&frame.module);
+        frame
+            .inlined
+            .iter()
+            .rev()
+            .map(move |inlined| FunctionName {
+                name: inlined.function.clone(),
+                module: module.to_string(),
+            })
+            .chain(std::iter::once(FunctionName::of(frame)))
+    }
 }
 
-/// The function a user named: an exact name, else the only function whose name contains it.
-/// Functions of modules that `--only-module` leaves out are not candidates.
+/// The function a user named: an exact name (or another name of its symbol), else the only
+/// function whose name contains it. Inlined functions are candidates; functions of modules that
+/// `--only-module` leaves out are not.
 pub fn find_function(
     profile: &Profile,
     selection: &Selection,
@@ -37,13 +55,32 @@ pub fn find_function(
         for id in &stack.frames {
             let frame = &profile.frames[*id as usize];
             if selection.module(frame) {
-                *known.entry(FunctionName::of(frame)).or_default() += stack.count;
+                for function in FunctionName::logical(frame) {
+                    *known.entry(function).or_default() += stack.count;
+                }
             }
         }
     }
-    let exact: Vec<&FunctionName> = known.keys().filter(|f| f.name == wanted).collect();
+    fn names<'a>(
+        profile: &'a Profile,
+        function: &'a FunctionName,
+    ) -> impl Iterator<Item = &'a str> {
+        std::iter::once(function.name.as_str()).chain(
+            profile
+                .aliases_of(&function.module, &function.name)
+                .iter()
+                .map(String::as_str),
+        )
+    }
+    let exact: Vec<&FunctionName> = known
+        .keys()
+        .filter(|f| names(profile, f).any(|name| name == wanted))
+        .collect();
     let candidates: Vec<&FunctionName> = if exact.is_empty() {
-        known.keys().filter(|f| f.name.contains(wanted)).collect()
+        known
+            .keys()
+            .filter(|f| names(profile, f).any(|name| name.contains(wanted)))
+            .collect()
     } else {
         exact
     };
@@ -115,5 +152,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("no function"), "{error}");
+    }
+
+    #[test]
+    fn inlined_functions_and_other_names_are_found() {
+        let mut profile = test_profile::profile();
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let found = find_function(&profile, &selection, "vec_sum").unwrap();
+        assert_eq!(
+            (found.name.as_str(), found.module.as_str()),
+            ("vec_sum", "app")
+        );
+        assert_eq!(
+            find_function(&profile, &selection, "add_l").unwrap().name,
+            "add_lanes"
+        );
+        profile.function_aliases = vec![crate::profile::FunctionAliases {
+            module: test_profile::APP.into(),
+            names: vec!["compute".into(), "compute_avx2".into()],
+        }];
+        let selection = Selection::new(&profile, &filter);
+        // Found by the name the report does not show, and named as it shows it.
+        assert_eq!(
+            find_function(&profile, &selection, "compute_avx2")
+                .unwrap()
+                .name,
+            "compute"
+        );
+        assert_eq!(
+            find_function(&profile, &selection, "avx2").unwrap().name,
+            "compute"
+        );
     }
 }

@@ -175,6 +175,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
             backtracked: Vec::new(),
         },
         line_latency,
+        function_aliases: table.aliases,
     })
 }
 

@@ -16,7 +16,8 @@
 //! The serialized profile is the format 1 body (the [`Profile`] model without the fields marked
 //! `#[serde(skip)]`), then in format 2 the additions of format 2 (the per-data-line latency
 //! histograms), then in format 3 those of format 3 (the sampling counters' own event counts),
-//! serialized the same way. Older files end sooner and read with the later additions empty.
+//! then in format 4 those of format 4 (the other names of sampled functions), serialized the
+//! same way. Older files end sooner and read with the later additions empty.
 //!
 //! Why these encodings: postcard's wire format is specified and stable across its 1.x releases,
 //! compact (varints, no field names) and among the fastest serde formats to decode, which is what
@@ -35,12 +36,12 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::{EventIndex, FrameId, LineLatencyHistogram, Profile};
+use super::{EventIndex, FrameId, FunctionAliases, LineLatencyHistogram, Profile};
 use crate::output::Output;
 
 pub const MAGIC: [u8; 8] = *b"EBPFPROF";
 /// The format this profiler writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest format it reads.
 const OLDEST_FORMAT_VERSION: u32 = 1;
 
@@ -48,6 +49,8 @@ const OLDEST_FORMAT_VERSION: u32 = 1;
 type Format2Additions = (Vec<LineLatencyHistogram>,);
 /// What format 3 added after format 2's additions: the sampling counters' own counts.
 type Format3Additions = (Vec<u64>,);
+/// What format 4 added after format 3's: the other names of sampled functions.
+type Format4Additions = (Vec<FunctionAliases>,);
 /// perf.data files start with this.
 const PERF_DATA_MAGIC: [u8; 8] = *b"PERFILE2";
 const HEADER_LEN: usize = 32;
@@ -245,6 +248,8 @@ pub fn encode_profile(profile: &Profile) -> Result<Vec<u8>, ProfileFileError> {
     let serialized = postcard::to_extend(&(&profile.line_latency,), body).map_err(encode)?;
     let serialized =
         postcard::to_extend(&(&profile.losses.event_counts,), serialized).map_err(encode)?;
+    let serialized =
+        postcard::to_extend(&(&profile.function_aliases,), serialized).map_err(encode)?;
     frame_payload(&serialized)
 }
 
@@ -365,6 +370,17 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
         match postcard::take_from_bytes::<Format3Additions>(rest) {
             Ok(((event_counts,), rest)) => {
                 profile.losses.event_counts = event_counts;
+                rest
+            }
+            Err(e) => return fail(Decode(e)),
+        }
+    } else {
+        rest
+    };
+    let rest = if version >= 4 {
+        match postcard::take_from_bytes::<Format4Additions>(rest) {
+            Ok(((function_aliases,), rest)) => {
+                profile.function_aliases = function_aliases;
                 rest
             }
             Err(e) => return fail(Decode(e)),
@@ -583,13 +599,13 @@ mod tests {
         newer[8..12].copy_from_slice(&7u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "written by a newer profiler (format 7); this one reads format 3: \
+            "written by a newer profiler (format 7); this one reads format 4: \
              read it with a newer profiler"
         );
         newer[8..12].copy_from_slice(&0u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 3)"
+            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 4)"
         );
     }
 
@@ -823,6 +839,7 @@ mod written_formats {
                 }],
             },
             line_latency: Vec::new(),
+            function_aliases: Vec::new(),
         }
     }
 
@@ -876,6 +893,20 @@ mod written_formats {
         "b50c9a3bf7",
     ];
 
+    /// A file this profiler wrote in format 4, from [`profile_4`] (`encode_profile` as hex).
+    const FORMAT_4: [&str; 10] = [
+        "4542504650524f4604000000bb76c826a701000000000000430200000000000028b52ffd604301ed0c0066165540306d",
+        "ab31000921594586410f7fe2b88e58a7b6507f780790e2f300d8be51b757c247432529a9a70d9272c0040cf7594fa8e7",
+        "576ce4f89e49cbfee9ed499a4c3247003d0047009b256ad20230e9e6f0f8b51e47bcba6e7742e5e077392843bdba70a0",
+        "8072290f91e800b9bed866d8c89f112836f60010273094d890616f049b29aca2ab56682a16e97e554dbda29fa631a7fc",
+        "d2233a33972e2121f6de1f93fa3fd00e2acd493d82a8f4392f9919eacfbbf08e1abae5b6464e3747f9ec851afae52ecb",
+        "69db3539c6c3ca5ea70f107201041634b0b0de986f37921616f14a2694c2fea00ee181646a947b9f7ae51e4c58607011",
+        "61ca53293634fc189311a650fba63193a0ad24586dd45382518378d217870197037e06f427de8cbb19c3c35a26b30e47",
+        "cb3242fbdd2fcb0a50ac82ba5a3263541d327bb8da601956d1b1360f1f3815b12f7000f9a3b9853e73fe939e761abb42",
+        "871b004025e1cf7b708c71a4a64208f0c26c00f2000b2d10e0cf93e64cd456ab4537349a04833855707d8c5732da1e0b",
+        "38b22d4cc908ccc90669be37d35140ed28518ba0b9730f",
+    ];
+
     fn decode_hex(lines: &[&str]) -> Result<Profile, ProfileFileError> {
         let hex = lines.concat();
         let bytes: Vec<u8> = (0..hex.len())
@@ -920,11 +951,29 @@ mod written_formats {
         assert_reads(&FORMAT_3, profile_3(), 3);
     }
 
+    /// [`profile_3`] with the other names of a sampled function, which format 4 added.
+    fn profile_4() -> Profile {
+        let mut profile = profile_3();
+        profile.function_aliases = vec![FunctionAliases {
+            module: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+            names: vec![
+                "__memcpy_avx_unaligned_erms".into(),
+                "__memmove_avx_unaligned_erms".into(),
+            ],
+        }];
+        profile
+    }
+
     #[test]
-    fn format_3_is_what_this_profiler_writes() {
-        let written = encode_profile(&profile_3()).unwrap();
-        assert_eq!(written[8..12], 3u32.to_le_bytes());
-        assert_eq!(decode_profile(&written).unwrap(), profile_3());
+    fn format_4_file_still_reads() {
+        assert_reads(&FORMAT_4, profile_4(), 4);
+    }
+
+    #[test]
+    fn format_4_is_what_this_profiler_writes() {
+        let written = encode_profile(&profile_4()).unwrap();
+        assert_eq!(written[8..12], 4u32.to_le_bytes());
+        assert_eq!(decode_profile(&written).unwrap(), profile_4());
     }
 }
 

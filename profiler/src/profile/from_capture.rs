@@ -257,6 +257,7 @@ pub fn assemble(
             ..HardwareProfile::default()
         },
         line_latency,
+        function_aliases: table.aliases,
     }
 }
 

@@ -34,6 +34,34 @@ pub struct Profile {
     /// format 1 body (`profile::file`), so this field is not part of the body's shape.
     #[serde(skip)]
     pub line_latency: Vec<LineLatencyHistogram>,
+    /// Sampled functions whose symbol has other names at the same address. Appended after the
+    /// body from format 4 on.
+    #[serde(skip)]
+    pub function_aliases: Vec<FunctionAliases>,
+}
+
+/// Every name one function has in one module: symbols at one address, such as glibc's
+/// `__memmove_avx_unaligned_erms` and `__memcpy_avx_unaligned_erms`. Frames show one of them;
+/// `--function` and `--callers` find the function by any.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FunctionAliases {
+    /// The module's path, as frames have it.
+    pub module: String,
+    pub names: Vec<String>,
+}
+
+impl Profile {
+    /// The names of the function `name` in the module whose base name is `module`, itself
+    /// included; empty when it has no other.
+    pub fn aliases_of(&self, module: &str, name: &str) -> &[String] {
+        self.function_aliases
+            .iter()
+            .find(|aliases| {
+                module_basename(&aliases.module) == module
+                    && aliases.names.iter().any(|alias| alias == name)
+            })
+            .map_or(&[], |aliases| aliases.names.as_slice())
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -257,6 +257,9 @@ struct JsonNeighbour {
 #[derive(Serialize)]
 struct JsonDetails {
     function: String,
+    /// For an inlined function, the function whose instructions are shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inlined_into: Option<String>,
     module: String,
     /// `disassembled`, `kernel` (no code bytes) or `not-captured`.
     code: &'static str,
@@ -500,6 +503,7 @@ fn view(view: &View, lines: &[DataLineDetails]) -> JsonView {
 fn details(details: &FunctionDetails) -> JsonDetails {
     JsonDetails {
         function: details.function.name.clone(),
+        inlined_into: details.inlined_into.as_ref().map(|host| host.name.clone()),
         module: details.module.clone(),
         code: match details.source {
             CodeSource::Disassembled => "disassembled",

@@ -307,7 +307,10 @@ mod tests {
             text.contains("self    %  sum% cum    %"),
             "pprof's words: {text}"
         );
-        assert!(text.contains("60 60.0 compute <- run <- main"), "{text}");
+        assert!(
+            text.contains("60 60.0 add_lanes <- vec_sum <- compute <- run <- main"),
+            "{text}"
+        );
         assert!(text.contains("Sample accounting:"));
     }
 
@@ -465,7 +468,8 @@ mod tests {
         assert_eq!(compute["self_samples"], 60);
         assert_eq!(compute["self_percent"], 60.0);
         assert_eq!(compute["total_samples"], 60);
-        assert_eq!(event["hot_paths"][0]["functions"][1], "run");
+        assert_eq!(event["hot_paths"][0]["functions"][1], "vec_sum");
+        assert_eq!(event["hot_paths"][0]["functions"][3], "run");
         let faults = &report["events"][1];
         assert_eq!(faults["estimate"]["events_per_sample"], 10.0);
         assert_eq!(faults["functions"][0]["estimated_events"], 70.0);

@@ -711,6 +711,14 @@ fn render_details(details: &FunctionDetails, width: usize, out: &mut String) {
         }
     };
     let _ = writeln!(out, "{INDENT}{source}");
+    if let Some(host) = &details.inlined_into {
+        let _ = writeln!(
+            out,
+            "{INDENT}{} is inlined into {}: its instructions, with the samples taken in the \
+             inlined code",
+            details.function.name, host.name
+        );
+    }
     let _ = writeln!(
         out,
         "{INDENT}Line: ~ inherited from the instruction before; *> statement out of source order;"

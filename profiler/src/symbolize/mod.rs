@@ -2,6 +2,7 @@
 //! blazesym. User addresses are first normalized to (file, file offset) through the process
 //! table recorded while the processes lived, so processes that exited are symbolized too.
 
+mod aliases;
 pub mod kernel_addresses;
 mod perf_map;
 mod plt;
@@ -19,7 +20,7 @@ use blazesym::symbolize::{
 
 use crate::{
     capture::sideband::ProcessTable,
-    profile::{Frame, FrameId, InlinedFrame},
+    profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
 
 /// Addresses at or above this are kernel addresses on x86-64.
@@ -51,6 +52,8 @@ impl CodeAddress {
 pub struct FrameTable<'a> {
     processes: &'a ProcessTable,
     pub frames: Vec<Frame>,
+    /// Other names of the symbolized functions.
+    pub aliases: Vec<FunctionAliases>,
     interned: HashMap<Frame, FrameId>,
     resolved: HashMap<CodeAddress, FrameId>,
 }
@@ -60,6 +63,7 @@ impl<'a> FrameTable<'a> {
         FrameTable {
             processes,
             frames: Vec::new(),
+            aliases: Vec::new(),
             interned: HashMap::new(),
             resolved: HashMap::new(),
         }
@@ -73,6 +77,29 @@ impl<'a> FrameTable<'a> {
         self.frames.push(frame.clone());
         self.interned.insert(frame, id);
         id
+    }
+
+    /// What the symbolizer does not say, from the module open at `path` (a descriptor path):
+    /// names of the frames in its PLT stubs (`memcpy@plt`), and the functions' other names.
+    fn read_module_names(&mut self, path: &Path, frames: &mut [Frame]) {
+        let Ok(file) = crate::input::open_regular(path, crate::input::FinalLink::Follow) else {
+            return;
+        };
+        let image = crate::input::ModuleImage::new(file);
+        let Ok(module) = object::File::parse(&image) else {
+            return;
+        };
+        if frames.iter().any(|frame| frame.function.is_none()) {
+            let stubs = plt::PltStubs::read(&module);
+            for frame in frames.iter_mut().filter(|frame| frame.function.is_none()) {
+                if let Some((name, start)) = stubs.lookup(frame.module_offset) {
+                    frame.function = Some(name.to_string());
+                    frame.function_address = Some(frame.address - (frame.module_offset - start));
+                }
+            }
+        }
+        self.aliases
+            .extend(aliases::function_aliases(&module, frames));
     }
 
     /// The frame of an address resolved by [`FrameTable::resolve`].
@@ -148,7 +175,7 @@ impl<'a> FrameTable<'a> {
             let (addresses, mut frames): (Vec<CodeAddress>, Vec<Frame>) =
                 entries.into_iter().unzip();
             fill_from_elf(&symbolizer, &path, &mut frames);
-            name_plt_stubs(&path, &mut frames);
+            self.read_module_names(&path, &mut frames);
             for (address, frame) in addresses.into_iter().zip(frames) {
                 let id = self.intern(frame);
                 self.resolved.insert(address, id);
@@ -230,25 +257,6 @@ pub fn fill_from_elf(symbolizer: &Symbolizer, path: &Path, frames: &mut [Frame])
         if let Symbolized::Sym(sym) = result {
             let address = frame.address;
             fill(frame, &sym, address);
-        }
-    }
-}
-
-/// Names the frames of the module open at `path` (a descriptor path) that sit in its PLT
-/// stubs, `memcpy@plt`, where the symbolizer found no function.
-fn name_plt_stubs(path: &Path, frames: &mut [Frame]) {
-    if frames.iter().all(|frame| frame.function.is_some()) {
-        return;
-    }
-    let Ok(file) = crate::input::open_regular(path, crate::input::FinalLink::Follow) else {
-        return;
-    };
-    let image = crate::input::ModuleImage::new(file);
-    let stubs = plt::PltStubs::read(&image);
-    for frame in frames.iter_mut().filter(|frame| frame.function.is_none()) {
-        if let Some((name, start)) = stubs.lookup(frame.module_offset) {
-            frame.function = Some(name.to_string());
-            frame.function_address = Some(frame.address - (frame.module_offset - start));
         }
     }
 }

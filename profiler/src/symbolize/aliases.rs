@@ -1,0 +1,81 @@
+//! Other names of sampled functions: one address can carry several symbols (glibc's
+//! `__memmove_avx_unaligned_erms` is also `__memcpy_avx_unaligned_erms`), and a symbolizer
+//! picks one. The module's symbol table, or its separate debug file's (Debian's `libc6-dbg`
+//! keeps glibc's internal names there), names the rest, so that a user can find the function by
+//! the name they know.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use object::SymbolKind;
+
+use crate::{
+    aggregate::module_file::{address_of_file_offset, sized_symbols},
+    profile::{Frame, FunctionAliases},
+};
+
+/// Where separate debug files are installed, by build ID (`xx/yyyy….debug`).
+const DEBUG_FILES_BY_BUILD_ID: &str = "/usr/lib/debug/.build-id";
+
+/// The alias sets of the functions of `frames` (symbolized frames of one module), from that
+/// module's image and its debug file.
+pub fn function_aliases<'d, R: object::ReadRef<'d>>(
+    module: &object::File<'d, R>,
+    frames: &[Frame],
+) -> Vec<FunctionAliases> {
+    let Some(path) = frames.first().map(|frame| frame.module.clone()) else {
+        return Vec::new();
+    };
+    // Each function's start, as a file offset, then at its link-time address.
+    let starts: BTreeSet<u64> = frames
+        .iter()
+        .filter_map(|frame| {
+            let into_function = frame.address.checked_sub(frame.function_address?)?;
+            frame.module_offset.checked_sub(into_function)
+        })
+        .collect();
+    let linked: HashSet<u64> = starts
+        .into_iter()
+        .filter_map(|offset| address_of_file_offset(module, offset))
+        .collect();
+    let mut names: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    add_names(module, &linked, &mut names);
+    if let Some(debug) = debug_file(module) {
+        if let Ok(debug) = object::File::parse(&debug) {
+            add_names(&debug, &linked, &mut names);
+        }
+    }
+    names
+        .into_values()
+        .filter(|names| names.len() > 1)
+        .map(|names| FunctionAliases {
+            module: path.clone(),
+            names: names.into_iter().collect(),
+        })
+        .collect()
+}
+
+/// The separate debug file of a module, found by its build ID.
+fn debug_file<'d, R: object::ReadRef<'d>>(
+    module: &object::File<'d, R>,
+) -> Option<crate::input::ModuleImage> {
+    let id = crate::aggregate::module_file::build_id(module)?;
+    if id.len() < 3 {
+        return None;
+    }
+    let path = format!("{DEBUG_FILES_BY_BUILD_ID}/{}/{}.debug", &id[..2], &id[2..]);
+    let file = crate::input::open_regular(path.as_ref(), crate::input::FinalLink::Follow).ok()?;
+    Some(crate::input::ModuleImage::new(file))
+}
+
+/// Adds the names of the functions of `file` that start at one of the `linked` addresses.
+fn add_names<'d, R: object::ReadRef<'d>>(
+    file: &object::File<'d, R>,
+    linked: &HashSet<u64>,
+    names: &mut BTreeMap<u64, BTreeSet<String>>,
+) {
+    for symbol in sized_symbols(file, SymbolKind::Text, |address, _| {
+        linked.contains(&address)
+    }) {
+        names.entry(symbol.address).or_default().insert(symbol.name);
+    }
+}
