@@ -210,6 +210,13 @@ impl LossKind {
     }
 }
 
+/// `KernelOffsets::valid` bit: the offsets were read from the kernel's BTF.
+pub const OFFSETS_VALID: u32 = 1;
+/// `KernelOffsets::valid` bit: `perf_sample_data.sample_flags` exists (Linux 6.1 on) and says
+/// which fields the PMU filled. Older kernels fill the fields the event's `attr.sample_type`
+/// asks for, which the program then reads instead.
+pub const OFFSETS_SAMPLE_FLAGS: u32 = 2;
+
 /// Offsets (bytes) of kernel structure fields, read from the running kernel's BTF by the agent
 /// and handed to the program as read-only data. `valid == 0` means no BTF: the program then
 /// captures IP and stacks only.
@@ -230,7 +237,8 @@ pub struct KernelOffsets {
     /// `perf_event.parent` and `perf_event.id`: inherited events report their parent's id.
     pub event_parent: u32,
     pub event_id: u32,
-    pub _pad: u32,
+    /// `perf_event.attr.sample_type`: what the sample holds where there is no `sample_flags`.
+    pub event_sample_type: u32,
     /// `perf_raw_record.frag.data` and `.frag.size`: the PERF_SAMPLE_RAW payload (the IBS
     /// registers) and its length.
     pub raw_frag_data: u32,
@@ -269,7 +277,7 @@ impl CaptureConfig {
             raw: 0,
             event_parent: 0,
             event_id: 0,
-            _pad: 0,
+            event_sample_type: 0,
             raw_frag_data: 0,
             raw_frag_size: 0,
         },

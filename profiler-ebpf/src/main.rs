@@ -29,7 +29,7 @@ use profiler_common::{
         RawSample, SampleStats, StackKey, ACCESS_UNKNOWN, CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES,
         CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS,
         CAPTURE_RAW, CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES,
-        IBS_PAYLOAD_MIN_BYTES, LOST_STACK, MAX_EVENTS, NO_STACK,
+        IBS_PAYLOAD_MIN_BYTES, LOST_STACK, MAX_EVENTS, NO_STACK, OFFSETS_SAMPLE_FLAGS,
     },
     hw::ibs::IbsOpSample,
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
@@ -305,7 +305,19 @@ fn read_sample_data(ctx: &PerfEventContext, config: &CaptureConfig) -> (Option<u
         // SAFETY: reads a u64 from kernel memory through the checking helper.
         unsafe { bpf_probe_read_kernel((sample + offset as u64) as *const u64) }.ok()
     };
-    let Some(flags) = read(offsets.sample_flags) else {
+    // Before Linux 6.1 there are no sample_flags: the kernel fills what sample_type asks for.
+    let flags = if offsets.valid & OFFSETS_SAMPLE_FLAGS != 0 {
+        read(offsets.sample_flags)
+    } else if perf_event != 0 {
+        // SAFETY: reads a u64 from kernel memory through the checking helper.
+        unsafe {
+            bpf_probe_read_kernel((perf_event + offsets.event_sample_type as u64) as *const u64)
+        }
+        .ok()
+    } else {
+        None
+    };
+    let Some(flags) = flags else {
         lose(LossKind::SampleDataReadFailed);
         return (event, data);
     };

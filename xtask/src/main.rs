@@ -1,9 +1,10 @@
-//! Project tasks: `cargo xtask setup | build | run | test | bench | manuals`.
+//! Project tasks: `cargo xtask setup | build | run | test | bench | kernels | manuals`.
 //!
 //! Every task sets up what it needs first (idempotently, saying what it installs), so a fresh
 //! clone on a fresh machine needs nothing but these commands.
 
 mod bench;
+mod kernels;
 mod setup;
 
 use std::{
@@ -41,6 +42,9 @@ enum Task {
     /// Measure the profiler against `perf record` (overhead, loss, data volume, report speed,
     /// in-kernel cost, footprint) and write the tables and plots (needs root).
     Bench(bench::BenchArgs),
+    /// Run the profiler on Debian's 5.10, 6.1 and 6.12 kernels under QEMU and check its
+    /// answers (needs root: installs QEMU, fetches the kernels into target/kernels).
+    Kernels,
     /// Write the man pages and the bash, zsh and fish completions, generated from the command
     /// line's definition: under target/manuals, or installed under PREFIX/share.
     Manuals {
@@ -133,13 +137,13 @@ fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
-fn build_release() -> Result<()> {
+pub fn build_release() -> Result<()> {
     run_command(cargo().args([
         "build",
         "--release",
@@ -233,6 +237,8 @@ fn run(task: Task) -> Result<()> {
                     unreachable!("`bench --quick` parses as the bench task");
                 };
                 bench::run(quick)?;
+                // The same answers on the kernels users run (a few minutes under QEMU).
+                kernels::run()?;
             }
             let mut test = cargo();
             test.args(["test", "--workspace", "--release", "--no-fail-fast"])
@@ -246,6 +252,10 @@ fn run(task: Task) -> Result<()> {
             run_tests(&mut test)
         }
         Task::Bench(args) => bench::run(args),
+        Task::Kernels => {
+            setup::all(setup::Purpose::Build)?;
+            kernels::run()
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use profiler_common::capture::KernelOffsets;
+use profiler_common::capture::{KernelOffsets, OFFSETS_SAMPLE_FLAGS, OFFSETS_VALID};
 
 /// Where the kernel publishes its own BTF.
 pub const KERNEL_BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
@@ -246,11 +246,18 @@ impl Btf {
         let event = "perf_event";
         let raw = "perf_raw_record";
         let frag = "perf_raw_frag";
+        // Linux 6.1 added it; before, the event's sample_type says what the sample holds.
+        let sample_flags = self.member_offset(sample, "sample_flags");
         Ok(KernelOffsets {
-            valid: 1,
+            valid: OFFSETS_VALID
+                | if sample_flags.is_some() {
+                    OFFSETS_SAMPLE_FLAGS
+                } else {
+                    0
+                },
             ctx_data: offset(ctx, "data")?,
             ctx_event: offset(ctx, "event")?,
-            sample_flags: offset(sample, "sample_flags")?,
+            sample_flags: sample_flags.unwrap_or(0),
             addr: offset(sample, "addr")?,
             phys_addr: offset(sample, "phys_addr")?,
             weight: offset(sample, "weight")?,
@@ -258,7 +265,7 @@ impl Btf {
             raw: offset(sample, "raw")?,
             event_parent: offset(event, "parent")?,
             event_id: offset(event, "id")?,
-            _pad: 0,
+            event_sample_type: offset(event, "attr")? + offset("perf_event_attr", "sample_type")?,
             raw_frag_data: offset(raw, "frag")? + offset(frag, "data")?,
             raw_frag_size: offset(raw, "frag")? + offset(frag, "size")?,
         })
@@ -909,7 +916,11 @@ mod tests {
         let offsets = btf.kernel_offsets().unwrap();
         let ctx = "bpf_perf_event_data_kern";
         let sample = "perf_sample_data";
-        assert_eq!(offsets.valid, 1);
+        assert_eq!(offsets.valid, OFFSETS_VALID | OFFSETS_SAMPLE_FLAGS);
+        assert_eq!(
+            offsets.event_sample_type,
+            expected("perf_event", "attr") + expected("perf_event_attr", "sample_type")
+        );
         assert_eq!(offsets.ctx_data, expected(ctx, "data"));
         assert_eq!(offsets.ctx_event, expected(ctx, "event"));
         assert_eq!(offsets.sample_flags, expected(sample, "sample_flags"));

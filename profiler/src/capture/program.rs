@@ -250,6 +250,7 @@ impl CaptureProgram {
         raw: &RawDecoding,
         sizes: &MapSizes,
     ) -> Result<CaptureProgram> {
+        lift_memlock_limit();
         let mut loader = EbpfLoader::new();
         loader
             .override_global("CAPTURE_CONFIG", config, true)
@@ -351,5 +352,29 @@ impl CaptureProgram {
     pub fn run_statistics(&self) -> Result<(u64, std::time::Duration)> {
         let info = self.program()?.info()?;
         Ok((info.run_count(), info.run_time()))
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK (64 KiB by default), where the maps
+/// would fail to load; later ones charge the memory cgroup and ignore the limit. Raised as far
+/// as this process may (no limit with CAP_SYS_RESOURCE, else to the hard limit), as libbpf does.
+fn lift_memlock_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) and setrlimit(2) with a valid rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) != 0 {
+            return;
+        }
+        let unlimited = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        if libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) != 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit);
+        }
     }
 }

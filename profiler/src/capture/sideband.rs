@@ -491,27 +491,45 @@ impl Sideband {
         let mut samplers: Vec<Sampler> = Vec::new();
         let mut redirected = Vec::new();
         let mut ring_of_cpu: HashMap<usize, usize> = HashMap::new();
+        // Build IDs in mmap records exist from Linux 5.12; before, the kernel refuses the bit
+        // and they are read from the mapped files instead.
+        let mut with_build_ids = true;
         for (pid, cpu) in placements {
-            let mut builder = Builder::new(Software::DUMMY);
-            match pid {
-                Some(pid) => builder.observe_pid(pid as i32),
-                None => builder.any_pid(),
+            let open = |build_ids: bool| {
+                let mut builder = Builder::new(Software::DUMMY);
+                match pid {
+                    Some(pid) => builder.observe_pid(pid as i32),
+                    None => builder.any_pid(),
+                };
+                builder.one_cpu(cpu);
+                builder
+                    .inherit(!matches!(target, Target::System))
+                    .enable_on_exec(matches!(target, Target::Command(_)))
+                    .mmap(true)
+                    .mmap2(true)
+                    .mmap_data(true)
+                    .build_id(build_ids)
+                    .comm(true)
+                    .comm_exec(true)
+                    .sample_id_all(true)
+                    .sample(SampleFlag::TIME)
+                    .task(true)
+                    .exclude_kernel(false);
+                builder.build()
             };
-            builder.one_cpu(cpu);
-            builder
-                .inherit(!matches!(target, Target::System))
-                .enable_on_exec(matches!(target, Target::Command(_)))
-                .mmap(true)
-                .mmap2(true)
-                .mmap_data(true)
-                .build_id(true)
-                .comm(true)
-                .comm_exec(true)
-                .sample_id_all(true)
-                .sample(SampleFlag::TIME)
-                .task(true)
-                .exclude_kernel(false);
-            let counter = match builder.build() {
+            let mut opened = open(with_build_ids);
+            if with_build_ids && matches!(&opened, Err(e) if e.raw_os_error() == Some(libc::EINVAL))
+            {
+                opened = open(false);
+                if opened.is_ok() {
+                    with_build_ids = false;
+                    eprintln!(
+                        "note: this kernel puts no build IDs in its mapping records (Linux 5.12 \
+                         does): they are read from the mapped files"
+                    );
+                }
+            }
+            let counter = match opened {
                 Ok(counter) => counter,
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                 Err(e) => return Err(open_error(&dummy, &e, how, facts).into()),

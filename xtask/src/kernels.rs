@@ -1,0 +1,661 @@
+//! `cargo xtask kernels`: the profiler on the kernels users run. Debian's cloud kernels 5.10
+//! (bullseye), 6.1 (bookworm) and 6.12 (bookworm-backports) boot under QEMU (TCG: these
+//! machines have no nested virtualization) with a self-contained initramfs holding busybox, the
+//! profiler and the test workloads; a fixed set of profiler runs inside each prints its JSON
+//! between markers on the serial console, and this checks the answers: the known CPU split of
+//! cpu_split, every page fault of page_toucher at its data address, `stat` counts, and every
+//! fired sample kept or counted lost.
+//!
+//! Kernel packages come through a private apt configuration under target/kernels, from the
+//! Debian mirror this machine's apt already uses, so the machine's own apt state is untouched.
+
+use std::{
+    collections::BTreeMap,
+    io::Read as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+
+use crate::{run_command, setup::apt_install, target_dir};
+
+/// A kernel of the matrix: its series and the Debian suite that ships it.
+struct Kernel {
+    series: &'static str,
+    suite: &'static str,
+}
+
+const KERNELS: [Kernel; 3] = [
+    Kernel {
+        series: "5.10",
+        suite: "bullseye",
+    },
+    Kernel {
+        series: "6.1",
+        suite: "bookworm",
+    },
+    Kernel {
+        series: "6.12",
+        suite: "bookworm-backports",
+    },
+];
+
+/// How long one kernel may take to boot and run every command (TCG is 10-20x slower than the
+/// host).
+const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Boots of one kernel that may end in a guest kernel panic before one runs every step.
+const BOOT_ATTEMPTS: u32 = 3;
+
+/// Pages page_toucher touches; with `-c 1` each is one page-fault sample.
+const TOUCHED_PAGES: u64 = 2000;
+/// Rounds of cpu_split: about 600 samples at 999 Hz under TCG.
+const SPLIT_ROUNDS: u64 = 1000;
+/// How far the profile's split may be from the one cpu_split measured, in percentage points.
+const SPLIT_TOLERANCE: f64 = 6.0;
+
+/// Runs inside the guest as /init. Each step prints `@@JSON NAME` and a one-line JSON document,
+/// or `@@FAILED NAME` with the command's output.
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+mount -t bpf bpf /sys/fs/bpf 2>/dev/null
+# RLIMIT_MEMLOCK stays at its 64 KiB default: kernels before 5.11 charge BPF maps to it, and
+# the profiler must raise it itself.
+cd /work
+echo "@@KERNEL $(uname -r)"
+step() {
+    name=$1; out=$2; shift 2
+    if "$@" >/tmp/$name.log 2>&1 && [ -s "$out" ]; then
+        echo "@@JSON $name"; tr -d '\n' < "$out"; echo
+    else
+        echo "@@FAILED $name"; cat /tmp/$name.log
+    fi
+    grep -h '^cpu_split:\|^region ' /tmp/$name.log | sed "s/^/@@SAID $name /"
+}
+step list /tmp/list.json sh -c './profiler list --json > /tmp/list.json'
+step split /tmp/split.json ./profiler record -e cpu-clock -F 999 --json /tmp/split.json -- ./cpu_split @ROUNDS@
+step faults /tmp/faults.json sh -c './profiler record -e page-faults -c 1 -o /tmp/faults.prof -- ./page_toucher @PAGES@ && ./profiler report -i /tmp/faults.prof --by dcache-line --top 0 --json > /tmp/faults.json'
+step stat /tmp/stat.json ./profiler stat -e page-faults,task-clock --json -o /tmp/stat.json -- ./page_toucher @PAGES@
+echo "@@DONE"
+poweroff -f
+"#;
+
+pub fn run() -> Result<()> {
+    apt_install(&["qemu-system-x86", "busybox-static"])?;
+    crate::build_release()?;
+    let cache = target_dir().join("kernels");
+    let apt = PrivateApt::new(&cache)?;
+    let initrd = build_initramfs(&cache.join("initramfs"))?;
+    let mut failures = Vec::new();
+    for kernel in &KERNELS {
+        let vmlinuz = apt
+            .kernel(kernel)
+            .with_context(|| format!("fetching Debian's {} kernel", kernel.series))?;
+        let started = Instant::now();
+        let mut attempt = 1;
+        let (guest, log) = loop {
+            let console = boot(&vmlinuz, &initrd)?;
+            let log = cache.join(format!("console-{}-{attempt}.log", kernel.series));
+            std::fs::write(&log, &console)?;
+            let guest = Guest::parse(&console);
+            // Debian's 6.12 sometimes oopses under QEMU's TCG while booting, before or while
+            // the steps run (seen in add_sysfs_param and kmem_cache_alloc): boot again, and
+            // keep the console of every attempt.
+            if guest.done || !console.contains("Kernel panic") || attempt == BOOT_ATTEMPTS {
+                break (guest, log);
+            }
+            eprintln!(
+                "xtask: kernel {} panicked (console in {}): booting it again",
+                kernel.series,
+                log.display()
+            );
+            attempt += 1;
+        };
+        eprintln!(
+            "xtask: kernel {} ({}) ran in {:.0} s; its console is in {}",
+            kernel.series,
+            guest.release.as_deref().unwrap_or("did not boot"),
+            started.elapsed().as_secs_f64(),
+            log.display()
+        );
+        for check in guest.checks() {
+            let mark = if check.passed { "ok  " } else { "FAIL" };
+            println!(
+                "{mark} {:<5} {:<7} {}",
+                kernel.series, check.step, check.said
+            );
+            if !check.passed {
+                failures.push(format!("{} {}: {}", kernel.series, check.step, check.said));
+            }
+        }
+    }
+    if !failures.is_empty() {
+        bail!(
+            "{} check(s) failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// apt with its own sources, lists and cache, so fetching kernels leaves the machine's apt
+/// state as it was.
+struct PrivateApt {
+    options: Vec<String>,
+    debs: PathBuf,
+}
+
+impl PrivateApt {
+    fn new(cache: &Path) -> Result<PrivateApt> {
+        let root = cache.join("apt");
+        for dir in ["lists/partial", "cache/archives/partial", "debs"] {
+            std::fs::create_dir_all(root.join(dir))?;
+        }
+        let mirror = debian_mirror()?;
+        let sources: String = KERNELS
+            .iter()
+            .map(|kernel| {
+                format!(
+                    "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} {} \
+                     main\n",
+                    kernel.suite
+                )
+            })
+            .collect();
+        let list = root.join("sources.list");
+        std::fs::write(&list, sources)?;
+        let at = |dir: &str| root.join(dir).display().to_string();
+        let apt = PrivateApt {
+            options: vec![
+                format!("Dir::Etc::sourcelist={}", list.display()),
+                "Dir::Etc::sourceparts=/nonexistent".into(),
+                format!("Dir::State::Lists={}", at("lists")),
+                format!("Dir::Cache={}", at("cache")),
+                "APT::Architecture=amd64".into(),
+                // Downloads land in our own directory, which the _apt user cannot write.
+                "APT::Sandbox::User=root".into(),
+            ],
+            debs: root.join("debs"),
+        };
+        run_command(apt.command("apt-get").args(["-q", "update"]))?;
+        Ok(apt)
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(program);
+        for option in &self.options {
+            command.arg("-o").arg(option);
+        }
+        command
+    }
+
+    /// The newest unsigned cloud kernel of the series, downloaded and unpacked once.
+    fn kernel(&self, kernel: &Kernel) -> Result<PathBuf> {
+        let output = self
+            .command("apt-cache")
+            .args([
+                "search",
+                "--names-only",
+                "^linux-image-.*-cloud-amd64-unsigned$",
+            ])
+            .output()
+            .context("running apt-cache")?;
+        let prefix = format!("linux-image-{}.", kernel.series);
+        let package = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|name| name.starts_with(&prefix))
+            .max_by_key(|name| version_key(name))
+            .map(str::to_string)
+            .ok_or_else(|| {
+                anyhow!(
+                    "no {prefix}*-cloud-amd64-unsigned package in {}",
+                    kernel.suite
+                )
+            })?;
+        let unpacked = self.debs.join(&package);
+        if !unpacked.join("boot").exists() {
+            // Not through `run_command`, which runs in the workspace: the package lands here.
+            let status = self
+                .command("apt-get")
+                .args(["-q", "download", &package])
+                .current_dir(&self.debs)
+                .status()
+                .context("running apt-get download")?;
+            if !status.success() {
+                bail!("apt-get download {package} failed with {status}");
+            }
+            let deb = std::fs::read_dir(&self.debs)?
+                .filter_map(|entry| entry.ok().map(|e| e.path()))
+                .find(|path| {
+                    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                        n.starts_with(&format!("{package}_")) && n.ends_with(".deb")
+                    })
+                })
+                .ok_or_else(|| anyhow!("apt-get download left no {package} package"))?;
+            run_command(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
+        }
+        std::fs::read_dir(unpacked.join("boot"))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .find(|path| {
+                path.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("vmlinuz-"))
+            })
+            .ok_or_else(|| anyhow!("{package} holds no /boot/vmlinuz-*"))
+    }
+}
+
+/// `linux-image-5.10.0-32-cloud-amd64-unsigned` -> [5, 10, 0, 32]: newest ABI last.
+fn version_key(package: &str) -> Vec<u64> {
+    package
+        .trim_start_matches("linux-image-")
+        .split(|c: char| !c.is_ascii_digit())
+        .take_while(|part| !part.is_empty())
+        .filter_map(|part| part.parse().ok())
+        .collect()
+}
+
+/// The Debian archive this machine's apt uses (not the security archive).
+fn debian_mirror() -> Result<String> {
+    let mut texts = vec![std::fs::read_to_string("/etc/apt/sources.list").unwrap_or_default()];
+    if let Ok(dir) = std::fs::read_dir("/etc/apt/sources.list.d") {
+        for entry in dir.flatten() {
+            let path = entry.path();
+            if path
+                .extension()
+                .is_some_and(|e| e == "sources" || e == "list")
+            {
+                texts.push(std::fs::read_to_string(path).unwrap_or_default());
+            }
+        }
+    }
+    texts
+        .iter()
+        .flat_map(|text| text.lines())
+        .flat_map(|line| line.split_whitespace())
+        .map(|word| word.trim_start_matches("URIs:"))
+        .find(|word| {
+            (word.starts_with("http://") || word.starts_with("https://"))
+                && word.trim_end_matches('/').ends_with("/debian")
+        })
+        .map(|uri| uri.trim_end_matches('/').to_string())
+        .ok_or_else(|| {
+            anyhow!("no Debian mirror (a URI ending in /debian) is configured in /etc/apt")
+        })
+}
+
+/// Builds the guest's initramfs: busybox, the stripped profiler and workloads with the
+/// libraries they load, and [`INIT`].
+fn build_initramfs(root: &Path) -> Result<PathBuf> {
+    if root.exists() {
+        std::fs::remove_dir_all(root)?;
+    }
+    for dir in ["bin", "proc", "sys", "dev", "tmp", "work"] {
+        std::fs::create_dir_all(root.join(dir))?;
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).context("copying busybox")?;
+    let release = target_dir().join("release");
+    for program in ["profiler", "cpu_split", "page_toucher"] {
+        let copy = root.join("work").join(program);
+        if program == "profiler" {
+            // Its debug information is most of its size; the workloads keep their symbols.
+            run_command(
+                Command::new("strip")
+                    .arg("-o")
+                    .arg(&copy)
+                    .arg(release.join(program)),
+            )?;
+        } else {
+            std::fs::copy(release.join(program), &copy)?;
+        }
+        for library in shared_libraries(&copy)? {
+            let inside = root.join(library.strip_prefix("/")?);
+            std::fs::create_dir_all(inside.parent().expect("a library is in a directory"))?;
+            std::fs::copy(&library, &inside)
+                .with_context(|| format!("copying {}", library.display()))?;
+        }
+    }
+    let init = INIT
+        .replace("@ROUNDS@", &SPLIT_ROUNDS.to_string())
+        .replace("@PAGES@", &TOUCHED_PAGES.to_string());
+    std::fs::write(root.join("init"), init)?;
+    std::fs::set_permissions(
+        root.join("init"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let archive = root.with_extension("cpio");
+    run_command(
+        Command::new("sh")
+            .arg("-c")
+            .arg("cd \"$1\" && find . | busybox cpio -o -H newc > \"$0\" 2>/dev/null")
+            .arg(&archive)
+            .arg(root),
+    )?;
+    Ok(archive)
+}
+
+/// The libraries `ldd` says a program loads, the dynamic loader included.
+fn shared_libraries(program: &Path) -> Result<Vec<PathBuf>> {
+    let output = Command::new("ldd")
+        .arg(program)
+        .output()
+        .context("running ldd")?;
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .filter(|word| word.starts_with('/'))
+        .map(PathBuf::from)
+        .collect())
+}
+
+/// Boots the kernel with the initramfs and returns everything the serial console printed.
+fn boot(vmlinuz: &Path, initrd: &Path) -> Result<String> {
+    let mut qemu = Command::new("qemu-system-x86_64")
+        .args(["-accel", "tcg", "-cpu", "qemu64", "-m", "2G", "-smp", "1"])
+        .args(["-nographic", "-no-reboot", "-kernel"])
+        .arg(vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args([
+            "-append",
+            "console=ttyS0 panic=-1 quiet transparent_hugepage=never",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting qemu-system-x86_64")?;
+    let mut stdout = qemu.stdout.take().expect("stdout is piped");
+    let reader = std::thread::spawn(move || {
+        let mut console = Vec::new();
+        let _ = stdout.read_to_end(&mut console);
+        console
+    });
+    let started = Instant::now();
+    while qemu.try_wait()?.is_none() {
+        if started.elapsed() > BOOT_TIMEOUT {
+            qemu.kill()?;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    qemu.wait()?;
+    let console = reader
+        .join()
+        .map_err(|_| anyhow!("reading the console failed"))?;
+    Ok(String::from_utf8_lossy(&console).replace('\r', ""))
+}
+
+/// What the guest printed.
+#[derive(Default)]
+struct Guest {
+    release: Option<String>,
+    /// Step -> its JSON document, or the output of its failed command.
+    steps: BTreeMap<String, std::result::Result<Value, String>>,
+    /// Step -> the lines its workload printed (`cpu_split: ...`, `region ...`).
+    said: BTreeMap<String, Vec<String>>,
+    done: bool,
+}
+
+/// One answer checked.
+struct Check {
+    step: &'static str,
+    passed: bool,
+    said: String,
+}
+
+impl Guest {
+    fn parse(console: &str) -> Guest {
+        let mut guest = Guest::default();
+        let mut lines = console.lines();
+        while let Some(line) = lines.next() {
+            // The firmware's terminal escapes may precede a marker on its line.
+            let line = line.find("@@").map_or(line, |at| &line[at..]);
+            if let Some(release) = line.strip_prefix("@@KERNEL ") {
+                guest.release = Some(release.trim().to_string());
+            } else if let Some(step) = line.strip_prefix("@@JSON ") {
+                let document = lines.next().unwrap_or_default();
+                let parsed = serde_json::from_str(document)
+                    .map_err(|e| format!("not JSON ({e}): {document}"));
+                guest.steps.insert(step.trim().to_string(), parsed);
+            } else if let Some(step) = line.strip_prefix("@@FAILED ") {
+                let output: Vec<&str> =
+                    lines.clone().take_while(|l| !l.starts_with("@@")).collect();
+                guest
+                    .steps
+                    .insert(step.trim().to_string(), Err(output.join("\n")));
+            } else if let Some(rest) = line.strip_prefix("@@SAID ") {
+                if let Some((step, said)) = rest.split_once(' ') {
+                    guest
+                        .said
+                        .entry(step.to_string())
+                        .or_default()
+                        .push(said.to_string());
+                }
+            } else if line.starts_with("@@DONE") {
+                guest.done = true;
+            }
+        }
+        guest
+    }
+
+    fn checks(&self) -> Vec<Check> {
+        let mut checks = vec![Check {
+            step: "boot",
+            passed: self.release.is_some() && self.done,
+            said: match (&self.release, self.done) {
+                (Some(release), true) => format!("booted {release} and ran every step"),
+                (Some(release), false) => format!("booted {release} but did not finish"),
+                (None, _) => "did not boot".into(),
+            },
+        }];
+        for (step, check) in [
+            (
+                "list",
+                check_list as fn(&Value, &[String]) -> Result<String>,
+            ),
+            ("split", check_split),
+            ("faults", check_faults),
+            ("stat", check_stat),
+        ] {
+            let said = self.said.get(step).map(Vec::as_slice).unwrap_or_default();
+            let result = match self.steps.get(step) {
+                Some(Ok(document)) => check(document, said),
+                Some(Err(output)) => Err(anyhow!("the command failed:\n{output}")),
+                None => Err(anyhow!("never ran")),
+            };
+            checks.push(Check {
+                step,
+                passed: result.is_ok(),
+                said: result.unwrap_or_else(|e| format!("{e:#}")),
+            });
+        }
+        checks
+    }
+}
+
+fn check_list(list: &Value, _: &[String]) -> Result<String> {
+    let available = list["sections"]
+        .as_array()
+        .ok_or_else(|| anyhow!("no sections in the list"))?
+        .iter()
+        .flat_map(|section| section["entries"].as_array().into_iter().flatten())
+        .filter(|event| event["availability"]["status"] == "available")
+        .filter_map(|event| event["name"].as_str())
+        .collect::<Vec<_>>();
+    for needed in ["cpu-clock", "task-clock", "page-faults"] {
+        if !available.contains(&needed) {
+            bail!("{needed} is not listed as available: {available:?}");
+        }
+    }
+    Ok(format!("{} events available", available.len()))
+}
+
+/// Every fired sample is kept or counted lost, and none is lost.
+fn check_accounting(event: &Value, report: &Value) -> Result<()> {
+    let fired = event["samples_fired"].as_u64().unwrap_or_default();
+    let kept = event["samples"].as_u64().unwrap_or_default();
+    let lost: Vec<String> = report["losses"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(kind, count)| {
+            let count = count.as_u64().filter(|count| *count != 0)?;
+            Some(format!("{kind}: {count}"))
+        })
+        .collect();
+    if fired != kept || !lost.is_empty() {
+        bail!(
+            "{fired} samples fired, {kept} kept; lost: {}",
+            lost.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn check_split(report: &Value, said: &[String]) -> Result<String> {
+    let event = &report["events"][0];
+    check_accounting(event, report)?;
+    // `cpu_split: N rounds, ..., measured CPU split: heavy_work 59.8% medium_work ...`
+    let measured = said
+        .iter()
+        .find_map(|line| line.split_once("measured CPU split: "))
+        .map(|(_, split)| split.to_string())
+        .ok_or_else(|| anyhow!("cpu_split printed no split"))?;
+    let samples_in = |function: &str| -> f64 {
+        let wanted = format!("cpu_split::{function}");
+        event["functions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|row| row["function"] == wanted.as_str())
+            .filter_map(|row| row["total_samples"].as_u64())
+            .sum::<u64>() as f64
+    };
+    let all: f64 = ["heavy_work", "medium_work", "light_work"]
+        .into_iter()
+        .map(samples_in)
+        .sum();
+    let mut words = measured.split_whitespace();
+    let mut worst: f64 = 0.0;
+    while let (Some(function), Some(share)) = (words.next(), words.next()) {
+        let measured: f64 = share.trim_end_matches('%').parse()?;
+        let profiled = 100.0 * samples_in(function) / all.max(1.0);
+        worst = worst.max((profiled - measured).abs());
+    }
+    if worst > SPLIT_TOLERANCE {
+        bail!("the profile's split is {worst:.1} points from cpu_split's own ({measured})");
+    }
+    Ok(format!(
+        "{} samples, split within {worst:.1} points of the measured {measured}",
+        event["samples"]
+    ))
+}
+
+/// `region 0x7f... pages N line L`, as page_toucher prints it.
+fn touched_region(said: &[String]) -> Result<(u64, u64, u64)> {
+    let line = said
+        .iter()
+        .find_map(|line| line.strip_prefix("region "))
+        .ok_or_else(|| anyhow!("page_toucher printed no region"))?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let number = |at: usize| -> Result<u64> {
+        let word = words
+            .get(at)
+            .ok_or_else(|| anyhow!("short region line: {line}"))?;
+        Ok(match word.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16)?,
+            None => word.parse()?,
+        })
+    };
+    Ok((number(0)?, number(2)?, number(4)?))
+}
+
+fn check_faults(report: &Value, said: &[String]) -> Result<String> {
+    let event = &report["events"][0];
+    let (start, pages, line) = touched_region(said)?;
+    let end = start + pages * 4096;
+    let mut in_region = 0;
+    for row in event["dcache_lines"].as_array().into_iter().flatten() {
+        let address = row["address"].as_u64().unwrap_or_default();
+        if (start..end).contains(&address) {
+            if address % 4096 != line * 64 {
+                bail!("a fault at {address:#x} is not at line {line} of its page");
+            }
+            in_region += row["samples"].as_u64().unwrap_or_default();
+        }
+    }
+    if in_region != pages {
+        bail!("{in_region} page-fault samples in the touched region of {pages} pages");
+    }
+    Ok(format!(
+        "all {pages} touched pages sampled at their data address"
+    ))
+}
+
+fn check_stat(report: &Value, said: &[String]) -> Result<String> {
+    let (_, pages, _) = touched_region(said)?;
+    let count = |name: &str| {
+        report["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|event| event["event"] == name)
+            .and_then(|event| event["count"].as_u64())
+    };
+    let faults = count("page-faults").ok_or_else(|| anyhow!("no page-faults count: {report}"))?;
+    let task_clock = count("task-clock").ok_or_else(|| anyhow!("no task-clock count: {report}"))?;
+    // The touched pages, plus what loading the program faults (a few hundred at most).
+    if !(pages..pages + 1000).contains(&faults) || task_clock == 0 {
+        bail!("page-faults {faults} for {pages} touched pages, task-clock {task_clock} ns");
+    }
+    Ok(format!("page-faults {faults} for {pages} touched pages"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newest_kernel_package_sorts_last() {
+        let mut packages = [
+            "linux-image-5.10.0-32-cloud-amd64-unsigned",
+            "linux-image-5.10.0-9-cloud-amd64-unsigned",
+            "linux-image-6.12.95+deb12-cloud-amd64-unsigned",
+        ];
+        packages.sort_by_key(|p| version_key(p));
+        assert_eq!(packages[1], "linux-image-5.10.0-32-cloud-amd64-unsigned");
+        assert_eq!(version_key(packages[2]), [6, 12, 95]);
+    }
+
+    #[test]
+    fn the_console_is_read_past_terminal_escapes() {
+        let console = "SeaBIOS\n\x1b[2J@@KERNEL 6.1.0-50-cloud-amd64\n@@JSON stat\n\
+                       {\"events\": []}\n@@SAID stat region 0x7f00 pages 3 line 5\n\
+                       @@FAILED split\nerror: no\n@@DONE\n";
+        let guest = Guest::parse(console);
+        assert_eq!(guest.release.as_deref(), Some("6.1.0-50-cloud-amd64"));
+        assert!(guest.done);
+        assert!(matches!(guest.steps["stat"], Ok(_)));
+        assert_eq!(guest.steps["split"].as_ref().unwrap_err(), "error: no");
+        assert_eq!(touched_region(&guest.said["stat"]).unwrap(), (0x7f00, 3, 5));
+        let checks = guest.checks();
+        assert!(checks[0].passed);
+        let split = checks.iter().find(|c| c.step == "split").unwrap();
+        assert!(
+            !split.passed && split.said.contains("error: no"),
+            "{}",
+            split.said
+        );
+    }
+}
