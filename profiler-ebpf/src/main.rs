@@ -38,8 +38,7 @@ use profiler_common::{
     hw::ibs::IbsOpSample,
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
     stack::{
-        intern, Refused, StackFrames, StackLoss, StackStore, LOST_STACK, MAX_STACK_DEPTH,
-        NO_STACK,
+        intern, Refused, StackFrames, StackLoss, StackStore, LOST_STACK, MAX_STACK_DEPTH, NO_STACK,
     },
 };
 
@@ -536,14 +535,18 @@ struct StackLosses {
 }
 
 /// Captures the stack `flags` selects into this CPU's frames buffer with `bpf_get_stack`; `None`
-/// when there is none (a kernel thread has no user stack, a user-mode sample no kernel stack).
+/// when there is none (a kernel thread has no user stack, a user-mode sample no kernel stack),
+/// `Err` when it could not be read (counted as `failed`).
 #[inline(always)]
 fn capture_stack(
     ctx: &PerfEventContext,
     flags: u64,
     failed: LossKind,
 ) -> Result<Option<&'static StackFrames>, ()> {
-    let buffer = STACK_SCRATCH.get_ptr_mut(0).ok_or(())?;
+    let Some(buffer) = STACK_SCRATCH.get_ptr_mut(0) else {
+        lose(failed);
+        return Err(());
+    };
     // SAFETY: `buffer` is this CPU's frames buffer, `MAX_STACK_DEPTH` frames long; programs do
     // not nest on one CPU, so nothing else writes it meanwhile.
     let bytes = unsafe {
@@ -573,9 +576,15 @@ fn capture_stack(
 }
 
 /// Interns the frames buffer `frames` into the stack-frames map: the stack's hash, or
-/// `LOST_STACK` (counted) when a different stack has its hash or the map has no room.
+/// `LOST_STACK` (counted) when a different stack has its hash or the map has no room. Whatever
+/// fills a frames buffer (`bpf_get_stack` here, an unwinder of its own) ends here.
 #[inline(always)]
-fn intern_frames(config: &CaptureConfig, generation: u32, frames: &StackFrames, losses: &StackLosses) -> u64 {
+fn intern_frames(
+    config: &CaptureConfig,
+    generation: u32,
+    frames: &StackFrames,
+    losses: &StackLosses,
+) -> u64 {
     match intern(&FramesMap, frames) {
         Ok(interned) => {
             if interned.new {
