@@ -175,8 +175,9 @@ impl Drainer {
         self.requests.readable().await
     }
 
-    /// Drains now when any map of the generation being written is a quarter full, rather than
-    /// lose samples to a full map before the next drain (a drain can wait for the CPU on a busy
+    /// Drains now when any map of the generation being written, or the stack-frames map, is a
+    /// quarter full (the drain then empties the frames map), rather than lose samples or stacks
+    /// to a full map before the next drain (a drain can wait for the CPU on a busy
     /// machine, and the program goes on filling meanwhile); whether it drained.
     pub fn drain_if_filling(
         &mut self,
