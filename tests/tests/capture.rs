@@ -174,17 +174,15 @@ fn conservation_at_period_1_page_faults() {
     );
 }
 
-/// `record --stats`' stack line: (distinct stacks, stacks read from the kernel).
-fn stack_stats(stderr: &str) -> (u64, u64) {
+/// The numbers on the `record --stats` line that starts with `label`.
+fn stats_numbers(stderr: &str, label: &str) -> Vec<u64> {
     let line = stderr
         .lines()
-        .find_map(|l| l.trim().strip_prefix("stacks: "))
-        .unwrap_or_else(|| panic!("no stacks line in --stats:\n{stderr}"));
-    let numbers: Vec<u64> = line
-        .split_whitespace()
+        .find_map(|l| l.trim().strip_prefix(label))
+        .unwrap_or_else(|| panic!("no `{label}` line in --stats:\n{stderr}"));
+    line.split_whitespace()
         .filter_map(|word| word.parse().ok())
-        .collect();
-    (numbers[0], numbers[1])
+        .collect()
 }
 
 #[test]
@@ -222,7 +220,7 @@ fn tens_of_thousands_of_distinct_stacks_at_50_khz_lose_none() {
             .all(|s| !s.user_stack_lost && !s.kernel_stack_lost),
         "a sample lost its stack"
     );
-    let (distinct, _) = stack_stats(&stderr);
+    let distinct = stats_numbers(&stderr, "stacks: ")[0];
     assert!(
         distinct > 4 * 1024,
         "only {distinct} distinct stacks:\n{stderr}"
@@ -266,13 +264,11 @@ fn a_stack_seen_again_is_not_read_again() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let profile = read_profile(&file).unwrap();
     assert_no_losses(&profile, &[]);
-    let drains: u64 = stderr
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("drains: "))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no drain count in --stats:\n{stderr}"));
+    let drains = stats_numbers(&stderr, "drains: ")[0];
     assert!(drains > 20, "{drains} drains\n{stderr}");
-    let (distinct, read) = stack_stats(&stderr);
+    let [distinct, read] = stats_numbers(&stderr, "stacks: ")[..] else {
+        panic!("no stack counts in --stats:\n{stderr}");
+    };
     let in_profile: BTreeSet<&Vec<u32>> = profile.stacks.iter().map(|s| &s.frames).collect();
     assert!(distinct >= 2 && in_profile.len() >= 2, "{stderr}");
     assert!(
@@ -544,11 +540,7 @@ fn a_filling_map_is_drained_early_instead_of_losing_samples() {
         profile.stacks.len()
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let drains: u32 = stderr
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("drains: "))
-        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no drain count in --stats:\n{stderr}"));
+    let drains = stats_numbers(&stderr, "drains: ")[0];
     assert!(drains > 2, "only the final drains ran: {drains}\n{stderr}");
     std::fs::remove_dir_all(dir).ok();
 }
