@@ -8,22 +8,18 @@ pub const MAX_EVENTS: usize = 16;
 /// Bytes in a data cache line: data addresses are aggregated per line.
 pub const CACHE_LINE_BYTES: u64 = 64;
 
-/// Stack id stored when there is no stack to capture: a kernel thread has no user stack, a sample
-/// taken in user mode no kernel stack.
-pub const NO_STACK: i32 = -1;
-/// Stack id stored when a stack existed but could not be stored (counted in [`LossKind`]).
-pub const LOST_STACK: i32 = -2;
-
 /// Key of the stack-count map: one entry per distinct (thread, event, user stack, kernel stack).
+/// Stacks are named by their hash ([`crate::stack::StackFrames::hash`]), or
+/// [`crate::stack::NO_STACK`] / [`crate::stack::LOST_STACK`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackKey {
     pub pid: u32,
     pub tid: u32,
     pub event: u32,
-    pub user_stack: i32,
-    pub kernel_stack: i32,
     pub _pad: u32,
+    pub user_stack: u64,
+    pub kernel_stack: u64,
     pub cgroup: u64,
 }
 
@@ -131,13 +127,14 @@ pub enum LossKind {
     StackCountsFull = 0,
     /// The sample's perf event id was not registered: the whole sample is lost.
     UnknownEvent = 1,
-    /// A user stack hashed into an occupied stack-map bucket (EEXIST): sample kept, stack lost.
-    UserStackCollision = 2,
-    /// The user stack could not be stored for another reason (map full, fault): stack lost.
+    /// A different user stack was stored under the user stack's hash (verified frame by frame
+    /// on insert): sample kept, stack lost rather than merged with the other.
+    UserStackHashCollision = 2,
+    /// The user stack could not be read (`bpf_get_stack` failed): stack lost.
     UserStackFailed = 3,
-    /// A kernel stack hashed into an occupied stack-map bucket: sample kept, stack lost.
-    KernelStackCollision = 4,
-    /// The kernel stack could not be stored for another reason: stack lost.
+    /// A different kernel stack was stored under the kernel stack's hash: stack lost.
+    KernelStackHashCollision = 4,
+    /// The kernel stack could not be read: stack lost.
     KernelStackFailed = 5,
     /// The instruction map was full: the instruction view misses this sample.
     InstructionsFull = 6,
@@ -159,16 +156,20 @@ pub enum LossKind {
     /// The per-data-line latency-histogram map was full: the line's histogram misses this
     /// sample.
     LineLatencyFull = 14,
+    /// The stack-frames map was full or busy when a new user stack was to be stored: stack lost.
+    UserStackFramesFull = 15,
+    /// As [`LossKind::UserStackFramesFull`], for a kernel stack.
+    KernelStackFramesFull = 16,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 17;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
-        LossKind::UserStackCollision,
+        LossKind::UserStackHashCollision,
         LossKind::UserStackFailed,
-        LossKind::KernelStackCollision,
+        LossKind::KernelStackHashCollision,
         LossKind::KernelStackFailed,
         LossKind::InstructionsFull,
         LossKind::DataLinesFull,
@@ -179,6 +180,8 @@ impl LossKind {
         LossKind::DataSourcesFull,
         LossKind::IbsRingFull,
         LossKind::LineLatencyFull,
+        LossKind::UserStackFramesFull,
+        LossKind::KernelStackFramesFull,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
@@ -191,10 +194,12 @@ impl LossKind {
         match self {
             LossKind::StackCountsFull => "samples lost: stack-count map full",
             LossKind::UnknownEvent => "samples lost: unregistered perf event",
-            LossKind::UserStackCollision => "user stacks lost: stack-map hash collision",
-            LossKind::UserStackFailed => "user stacks lost: stack map full or unreadable",
-            LossKind::KernelStackCollision => "kernel stacks lost: stack-map hash collision",
-            LossKind::KernelStackFailed => "kernel stacks lost: stack map full or unreadable",
+            LossKind::UserStackHashCollision => "user stacks lost: another stack has the same hash",
+            LossKind::UserStackFailed => "user stacks lost: unreadable",
+            LossKind::KernelStackHashCollision => {
+                "kernel stacks lost: another stack has the same hash"
+            }
+            LossKind::KernelStackFailed => "kernel stacks lost: unreadable",
             LossKind::InstructionsFull => "instruction view: map full",
             LossKind::DataLinesFull => "data cache-line view: map full",
             LossKind::LatencyFull => "latency histograms: map full",
@@ -206,6 +211,8 @@ impl LossKind {
             LossKind::DataSourcesFull => "hardware view (data sources): map full",
             LossKind::IbsRingFull => "IBS derived counters: register ring buffer full",
             LossKind::LineLatencyFull => "data cache-line latency histograms: map full",
+            LossKind::UserStackFramesFull => "user stacks lost: stack-frames map full",
+            LossKind::KernelStackFramesFull => "kernel stacks lost: stack-frames map full",
         }
     }
 }
@@ -258,7 +265,6 @@ pub struct CaptureConfig {
     /// drain (through the drain-request ring), which drains when the generation is half full.
     /// Zero: never ask.
     pub drain_request_steps: [u32; Fill::COUNT],
-    pub _pad: u32,
 }
 
 impl CaptureConfig {
@@ -284,7 +290,6 @@ impl CaptureConfig {
         flags: 0,
         uid: 0,
         drain_request_steps: [0; Fill::COUNT],
-        _pad: 0,
     };
 }
 
@@ -422,16 +427,20 @@ pub enum Fill {
     DataSources = 3,
     /// Both latency-histogram maps (per instruction and per data line).
     Histograms = 4,
+    /// The stack-frames map, which both generations share: the agent empties it into its stack
+    /// cache before it fills.
+    StackFrames = 5,
 }
 
 impl Fill {
-    pub const COUNT: usize = 5;
+    pub const COUNT: usize = 6;
     pub const ALL: [Fill; Fill::COUNT] = [
         Fill::StackCounts,
         Fill::Instructions,
         Fill::DataLines,
         Fill::DataSources,
         Fill::Histograms,
+        Fill::StackFrames,
     ];
 }
 
@@ -491,8 +500,9 @@ pub struct RawSample {
     pub tid: u32,
     pub cpu: u32,
     pub event: u32,
-    pub user_stack: i32,
-    pub kernel_stack: i32,
+    /// Stack hashes, as in [`StackKey`].
+    pub user_stack: u64,
+    pub kernel_stack: u64,
     /// `sample_flags` bits that were valid for this sample.
     pub sample_flags: u64,
 }
@@ -514,6 +524,7 @@ mod pod {
     unsafe impl aya::Pod for RawSample {}
     unsafe impl aya::Pod for IbsRecord {}
     unsafe impl aya::Pod for crate::latency::LatencyBuckets {}
+    unsafe impl aya::Pod for crate::stack::StackFrames {}
 }
 
 #[cfg(test)]
@@ -523,7 +534,7 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<StackKey>(), 32);
+        assert_eq!(size_of::<StackKey>(), 40);
         assert_eq!(size_of::<InstructionKey>(), 16);
         assert_eq!(size_of::<DataLineKey>(), 32);
         assert_eq!(size_of::<LatencyKey>(), 16);
@@ -532,9 +543,10 @@ mod tests {
         assert_eq!(size_of::<SampleStats>(), 32);
         assert_eq!(size_of::<KernelOffsets>(), 56);
         assert_eq!(size_of::<CaptureConfig>(), 88);
+        assert_eq!(size_of::<crate::stack::StackFrames>(), 1024);
         assert_eq!(size_of::<RawDecoding>(), 16);
         assert_eq!(size_of::<IbsRecord>(), 120);
-        assert_eq!(size_of::<RawSample>(), 88);
+        assert_eq!(size_of::<RawSample>(), 96);
     }
 
     #[test]

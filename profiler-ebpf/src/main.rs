@@ -1,6 +1,10 @@
 //! The capture program: runs on every perf counter overflow, records who was running where, and
 //! aggregates in per-CPU maps that the agent drains.
 //!
+//! Call stacks are content-addressed: each is written into a per-CPU frames buffer, named by the
+//! hash of its frames, and stored once in the stack-frames map (both generations share it);
+//! samples are counted under the hashes.
+//!
 //! Every map the agent drains exists twice (generation 0 and 1). The program writes to the
 //! generation named in `CONTROL`; the agent flips it, waits until no program is still writing the
 //! old one (`INFLIGHT`), drains the old one and clears it. Nothing written during a drain is lost
@@ -18,8 +22,8 @@ use aya_ebpf::{
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{map, perf_event},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
-    programs::{tracing::StackIdContext, PerfEventContext},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::PerfEventContext,
     EbpfContext,
 };
 use profiler_common::{
@@ -29,10 +33,13 @@ use profiler_common::{
         RawSample, SampleStats, StackKey, ACCESS_UNKNOWN, CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES,
         CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS,
         CAPTURE_RAW, CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES,
-        IBS_PAYLOAD_MIN_BYTES, LOST_STACK, MAX_EVENTS, NO_STACK, OFFSETS_SAMPLE_FLAGS,
+        IBS_PAYLOAD_MIN_BYTES, MAX_EVENTS, OFFSETS_SAMPLE_FLAGS,
     },
     hw::ibs::IbsOpSample,
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
+    stack::{
+        intern, Refused, StackFrames, StackLoss, StackStore, LOST_STACK, MAX_STACK_DEPTH, NO_STACK,
+    },
 };
 
 /// Read-only options and kernel offsets, set by the agent at load time.
@@ -40,10 +47,13 @@ use profiler_common::{
 static CAPTURE_CONFIG: CaptureConfig = CaptureConfig::EMPTY;
 
 // Sizes here are defaults; the agent sets the real ones from its options before loading.
+/// Stack hash -> frames, for every stack the agent has not taken into its stack cache yet.
+/// Inserted only when new; only the agent deletes (after copying).
 #[map]
-static STACKS_0: StackTrace = StackTrace::with_max_entries(16384, 0);
+static STACK_FRAMES: HashMap<u64, StackFrames> = HashMap::with_max_entries(32768, 0);
+/// Per-CPU frames buffer: a stack is captured here, then interned from here.
 #[map]
-static STACKS_1: StackTrace = StackTrace::with_max_entries(16384, 0);
+static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static STACK_COUNTS_0: PerCpuHashMap<StackKey, u64> = PerCpuHashMap::with_max_entries(16384, 0);
 #[map]
@@ -124,7 +134,6 @@ const EFAULT: i64 = 14;
 /// The maps of one generation.
 struct Generation {
     index: u32,
-    stacks: &'static StackTrace,
     stack_counts: &'static PerCpuHashMap<StackKey, u64>,
     instructions: &'static PerCpuHashMap<InstructionKey, SampleStats>,
     data_lines: &'static PerCpuHashMap<DataLineKey, SampleStats>,
@@ -247,7 +256,6 @@ fn capture(ctx: &PerfEventContext) {
     let maps = if generation == 0 {
         Generation {
             index: 0,
-            stacks: &STACKS_0,
             stack_counts: &STACK_COUNTS_0,
             instructions: &INSTRUCTIONS_0,
             data_lines: &DATA_LINES_0,
@@ -258,7 +266,6 @@ fn capture(ctx: &PerfEventContext) {
     } else {
         Generation {
             index: 1,
-            stacks: &STACKS_1,
             stack_counts: &STACK_COUNTS_1,
             instructions: &INSTRUCTIONS_1,
             data_lines: &DATA_LINES_1,
@@ -511,26 +518,117 @@ fn event_index(perf_event: u64, config: &CaptureConfig) -> Option<u32> {
     }
 }
 
-#[inline(always)]
-fn stack_id(
-    ctx: &PerfEventContext,
-    maps: &Generation,
-    flags: u64,
+/// The stack-frames map as interning sees it.
+struct FramesMap;
+
+impl StackStore for FramesMap {
+    #[inline(always)]
+    fn stored(&self, hash: u64) -> Option<&StackFrames> {
+        // SAFETY: the value is only read, and only the agent deletes entries (see
+        // `profiler_common::stack::intern` on what a concurrent take means).
+        unsafe { STACK_FRAMES.get(&hash) }
+    }
+
+    #[inline(always)]
+    fn insert_new(&self, hash: u64, frames: &StackFrames) -> Result<(), Refused> {
+        match STACK_FRAMES.insert(&hash, frames, BPF_NOEXIST as u64) {
+            Ok(()) => Ok(()),
+            Err(e) if -i64::from(e) == EEXIST => Err(Refused::Exists),
+            Err(_) => Err(Refused::Full),
+        }
+    }
+}
+
+/// What a stack that could not be kept is counted as.
+struct StackLosses {
     collision: LossKind,
+    full: LossKind,
     failed: LossKind,
-) -> i32 {
-    match ctx.get_stackid(maps.stacks, flags) {
-        Ok(id) => id as i32,
-        // No frames: a kernel thread has no user stack, a user-mode sample no kernel stack.
-        Err(e) if -(e as i64) == EFAULT => NO_STACK,
-        Err(e) => {
-            lose(if -(e as i64) == EEXIST {
-                collision
-            } else {
-                failed
-            });
+}
+
+/// Captures the stack `flags` selects into this CPU's frames buffer with `bpf_get_stack`; `None`
+/// when there is none (a kernel thread has no user stack, a user-mode sample no kernel stack),
+/// `Err` when it could not be read (counted as `failed`).
+#[inline(always)]
+fn capture_stack(
+    ctx: &PerfEventContext,
+    flags: u64,
+    failed: LossKind,
+) -> Result<Option<&'static StackFrames>, ()> {
+    let Some(buffer) = STACK_SCRATCH.get_ptr_mut(0) else {
+        lose(failed);
+        return Err(());
+    };
+    // SAFETY: `buffer` is this CPU's frames buffer, `MAX_STACK_DEPTH` frames long; programs do
+    // not nest on one CPU, so nothing else writes it meanwhile.
+    let bytes = unsafe {
+        aya_ebpf::helpers::generated::bpf_get_stack(
+            ctx.as_ptr(),
+            core::ptr::addr_of_mut!((*buffer).frames) as *mut core::ffi::c_void,
+            (MAX_STACK_DEPTH * 8) as u32,
+            flags,
+        )
+    };
+    if bytes < 0 {
+        if -bytes == EFAULT {
+            return Ok(None);
+        }
+        lose(failed);
+        return Err(());
+    }
+    let depth = bytes as u64 / 8;
+    if depth == 0 {
+        return Ok(None);
+    }
+    // SAFETY: as above.
+    unsafe {
+        (*buffer).depth = depth;
+        Ok(Some(&*buffer))
+    }
+}
+
+/// Interns the frames buffer `frames` into the stack-frames map: the stack's hash, or
+/// `LOST_STACK` (counted) when a different stack has its hash or the map has no room. Whatever
+/// fills a frames buffer (`bpf_get_stack` here, an unwinder of its own) ends here.
+#[inline(always)]
+fn intern_frames(
+    config: &CaptureConfig,
+    generation: u32,
+    frames: &StackFrames,
+    losses: &StackLosses,
+) -> u64 {
+    match intern(&FramesMap, frames) {
+        Ok(interned) => {
+            if interned.new {
+                count_new_keys(config, generation, Fill::StackFrames, 1);
+            }
+            interned.hash
+        }
+        Err(StackLoss::HashCollision) => {
+            lose(losses.collision);
             LOST_STACK
         }
+        Err(StackLoss::Full) => {
+            lose(losses.full);
+            LOST_STACK
+        }
+    }
+}
+
+/// The hash of the stack `flags` selects: `NO_STACK` when there is none, `LOST_STACK` (counted)
+/// when it could not be kept.
+#[inline(always)]
+fn stack_hash(
+    ctx: &PerfEventContext,
+    config: &CaptureConfig,
+    generation: u32,
+    flags: u64,
+    losses: &StackLosses,
+) -> u64 {
+    match capture_stack(ctx, flags, losses.failed) {
+        Ok(Some(frames)) => intern_frames(config, generation, frames, losses),
+        Ok(None) => NO_STACK,
+        Err(()) => LOST_STACK,
     }
 }
 
@@ -589,24 +687,22 @@ fn record(
     let ip = unsafe { (*ctx.ctx).regs.rip };
 
     let user_stack = if config.flags & CAPTURE_USER_STACKS != 0 {
-        stack_id(
-            ctx,
-            maps,
-            BPF_F_USER_STACK as u64,
-            LossKind::UserStackCollision,
-            LossKind::UserStackFailed,
-        )
+        let losses = StackLosses {
+            collision: LossKind::UserStackHashCollision,
+            full: LossKind::UserStackFramesFull,
+            failed: LossKind::UserStackFailed,
+        };
+        stack_hash(ctx, config, maps.index, BPF_F_USER_STACK as u64, &losses)
     } else {
         NO_STACK
     };
     let kernel_stack = if config.flags & CAPTURE_KERNEL_STACKS != 0 {
-        stack_id(
-            ctx,
-            maps,
-            0,
-            LossKind::KernelStackCollision,
-            LossKind::KernelStackFailed,
-        )
+        let losses = StackLosses {
+            collision: LossKind::KernelStackHashCollision,
+            full: LossKind::KernelStackFramesFull,
+            failed: LossKind::KernelStackFailed,
+        };
+        stack_hash(ctx, config, maps.index, 0, &losses)
     } else {
         NO_STACK
     };
@@ -615,9 +711,9 @@ fn record(
         pid,
         tid,
         event,
+        _pad: 0,
         user_stack,
         kernel_stack,
-        _pad: 0,
         cgroup,
     };
     if bump(
@@ -775,8 +871,8 @@ fn stream(
     tid: u32,
     cgroup: u64,
     event: u32,
-    user_stack: i32,
-    kernel_stack: i32,
+    user_stack: u64,
+    kernel_stack: u64,
     data: &SampleData,
 ) {
     let Some(mut entry) = RAW_SAMPLES.reserve::<RawSample>(0) else {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::{hardware::HardwareArgs, report::ViewArgs};
+use crate::{capture::program::DEFAULT_STACKS, hardware::HardwareArgs, report::ViewArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -104,8 +104,9 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..=MAX_DRAIN_INTERVAL_MS))]
     pub drain_interval: u64,
-    /// Entries of the stack map (per generation): more entries, fewer hash collisions.
-    #[arg(long, value_name = "N", default_value_t = 16384, value_parser = map_entries)]
+    /// Distinct call stacks the kernel holds until the agent takes them into its stack cache
+    /// (1 KiB each); the agent empties the map before it fills.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_STACKS, value_parser = map_entries)]
     pub stack_map_entries: u32,
     /// Entries of the sample maps (stacks, instructions, data cache lines) per generation.
     #[arg(long, value_name = "N", default_value_t = 16384, value_parser = map_entries)]

@@ -498,6 +498,9 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
     if config.flags & (CAPTURE_FILTER_CGROUP | CAPTURE_FILTER_UID) == 0 {
         accounting.event_counts = event_counts(&mut counters, options.events.len())?;
     }
+    for (total, counted) in accounting.losses.iter_mut().zip(drained.losses) {
+        *total += counted;
+    }
     if let Some(stream) = &mut ibs {
         stream.finish(&mut drained.ibs)?;
         accounting.losses[LossKind::IbsRegistersUnreadable as usize] += stream.unreadable();
@@ -509,6 +512,8 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         map_bytes,
         drain_time: drainer.drain_time,
         drains: drainer.drains,
+        stacks_cached: drained.stack_cache.distinct() as u64,
+        stacks_read: drainer.frames_map.read,
         raw_samples_written: raw.as_ref().map_or(0, RawStream::written),
     };
     let ending = shutdown.ending(stop);

@@ -327,7 +327,7 @@ fn a_map_the_kernel_cannot_allocate_is_named_with_its_option() {
         &[
             "record",
             "--stack-map-entries",
-            "200000000",
+            "100000000",
             "--",
             "/bin/true",
         ],
@@ -335,7 +335,7 @@ fn a_map_the_kernel_cannot_allocate_is_named_with_its_option() {
         Duration::from_secs(30),
     );
     assert!(
-        stderr.contains("the kernel could not allocate BPF map `STACKS_")
+        stderr.contains("the kernel could not allocate BPF map `STACK_FRAMES`")
             && stderr.contains("(ENOMEM): lower --stack-map-entries"),
         "{stderr}"
     );

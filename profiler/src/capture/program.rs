@@ -5,7 +5,7 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
+    maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::PerfEvent,
     Ebpf, EbpfError, EbpfLoader,
 };
@@ -16,6 +16,7 @@ use profiler_common::{
         LineLatencyKey, RawDecoding, SampleStats, StackKey,
     },
     latency::LatencyBuckets,
+    stack::StackFrames,
 };
 
 /// The capture program, built from `profiler-ebpf/` by build.rs.
@@ -26,7 +27,8 @@ const PROGRAM_NAME: &str = "on_overflow";
 /// Entries of each in-kernel map. Per-CPU maps hold one value per possible CPU for each entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapSizes {
-    /// Distinct call stacks per generation.
+    /// Distinct call stacks the kernel holds until the agent takes them (the stack-frames map,
+    /// shared by both generations; 1 KiB each).
     pub stacks: u32,
     /// Distinct (thread, event, stacks) per generation.
     pub stack_counts: u32,
@@ -39,6 +41,10 @@ pub struct MapSizes {
     /// Bytes of the IBS register ring buffer; a power of two.
     pub ibs_ring_bytes: u32,
 }
+
+/// Default entries of the stack-frames map: the memory the two generations' 16,384-entry
+/// stack-trace maps took before stacks were content-addressed.
+pub const DEFAULT_STACKS: u32 = 32768;
 
 /// The smallest ring buffer the kernel takes: one page.
 const SMALLEST_RING_BYTES: u32 = 4096;
@@ -70,6 +76,7 @@ impl MapSizes {
             Fill::Instructions => self.instructions,
             Fill::DataLines | Fill::DataSources => self.data_lines,
             Fill::Histograms => self.latencies,
+            Fill::StackFrames => self.stacks,
         }
     }
 
@@ -86,7 +93,7 @@ impl MapSizes {
 impl Default for MapSizes {
     fn default() -> Self {
         MapSizes {
-            stacks: 16384,
+            stacks: DEFAULT_STACKS,
             stack_counts: 16384,
             instructions: 16384,
             data_lines: 16384,
@@ -110,7 +117,6 @@ pub enum Ring {
 
 /// The maps of one generation, drained together.
 pub struct GenerationMaps {
-    pub stacks: StackTraceMap<MapData>,
     pub stack_counts: PerCpuHashMap<MapData, StackKey, u64>,
     pub instructions: PerCpuHashMap<MapData, InstructionKey, SampleStats>,
     pub data_lines: PerCpuHashMap<MapData, DataLineKey, SampleStats>,
@@ -122,6 +128,8 @@ pub struct GenerationMaps {
 pub struct CaptureProgram {
     ebpf: Ebpf,
     pub generations: [GenerationMaps; 2],
+    /// Stack hash -> frames of the stacks the agent has not taken yet.
+    pub stack_frames: HashMap<MapData, u64, StackFrames>,
     pub control: Array<MapData, u32>,
     pub inflight: PerCpuArray<MapData, u64>,
     pub new_keys: PerCpuArray<MapData, u64>,
@@ -148,7 +156,6 @@ fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
 
 fn take_generation(ebpf: &mut Ebpf, generation: usize) -> Result<GenerationMaps> {
     Ok(GenerationMaps {
-        stacks: take(ebpf, &format!("STACKS_{generation}"))?,
         stack_counts: take(ebpf, &format!("STACK_COUNTS_{generation}"))?,
         instructions: take(ebpf, &format!("INSTRUCTIONS_{generation}"))?,
         data_lines: take(ebpf, &format!("DATA_LINES_{generation}"))?,
@@ -227,7 +234,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// The option that sizes a map of the capture program.
 fn size_option(map: &str) -> &'static str {
     match map.trim_end_matches(|c: char| c == '_' || c.is_ascii_digit()) {
-        "STACKS" => "--stack-map-entries",
+        "STACK_FRAMES" => "--stack-map-entries",
         "LATENCIES" | "LINE_LATENCIES" => "--latency-map-entries",
         "RAW_SAMPLES" | "IBS_SAMPLES" => "--ring-buffer-kib",
         _ => "--map-entries",
@@ -260,7 +267,6 @@ impl CaptureProgram {
                 Box::leak(format!("{name}_{generation}").into_boxed_str())
             };
             loader
-                .map_max_entries(size("STACKS"), sizes.stacks)
                 .map_max_entries(size("STACK_COUNTS"), sizes.stack_counts)
                 .map_max_entries(size("INSTRUCTIONS"), sizes.instructions)
                 .map_max_entries(size("DATA_LINES"), sizes.data_lines)
@@ -269,6 +275,7 @@ impl CaptureProgram {
                 .map_max_entries(size("DATA_SOURCES"), sizes.data_lines);
         }
         loader
+            .map_max_entries("STACK_FRAMES", sizes.stacks)
             .map_max_entries("RAW_SAMPLES", sizes.ring_buffer_bytes)
             .map_max_entries("IBS_SAMPLES", sizes.ibs_ring_bytes);
         let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(load_error)?;
@@ -286,6 +293,7 @@ impl CaptureProgram {
         ];
         Ok(CaptureProgram {
             generations,
+            stack_frames: take(&mut ebpf, "STACK_FRAMES")?,
             control: take(&mut ebpf, "CONTROL")?,
             inflight: take(&mut ebpf, "INFLIGHT")?,
             new_keys: take(&mut ebpf, "NEW_KEYS")?,

@@ -60,8 +60,8 @@ pub struct RawStream {
     kernel_addresses: bool,
 }
 
-/// One sample as a JSON line. Stack ids are left out: they index maps the drain clears; the
-/// stacks themselves are in the profile. Unless `kernel_addresses`, kernel instruction and data
+/// One sample as a JSON line. Stack hashes are left out: the profile keeps the stacks
+/// themselves, not their hashes. Unless `kernel_addresses`, kernel instruction and data
 /// addresses are written as 0, and physical addresses too (the kernel hides page frames from
 /// the same users).
 pub fn json_line(sample: &RawSample, kernel_addresses: bool) -> String {

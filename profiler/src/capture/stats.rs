@@ -16,6 +16,11 @@ pub struct CaptureStats {
     pub map_bytes: u64,
     pub drain_time: Duration,
     pub drains: u32,
+    /// Distinct call stacks in the agent's stack cache, and stacks read from the kernel's
+    /// stack-frames map to fill it (each new stack once, plus the stacks seen again after the
+    /// map was emptied).
+    pub stacks_cached: u64,
+    pub stacks_read: u64,
     pub raw_samples_written: u64,
 }
 
@@ -54,6 +59,11 @@ impl CaptureStats {
             self.drain_time.as_secs_f64() * 1e3,
             self.drain_time.as_secs_f64() * 1e3 / f64::from(drains)
         );
+        let _ = writeln!(
+            out,
+            "  stacks: {} distinct, {} read from the kernel",
+            self.stacks_cached, self.stacks_read
+        );
         if self.raw_samples_written > 0 {
             let _ = writeln!(out, "  raw samples written: {}", self.raw_samples_written);
         }
@@ -85,6 +95,8 @@ mod tests {
             map_bytes: 3 * 1024 * 1024,
             drain_time: Duration::from_millis(10),
             drains: 4,
+            stacks_cached: 120,
+            stacks_read: 130,
             raw_samples_written: 0,
         };
         assert_eq!(stats.ns_per_sample(), Some(1250.0));
@@ -92,5 +104,6 @@ mod tests {
         assert!(text.contains("1250 ns per sample over 1000 runs (50.0% of the kernel's 2500 ns"));
         assert!(text.contains("3.0 MiB locked"));
         assert!(text.contains("drains: 4 taking 10.0 ms in all, 2.50 ms each"));
+        assert!(text.contains("stacks: 120 distinct, 130 read from the kernel"));
     }
 }

@@ -1,4 +1,4 @@
-//! Reading and clearing a whole per-CPU hash map in a few system calls
+//! Reading and clearing a whole hash map in a few system calls
 //! (`BPF_MAP_LOOKUP_AND_DELETE_BATCH`, Linux 5.6) instead of three per entry: a drain must clear
 //! a generation faster than the program fills the other one, and at hundreds of thousands of
 //! new keys per second (a page fault per fresh page) one syscall per entry is not.
@@ -11,7 +11,7 @@ use std::{
 };
 
 use aya::{
-    maps::{IterableMap, MapData, PerCpuHashMap},
+    maps::{HashMap, IterableMap, MapData, PerCpuHashMap},
     Pod,
 };
 
@@ -46,12 +46,36 @@ pub fn take_all_batched<K: Pod, V: Pod>(
     map: &PerCpuHashMap<MapData, K, V>,
     cpus: usize,
 ) -> io::Result<Option<PerCpuEntries<K, V>>> {
-    let fd = IterableMap::<K, _>::map(map).fd().as_fd().as_raw_fd();
     // The kernel lays per-CPU values out at 8-byte strides.
     let stride = std::mem::size_of::<V>().next_multiple_of(8);
+    take_batched(IterableMap::<K, _>::map(map), cpus, stride)
+}
+
+/// Every entry of the (not per-CPU) hash map `map`, deleted from the map; `Ok(None)` as for
+/// [`take_all_batched`].
+pub fn take_all_shared_batched<K: Pod, V: Pod>(
+    map: &HashMap<MapData, K, V>,
+) -> io::Result<Option<Vec<(K, V)>>> {
+    let entries = take_batched(IterableMap::<K, V>::map(map), 1, std::mem::size_of::<V>())?;
+    Ok(entries.map(|entries| {
+        entries
+            .into_iter()
+            .filter_map(|(key, values)| Some((key, values.into_iter().next()?)))
+            .collect()
+    }))
+}
+
+/// The batch loop: `cpus` values of `V` per entry (one for a map that is not per-CPU), `stride`
+/// bytes apart.
+fn take_batched<K: Pod, V: Pod>(
+    map: &MapData,
+    cpus: usize,
+    stride: usize,
+) -> io::Result<Option<PerCpuEntries<K, V>>> {
+    let fd = map.fd().as_fd().as_raw_fd();
     // No batch need hold more than the map can: a map of a few thousand entries gets buffers of
     // that size, not BATCH_VALUE_BYTES, on every drain.
-    let entries = IterableMap::<K, _>::map(map)
+    let entries = map
         .info()
         .map_or(usize::MAX, |info| info.max_entries() as usize);
     let mut chunk = (BATCH_VALUE_BYTES / (stride * cpus).max(1)).clamp(1, entries.max(1));

@@ -3,10 +3,12 @@
 //! The program writes one generation of maps while the agent drains the other: flip the
 //! generation, wait until no program run on any CPU is still inside the old one, then read and
 //! clear it. A sample lands in exactly one generation and each generation is read once per flip,
-//! so nothing is lost or counted twice.
+//! so nothing is lost or counted twice. Call stacks are counted by hash; their frames come from
+//! the stack cache ([`stacks`]).
 
 mod batch;
 pub mod ibs;
+pub mod stacks;
 
 use std::{
     collections::HashMap,
@@ -22,10 +24,11 @@ use aya::{
 use profiler_common::{
     capture::{
         fill_index, DataLineKey, DataSourceKey, Fill, InstructionKey, LatencyKey, LineLatencyKey,
-        LossKind, SampleStats, StackKey, CONTROL_GENERATION, LOST_STACK,
+        LossKind, SampleStats, StackKey, CONTROL_GENERATION,
     },
     latency::{LatencyBuckets, LATENCY_BUCKETS},
 };
+use stacks::{FramesMap, StackCache};
 
 use crate::{
     capture::{
@@ -35,17 +38,16 @@ use crate::{
     hardware::HardwareAccumulator,
 };
 
-/// A call stack of one thread and event as drained: raw instruction pointers, leaf first.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// The call stacks of one thread and event as drained, by hash: their frames are in
+/// [`Drained::stack_cache`]; `NO_STACK` and `LOST_STACK` as the program counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DrainedStack {
     pub pid: u32,
     pub tid: u32,
     pub event: u32,
     pub cgroup: u64,
-    pub user: Vec<u64>,
-    pub kernel: Vec<u64>,
-    pub user_lost: bool,
-    pub kernel_lost: bool,
+    pub user: u64,
+    pub kernel: u64,
 }
 
 /// Everything drained so far, at address level, merged over drains.
@@ -53,6 +55,10 @@ pub struct DrainedStack {
 pub struct Drained {
     /// Samples per stack, per CPU.
     pub stacks: HashMap<DrainedStack, Vec<u64>>,
+    /// The frames of every stack hash in `stacks`.
+    pub stack_cache: StackCache,
+    /// Losses the agent counted itself: samples under a stack hash a take found ambiguous.
+    pub losses: [u64; LossKind::COUNT],
     pub instructions: HashMap<InstructionKey, SampleStats>,
     pub data_lines: HashMap<DataLineKey, (SampleStats, Vec<u64>)>,
     /// Counts per latency bucket, per instruction.
@@ -97,10 +103,6 @@ impl Accounting {
     }
 }
 
-/// Callchains taken from perf's own sample data carry context markers (PERF_CONTEXT_KERNEL,
-/// PERF_CONTEXT_USER, ...), all at or above this value; they are not addresses.
-const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
-
 /// How long a drain may wait for programs to leave the old generation before giving up: a
 /// program run takes microseconds, so this only trips when something is badly wrong.
 const QUIESCENCE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -111,6 +113,8 @@ pub struct Drainer {
     sizes: MapSizes,
     /// The program's requests to check the fills, between the agent's own checks.
     requests: KernelRing,
+    /// What the kernel's stack-frames map holds.
+    pub frames_map: FramesMap,
     /// Drains done so far, and the time they took.
     pub drains: u32,
     pub drain_time: Duration,
@@ -123,6 +127,7 @@ impl Drainer {
             active: 0,
             sizes,
             requests: KernelRing::new(program.take_ring(Ring::DrainRequests)?)?,
+            frames_map: FramesMap::new(sizes.stacks),
             drains: 0,
             drain_time: Duration::ZERO,
         })
@@ -139,7 +144,17 @@ impl Drainer {
             .context("switching the capture generation")?;
         self.active = new;
         wait_until_left(program, old)?;
-        drain_generation(&mut program.generations[old as usize], into)?;
+        let counts = drain_generation(&mut program.generations[old as usize], into)?;
+        self.frames_map
+            .stored_in_drained_generation(new_keys(program, old, Fill::StackFrames)?);
+        let active = new_keys(program, new, Fill::StackFrames)?;
+        self.frames_map.read_new_stacks(
+            &mut program.stack_frames,
+            &counts,
+            active,
+            &mut into.stack_cache,
+        )?;
+        add_stack_counts(counts, into);
         // The drained generation starts empty again; nothing writes it until the next flip.
         let cpus = nr_cpus().map_err(|(what, e)| anyhow::anyhow!("counting CPUs ({what}): {e}"))?;
         for fill in Fill::ALL {
@@ -160,8 +175,9 @@ impl Drainer {
         self.requests.readable().await
     }
 
-    /// Drains now when any map of the generation being written is a quarter full, rather than
-    /// lose samples to a full map before the next drain (a drain can wait for the CPU on a busy
+    /// Drains now when any map of the generation being written, or the stack-frames map, is a
+    /// quarter full (the drain then empties the frames map), rather than lose samples or stacks
+    /// to a full map before the next drain (a drain can wait for the CPU on a busy
     /// machine, and the program goes on filling meanwhile); whether it drained.
     pub fn drain_if_filling(
         &mut self,
@@ -172,7 +188,12 @@ impl Drainer {
         while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
         let mut filling = false;
         for fill in Fill::ALL {
-            filling |= self.fill(program, fill)? * 4 > u64::from(self.sizes.entries(fill));
+            let created = new_keys(program, self.active, fill)?;
+            filling |= match fill {
+                // Shared by the generations: what earlier ones stored counts too.
+                Fill::StackFrames => self.frames_map.filling(created),
+                _ => created * 4 > u64::from(self.sizes.entries(fill)),
+            };
         }
         if filling {
             self.drain(program, into)?;
@@ -180,22 +201,22 @@ impl Drainer {
         Ok(filling)
     }
 
-    /// Entries the generation being written has created so far in the maps of `fill` (an
-    /// upper bound: one key created on two CPUs counts twice).
-    fn fill(&self, program: &CaptureProgram, fill: Fill) -> Result<u64> {
-        Ok(program
-            .new_keys
-            .get(&fill_index(self.active, fill), 0)
-            .context("reading the capture's fill counters")?
-            .iter()
-            .sum())
-    }
-
     /// Drains both generations: after the counters are disabled, this collects everything.
     pub fn drain_all(&mut self, program: &mut CaptureProgram, into: &mut Drained) -> Result<()> {
         self.drain(program, into)?;
         self.drain(program, into)
     }
+}
+
+/// Entries `generation` has created so far in the maps of `fill` (an upper bound for per-CPU
+/// maps: one key created on two CPUs counts twice).
+fn new_keys(program: &CaptureProgram, generation: u32, fill: Fill) -> Result<u64> {
+    Ok(program
+        .new_keys
+        .get(&fill_index(generation, fill), 0)
+        .context("reading the capture's fill counters")?
+        .iter()
+        .sum())
 }
 
 /// Waits until no program run is inside `generation` on any CPU.
@@ -240,52 +261,13 @@ fn take_all<K: aya::Pod + Eq + std::hash::Hash, V: aya::Pod>(
     Ok(entries)
 }
 
-fn drain_generation(maps: &mut GenerationMaps, into: &mut Drained) -> Result<()> {
+/// Drains every map of a generation into `into` but the stack counts, which it returns: their
+/// stacks must be read first.
+fn drain_generation(
+    maps: &mut GenerationMaps,
+    into: &mut Drained,
+) -> Result<batch::PerCpuEntries<StackKey, u64>> {
     let counts = take_all(&mut maps.stack_counts)?;
-    let mut traces: HashMap<i32, Vec<u64>> = HashMap::new();
-    for (key, _) in &counts {
-        for id in [key.user_stack, key.kernel_stack] {
-            if id >= 0 && !traces.contains_key(&id) {
-                let frames = match maps.stacks.get(&(id as u32), 0) {
-                    Ok(trace) => trace
-                        .frames()
-                        .iter()
-                        .map(|frame| frame.ip)
-                        .filter(|ip| *ip < PERF_CONTEXT_MAX)
-                        .collect(),
-                    Err(e) => return Err(e).context("reading a stack trace"),
-                };
-                traces.insert(id, frames);
-            }
-        }
-    }
-    let stack_ids: Vec<u32> = maps.stacks.stack_ids().filter_map(|id| id.ok()).collect();
-    for id in stack_ids {
-        maps.stacks.remove(&id).context("clearing the stack map")?;
-    }
-    for (key, per_cpu) in counts {
-        let StackKey {
-            pid,
-            tid,
-            event,
-            user_stack,
-            kernel_stack,
-            cgroup,
-            ..
-        } = key;
-        let frames = |id: i32| traces.get(&id).cloned().unwrap_or_default();
-        let stack = DrainedStack {
-            pid,
-            tid,
-            event,
-            cgroup,
-            user: frames(user_stack),
-            kernel: frames(kernel_stack),
-            user_lost: user_stack == LOST_STACK,
-            kernel_lost: kernel_stack == LOST_STACK,
-        };
-        add_per_cpu(into.stacks.entry(stack).or_default(), &per_cpu);
-    }
     for (key, per_cpu) in take_all(&mut maps.instructions)? {
         let stats = into.instructions.entry(key).or_default();
         per_cpu.iter().for_each(|cpu| stats.merge(cpu));
@@ -304,7 +286,44 @@ fn drain_generation(maps: &mut GenerationMaps, into: &mut Drained) -> Result<()>
         &mut into.line_latencies,
         take_all(&mut maps.line_latencies)?,
     );
-    Ok(())
+    Ok(counts)
+}
+
+/// Adds drained stack counts, whose stacks are all in the stack cache, to the totals.
+fn add_stack_counts(counts: batch::PerCpuEntries<StackKey, u64>, into: &mut Drained) {
+    for (key, per_cpu) in counts {
+        let StackKey {
+            pid,
+            tid,
+            event,
+            user_stack,
+            kernel_stack,
+            cgroup,
+            ..
+        } = key;
+        let stack = DrainedStack {
+            pid,
+            tid,
+            event,
+            cgroup,
+            user: into.stack_cache.resolve(user_stack),
+            kernel: into.stack_cache.resolve(kernel_stack),
+        };
+        let samples: u64 = per_cpu.iter().sum();
+        for (hash, resolved, kind) in [
+            (user_stack, stack.user, LossKind::UserStackHashCollision),
+            (
+                kernel_stack,
+                stack.kernel,
+                LossKind::KernelStackHashCollision,
+            ),
+        ] {
+            if resolved != hash {
+                into.losses[kind as usize] += samples;
+            }
+        }
+        add_per_cpu(into.stacks.entry(stack).or_default(), &per_cpu);
+    }
 }
 
 /// Adds drained per-CPU latency histograms to the totals.

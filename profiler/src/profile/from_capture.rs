@@ -3,11 +3,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use profiler_common::{capture::LossKind, hw::data_src::DataSource};
+use profiler_common::{capture::LossKind, hw::data_src::DataSource, stack::LOST_STACK};
 
 use super::{
-    DataAccess, DataLineSample, EventInfo, HardwareProfile, InstructionSample, LatencyHistogram,
-    LineLatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats, ThreadInfo,
+    DataAccess, DataLineSample, EventInfo, FrameId, HardwareProfile, InstructionSample,
+    LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats,
+    ThreadInfo,
 };
 use crate::{
     capture::sideband::ProcessTable,
@@ -95,9 +96,17 @@ pub fn assemble(
 ) -> Profile {
     let mut table = FrameTable::new(processes);
     let mut addresses = Vec::new();
-    for stack in drained.stacks.keys() {
-        addresses.extend(lookup_addresses(0, &stack.kernel));
-        addresses.extend(lookup_addresses(stack.pid, &stack.user));
+    let cache = &drained.stack_cache;
+    // Each distinct stack once: a kernel stack is the same code in every process, a user stack
+    // the same code within one.
+    let kernel_stacks: BTreeSet<u64> = drained.stacks.keys().map(|s| s.kernel).collect();
+    let user_stacks: BTreeSet<(u32, u64)> =
+        drained.stacks.keys().map(|s| (s.pid, s.user)).collect();
+    for hash in &kernel_stacks {
+        addresses.extend(lookup_addresses(0, cache.frames(*hash)));
+    }
+    for (pid, hash) in &user_stacks {
+        addresses.extend(lookup_addresses(*pid, cache.frames(*hash)));
     }
     let code = CodeAddress::sampled;
     addresses.extend(drained.instructions.keys().map(|k| code(k.pid, k.ip)));
@@ -120,6 +129,24 @@ pub fn assemble(
     addresses.extend(hardware.code_addresses());
     table.resolve(addresses);
 
+    // Symbolized once per distinct stack, however many threads and events share it.
+    let kernel_frames: HashMap<u64, Vec<FrameId>> = kernel_stacks
+        .into_iter()
+        .map(|hash| {
+            let frames = lookup_addresses(0, cache.frames(hash));
+            (hash, frames.map(|address| table.frame(address)).collect())
+        })
+        .collect();
+    let user_frames: HashMap<(u32, u64), Vec<FrameId>> = user_stacks
+        .into_iter()
+        .map(|(pid, hash)| {
+            let frames = lookup_addresses(pid, cache.frames(hash));
+            (
+                (pid, hash),
+                frames.map(|address| table.frame(address)).collect(),
+            )
+        })
+        .collect();
     let mut stacks: Vec<StackSample> = drained
         .stacks
         .iter()
@@ -128,12 +155,13 @@ pub fn assemble(
             tid: stack.tid,
             event: stack.event,
             cgroup: stack.cgroup,
-            frames: lookup_addresses(0, &stack.kernel)
-                .chain(lookup_addresses(stack.pid, &stack.user))
-                .map(|address| table.frame(address))
-                .collect(),
-            user_stack_lost: stack.user_lost,
-            kernel_stack_lost: stack.kernel_lost,
+            frames: [
+                kernel_frames[&stack.kernel].as_slice(),
+                user_frames[&(stack.pid, stack.user)].as_slice(),
+            ]
+            .concat(),
+            user_stack_lost: stack.user == LOST_STACK,
+            kernel_stack_lost: stack.kernel == LOST_STACK,
             count: per_cpu.iter().sum(),
             per_cpu: per_cpu.clone(),
         })

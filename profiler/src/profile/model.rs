@@ -162,7 +162,7 @@ pub struct StackSample {
     pub cgroup: u64,
     /// Frames leaf first: kernel frames (if any) then user frames.
     pub frames: Vec<FrameId>,
-    /// Whether the user/kernel parts were lost (collision or failure, counted in losses).
+    /// Whether the user/kernel parts were lost (counted in losses by cause).
     pub user_stack_lost: bool,
     pub kernel_stack_lost: bool,
     pub count: u64,

@@ -162,13 +162,6 @@ pub fn record_page_faults(file: &std::path::Path, options: &[&str], args: &[&str
     profiler(&all)
 }
 
-/// Stack-map hash collisions (two stacks in one bucket of the kernel's STACK_TRACE map) can
-/// drop a stack, never a sample, at any map size: they end with content-addressed stacks.
-pub const STACK_COLLISIONS: [&str; 2] = [
-    "user stacks lost: stack-map hash collision",
-    "kernel stacks lost: stack-map hash collision",
-];
-
 /// Every loss counter of a profile but those named in `explained`, asserted zero, so a new
 /// kind cannot hide.
 pub fn assert_no_losses(profile: &profiler::profile::Profile, explained: &[&str]) {

@@ -364,8 +364,8 @@ mod tests {
         let json = r#"{"events":[{"samples":980,"samples_fired":1000}],
             "losses":{"samples lost: stack-count map full":15,
                       "samples lost: unregistered perf event":0,
-                      "user stacks lost: stack-map hash collision":7,
-                      "kernel stacks lost: stack map full or unreadable":2,
+                      "user stacks lost: another stack has the same hash":7,
+                      "kernel stacks lost: stack-frames map full":2,
                       "raw stream: ring buffer full":4}}"#;
         assert_eq!(
             ours_counts(json).unwrap(),
