@@ -8,3 +8,4 @@
 pub mod capture;
 pub mod hw;
 pub mod latency;
+pub mod unwind;
