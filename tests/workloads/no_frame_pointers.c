@@ -64,7 +64,7 @@ __attribute__((noinline)) static void work(double seconds) {
 
 static void on_alarm(int signal) {
     (void)signal;
-    for (int i = 0; i < 64; i++)
+    for (int i = 0; i < 256; i++)
         sink += descend(6, sink);
 }
 

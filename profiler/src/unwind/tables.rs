@@ -108,6 +108,22 @@ impl CompileStats {
     }
 }
 
+/// `3713 FDEs, 25212 CFI rows; unsupported: 4 (CFA relative to another register), 2 (...)`.
+impl std::fmt::Display for CompileStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} FDEs, {} CFI rows", self.fdes, self.cfi_rows)?;
+        if self.overlapping_fdes > 0 {
+            write!(f, ", {} overlapping FDEs", self.overlapping_fdes)?;
+        }
+        let mut separator = "; unsupported:";
+        for (pattern, count) in &self.unsupported {
+            write!(f, "{separator} {count} ({})", pattern.describe())?;
+            separator = ",";
+        }
+        Ok(())
+    }
+}
+
 /// One file's compiled rows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnwindTable {
@@ -140,13 +156,6 @@ struct FdeRows {
     /// `.eh_frame` first: where both sections describe an address, it wins.
     from_debug_frame: bool,
     rows: Vec<(u64, UnwindRow)>,
-}
-
-/// Compiles the CFI of the ELF file open as `file`, read in bounded ranges.
-pub fn compile_file(file: &File) -> Result<UnwindTable> {
-    let image = ModuleImage::new(file.try_clone()?);
-    let elf = object::File::parse(&image).map_err(|e| anyhow!("not an ELF file: {e}"))?;
-    compile(&elf)
 }
 
 /// Compiles an ELF file's `.eh_frame` and `.debug_frame` into rows.
