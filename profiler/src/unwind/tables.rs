@@ -258,30 +258,14 @@ fn compact_row<R: Reader<Offset = usize>, S: UnwindSection<R>>(
             unsupported = Some(pattern);
         }
     }
-    let fp = saved_at(section, row.register(RBP), SavedAt::Unchanged, signal);
-    let (fp_rule, fp_offset) = fp.unwrap_or_else(|range| {
-        unsupported.get_or_insert(if range {
-            Unsupported::FpOffsetRange
-        } else {
-            Unsupported::FpRule
-        });
-        (SavedAt::Unsupported, 0)
-    });
-    let ra = saved_at(section, row.register(RIP), SavedAt::CfaOffset, signal).and_then(
-        |(rule, offset)| match rule {
-            // A return address cannot be "unchanged": the register holds the callee's own ip.
-            SavedAt::Unchanged => Err(false),
-            _ => Ok((rule, offset)),
-        },
-    );
-    let (ra_rule, ra_offset) = ra.unwrap_or_else(|range| {
-        unsupported.get_or_insert(if range {
-            Unsupported::RaOffsetRange
-        } else {
-            Unsupported::RaRule
-        });
-        (SavedAt::Unsupported, 0)
-    });
+    let mut resolve = |saved: Result<(SavedAt, i16), Unsupported>| {
+        saved.unwrap_or_else(|pattern| {
+            unsupported.get_or_insert(pattern);
+            (SavedAt::Unsupported, 0)
+        })
+    };
+    let (fp_rule, fp_offset) = resolve(saved_at(section, row, RBP, signal));
+    let (ra_rule, ra_offset) = resolve(saved_at(section, row, RIP, signal));
     compact.fp_rule = fp_rule as u8;
     compact.fp_offset = fp_offset;
     compact.ra_rule = ra_rule as u8;
@@ -376,25 +360,31 @@ fn cfa_expression<R: Reader>(expression: Expression<R>) -> Option<(CfaRule, i32,
     }
 }
 
-/// Where a register's caller value is; `Err(true)` when an offset does not fit, `Err(false)`
-/// for a rule the format cannot express. `default` applies where the CFI has no rule.
+/// Where the caller's frame pointer (`RBP`) or return address (`RIP`) is, or the pattern that
+/// makes it unsupported.
 fn saved_at<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     section: &S,
-    rule: Option<RegisterRule<usize>>,
-    default: SavedAt,
+    row: &gimli::UnwindTableRow<usize>,
+    register: Register,
     signal: bool,
-) -> Result<(SavedAt, i16), bool> {
-    let fits = |offset: i64| i16::try_from(offset).map_err(|_| true);
-    match rule {
-        None if default == SavedAt::CfaOffset => Ok((SavedAt::CfaOffset, DEFAULT_RA_OFFSET)),
-        None => Ok((default, 0)),
-        Some(RegisterRule::SameValue) => Ok((SavedAt::Unchanged, 0)),
+) -> Result<(SavedAt, i16), Unsupported> {
+    let (unsupported, out_of_range) = if register == RIP {
+        (Unsupported::RaRule, Unsupported::RaOffsetRange)
+    } else {
+        (Unsupported::FpRule, Unsupported::FpOffsetRange)
+    };
+    let fits = |offset: i64| i16::try_from(offset).map_err(|_| out_of_range);
+    match row.register(register) {
+        None if register == RIP => Ok((SavedAt::CfaOffset, DEFAULT_RA_OFFSET)),
+        // A return address cannot be "unchanged": the register holds the callee's own ip.
+        Some(RegisterRule::SameValue) if register == RIP => Err(unsupported),
+        None | Some(RegisterRule::SameValue) => Ok((SavedAt::Unchanged, 0)),
         Some(RegisterRule::Undefined) => Ok((SavedAt::Undefined, 0)),
         Some(RegisterRule::Offset(offset)) => Ok((SavedAt::CfaOffset, fits(offset)?)),
         // A signal trampoline's registers are in the context the kernel saved below its
         // stack pointer: DW_OP_breg7 N.
         Some(RegisterRule::Expression(expression)) if signal => {
-            let expression = expression.get(section).map_err(|_| false)?;
+            let expression = expression.get(section).map_err(|_| unsupported)?;
             match operations(expression).as_deref() {
                 Some(
                     [Operation::RegisterOffset {
@@ -403,10 +393,10 @@ fn saved_at<R: Reader<Offset = usize>, S: UnwindSection<R>>(
                         ..
                     }],
                 ) => Ok((SavedAt::SpOffset, fits(*offset)?)),
-                _ => Err(false),
+                _ => Err(unsupported),
             }
         }
-        Some(_) => Err(false),
+        Some(_) => Err(unsupported),
     }
 }
 
