@@ -723,7 +723,9 @@ pub struct CacheStats {
 /// Compiled tables by [`TableKey`], in memory and (when given a directory) on disk.
 #[derive(Debug, Default)]
 pub struct TableCache {
-    memory: HashMap<TableKey, Arc<UnwindTable>>,
+    /// Files that cannot be compiled (no CFI: Go, hand-written assembly) are remembered too, so
+    /// that each process mapping one does not try again.
+    memory: HashMap<TableKey, Result<Arc<UnwindTable>, String>>,
     directory: Option<PathBuf>,
     pub stats: CacheStats,
 }
@@ -760,7 +762,7 @@ impl TableCache {
         let key = TableKey::of(&elf, file, path)?;
         if let Some(table) = self.memory.get(&key) {
             self.stats.from_memory += 1;
-            return Ok(table.clone());
+            return table.clone().map_err(|message| anyhow!(message));
         }
         let cached = self.directory.clone().and_then(|dir| {
             let cache_file = dir.join(key.file_name());
@@ -782,9 +784,18 @@ impl TableCache {
                 table
             }
             None => {
-                let table = compile(&elf)
-                    .with_context(|| format!("compiling the unwind table of {}", path.display()))?;
                 self.stats.compiled += 1;
+                let table = match compile(&elf) {
+                    Ok(table) => table,
+                    Err(error) => {
+                        let message = format!(
+                            "compiling the unwind table of {}: {error:#}",
+                            path.display()
+                        );
+                        self.memory.insert(key, Err(message.clone()));
+                        bail!(message);
+                    }
+                };
                 if let Some(dir) = &self.directory {
                     if let Err(error) = store(dir, &key, &table) {
                         self.stats.problems.push(format!("{error:#}"));
@@ -794,7 +805,7 @@ impl TableCache {
             }
         };
         let table = Arc::new(table);
-        self.memory.insert(key, table.clone());
+        self.memory.insert(key, Ok(table.clone()));
         Ok(table)
     }
 }

@@ -592,3 +592,31 @@ fn fdes_are_laid_end_to_end_with_gaps_marked_overlaps_clipped_and_equal_rows_mer
         "no call-frame information (no FDE in .eh_frame or .debug_frame)"
     );
 }
+
+#[test]
+fn a_file_without_cfi_is_refused_once_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("bare.s");
+    std::fs::write(&source, ".text\n.globl f\nf:\n\tret\n").unwrap();
+    let library = dir.path().join("bare.so");
+    let status = std::process::Command::new("gcc")
+        .args(["-shared", "-nostdlib", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success());
+    let mut cache = TableCache::new(None);
+    for _ in 0..2 {
+        let err = cache.table(&open(&library), &library).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "compiling the unwind table of {}: no call-frame information (no FDE in \
+                 .eh_frame or .debug_frame)",
+                library.display()
+            )
+        );
+    }
+    assert_eq!((cache.stats.compiled, cache.stats.from_memory), (1, 1));
+}
