@@ -96,6 +96,9 @@ pub struct CompileStats {
     pub fdes: u64,
     /// FDEs that start inside an earlier one's range (only their tail is used).
     pub overlapping_fdes: u64,
+    /// FDEs gimli could not parse or evaluate: their addresses get no rows, the rest of the
+    /// section is still used.
+    pub malformed_fdes: u64,
     /// Rows of gimli's tables, before merging.
     pub cfi_rows: u64,
     /// Rows of gimli's tables the format cannot express, per pattern.
@@ -114,6 +117,9 @@ impl std::fmt::Display for CompileStats {
         write!(f, "{} FDEs, {} CFI rows", self.fdes, self.cfi_rows)?;
         if self.overlapping_fdes > 0 {
             write!(f, ", {} overlapping FDEs", self.overlapping_fdes)?;
+        }
+        if self.malformed_fdes > 0 {
+            write!(f, ", {} malformed FDEs", self.malformed_fdes)?;
         }
         let mut separator = "; unsupported:";
         for (pattern, count) in &self.unsupported {
@@ -180,7 +186,7 @@ pub fn compile<'d, R: ReadRef<'d>>(elf: &object::File<'d, R>) -> Result<UnwindTa
         let data = eh_frame.uncompressed_data().context("reading .eh_frame")?;
         let bases = bases.clone().set_eh_frame(eh_frame.address());
         let eh_frame = EhFrame::new(&data, gimli::LittleEndian);
-        read_fdes(&eh_frame, &bases, false, &mut fdes, &mut stats).context("in .eh_frame")?;
+        read_fdes(&eh_frame, &bases, false, &mut fdes, &mut stats);
     }
     if let Some(debug_frame) = section(".debug_frame") {
         let data = debug_frame
@@ -188,7 +194,7 @@ pub fn compile<'d, R: ReadRef<'d>>(elf: &object::File<'d, R>) -> Result<UnwindTa
             .context("reading .debug_frame")?;
         let mut debug_frame = DebugFrame::new(&data, gimli::LittleEndian);
         debug_frame.set_address_size(8);
-        read_fdes(&debug_frame, &bases, true, &mut fdes, &mut stats).context("in .debug_frame")?;
+        read_fdes(&debug_frame, &bases, true, &mut fdes, &mut stats);
     }
     let executable: Vec<Range<u64>> = elf
         .sections()
@@ -198,44 +204,75 @@ pub fn compile<'d, R: ReadRef<'d>>(elf: &object::File<'d, R>) -> Result<UnwindTa
     lay_out(fdes, &executable, stats)
 }
 
-/// Evaluates every FDE of one section into rows.
+/// Evaluates every FDE of one section into rows. A malformed FDE is counted and skipped; a
+/// malformed entry header ends the section, since the entries after it cannot be found.
 fn read_fdes<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     section: &S,
     bases: &BaseAddresses,
     from_debug_frame: bool,
     out: &mut Vec<FdeRows>,
     stats: &mut CompileStats,
-) -> Result<()> {
+) {
     let mut context = Box::new(UnwindContext::new());
     let mut entries = section.entries(bases);
-    while let Some(entry) = entries.next()? {
-        let CieOrFde::Fde(partial) = entry else {
+    loop {
+        let partial = match entries.next() {
+            Ok(Some(CieOrFde::Fde(partial))) => partial,
+            Ok(Some(CieOrFde::Cie(_))) => continue,
+            Ok(None) => return,
+            Err(_) => {
+                stats.malformed_fdes += 1;
+                return;
+            }
+        };
+        let Ok(fde) = partial.parse(S::cie_from_offset) else {
+            stats.malformed_fdes += 1;
             continue;
         };
-        let fde = partial.parse(S::cie_from_offset)?;
         let range = fde.initial_address()..fde.end_address();
         if range.is_empty() {
             continue;
         }
-        stats.fdes += 1;
-        let signal = fde.is_signal_trampoline();
-        let mut table = fde.rows(section, bases, &mut context)?;
-        let mut rows = Vec::new();
-        while let Some(row) = table.next_row()? {
-            stats.cfi_rows += 1;
-            let (compact, unsupported) = compact_row(section, row, signal);
-            if let Some(pattern) = unsupported {
-                *stats.unsupported.entry(pattern).or_default() += 1;
+        match fde_rows(section, bases, &mut context, &fde, stats) {
+            Ok(rows) => {
+                stats.fdes += 1;
+                out.push(FdeRows {
+                    range,
+                    from_debug_frame,
+                    rows,
+                });
             }
-            rows.push((row.start_address(), compact));
+            Err(_) => stats.malformed_fdes += 1,
         }
-        out.push(FdeRows {
-            range,
-            from_debug_frame,
-            rows,
-        });
     }
-    Ok(())
+}
+
+/// One FDE's rows, with what they cost counted.
+fn fde_rows<R: Reader<Offset = usize>, S: UnwindSection<R>>(
+    section: &S,
+    bases: &BaseAddresses,
+    context: &mut UnwindContext<usize>,
+    fde: &gimli::FrameDescriptionEntry<R>,
+    stats: &mut CompileStats,
+) -> gimli::Result<Vec<(u64, UnwindRow)>> {
+    let signal = fde.is_signal_trampoline();
+    let mut table = fde.rows(section, bases, context)?;
+    let mut rows = Vec::new();
+    let mut counted = CompileStats::default();
+    while let Some(row) = table.next_row()? {
+        counted.cfi_rows += 1;
+        let (compact, unsupported) = compact_row(section, row, signal);
+        if let Some(pattern) = unsupported {
+            *counted.unsupported.entry(pattern).or_default() += 1;
+        }
+        rows.push((row.start_address(), compact));
+    }
+    // Counted only once the whole FDE evaluated.
+    stats.cfi_rows += counted.cfi_rows;
+    for (pattern, count) in counted.unsupported {
+        *stats.unsupported.entry(pattern).or_default() += count;
+    }
+    Ok(rows)
 }
 
 /// One of gimli's rows as an [`UnwindRow`] (its `pc` set later), with the pattern that made it
@@ -578,7 +615,12 @@ fn encode_table(key: &TableKey, table: &UnwindTable) -> Vec<u8> {
     out.extend_from_slice(&key);
     out.extend_from_slice(&table.base.to_le_bytes());
     let stats = &table.stats;
-    for value in [stats.fdes, stats.overlapping_fdes, stats.cfi_rows] {
+    for value in [
+        stats.fdes,
+        stats.overlapping_fdes,
+        stats.malformed_fdes,
+        stats.cfi_rows,
+    ] {
         out.extend_from_slice(&value.to_le_bytes());
     }
     out.extend_from_slice(&(stats.unsupported.len() as u32).to_le_bytes());
@@ -664,6 +706,7 @@ fn decode_table(bytes: &[u8], key: &TableKey) -> Result<UnwindTable> {
     let mut stats = CompileStats {
         fdes: r.u64("FDE count")?,
         overlapping_fdes: r.u64("overlapping FDE count")?,
+        malformed_fdes: r.u64("malformed FDE count")?,
         cfi_rows: r.u64("CFI row count")?,
         unsupported: BTreeMap::new(),
     };

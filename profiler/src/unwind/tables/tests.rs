@@ -620,3 +620,51 @@ fn a_file_without_cfi_is_refused_once_with_the_reason() {
     }
     assert_eq!((cache.stats.compiled, cache.stats.from_memory), (1, 1));
 }
+
+#[test]
+fn a_malformed_fde_loses_only_its_own_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build_workload(dir.path(), "workload", &[]);
+    let mut data = std::fs::read(&binary).unwrap();
+    let (good, range, patch_at) = {
+        let elf = object::File::parse(data.as_slice()).unwrap();
+        let good = compile(&elf).unwrap();
+        let section = elf.section_by_name(".eh_frame").unwrap();
+        let (file_offset, _) = section.file_range().unwrap();
+        let bases = BaseAddresses::default().set_eh_frame(section.address());
+        let eh_frame = EhFrame::new(section.data().unwrap(), gimli::LittleEndian);
+        let mut entries = eh_frame.entries(&bases);
+        // The program's last function: its FDE is the last in the section.
+        let mut last = None;
+        while let Some(entry) = entries.next().unwrap() {
+            if let CieOrFde::Fde(partial) = entry {
+                let fde = partial.parse(EhFrame::cie_from_offset).unwrap();
+                assert!(fde.lsda().is_none(), "no augmentation data");
+                last = Some((fde.initial_address()..fde.end_address(), fde.offset()));
+            }
+        }
+        let (range, offset) = last.unwrap();
+        // length, CIE pointer, pc_begin, pc_range, augmentation length: then instructions.
+        (good, range, file_offset as usize + offset + 17)
+    };
+    // DW_CFA 0x17 is no instruction.
+    data[patch_at] = 0x17;
+    let elf = object::File::parse(data.as_slice()).unwrap();
+    let table = compile(&elf).unwrap();
+    assert_eq!(table.stats.malformed_fdes, 1, "{}", table.stats);
+    assert_eq!(table.stats.fdes, good.stats.fdes - 1);
+    assert!(table.stats.to_string().contains(", 1 malformed FDEs"));
+    for address in [range.start, range.end - 1] {
+        assert_ne!(
+            good.lookup(address).unwrap().cfa_rule,
+            CfaRule::NoInfo as u8
+        );
+        assert!(
+            table
+                .lookup(address)
+                .is_none_or(|row| row.cfa_rule == CfaRule::NoInfo as u8),
+            "{address:#x}"
+        );
+    }
+    assert!(table.no_cfi.iter().any(|r| r.contains(&range.start)));
+}
