@@ -9,3 +9,4 @@ pub mod capture;
 pub mod hw;
 pub mod latency;
 pub mod stack;
+pub mod unwind;

@@ -6,7 +6,7 @@ mod aliases;
 pub mod kernel_addresses;
 mod perf_map;
 mod plt;
-mod vdso;
+pub(crate) mod vdso;
 
 use std::{
     collections::{BTreeMap, HashMap},

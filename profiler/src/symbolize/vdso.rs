@@ -14,6 +14,12 @@ pub struct Vdso {
 impl Vdso {
     /// This process's vDSO, read where the kernel mapped it; `None` without one.
     pub fn own() -> Option<Vdso> {
+        Vdso::parse(Vdso::own_image()?)
+    }
+
+    /// The image of this process's vDSO (the same in every process of this kernel); `None`
+    /// without one.
+    pub fn own_image() -> Option<&'static [u8]> {
         // SAFETY: getauxval only reads this process's auxiliary vector.
         let base = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
         if base == 0 {
@@ -33,9 +39,7 @@ impl Vdso {
         }
         // SAFETY: [start, end) is this process's vDSO mapping, readable and never unmapped or
         // written while the process lives; the slice is only read.
-        let image =
-            unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) };
-        Vdso::parse(image)
+        Some(unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) })
     }
 
     /// The functions of a vDSO image (an ELF shared object).

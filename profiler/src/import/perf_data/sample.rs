@@ -113,6 +113,18 @@ pub struct Registers {
     pub regs: Vec<u64>,
 }
 
+impl Registers {
+    /// The value of register `bit` (`PERF_REG_X86_IP`...) when the event's register `mask`
+    /// asked for it and the kernel captured the registers.
+    pub fn get(&self, mask: u64, bit: u32) -> Option<u64> {
+        if bit >= 64 || mask & (1 << bit) == 0 {
+            return None;
+        }
+        let index = (mask & ((1 << bit) - 1)).count_ones() as usize;
+        self.regs.get(index).copied()
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UserStack {
     pub data: Vec<u8>,

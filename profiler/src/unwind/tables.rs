@@ -1,0 +1,916 @@
+//! Unwind tables: an executable's call-frame information (`.eh_frame`, and `.debug_frame` where
+//! present) compiled with gimli into the sorted rows of [`profiler_common::unwind`], which a
+//! stack walker looks up by address without interpreting DWARF. Consecutive rows that unwind the
+//! same way are merged; addresses no FDE covers get [`CfaRule::NoInfo`] rows and are listed;
+//! CFI the rows cannot express becomes [`CfaRule::Unsupported`] or [`SavedAt::Unsupported`] and
+//! is counted by pattern.
+//!
+//! A [`TableCache`] compiles each file once, keyed by its build ID (else its path, size and
+//! modification time), so that a library mapped by many processes costs one compilation, and
+//! keeps the tables on disk across runs. Cache files are written through [`crate::output`] and
+//! read back as untrusted input: every count is bounded by the file's size, every row checked,
+//! and the whole file by a checksum; a bad file is refused with the reason and recompiled.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fs::File,
+    io::{Read, Write},
+    ops::Range,
+    os::unix::fs::{DirBuilderExt, MetadataExt},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use anyhow::{anyhow, bail, Context, Result};
+use gimli::{
+    BaseAddresses, CieOrFde, DebugFrame, EhFrame, Expression, Operation, Reader, Register,
+    RegisterRule, UnwindContext, UnwindSection,
+};
+use object::{Object, ObjectSection, ReadRef, SectionKind};
+use profiler_common::unwind::{CfaRule, SavedAt, UnwindRow, MAX_TABLE_ROWS};
+
+use crate::input::{open_regular, FinalLink, ModuleImage};
+use crate::output::Checker;
+
+/// x86-64 DWARF register numbers (System V psABI, figure 3.36).
+const RBP: Register = Register(6);
+const RSP: Register = Register(7);
+const RIP: Register = Register(16);
+/// Where x86-64's `call` leaves the return address when the CFI gives no rule for it.
+const DEFAULT_RA_OFFSET: i16 = -8;
+
+/// CFI a row cannot express, counted per pattern (rows of gimli's table before merging).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Unsupported {
+    /// The CFA is relative to a register other than the stack or frame pointer (gcc's DRAP
+    /// prologues use r10 for a few instructions).
+    CfaRegister = 0,
+    /// A CFA expression other than the known PLT and saved-pointer patterns.
+    CfaExpression = 1,
+    /// A CFA offset beyond 32 bits.
+    CfaOffsetRange = 2,
+    /// The frame pointer is kept in another register or computed by an expression.
+    FpRule = 3,
+    /// A frame-pointer offset beyond 16 bits.
+    FpOffsetRange = 4,
+    /// The return address is in a register or computed by an expression outside a signal
+    /// trampoline.
+    RaRule = 5,
+    /// A return-address offset beyond 16 bits.
+    RaOffsetRange = 6,
+}
+
+impl Unsupported {
+    const ALL: [Unsupported; 7] = [
+        Unsupported::CfaRegister,
+        Unsupported::CfaExpression,
+        Unsupported::CfaOffsetRange,
+        Unsupported::FpRule,
+        Unsupported::FpOffsetRange,
+        Unsupported::RaRule,
+        Unsupported::RaOffsetRange,
+    ];
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Unsupported::CfaRegister => "CFA relative to another register",
+            Unsupported::CfaExpression => "other CFA expression",
+            Unsupported::CfaOffsetRange => "CFA offset beyond 32 bits",
+            Unsupported::FpRule => "frame pointer in a register or expression",
+            Unsupported::FpOffsetRange => "frame-pointer offset beyond 16 bits",
+            Unsupported::RaRule => "return address in a register or expression",
+            Unsupported::RaOffsetRange => "return-address offset beyond 16 bits",
+        }
+    }
+
+    fn from_u8(value: u8) -> Option<Unsupported> {
+        Unsupported::ALL.get(usize::from(value)).copied()
+    }
+}
+
+/// What compiling a file found, besides its rows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompileStats {
+    /// FDEs read from `.eh_frame` and `.debug_frame`.
+    pub fdes: u64,
+    /// FDEs that start inside an earlier one's range (only their tail is used).
+    pub overlapping_fdes: u64,
+    /// FDEs gimli could not parse or evaluate: their addresses get no rows, the rest of the
+    /// section is still used.
+    pub malformed_fdes: u64,
+    /// Rows of gimli's tables, before merging.
+    pub cfi_rows: u64,
+    /// Rows of gimli's tables the format cannot express, per pattern.
+    pub unsupported: BTreeMap<Unsupported, u64>,
+}
+
+impl CompileStats {
+    pub fn unsupported_rows(&self) -> u64 {
+        self.unsupported.values().sum()
+    }
+}
+
+/// `3713 FDEs, 25212 CFI rows; unsupported: 4 (CFA relative to another register), 2 (...)`.
+impl std::fmt::Display for CompileStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} FDEs, {} CFI rows", self.fdes, self.cfi_rows)?;
+        if self.overlapping_fdes > 0 {
+            write!(f, ", {} overlapping FDEs", self.overlapping_fdes)?;
+        }
+        if self.malformed_fdes > 0 {
+            write!(f, ", {} malformed FDEs", self.malformed_fdes)?;
+        }
+        let mut separator = "; unsupported:";
+        for (pattern, count) in &self.unsupported {
+            write!(f, "{separator} {count} ({})", pattern.describe())?;
+            separator = ",";
+        }
+        Ok(())
+    }
+}
+
+/// One file's compiled rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnwindTable {
+    /// The ELF virtual address that rows' `pc` are offsets from.
+    pub base: u64,
+    /// Sorted by `pc`, strictly increasing; the last row is [`CfaRule::NoInfo`] and marks the end
+    /// of the last FDE.
+    pub rows: Vec<UnwindRow>,
+    /// Ranges of executable sections (ELF virtual addresses) that no FDE covers.
+    pub no_cfi: Vec<Range<u64>>,
+    pub stats: CompileStats,
+}
+
+impl UnwindTable {
+    /// The row for ELF virtual address `address`; `None` outside the table.
+    pub fn lookup(&self, address: u64) -> Option<&UnwindRow> {
+        let offset = u32::try_from(address.checked_sub(self.base)?).ok()?;
+        profiler_common::unwind::find_row(&self.rows, offset)
+    }
+
+    /// Bytes the rows take (in a BPF map, in memory, on disk).
+    pub fn row_bytes(&self) -> usize {
+        self.rows.len() * UnwindRow::SIZE
+    }
+}
+
+/// One FDE's rows, before they are laid end to end.
+struct FdeRows {
+    range: Range<u64>,
+    /// `.eh_frame` first: where both sections describe an address, it wins.
+    from_debug_frame: bool,
+    rows: Vec<(u64, UnwindRow)>,
+}
+
+/// Compiles an ELF file's `.eh_frame` and `.debug_frame` into rows.
+pub fn compile<'d, R: ReadRef<'d>>(elf: &object::File<'d, R>) -> Result<UnwindTable> {
+    if elf.architecture() != object::Architecture::X86_64 {
+        bail!(
+            "unwind tables are compiled for x86-64 only, and this file is for {:?}",
+            elf.architecture()
+        );
+    }
+    let section = |name: &str| elf.section_by_name(name);
+    let mut bases = BaseAddresses::default();
+    if let Some(text) = section(".text") {
+        bases = bases.set_text(text.address());
+    }
+    if let Some(got) = section(".got") {
+        bases = bases.set_got(got.address());
+    }
+    let mut stats = CompileStats::default();
+    let mut fdes = Vec::new();
+    if let Some(eh_frame) = section(".eh_frame") {
+        let data = eh_frame.uncompressed_data().context("reading .eh_frame")?;
+        let bases = bases.clone().set_eh_frame(eh_frame.address());
+        let eh_frame = EhFrame::new(&data, gimli::LittleEndian);
+        read_fdes(&eh_frame, &bases, false, &mut fdes, &mut stats);
+    }
+    if let Some(debug_frame) = section(".debug_frame") {
+        let data = debug_frame
+            .uncompressed_data()
+            .context("reading .debug_frame")?;
+        let mut debug_frame = DebugFrame::new(&data, gimli::LittleEndian);
+        debug_frame.set_address_size(8);
+        read_fdes(&debug_frame, &bases, true, &mut fdes, &mut stats);
+    }
+    let executable: Vec<Range<u64>> = elf
+        .sections()
+        .filter(|s| s.kind() == SectionKind::Text && s.size() > 0)
+        .map(|s| s.address()..s.address() + s.size())
+        .collect();
+    lay_out(fdes, &executable, stats)
+}
+
+/// Evaluates every FDE of one section into rows. A malformed FDE is counted and skipped; a
+/// malformed entry header ends the section, since the entries after it cannot be found.
+fn read_fdes<R: Reader<Offset = usize>, S: UnwindSection<R>>(
+    section: &S,
+    bases: &BaseAddresses,
+    from_debug_frame: bool,
+    out: &mut Vec<FdeRows>,
+    stats: &mut CompileStats,
+) {
+    let mut context = Box::new(UnwindContext::new());
+    let mut entries = section.entries(bases);
+    loop {
+        let partial = match entries.next() {
+            Ok(Some(CieOrFde::Fde(partial))) => partial,
+            Ok(Some(CieOrFde::Cie(_))) => continue,
+            Ok(None) => return,
+            Err(_) => {
+                stats.malformed_fdes += 1;
+                return;
+            }
+        };
+        let Ok(fde) = partial.parse(S::cie_from_offset) else {
+            stats.malformed_fdes += 1;
+            continue;
+        };
+        let range = fde.initial_address()..fde.end_address();
+        if range.is_empty() {
+            continue;
+        }
+        match fde_rows(section, bases, &mut context, &fde, stats) {
+            Ok(rows) => {
+                stats.fdes += 1;
+                out.push(FdeRows {
+                    range,
+                    from_debug_frame,
+                    rows,
+                });
+            }
+            Err(_) => stats.malformed_fdes += 1,
+        }
+    }
+}
+
+/// One FDE's rows, with what they cost counted.
+fn fde_rows<R: Reader<Offset = usize>, S: UnwindSection<R>>(
+    section: &S,
+    bases: &BaseAddresses,
+    context: &mut UnwindContext<usize>,
+    fde: &gimli::FrameDescriptionEntry<R>,
+    stats: &mut CompileStats,
+) -> gimli::Result<Vec<(u64, UnwindRow)>> {
+    let signal = fde.is_signal_trampoline();
+    let mut table = fde.rows(section, bases, context)?;
+    let mut rows = Vec::new();
+    let mut counted = CompileStats::default();
+    while let Some(row) = table.next_row()? {
+        counted.cfi_rows += 1;
+        let (compact, unsupported) = compact_row(section, row, signal);
+        if let Some(pattern) = unsupported {
+            *counted.unsupported.entry(pattern).or_default() += 1;
+        }
+        rows.push((row.start_address(), compact));
+    }
+    // Counted only once the whole FDE evaluated.
+    stats.cfi_rows += counted.cfi_rows;
+    for (pattern, count) in counted.unsupported {
+        *stats.unsupported.entry(pattern).or_default() += count;
+    }
+    Ok(rows)
+}
+
+/// One of gimli's rows as an [`UnwindRow`] (its `pc` set later), with the pattern that made it
+/// unsupported, if one did.
+fn compact_row<R: Reader<Offset = usize>, S: UnwindSection<R>>(
+    section: &S,
+    row: &gimli::UnwindTableRow<usize>,
+    signal: bool,
+) -> (UnwindRow, Option<Unsupported>) {
+    let mut unsupported = None;
+    let mut compact = UnwindRow::default();
+    match cfa_rule(section, row.cfa()) {
+        Ok((rule, offset, arg)) => {
+            compact.cfa_rule = rule as u8;
+            compact.cfa_offset = offset;
+            compact.cfa_arg = arg;
+        }
+        Err(pattern) => {
+            compact.cfa_rule = CfaRule::Unsupported as u8;
+            unsupported = Some(pattern);
+        }
+    }
+    let mut resolve = |saved: Result<(SavedAt, i16), Unsupported>| {
+        saved.unwrap_or_else(|pattern| {
+            unsupported.get_or_insert(pattern);
+            (SavedAt::Unsupported, 0)
+        })
+    };
+    let (fp_rule, fp_offset) = resolve(saved_at(section, row, RBP, signal));
+    let (ra_rule, ra_offset) = resolve(saved_at(section, row, RIP, signal));
+    compact.fp_rule = fp_rule as u8;
+    compact.fp_offset = fp_offset;
+    compact.ra_rule = ra_rule as u8;
+    compact.ra_offset = ra_offset;
+    (compact, unsupported)
+}
+
+/// The row's CFA rule, offset and argument.
+fn cfa_rule<R: Reader<Offset = usize>, S: UnwindSection<R>>(
+    section: &S,
+    rule: &gimli::CfaRule<usize>,
+) -> Result<(CfaRule, i32, u8), Unsupported> {
+    match rule {
+        gimli::CfaRule::RegisterAndOffset { register, offset } => {
+            let kind = match *register {
+                RSP => CfaRule::SpOffset,
+                RBP => CfaRule::FpOffset,
+                _ => return Err(Unsupported::CfaRegister),
+            };
+            let offset = i32::try_from(*offset).map_err(|_| Unsupported::CfaOffsetRange)?;
+            Ok((kind, offset, 0))
+        }
+        gimli::CfaRule::Expression(expression) => {
+            let expression = expression
+                .get(section)
+                .map_err(|_| Unsupported::CfaExpression)?;
+            cfa_expression(expression).ok_or(Unsupported::CfaExpression)
+        }
+    }
+}
+
+/// Most operations of an expression pattern this format knows (the PLT one has 9).
+const MAX_PATTERN_OPERATIONS: usize = 9;
+
+/// The operations of a short expression; `None` if it is longer than any known pattern or
+/// does not parse.
+fn operations<R: Reader>(expression: Expression<R>) -> Option<Vec<Operation<R>>> {
+    let encoding = gimli::Encoding {
+        format: gimli::Format::Dwarf64,
+        version: 4,
+        address_size: 8,
+    };
+    let mut iter = expression.operations(encoding);
+    let mut out = Vec::new();
+    while let Some(operation) = iter.next().ok()? {
+        if out.len() == MAX_PATTERN_OPERATIONS {
+            return None;
+        }
+        out.push(operation);
+    }
+    Some(out)
+}
+
+/// The CFA expressions x86-64 code uses: a pointer saved on the stack (signal trampolines,
+/// realigned frames) and the PLT stubs' position-dependent offset.
+fn cfa_expression<R: Reader>(expression: Expression<R>) -> Option<(CfaRule, i32, u8)> {
+    use Operation::*;
+    let ops = operations(expression)?;
+    match ops.as_slice() {
+        [RegisterOffset {
+            register, offset, ..
+        }, Deref {
+            size: 8,
+            space: false,
+            ..
+        }] => {
+            let rule = match *register {
+                RSP => CfaRule::DerefSpOffset,
+                RBP => CfaRule::DerefFpOffset,
+                _ => return None,
+            };
+            Some((rule, i32::try_from(*offset).ok()?, 0))
+        }
+        // DW_OP_breg7 N; DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_litT; DW_OP_ge;
+        // DW_OP_lit3; DW_OP_shl; DW_OP_plus: CFA = RSP + N + ((RIP & 15) >= T) << 3.
+        [RegisterOffset {
+            register: RSP,
+            offset,
+            ..
+        }, RegisterOffset {
+            register: RIP,
+            offset: 0,
+            ..
+        }, UnsignedConstant { value: 15 }, And, UnsignedConstant { value: threshold }, Ge, UnsignedConstant { value: 3 }, Shl, Plus] => {
+            Some((
+                CfaRule::PltX86_64,
+                i32::try_from(*offset).ok()?,
+                u8::try_from(*threshold).ok()?,
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Where the caller's frame pointer (`RBP`) or return address (`RIP`) is, or the pattern that
+/// makes it unsupported.
+fn saved_at<R: Reader<Offset = usize>, S: UnwindSection<R>>(
+    section: &S,
+    row: &gimli::UnwindTableRow<usize>,
+    register: Register,
+    signal: bool,
+) -> Result<(SavedAt, i16), Unsupported> {
+    let (unsupported, out_of_range) = if register == RIP {
+        (Unsupported::RaRule, Unsupported::RaOffsetRange)
+    } else {
+        (Unsupported::FpRule, Unsupported::FpOffsetRange)
+    };
+    let fits = |offset: i64| i16::try_from(offset).map_err(|_| out_of_range);
+    match row.register(register) {
+        None if register == RIP => Ok((SavedAt::CfaOffset, DEFAULT_RA_OFFSET)),
+        // A return address cannot be "unchanged": the register holds the callee's own ip.
+        Some(RegisterRule::SameValue) if register == RIP => Err(unsupported),
+        None | Some(RegisterRule::SameValue) => Ok((SavedAt::Unchanged, 0)),
+        Some(RegisterRule::Undefined) => Ok((SavedAt::Undefined, 0)),
+        Some(RegisterRule::Offset(offset)) => Ok((SavedAt::CfaOffset, fits(offset)?)),
+        // A signal trampoline's registers are in the context the kernel saved below its
+        // stack pointer: DW_OP_breg7 N.
+        Some(RegisterRule::Expression(expression)) if signal => {
+            let expression = expression.get(section).map_err(|_| unsupported)?;
+            match operations(expression).as_deref() {
+                Some(
+                    [Operation::RegisterOffset {
+                        register: RSP,
+                        offset,
+                        ..
+                    }],
+                ) => Ok((SavedAt::SpOffset, fits(*offset)?)),
+                _ => Err(unsupported),
+            }
+        }
+        Some(_) => Err(unsupported),
+    }
+}
+
+/// Lays the FDEs' rows end to end in address order: gaps between FDEs become
+/// [`CfaRule::NoInfo`] rows, and consecutive rows with the same rule merge.
+fn lay_out(
+    mut fdes: Vec<FdeRows>,
+    executable: &[Range<u64>],
+    mut stats: CompileStats,
+) -> Result<UnwindTable> {
+    fdes.sort_by_key(|fde| (fde.range.start, fde.from_debug_frame));
+    let mut laid: Vec<(u64, UnwindRow)> = Vec::new();
+    let mut covered: Vec<Range<u64>> = Vec::new();
+    let mut end = 0u64;
+    for fde in fdes {
+        if fde.range.end <= end {
+            stats.overlapping_fdes += 1;
+            continue;
+        }
+        if fde.range.start < end {
+            stats.overlapping_fdes += 1;
+        } else if !laid.is_empty() && fde.range.start > end {
+            laid.push((end, UnwindRow::no_info(0)));
+        }
+        let start = fde.range.start.max(end);
+        // The row in force at `start`, then those after it.
+        let first = fde
+            .rows
+            .iter()
+            .rposition(|(pc, _)| *pc <= start)
+            .unwrap_or(0);
+        for (i, (pc, row)) in fde.rows.iter().enumerate().skip(first) {
+            let pc = if i == first { start } else { *pc };
+            if pc < fde.range.end {
+                laid.push((pc, *row));
+            }
+        }
+        match covered.last_mut() {
+            Some(last) if last.end >= start => last.end = fde.range.end,
+            _ => covered.push(start..fde.range.end),
+        }
+        end = fde.range.end;
+    }
+    if laid.is_empty() {
+        bail!("no call-frame information (no FDE in .eh_frame or .debug_frame)");
+    }
+    laid.push((end, UnwindRow::no_info(0)));
+    let base = laid[0].0;
+    let mut rows: Vec<UnwindRow> = Vec::with_capacity(laid.len());
+    for (pc, mut row) in laid {
+        row.pc = u32::try_from(pc - base)
+            .map_err(|_| anyhow!("the code with call-frame information spans more than 4 GiB"))?;
+        match rows.last_mut() {
+            // A later row at the same address replaces an earlier one (an FDE's first row at
+            // the end of the previous).
+            Some(last) if last.pc == row.pc => *last = row,
+            Some(last) if last.same_rule(&row) => {}
+            _ => rows.push(row),
+        }
+        // Replacing may have made the last two rows alike.
+        if let [.., before, last] = rows.as_slice() {
+            if before.same_rule(last) {
+                rows.pop();
+            }
+        }
+    }
+    if rows.len() > MAX_TABLE_ROWS as usize {
+        bail!(
+            "{} unwind rows, more than the {MAX_TABLE_ROWS} a table may hold",
+            rows.len()
+        );
+    }
+    Ok(UnwindTable {
+        base,
+        rows,
+        no_cfi: uncovered(executable, &covered),
+        stats,
+    })
+}
+
+/// The parts of `sections` outside `covered` (sorted, disjoint).
+fn uncovered(sections: &[Range<u64>], covered: &[Range<u64>]) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    for section in sections {
+        let mut cursor = section.start;
+        for range in covered {
+            if range.end <= cursor || range.start >= section.end {
+                continue;
+            }
+            if range.start > cursor {
+                out.push(cursor..range.start);
+            }
+            cursor = range.end;
+        }
+        if cursor < section.end {
+            out.push(cursor..section.end);
+        }
+    }
+    out
+}
+
+/// What identifies a file's tables across processes and runs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TableKey {
+    BuildId(Vec<u8>),
+    /// For files without a build ID.
+    File {
+        path: PathBuf,
+        size: u64,
+        mtime_ns: i64,
+    },
+}
+
+impl TableKey {
+    /// The key of `file` (at `path`): its build ID, else its path, size and modification time.
+    pub fn of<'d, R: ReadRef<'d>>(
+        elf: &object::File<'d, R>,
+        file: &File,
+        path: &Path,
+    ) -> Result<TableKey> {
+        if let Some(id) = elf.build_id().ok().flatten().filter(|id| !id.is_empty()) {
+            return Ok(TableKey::BuildId(id.to_vec()));
+        }
+        let metadata = file.metadata()?;
+        Ok(TableKey::File {
+            path: path.to_path_buf(),
+            size: metadata.len(),
+            mtime_ns: metadata.mtime() * 1_000_000_000 + metadata.mtime_nsec(),
+        })
+    }
+
+    /// The key's bytes, as cache files store it.
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            TableKey::BuildId(id) => [&[0u8][..], id].concat(),
+            TableKey::File {
+                path,
+                size,
+                mtime_ns,
+            } => {
+                let mut out = vec![1u8];
+                out.extend_from_slice(&size.to_le_bytes());
+                out.extend_from_slice(&mtime_ns.to_le_bytes());
+                out.extend_from_slice(path.as_os_str().as_encoded_bytes());
+                out
+            }
+        }
+    }
+
+    /// The cache file's name: the build ID in hex, else a hash of the key (which the file
+    /// stores in full, so a collision is only a miss).
+    fn file_name(&self) -> String {
+        match self {
+            TableKey::BuildId(id) => format!("{}.unwind", crate::symbolize::hex(id)),
+            TableKey::File { .. } => {
+                // FNV-1a: stable across builds, unlike std's hasher.
+                let hash = self.encode().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                    (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+                });
+                format!("file-{hash:016x}.unwind")
+            }
+        }
+    }
+}
+
+/// Identifies cache files; the version changes with the row format or the compiler's output.
+const CACHE_MAGIC: &[u8; 8] = b"PRFUNWND";
+const CACHE_VERSION: u32 = 1;
+/// Largest cache file read: a table of the most rows, plus its lists.
+const MAX_CACHE_FILE: u64 = (MAX_TABLE_ROWS as u64) * UnwindRow::SIZE as u64 + (64 << 20);
+
+/// A table's cache file: header, key, table, CRC-32 of everything before it.
+fn encode_table(key: &TableKey, table: &UnwindTable) -> Vec<u8> {
+    let mut out = Vec::with_capacity(table.row_bytes() + 256);
+    out.extend_from_slice(CACHE_MAGIC);
+    out.extend_from_slice(&CACHE_VERSION.to_le_bytes());
+    let key = key.encode();
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&key);
+    out.extend_from_slice(&table.base.to_le_bytes());
+    let stats = &table.stats;
+    for value in [
+        stats.fdes,
+        stats.overlapping_fdes,
+        stats.malformed_fdes,
+        stats.cfi_rows,
+    ] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    out.extend_from_slice(&(stats.unsupported.len() as u32).to_le_bytes());
+    for (pattern, count) in &stats.unsupported {
+        out.push(*pattern as u8);
+        out.extend_from_slice(&count.to_le_bytes());
+    }
+    out.extend_from_slice(&(table.no_cfi.len() as u32).to_le_bytes());
+    for range in &table.no_cfi {
+        out.extend_from_slice(&range.start.to_le_bytes());
+        out.extend_from_slice(&range.end.to_le_bytes());
+    }
+    out.extend_from_slice(&(table.rows.len() as u32).to_le_bytes());
+    for row in &table.rows {
+        out.extend_from_slice(&row.to_bytes());
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Reads a cache file's bytes, each read bounded by what is left.
+struct Bytes<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Bytes<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        if n > self.rest.len() {
+            bail!(
+                "truncated: {what} needs {n} bytes, {} are left",
+                self.rest.len()
+            );
+        }
+        let (taken, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(taken)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        Ok(self.take(N, what)?.try_into().expect("took N bytes"))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        self.array(what).map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        self.array(what).map(u64::from_le_bytes)
+    }
+
+    /// A count of `item_len`-byte items, refused when the file cannot hold that many.
+    fn count(&mut self, item_len: usize, what: &str) -> Result<usize> {
+        let count = self.u32(what)? as usize;
+        if count.saturating_mul(item_len) > self.rest.len() {
+            bail!("{what} says {count}, more than the file holds");
+        }
+        Ok(count)
+    }
+}
+
+/// Decodes and checks a cache file written for `key`.
+fn decode_table(bytes: &[u8], key: &TableKey) -> Result<UnwindTable> {
+    let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
+        bail!("truncated: {} bytes", bytes.len());
+    };
+    let mut r = Bytes { rest: body };
+    if r.take(CACHE_MAGIC.len(), "magic")? != CACHE_MAGIC {
+        bail!("not an unwind-table cache file (wrong magic)");
+    }
+    let version = r.u32("version")?;
+    if version != CACHE_VERSION {
+        bail!("format version {version}, this profiler writes {CACHE_VERSION}");
+    }
+    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+        bail!("checksum mismatch: the file is corrupt");
+    }
+    let key_len = r.count(1, "key length")?;
+    if r.take(key_len, "key")? != key.encode().as_slice() {
+        bail!("it holds another file's table");
+    }
+    let base = r.u64("base")?;
+    let mut stats = CompileStats {
+        fdes: r.u64("FDE count")?,
+        overlapping_fdes: r.u64("overlapping FDE count")?,
+        malformed_fdes: r.u64("malformed FDE count")?,
+        cfi_rows: r.u64("CFI row count")?,
+        unsupported: BTreeMap::new(),
+    };
+    for _ in 0..r.count(9, "unsupported pattern count")? {
+        let [code] = r.array("pattern")?;
+        let pattern = Unsupported::from_u8(code)
+            .ok_or_else(|| anyhow!("unknown unsupported-pattern code {code}"))?;
+        stats.unsupported.insert(pattern, r.u64("pattern count")?);
+    }
+    let mut no_cfi = Vec::new();
+    for _ in 0..r.count(16, "no-CFI range count")? {
+        let range = r.u64("range start")?..r.u64("range end")?;
+        if range.is_empty() {
+            bail!("an empty no-CFI range {:#x}..{:#x}", range.start, range.end);
+        }
+        no_cfi.push(range);
+    }
+    let row_count = r.count(UnwindRow::SIZE, "row count")?;
+    if row_count == 0 || row_count > MAX_TABLE_ROWS as usize {
+        bail!("{row_count} rows, outside 1..={MAX_TABLE_ROWS}");
+    }
+    let mut rows: Vec<UnwindRow> = Vec::with_capacity(row_count);
+    for index in 0..row_count {
+        let row = UnwindRow::from_bytes(&r.array("row")?);
+        if !row.is_valid() {
+            bail!("row {index} names an unknown rule: {row:?}");
+        }
+        if rows.last().is_some_and(|last| last.pc >= row.pc) {
+            bail!("row {index} is out of address order");
+        }
+        rows.push(row);
+    }
+    if rows.last().map(|row| row.cfa_rule) != Some(CfaRule::NoInfo as u8) {
+        bail!("the last row does not end the table");
+    }
+    if !r.rest.is_empty() {
+        bail!("{} bytes after the rows", r.rest.len());
+    }
+    Ok(UnwindTable {
+        base,
+        rows,
+        no_cfi,
+        stats,
+    })
+}
+
+/// How a [`TableCache`] found its tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub compiled: u64,
+    pub from_disk: u64,
+    pub from_memory: u64,
+    /// Cache files refused or not written, each with its reason.
+    pub problems: Vec<String>,
+}
+
+/// Compiled tables by [`TableKey`], in memory and (when given a directory) on disk.
+#[derive(Debug, Default)]
+pub struct TableCache {
+    /// Files that cannot be compiled (no CFI: Go, hand-written assembly) are remembered too, so
+    /// that each process mapping one does not try again.
+    memory: HashMap<TableKey, Result<Arc<UnwindTable>, String>>,
+    directory: Option<PathBuf>,
+    pub stats: CacheStats,
+}
+
+impl TableCache {
+    /// A cache kept in memory and, with `directory`, on disk there.
+    pub fn new(directory: Option<PathBuf>) -> TableCache {
+        TableCache {
+            directory,
+            ..TableCache::default()
+        }
+    }
+
+    /// Where tables are kept across runs: `/var/cache/profiler/unwind` for root, else
+    /// `$XDG_CACHE_HOME/profiler/unwind` (default `~/.cache`).
+    pub fn default_directory() -> Option<PathBuf> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            return Some(PathBuf::from("/var/cache/profiler/unwind"));
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute())
+            .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?;
+        Some(base.join("profiler").join("unwind"))
+    }
+
+    /// The table of the ELF file open as `file` (reached at `path`, named in messages and in
+    /// keys of files without a build ID).
+    pub fn table(&mut self, file: &File, path: &Path) -> Result<Arc<UnwindTable>> {
+        let image = ModuleImage::new(file.try_clone()?);
+        let elf = object::File::parse(&image)
+            .map_err(|e| anyhow!("{}: not an ELF file: {e}", path.display()))?;
+        let key = TableKey::of(&elf, file, path)?;
+        if let Some(table) = self.memory.get(&key) {
+            self.stats.from_memory += 1;
+            return table.clone().map_err(|message| anyhow!(message));
+        }
+        let cached = self.directory.clone().and_then(|dir| {
+            let cache_file = dir.join(key.file_name());
+            match load(&dir, &cache_file, &key) {
+                Ok(table) => table,
+                Err(error) => {
+                    self.stats.problems.push(format!(
+                        "unwind-table cache file {}: {error:#}; it is ignored and the table \
+                         recompiled",
+                        cache_file.display()
+                    ));
+                    None
+                }
+            }
+        });
+        let table = match cached {
+            Some(table) => {
+                self.stats.from_disk += 1;
+                table
+            }
+            None => {
+                self.stats.compiled += 1;
+                let table = match compile(&elf) {
+                    Ok(table) => table,
+                    Err(error) => {
+                        let message = format!(
+                            "compiling the unwind table of {}: {error:#}",
+                            path.display()
+                        );
+                        self.memory.insert(key, Err(message.clone()));
+                        bail!(message);
+                    }
+                };
+                if let Some(dir) = &self.directory {
+                    if let Err(error) = store(dir, &key, &table) {
+                        self.stats.problems.push(format!("{error:#}"));
+                    }
+                }
+                table
+            }
+        };
+        let table = Arc::new(table);
+        self.memory.insert(key, Ok(table.clone()));
+        Ok(table)
+    }
+}
+
+/// Refuses a cache directory or file another user could have written: its tables steer the
+/// walker, so only the profiler's own user may have made them.
+fn check_owner(path: &Path, metadata: &std::fs::Metadata) -> Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if metadata.uid() != me {
+        bail!(
+            "{} belongs to uid {}, not to this user (uid {me})",
+            path.display(),
+            metadata.uid()
+        );
+    }
+    if metadata.mode() & 0o022 != 0 {
+        bail!(
+            "{} is writable by other users (mode {:o})",
+            path.display(),
+            metadata.mode() & 0o7777
+        );
+    }
+    Ok(())
+}
+
+/// The table stored for `key`, `None` when there is none.
+fn load(dir: &Path, cache_file: &Path, key: &TableKey) -> Result<Option<UnwindTable>> {
+    let file = match open_regular(cache_file, FinalLink::Refuse) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error.into()),
+    };
+    check_owner(dir, &std::fs::metadata(dir)?)?;
+    let metadata = file.metadata()?;
+    check_owner(cache_file, &metadata)?;
+    if metadata.len() > MAX_CACHE_FILE {
+        bail!("{} bytes, more than any table needs", metadata.len());
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(metadata.len()).read_to_end(&mut bytes)?;
+    decode_table(&bytes, key).map(Some)
+}
+
+/// Writes `table` into the cache directory (created private to this user).
+fn store(dir: &Path, key: &TableKey, table: &UnwindTable) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| {
+            format!(
+                "cannot create the unwind-table cache directory {}",
+                dir.display()
+            )
+        })?;
+    check_owner(dir, &std::fs::metadata(dir)?)?;
+    let bytes = encode_table(key, table);
+    Checker::default()
+        .check("unwind-table cache", &dir.join(key.file_name()))?
+        .write(|out| Ok(out.write_all(&bytes)?))
+}
+
+#[cfg(test)]
+mod tests;
