@@ -148,6 +148,30 @@ fn function_details_disassemble_the_hot_function_by_cache_line() {
 }
 
 #[test]
+fn reports_say_how_whole_the_user_stacks_are() {
+    let file = cpu_split_profile();
+    let report = report_json(file, &[]);
+    let stacks = &report["events"][0]["user_stacks"];
+    let samples = stacks["samples"].as_u64().unwrap();
+    assert!(samples > 100, "{stacks:#}");
+    // cpu_split is built with frame pointers: its stacks reach main.
+    assert!(
+        stacks["complete_percent"].as_f64().unwrap() > 95.0,
+        "{stacks:#}"
+    );
+    assert_eq!(
+        stacks["complete"].as_u64().unwrap()
+            + stacks["incomplete"].as_u64().unwrap()
+            + stacks["lost"].as_u64().unwrap(),
+        samples
+    );
+    assert!(stacks["mean_depth"].as_f64().unwrap() >= 4.0, "{stacks:#}");
+    let text =
+        String::from_utf8(profiler(&["report", "-i", file.to_str().unwrap()]).stdout).unwrap();
+    assert!(text.contains("user stacks: "), "{text}");
+}
+
+#[test]
 fn callers_and_callees() {
     let file = cpu_split_profile();
     let neighbours = |direction: &str, function: &str| -> Vec<String> {

@@ -64,6 +64,20 @@ struct JsonEvent {
     /// Why a view is empty when the event cannot fill it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     notes: Vec<String>,
+    /// How whole the user call stacks are.
+    user_stacks: JsonStackQuality,
+}
+
+#[derive(Serialize)]
+struct JsonStackQuality {
+    /// Samples with a user stack, or whose user stack was lost.
+    samples: u64,
+    /// Reaching `_start`, `main` or a thread start.
+    complete: u64,
+    incomplete: u64,
+    lost: u64,
+    complete_percent: f64,
+    mean_depth: f64,
 }
 
 #[derive(Serialize)]
@@ -632,6 +646,14 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
                     .as_ref()
                     .map(|list| list.iter().map(distribution).collect()),
                 notes: section.notes.clone(),
+                user_stacks: JsonStackQuality {
+                    samples: section.stacks.user_samples,
+                    complete: section.stacks.complete,
+                    incomplete: section.stacks.incomplete(),
+                    lost: section.stacks.lost,
+                    complete_percent: section.stacks.complete_percent(),
+                    mean_depth: section.stacks.mean_user_depth,
+                },
             }
         })
         .collect();

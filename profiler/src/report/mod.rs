@@ -17,6 +17,7 @@ use crate::{
         filter::{select_events, Selection},
         functions::{find_function, FunctionName},
         latency::{distributions, Distribution, LineHistograms},
+        stack_quality::{stack_quality, StackQuality},
         views::{build_view, RowKey, View, ViewKind, ViewOptions},
     },
     profile::{EventIndex, Profile},
@@ -47,6 +48,8 @@ pub struct EventSection {
     pub latency: Option<Vec<Distribution>>,
     /// Why the view is empty when the event cannot fill it (no data addresses).
     pub notes: Vec<String>,
+    /// How whole the event's user call stacks are.
+    pub stacks: StackQuality,
 }
 
 /// What `--by dcache-line` needs and an event lacks.
@@ -163,6 +166,7 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
             hot_paths,
             latency,
             notes,
+            stacks: stack_quality(profile, event, &selection),
         });
     }
     Ok(Report {

@@ -318,6 +318,7 @@ fn render_section(report: &Report, section: &EventSection, width: usize, out: &m
                 event_header(report, section, width, view.total_samples, &what)
             );
             let _ = writeln!(out, "{INDENT}{}", view.scale.describe());
+            render_stack_quality(&section.stacks, width, out);
             for note in &section.notes {
                 wrapped(out, width, "note", std::slice::from_ref(note));
             }
@@ -359,6 +360,7 @@ fn render_section(report: &Report, section: &EventSection, width: usize, out: &m
                 "{}",
                 event_header(report, section, width, graph.event_samples, what)
             );
+            render_stack_quality(&section.stacks, width, out);
             render_call_graph(graph, width, out);
             render_paths(
                 &format!(
@@ -375,6 +377,26 @@ fn render_section(report: &Report, section: &EventSection, width: usize, out: &m
     if let Some(distributions) = &section.latency {
         render_distributions(distributions, width, out);
     }
+}
+
+/// One line on how whole the user stacks are, under the event's header (none without user
+/// stacks): complete stacks reach `_start`, `main` or a thread start.
+fn render_stack_quality(
+    quality: &crate::aggregate::stack_quality::StackQuality,
+    width: usize,
+    out: &mut String,
+) {
+    if quality.user_samples == 0 {
+        return;
+    }
+    let line = format!(
+        "{INDENT}user stacks: {:.1}% complete, {} cut short, {} lost; mean depth {:.1} frames",
+        quality.complete_percent(),
+        quality.incomplete(),
+        quality.lost,
+        quality.mean_user_depth
+    );
+    let _ = writeln!(out, "{}", fit(&line, width, Shorten::KeepStart));
 }
 
 /// The key columns of a view and their cells for one row.

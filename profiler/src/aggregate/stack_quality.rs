@@ -1,0 +1,113 @@
+//! How whole the user call stacks of an event are: how many reach the root of a program or
+//! thread (`_start`, `main`, a thread start), how many end early, how many were lost, and their
+//! mean depth. A profile whose stacks stop at the leaf (frame-pointer walks through code built
+//! without frame pointers) says so here instead of showing a confident but wrong call graph.
+
+use crate::profile::{EventIndex, Profile};
+
+use super::filter::Selection;
+
+/// Functions a complete user stack reaches: the program's entry and `main`, and the functions
+/// threads start in (glibc's, and the clone system call's wrappers).
+pub const STACK_ROOTS: [&str; 10] = [
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "main",
+    "start_thread",
+    "clone",
+    "clone3",
+    "__clone",
+    "__clone3",
+    "__clone_internal",
+];
+
+/// The user stacks of one event's samples (those with user code; kernel threads have none).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StackQuality {
+    /// Samples with a user stack, or whose user stack was lost.
+    pub user_samples: u64,
+    /// Samples whose user stack reaches one of [`STACK_ROOTS`].
+    pub complete: u64,
+    /// Samples whose user stack could not be read at all.
+    pub lost: u64,
+    /// Mean number of user frames of the samples with a user stack.
+    pub mean_user_depth: f64,
+}
+
+impl StackQuality {
+    /// Samples whose user stack ends before a root.
+    pub fn incomplete(&self) -> u64 {
+        self.user_samples - self.complete - self.lost
+    }
+
+    /// Complete stacks in percent of the samples with user code.
+    pub fn complete_percent(&self) -> f64 {
+        if self.user_samples == 0 {
+            return 0.0;
+        }
+        100.0 * self.complete as f64 / self.user_samples as f64
+    }
+}
+
+pub fn stack_quality(profile: &Profile, event: EventIndex, selection: &Selection) -> StackQuality {
+    let mut quality = StackQuality::default();
+    let mut frames_sum = 0;
+    for stack in profile
+        .stacks
+        .iter()
+        .filter(|s| s.event == event && selection.thread(s.pid, s.tid))
+    {
+        let user: Vec<_> = stack
+            .frames
+            .iter()
+            .map(|id| &profile.frames[*id as usize])
+            .filter(|frame| !frame.kernel)
+            .collect();
+        if stack.user_stack_lost {
+            quality.user_samples += stack.count;
+            quality.lost += stack.count;
+            continue;
+        }
+        if user.is_empty() {
+            continue;
+        }
+        quality.user_samples += stack.count;
+        frames_sum += user.len() as u64 * stack.count;
+        let rooted = user.iter().any(|frame| {
+            frame
+                .function
+                .as_deref()
+                .is_some_and(|name| STACK_ROOTS.contains(&name))
+        });
+        if rooted {
+            quality.complete += stack.count;
+        }
+    }
+    let with_frames = quality.user_samples - quality.lost;
+    if with_frames > 0 {
+        quality.mean_user_depth = frames_sum as f64 / with_frames as f64;
+    }
+    quality
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{aggregate::filter::SampleFilter, export::test_profile};
+
+    #[test]
+    fn stacks_reaching_main_are_complete_and_lost_ones_counted_apart() {
+        let profile = test_profile::profile();
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let quality = stack_quality(&profile, 0, &selection);
+        // 85 samples reach main; 10 end in the stripped library's caller; 5 lost their stack.
+        assert_eq!(quality.user_samples, 100);
+        assert_eq!(quality.complete, 85);
+        assert_eq!(quality.lost, 5);
+        assert_eq!(quality.incomplete(), 10);
+        // (45 x 3 + 15 x 3 + 25 x 2 + 10 x 2) user frames over 95 samples.
+        assert!((quality.mean_user_depth - 250.0 / 95.0).abs() < 1e-9);
+    }
+}
