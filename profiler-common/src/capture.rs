@@ -159,10 +159,27 @@ pub enum LossKind {
     /// The per-data-line latency-histogram map was full: the line's histogram misses this
     /// sample.
     LineLatencyFull = 14,
+    /// `--unwind copy`: the stack-copy ring buffer was full: the sample is counted, its user
+    /// stack lost.
+    StackCopyRingFull = 15,
+    /// `--unwind copy`: not one page of the user stack could be read (or the task had no user
+    /// registers): the sample is counted, its user stack lost.
+    StackCopyUnreadable = 16,
+    /// A copied user stack's walk reached the end of the bytes copied (`--stack-copy-kib`, or
+    /// perf's `--call-graph dwarf,SIZE`): its outer frames are lost.
+    UnwindCopyTooSmall = 17,
+    /// A copied user stack's walk met a return address in no executable mapping (garbage, or
+    /// code mapped unseen): the walk stops there, dropping it.
+    UnwindOutsideCode = 18,
+    /// A copied user stack's unwind rules led nowhere (the stack pointer did not advance or went
+    /// backwards): its outer frames are lost.
+    UnwindBroken = 19,
+    /// A copied user stack was deeper than the unwinder walks: its outermost frames are lost.
+    UnwindTooDeep = 20,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 21;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
@@ -179,6 +196,12 @@ impl LossKind {
         LossKind::DataSourcesFull,
         LossKind::IbsRingFull,
         LossKind::LineLatencyFull,
+        LossKind::StackCopyRingFull,
+        LossKind::StackCopyUnreadable,
+        LossKind::UnwindCopyTooSmall,
+        LossKind::UnwindOutsideCode,
+        LossKind::UnwindBroken,
+        LossKind::UnwindTooDeep,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
@@ -206,6 +229,16 @@ impl LossKind {
             LossKind::DataSourcesFull => "hardware view (data sources): map full",
             LossKind::IbsRingFull => "IBS derived counters: register ring buffer full",
             LossKind::LineLatencyFull => "data cache-line latency histograms: map full",
+            LossKind::StackCopyRingFull => "user stacks lost: stack-copy ring buffer full",
+            LossKind::StackCopyUnreadable => "user stacks lost: user stack unreadable for the copy",
+            LossKind::UnwindCopyTooSmall => {
+                "user stacks cut short: walk reached the end of the stack copy"
+            }
+            LossKind::UnwindOutsideCode => {
+                "user stacks cut short: return address outside executable mappings"
+            }
+            LossKind::UnwindBroken => "user stacks cut short: unwind rules led nowhere",
+            LossKind::UnwindTooDeep => "user stacks cut short: deeper than the unwinder walks",
         }
     }
 }

@@ -25,3 +25,4 @@ pub mod scope;
 pub mod shell_docs;
 pub mod stat;
 pub mod symbolize;
+pub mod unwind;

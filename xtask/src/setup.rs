@@ -136,6 +136,13 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "passwd",
             // A real JIT runtime whose perf map the JIT-naming test reads.
             "nodejs",
+            // Unwinding tests: a C workload built without frame pointers, Debian's own
+            // programs built so, and glibc's symbols for the frames that call main.
+            "gcc",
+            "xz-utils",
+            "sqlite3",
+            "python3",
+            "libc6-dbg",
         ])?;
     }
     Ok(())

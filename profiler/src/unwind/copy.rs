@@ -1,0 +1,375 @@
+//! The copy unwinder: a thread's user frames from the user registers and a copy of its user
+//! stack taken by the kernel at the sample, walked in the agent with framehop (samply's
+//! unwinder) over each module's `.eh_frame`/`.eh_frame_hdr`/`.debug_frame` and `.text`, with
+//! frame pointers where a module has no unwind information. Modules are read only through the
+//! descriptors the process table opened while the processes lived, each file once per run; a
+//! process's module list is rebuilt only when its executable mappings change.
+
+use std::{
+    collections::{hash_map::DefaultHasher, HashMap},
+    hash::{Hash, Hasher},
+    ops::Range,
+    sync::Arc,
+};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{Error as WalkError, ExplicitModuleSectionInfo, Module, Unwinder};
+use object::{Object, ObjectSection, ObjectSegment};
+use profiler_common::capture::LossKind;
+
+use crate::capture::sideband::{FileIdentity, Mapping, ProcessTable};
+use crate::input::ModuleImage;
+
+/// Most frames a walk produces: deeper stacks end as [`StackEnd::TooDeep`].
+pub const MAX_FRAMES: usize = 256;
+
+/// The user registers the walk starts from (x86-64).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserRegisters {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// User stack bytes as the kernel copied them: `bytes` were at `start` in the thread's memory.
+#[derive(Clone, Copy, Debug)]
+pub struct StackCopy<'a> {
+    pub start: u64,
+    pub bytes: &'a [u8],
+}
+
+impl StackCopy<'_> {
+    /// The word at `address`, if the copy holds all of it.
+    fn word(&self, address: u64) -> Option<u64> {
+        let offset = usize::try_from(address.checked_sub(self.start)?).ok()?;
+        let bytes = self.bytes.get(offset..offset.checked_add(8)?)?;
+        Some(u64::from_le_bytes(bytes.try_into().ok()?))
+    }
+}
+
+/// Why a walk stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StackEnd {
+    /// A function with no caller (`_start`, a thread start: their unwind information says the
+    /// return address is undefined, or the frame chain ends in a null return address).
+    Root,
+    /// The next return address lies past the copied stack bytes.
+    CopyTooSmall,
+    /// The next return address is in no executable mapping of the process: garbage read as a
+    /// return address, or code the agent never saw mapped. It is not kept.
+    OutsideCode,
+    /// The unwind rules led nowhere: the stack pointer did not advance or moved backwards.
+    Broken,
+    /// The walk reached [`MAX_FRAMES`].
+    TooDeep,
+}
+
+impl StackEnd {
+    /// The loss a walk that ended so counts as: none when it reached its root.
+    pub const fn loss(self) -> Option<LossKind> {
+        match self {
+            StackEnd::Root => None,
+            StackEnd::CopyTooSmall => Some(LossKind::UnwindCopyTooSmall),
+            StackEnd::OutsideCode => Some(LossKind::UnwindOutsideCode),
+            StackEnd::Broken => Some(LossKind::UnwindBroken),
+            StackEnd::TooDeep => Some(LossKind::UnwindTooDeep),
+        }
+    }
+}
+
+/// A walked stack: the sampled instruction first, then return addresses, innermost first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnwoundStack {
+    pub frames: Vec<u64>,
+    pub end: StackEnd,
+}
+
+/// A module's unwind sections, read once per run and shared by every process that maps it.
+struct ModuleSections {
+    /// Loadable segments as (file offset, address): where a mapping of the file puts it.
+    segments: Vec<(Range<u64>, u64)>,
+    info: ExplicitModuleSectionInfo<Arc<[u8]>>,
+}
+
+impl ModuleSections {
+    fn read(image: &ModuleImage) -> Option<ModuleSections> {
+        let file = object::File::parse(image).ok()?;
+        let segments = file
+            .segments()
+            .map(|segment| {
+                let (offset, size) = segment.file_range();
+                (offset..offset.saturating_add(size), segment.address())
+            })
+            .collect();
+        let section = |name: &str| file.section_by_name(name);
+        let range = |name: &str| {
+            section(name).map(|section| section.address()..section.address() + section.size())
+        };
+        // Compressed sections (`.debug_frame` of some debug builds) are left out: object reads
+        // them only with its compression support, which nothing else here needs.
+        let data = |name: &str| -> Option<Arc<[u8]>> {
+            let bytes = section(name)?.data().ok()?;
+            (!bytes.is_empty()).then(|| Arc::from(bytes))
+        };
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: range(".text"),
+            text: data(".text"),
+            got_svma: range(".got"),
+            eh_frame_svma: range(".eh_frame"),
+            eh_frame: data(".eh_frame"),
+            eh_frame_hdr_svma: range(".eh_frame_hdr"),
+            eh_frame_hdr: data(".eh_frame_hdr"),
+            debug_frame: data(".debug_frame"),
+            ..ExplicitModuleSectionInfo::default()
+        };
+        Some(ModuleSections { segments, info })
+    }
+
+    /// The address the file's address 0 has in a process that mapped it as `mapping`.
+    fn base_address(&self, mapping: &Mapping) -> Option<u64> {
+        const PAGE: u64 = 4096;
+        let (offsets, address) = self.segments.iter().find(|(offsets, _)| {
+            offsets.start & !(PAGE - 1) <= mapping.file_offset && mapping.file_offset < offsets.end
+        })?;
+        // The mapping's first byte is file offset `file_offset`, at file address
+        // `address + (file_offset - offsets.start)`.
+        Some(
+            mapping
+                .start
+                .wrapping_sub(*address)
+                .wrapping_add(offsets.start)
+                .wrapping_sub(mapping.file_offset),
+        )
+    }
+}
+
+/// One process's modules as framehop sees them, for the executable mappings it had.
+struct ProcessModules {
+    /// Identifies the executable mappings these modules were built from.
+    fingerprint: u64,
+    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// Every executable mapping (with or without a file): return addresses must be in one.
+    code: Vec<Range<u64>>,
+}
+
+impl ProcessModules {
+    fn holds_code(&self, address: u64) -> bool {
+        self.code.iter().any(|range| range.contains(&address))
+    }
+}
+
+/// Walks copied user stacks; keeps what it read of modules and processes for the whole run.
+pub struct CopyUnwinder {
+    files: HashMap<FileIdentity, Option<Arc<ModuleSections>>>,
+    processes: HashMap<u32, ProcessModules>,
+    cache: CacheX86_64,
+}
+
+impl Default for CopyUnwinder {
+    fn default() -> Self {
+        CopyUnwinder {
+            files: HashMap::new(),
+            processes: HashMap::new(),
+            cache: CacheX86_64::new(),
+        }
+    }
+}
+
+/// The executable mappings that apply now: a later mapping of a range supersedes an earlier one.
+fn executable_mappings(table: &ProcessTable, pid: u32) -> Vec<&Mapping> {
+    let mut kept: Vec<&Mapping> = Vec::new();
+    let Some(process) = table.processes.get(&pid) else {
+        return kept;
+    };
+    for mapping in process.mappings.iter().rev() {
+        let hidden = kept
+            .iter()
+            .any(|newer| newer.start < mapping.end && mapping.start < newer.end);
+        if !hidden {
+            kept.push(mapping);
+        }
+    }
+    kept.retain(|mapping| mapping.executable);
+    kept
+}
+
+fn fingerprint(mappings: &[&Mapping]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    for mapping in mappings {
+        (
+            mapping.start,
+            mapping.end,
+            mapping.file_offset,
+            mapping.file,
+        )
+            .hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+impl CopyUnwinder {
+    /// The user frames of a sample of process `pid`, whose modules are in `table`.
+    pub fn unwind(
+        &mut self,
+        table: &ProcessTable,
+        pid: u32,
+        registers: UserRegisters,
+        stack: StackCopy,
+    ) -> UnwoundStack {
+        self.update_modules(table, pid);
+        let modules = &self.processes[&pid];
+        let mut read_stack = |address| stack.word(address).ok_or(());
+        let mut walk = modules.unwinder.iter_frames(
+            registers.ip,
+            UnwindRegsX86_64::new(registers.ip, registers.sp, registers.bp),
+            &mut self.cache,
+            &mut read_stack,
+        );
+        // The first frame is the sampled instruction itself.
+        let _ = walk.next();
+        let mut frames = vec![registers.ip];
+        let end = loop {
+            if frames.len() >= MAX_FRAMES {
+                break StackEnd::TooDeep;
+            }
+            match walk.next() {
+                Ok(Some(frame)) if modules.holds_code(frame.address()) => {
+                    frames.push(frame.address())
+                }
+                Ok(Some(_)) => break StackEnd::OutsideCode,
+                Ok(None) | Err(WalkError::ReturnAddressIsNull) => break StackEnd::Root,
+                Err(WalkError::CouldNotReadStack(_)) => break StackEnd::CopyTooSmall,
+                Err(
+                    WalkError::DidNotAdvance
+                    | WalkError::FramepointerUnwindingMovedBackwards
+                    | WalkError::IntegerOverflow,
+                ) => break StackEnd::Broken,
+            }
+        };
+        UnwoundStack { frames, end }
+    }
+
+    /// Builds `pid`'s modules anew when its executable mappings changed since the last walk.
+    fn update_modules(&mut self, table: &ProcessTable, pid: u32) {
+        let mappings = executable_mappings(table, pid);
+        let fingerprint = fingerprint(&mappings);
+        if self
+            .processes
+            .get(&pid)
+            .is_some_and(|known| known.fingerprint == fingerprint)
+        {
+            return;
+        }
+        let mut unwinder = UnwinderX86_64::new();
+        for mapping in &mappings {
+            let Some(identity) = mapping.file else {
+                continue;
+            };
+            let sections = self.files.entry(identity).or_insert_with(|| {
+                let (_, image) = table.files.image(identity)?;
+                ModuleSections::read(&image).map(Arc::new)
+            });
+            let Some(sections) = sections else {
+                continue;
+            };
+            let Some(base) = sections.base_address(mapping) else {
+                continue;
+            };
+            unwinder.add_module(Module::new(
+                mapping.path.clone(),
+                mapping.start..mapping.end,
+                base,
+                sections.info.clone(),
+            ));
+        }
+        let code = mappings
+            .iter()
+            .map(|mapping| mapping.start..mapping.end)
+            .collect();
+        self.processes.insert(
+            pid,
+            ProcessModules {
+                fingerprint,
+                unwinder,
+                code,
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(start: u64, file_offset: u64) -> Mapping {
+        Mapping {
+            start,
+            end: start + 0x10000,
+            file_offset,
+            path: "/lib/libexample.so".to_string(),
+            executable: true,
+            build_id: None,
+            file: None,
+        }
+    }
+
+    #[test]
+    fn a_module_is_placed_by_the_segment_its_mapping_starts_in() {
+        let sections = ModuleSections {
+            // Text at file offset 0x1000, address 0x1000; data at file offset 0x5e10 but
+            // address 0x6e10 (a page apart, as linkers lay out RELRO).
+            segments: vec![
+                (0..0x800, 0),
+                (0x1000..0x4000, 0x1000),
+                (0x5e10..0x6000, 0x6e10),
+            ],
+            info: ExplicitModuleSectionInfo::default(),
+        };
+        let text = mapping(0x7f00_0000_1000, 0x1000);
+        assert_eq!(sections.base_address(&text), Some(0x7f00_0000_0000));
+        // A mapping from the page the data segment starts in.
+        let data = mapping(0x7f00_0000_6000, 0x5000);
+        assert_eq!(sections.base_address(&data), Some(0x7f00_0000_0000));
+        assert_eq!(
+            sections.base_address(&mapping(0x7f00_0000_9000, 0x9000)),
+            None
+        );
+    }
+
+    #[test]
+    fn words_are_read_only_where_the_copy_holds_all_their_bytes() {
+        let bytes: Vec<u8> = (0..16).collect();
+        let copy = StackCopy {
+            start: 0x1000,
+            bytes: &bytes,
+        };
+        assert_eq!(copy.word(0x1000), Some(0x0706_0504_0302_0100));
+        assert_eq!(copy.word(0x1008), Some(0x0f0e_0d0c_0b0a_0908));
+        assert_eq!(copy.word(0x1009), None, "one byte past the copy");
+        assert_eq!(copy.word(0xff8), None, "below the copy");
+        assert_eq!(copy.word(u64::MAX - 2), None);
+    }
+
+    #[test]
+    fn a_return_address_in_no_executable_mapping_ends_the_walk_unkept() {
+        let mut unwinder = CopyUnwinder::default();
+        // Frame pointers are the fallback without modules: [bp + 8] holds this garbage.
+        let stack = [0x11u8; 64];
+        let unwound = unwinder.unwind(
+            &ProcessTable::default(),
+            42,
+            UserRegisters {
+                ip: 0x401000,
+                sp: 0x7ffd_0000_0000,
+                bp: 0x7ffd_0000_0010,
+            },
+            StackCopy {
+                start: 0x7ffd_0000_0000,
+                bytes: &stack,
+            },
+        );
+        assert_eq!(unwound.frames, vec![0x401000]);
+        assert_eq!(unwound.end, StackEnd::OutsideCode);
+    }
+}

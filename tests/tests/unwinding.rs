@@ -1,0 +1,309 @@
+//! Call stacks of code built without frame pointers, unwound from copies of the user stack:
+//! perf.data files recorded by the real `perf record --call-graph dwarf` (user registers and
+//! stack bytes in every sample) imported through the copy unwinder, checked frame by frame
+//! against `perf script`'s own unwinding of the same samples, on a C workload built here with
+//! `gcc -O2 -fomit-frame-pointer` and on Debian's own xz.
+//!
+//! Needs perf (Debian: linux-perf), gcc, xz-utils, libc6-dbg (names glibc's internal frames) and
+//! root; fails with the reason when one is missing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use profiler::import::profile_from_perf_data_file;
+use profiler::profile::{module_basename, Profile, StackSample};
+
+/// Functions a complete user stack ends in: the program's entry and glibc's frames that call
+/// `main`, and glibc's thread start.
+const ROOTS: [&str; 6] = [
+    "main",
+    "_start",
+    "__libc_start_call_main",
+    "__libc_start_main_impl",
+    "start_thread",
+    "clone3",
+];
+
+/// Runs a program that must succeed and returns its output.
+fn run(program: &str, args: &[&str]) -> std::process::Output {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{program}`: {e}"));
+    assert!(
+        output.status.success(),
+        "`{program} {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// tests/workloads/c/no_frame_pointers.c built into `dir` with `-O2 -fomit-frame-pointer`.
+fn no_frame_pointer_workload(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/c/no_frame_pointers.c");
+    let binary = dir.join("no_frame_pointers");
+    run(
+        "gcc",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-g",
+            "-pthread",
+            "-o",
+            binary.to_str().unwrap(),
+            source.to_str().unwrap(),
+        ],
+    );
+    binary
+}
+
+/// `perf record -e cpu-clock -F 999 --call-graph dwarf -o DIR/perf.data -- COMMAND`.
+fn perf_record_dwarf(dir: &Path, command: &[&str]) -> PathBuf {
+    common::require_root();
+    let file = dir.join("perf.data");
+    let mut args = vec![
+        "record",
+        "-q",
+        "-e",
+        "cpu-clock",
+        "-F",
+        "999",
+        "--call-graph",
+        "dwarf",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+    ];
+    args.extend_from_slice(command);
+    run("perf", &args);
+    file
+}
+
+fn import(file: &Path) -> Profile {
+    profile_from_perf_data_file(file)
+        .unwrap_or_else(|e| panic!("importing {}: {e:#}", file.display()))
+}
+
+/// The user frames' function names of a stack, leaf first.
+fn user_functions(profile: &Profile, stack: &StackSample) -> Vec<String> {
+    stack
+        .frames
+        .iter()
+        .map(|&id| &profile.frames[id as usize])
+        .filter(|frame| !frame.kernel)
+        .map(|frame| frame.display_name())
+        .collect()
+}
+
+/// Samples of `profile` and how many of them have a user stack that reaches one of [`ROOTS`].
+fn samples_reaching_a_root(profile: &Profile) -> (u64, u64) {
+    let total = profile.stacks.iter().map(|stack| stack.count).sum();
+    let complete = profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            user_functions(profile, stack)
+                .iter()
+                .any(|name| ROOTS.contains(&name.as_str()))
+        })
+        .map(|stack| stack.count)
+        .sum();
+    (total, complete)
+}
+
+fn assert_most_reach_a_root(profile: &Profile, what: &str) {
+    let (total, complete) = samples_reaching_a_root(profile);
+    assert!(total >= 100, "{what}: only {total} samples");
+    assert!(
+        complete * 100 >= total * 95,
+        "{what}: {complete} of {total} samples reach main, _start or a thread start; losses: \
+         {:?}",
+        profile.losses.counters
+    );
+}
+
+/// Samples whose user stack has `chain` as a contiguous run of functions, leaf first, starting
+/// at the leaf when `from_leaf`.
+fn samples_with_chain(profile: &Profile, chain: &[&str]) -> u64 {
+    profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            let names = user_functions(profile, stack);
+            names.windows(chain.len()).any(|window| window == chain)
+        })
+        .map(|stack| stack.count)
+        .sum()
+}
+
+/// Whether the ELF file at `path` is a fixed-address executable (ET_EXEC), whose addresses perf
+/// prints as they are, not as file offsets.
+fn is_fixed_address_executable(path: &str) -> bool {
+    const ET_EXEC: u16 = 2;
+    std::fs::read(path)
+        .ok()
+        .and_then(|bytes| Some(u16::from_le_bytes(bytes.get(16..18)?.try_into().ok()?)))
+        == Some(ET_EXEC)
+}
+
+/// A user frame as `perf script -F ip,dso` prints it: the module's file name and the address
+/// (a file offset, or the address itself in a fixed-address executable); callers one byte
+/// before their return address, inside the call instruction, as we look them up too.
+type PrintedFrame = (String, u64);
+
+/// The user stacks perf itself unwound from the file, one entry per distinct stack with its
+/// samples.
+fn perf_script_user_stacks(file: &Path) -> BTreeMap<Vec<PrintedFrame>, u64> {
+    let output = run(
+        "perf",
+        &[
+            "script",
+            "-i",
+            file.to_str().unwrap(),
+            "--no-inline",
+            "-F",
+            "ip,dso",
+        ],
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    let mut stacks = BTreeMap::new();
+    // Samples are separated by blank lines; each frame is "ADDRESS (DSO)".
+    for sample in text.split("\n\n") {
+        let frames: Vec<PrintedFrame> = sample
+            .lines()
+            .filter_map(|line| {
+                let (address, dso) = line.trim().split_once(' ')?;
+                let dso = dso.trim_start_matches('(').trim_end_matches(')');
+                let address = u64::from_str_radix(address, 16).ok()?;
+                Some((module_basename(dso).to_string(), address))
+            })
+            .filter(|(dso, _)| !dso.starts_with("[kernel"))
+            .collect();
+        if !frames.is_empty() {
+            *stacks.entry(frames).or_default() += 1;
+        }
+    }
+    stacks
+}
+
+/// Our user stacks of the imported file, printed as `perf script` prints frames.
+fn our_user_stacks(profile: &Profile) -> BTreeMap<Vec<PrintedFrame>, u64> {
+    let mut fixed: BTreeMap<String, bool> = BTreeMap::new();
+    let mut stacks = BTreeMap::new();
+    for stack in &profile.stacks {
+        let frames: Vec<PrintedFrame> = stack
+            .frames
+            .iter()
+            .map(|&id| &profile.frames[id as usize])
+            .filter(|frame| !frame.kernel)
+            .map(|frame| {
+                let fixed = *fixed
+                    .entry(frame.module.clone())
+                    .or_insert_with(|| is_fixed_address_executable(&frame.module));
+                let address = if fixed {
+                    frame.address
+                } else {
+                    frame.module_offset
+                };
+                (module_basename(&frame.module).to_string(), address)
+            })
+            .collect();
+        if !frames.is_empty() {
+            *stacks.entry(frames).or_default() += stack.count;
+        }
+    }
+    stacks
+}
+
+/// Asserts that at least 98% of perf's samples have exactly the user stack we unwound.
+fn assert_matches_perf_script(file: &Path, profile: &Profile) {
+    let theirs = perf_script_user_stacks(file);
+    let ours = our_user_stacks(profile);
+    let total: u64 = theirs.values().sum();
+    let same: u64 = theirs
+        .iter()
+        .map(|(stack, count)| (*count).min(ours.get(stack).copied().unwrap_or(0)))
+        .sum();
+    let first_difference = theirs
+        .iter()
+        .find(|(stack, count)| ours.get(*stack).copied().unwrap_or(0) < **count);
+    assert!(
+        total >= 100 && same * 100 >= total * 98,
+        "{same} of {total} samples have the user stack perf unwound; e.g. perf's {:?}",
+        first_difference
+    );
+}
+
+#[test]
+fn dwarf_recording_of_code_without_frame_pointers_is_unwound_to_main_like_perf() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    let file = perf_record_dwarf(dir.path(), &[binary.to_str().unwrap(), "1500"]);
+    let profile = import(&file);
+
+    assert_most_reach_a_root(&profile, "no_frame_pointers");
+    let (total, _) = samples_reaching_a_root(&profile);
+    // The comparison callback's leaf, called from glibc's qsort, back to main.
+    let sorting = samples_with_chain(&profile, &["record_key", "compare_records"]);
+    let sorted_from_main = profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            let names = user_functions(&profile, stack);
+            let at = |name: &str| names.iter().position(|n| n == name);
+            names.first().is_some_and(|leaf| leaf == "record_key")
+                && at("compare_records") == Some(1)
+                && at("__GI___qsort_r") < at("sort_records")
+                && at("sort_records").is_some_and(|sort| at("main") == Some(sort + 1))
+        })
+        .map(|stack| stack.count)
+        .sum::<u64>();
+    assert!(
+        sorting * 10 >= total * 2,
+        "record_key <- compare_records in {sorting} of {total} samples"
+    );
+    assert_eq!(
+        sorted_from_main, sorting,
+        "every record_key <- compare_records stack goes on through qsort to sort_records <- main"
+    );
+    // The second thread, from its start routine.
+    let copying = samples_with_chain(&profile, &["copy_blocks", "copier_main", "start_thread"]);
+    assert!(
+        copying * 10 >= total * 2,
+        "copy_blocks <- copier_main <- start_thread in {copying} of {total} samples"
+    );
+    common::assert_no_losses(&profile, &[]);
+    assert_matches_perf_script(&file, &profile);
+}
+
+#[test]
+fn dwarf_recording_of_debians_xz_is_unwound_to_main_like_perf() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Compressible but not trivial input: xz spends its time in liblzma's match finder.
+    let input = dir.path().join("input");
+    let text: String = (0..400_000u64)
+        .map(|i| format!("{} ", (i * 2_654_435_761) % 100_003))
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    let file = perf_record_dwarf(
+        dir.path(),
+        &["xz", "-T1", "-9", "-k", "-f", input.to_str().unwrap()],
+    );
+    let profile = import(&file);
+
+    assert_most_reach_a_root(&profile, "xz");
+    let (total, _) = samples_reaching_a_root(&profile);
+    let from_main = samples_with_chain(
+        &profile,
+        &["__libc_start_call_main", "__libc_start_main_impl"],
+    );
+    assert!(
+        from_main * 100 >= total * 95,
+        "glibc's call of main in {from_main} of {total} samples"
+    );
+    assert_matches_perf_script(&file, &profile);
+}
