@@ -159,11 +159,11 @@ pub enum LossKind {
     /// The per-data-line latency-histogram map was full: the line's histogram misses this
     /// sample.
     LineLatencyFull = 14,
-    /// `--unwind copy`: the stack-copy ring buffer was full: the sample is counted, its user
-    /// stack lost.
+    /// `--unwind copy`: the stack-copy ring buffer was full: the sample is counted with the
+    /// frame-pointer stacks instead.
     StackCopyRingFull = 15,
-    /// `--unwind copy`: not one page of the user stack could be read (or the task had no user
-    /// registers): the sample is counted, its user stack lost.
+    /// `--unwind copy`: not one page of the user stack could be read: the sample is counted
+    /// with the frame-pointer stacks instead.
     StackCopyUnreadable = 16,
     /// A copied user stack's walk reached the end of the bytes copied (`--stack-copy-kib`, or
     /// perf's `--call-graph dwarf,SIZE`): its outer frames are lost.
@@ -229,8 +229,12 @@ impl LossKind {
             LossKind::DataSourcesFull => "hardware view (data sources): map full",
             LossKind::IbsRingFull => "IBS derived counters: register ring buffer full",
             LossKind::LineLatencyFull => "data cache-line latency histograms: map full",
-            LossKind::StackCopyRingFull => "user stacks lost: stack-copy ring buffer full",
-            LossKind::StackCopyUnreadable => "user stacks lost: user stack unreadable for the copy",
+            LossKind::StackCopyRingFull => {
+                "user stacks by frame pointers only: stack-copy ring buffer full"
+            }
+            LossKind::StackCopyUnreadable => {
+                "user stacks by frame pointers only: user stack unreadable for the copy"
+            }
             LossKind::UnwindCopyTooSmall => {
                 "user stacks cut short: walk reached the end of the stack copy"
             }
@@ -283,7 +287,9 @@ pub struct CaptureConfig {
     /// drain (through the drain-request ring), which drains when the generation is half full.
     /// Zero: never ask.
     pub drain_request_steps: [u32; Fill::COUNT],
-    pub _pad: u32,
+    /// With `CAPTURE_STACK_COPY`: pages of user stack each sample copies, from the page the
+    /// stack pointer is in (at most [`STACK_COPY_MAX_PAGES`]).
+    pub stack_copy_pages: u32,
 }
 
 impl CaptureConfig {
@@ -309,7 +315,7 @@ impl CaptureConfig {
         flags: 0,
         uid: 0,
         drain_request_steps: [0; Fill::COUNT],
-        _pad: 0,
+        stack_copy_pages: 0,
     };
 }
 
@@ -325,6 +331,45 @@ pub const CAPTURE_EVENT_IDS: u32 = 1 << 5;
 /// Count samples per data source (`perf mem`-style breakdowns): some event's PMU reports
 /// `perf_mem_data_src` (PEBS memory events, IBS ops, precise events).
 pub const CAPTURE_DATA_SOURCES: u32 = 1 << 6;
+/// `record --unwind copy`: each sample's user registers, user stack bytes and kernel frames go
+/// to the agent through the stack-copy ring, which unwinds and counts them.
+pub const CAPTURE_STACK_COPY: u32 = 1 << 7;
+
+/// Bytes of one page of user stack copied.
+pub const STACK_COPY_PAGE_BYTES: usize = 4096;
+/// Most pages a sample copies: 32 KiB above the stack pointer, and the part of its page below.
+pub const STACK_COPY_MAX_PAGES: usize = 9;
+/// Kernel frames a stack-copy record holds (the kernel's own callchain limit).
+pub const STACK_COPY_KERNEL_FRAMES: usize = 127;
+
+/// The fixed part of a stack-copy record; `stack_bytes` bytes of user stack follow it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackCopyHeader {
+    pub pid: u32,
+    pub tid: u32,
+    pub event: u32,
+    pub cpu: u32,
+    pub cgroup: u64,
+    /// The user registers at the sample (the task's saved ones when it was in the kernel).
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Address of the first byte copied: the start of the stack pointer's page.
+    pub stack_start: u64,
+    pub stack_bytes: u32,
+    /// Bytes of `kernel` that hold frames (`bpf_get_stack`), 0 for a user-mode sample.
+    pub kernel_bytes: u32,
+    pub kernel: [u64; STACK_COPY_KERNEL_FRAMES],
+}
+
+/// The scratch a sample's record is built in before it is copied, as long as it is, to the ring.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackCopyRecord {
+    pub header: StackCopyHeader,
+    pub stack: [u8; STACK_COPY_MAX_PAGES * STACK_COPY_PAGE_BYTES],
+}
 
 /// How the program reads PERF_SAMPLE_RAW payloads, a read-only global of the program
 /// (`RAW_DECODING`) the agent sets at load time. All zero: no event's payload is decoded.
@@ -538,6 +583,7 @@ mod pod {
     unsafe impl aya::Pod for RawDecoding {}
     unsafe impl aya::Pod for RawSample {}
     unsafe impl aya::Pod for IbsRecord {}
+    unsafe impl aya::Pod for StackCopyHeader {}
     unsafe impl aya::Pod for crate::latency::LatencyBuckets {}
 }
 

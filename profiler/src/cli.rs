@@ -125,6 +125,17 @@ pub struct RecordArgs {
     /// Do not collect kernel call stacks.
     #[arg(long)]
     pub no_kernel_stacks: bool,
+    /// How user call stacks are walked: `fp` follows frame pointers in the kernel (code built
+    /// without them loses its callers); `copy` sends each sample's user registers and a copy of
+    /// its user stack to the agent, which unwinds them with the modules' `.eh_frame` (costlier:
+    /// `--stack-copy-kib` per sample, and the stack's bytes reach the agent).
+    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
+    pub unwind: UnwindMode,
+    /// With `--unwind copy`: KiB of user stack copied per sample above the stack pointer (1 to
+    /// 32); a deeper stack is cut short and counted as such.
+    #[arg(long, value_name = "KIB", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub stack_copy_kib: u32,
     /// Keep the command's arguments in the profile and its reports (by default only the
     /// program is named: arguments may hold passwords or tokens).
     #[arg(long)]
@@ -139,6 +150,15 @@ pub struct RecordArgs {
         value_name = "COMMAND"
     )]
     pub command: Vec<String>,
+}
+
+/// `record --unwind`: how user call stacks are walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMode {
+    /// Frame pointers, in the kernel.
+    Fp,
+    /// A copy of the user stack, unwound in the agent.
+    Copy,
 }
 
 /// Largest `--ring-buffer-kib`: 1 GiB, whose bytes (a power of two) still fit the u32 size the

@@ -8,7 +8,7 @@ use crate::{
     capture::{
         btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, program::MapSizes,
     },
-    cli::{Command, RecordArgs, ReportArgs, ReportOutput},
+    cli::{Command, RecordArgs, ReportArgs, ReportOutput, UnwindMode},
     events::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
@@ -188,11 +188,17 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
             latencies: args.latency_map_entries,
             ring_buffer_bytes: ring_bytes,
             ibs_ring_bytes: ring_bytes,
+            stack_copy_ring_bytes: ring_bytes,
+            // One scratch record per CPU the program may run on.
+            stack_copy_scratch: aya::util::nr_cpus()
+                .map_err(|(what, e)| anyhow::anyhow!("counting possible CPUs ({what}): {e}"))?
+                as u32,
         },
         stacks: StackCapture {
             user: true,
             kernel: !args.no_kernel_stacks,
         },
+        stack_copy_kib: (args.unwind == UnwindMode::Copy).then_some(args.stack_copy_kib),
         raw: outputs.raw.clone(),
         stats: args.stats,
         cgroups,

@@ -1,8 +1,9 @@
 //! Call stacks of code built without frame pointers, unwound from copies of the user stack:
 //! perf.data files recorded by the real `perf record --call-graph dwarf` (user registers and
 //! stack bytes in every sample) imported through the copy unwinder, checked frame by frame
-//! against `perf script`'s own unwinding of the same samples, on a C workload built here with
-//! `gcc -O2 -fomit-frame-pointer` and on Debian's own xz.
+//! against `perf script`'s own unwinding of the same samples; and live `record --unwind copy`
+//! recordings, checked against perf's dwarf recordings of the same programs by function. On a C
+//! workload built here with `gcc -O2 -fomit-frame-pointer` and on Debian's own xz and python3.
 //!
 //! Needs perf (Debian: linux-perf), gcc, xz-utils, libc6-dbg (names glibc's internal frames) and
 //! root; fails with the reason when one is missing.
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use profiler::import::profile_from_perf_data_file;
+use profiler::profile::file::read_profile;
 use profiler::profile::{module_basename, Profile, StackSample};
 
 /// Functions a complete user stack ends in: the program's entry and glibc's frames that call
@@ -306,4 +308,165 @@ fn dwarf_recording_of_debians_xz_is_unwound_to_main_like_perf() {
         "glibc's call of main in {from_main} of {total} samples"
     );
     assert_matches_perf_script(&file, &profile);
+}
+
+/// `profiler record --unwind copy -F 999 ARGS -o DIR/live.prof -- COMMAND`, read back.
+fn record_copy(dir: &Path, args: &[&str], command: &[&str]) -> Profile {
+    let file = dir.join("live.prof");
+    let mut all = vec!["record", "--unwind", "copy", "-F", "999"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", file.to_str().unwrap(), "--"]);
+    all.extend_from_slice(command);
+    common::profiler(&all);
+    read_profile(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+}
+
+/// Per function, the share of samples whose user stack passes through it.
+fn inclusive_shares(profile: &Profile, functions: &[&str]) -> Vec<f64> {
+    let total: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
+    functions
+        .iter()
+        .map(|function| {
+            let through: u64 = profile
+                .stacks
+                .iter()
+                .filter(|stack| user_functions(profile, stack).iter().any(|n| n == function))
+                .map(|stack| stack.count)
+                .sum();
+            through as f64 / total as f64
+        })
+        .collect()
+}
+
+#[test]
+fn unwind_copy_recording_of_code_without_frame_pointers_matches_perf_dwarf_by_function() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    let command = [binary.to_str().unwrap(), "1500"];
+    let live = record_copy(dir.path(), &[], &command);
+
+    assert_most_reach_a_root(&live, "no_frame_pointers, --unwind copy");
+    common::assert_no_losses(&live, &[]);
+    let (total, _) = samples_reaching_a_root(&live);
+    let chain = [
+        "record_key",
+        "compare_records",
+        "msort_with_tmp",
+        "__GI___qsort_r",
+        "sort_records",
+        "main",
+    ];
+    let through_qsort: u64 = live
+        .stacks
+        .iter()
+        .filter(|stack| {
+            let names = user_functions(&live, stack);
+            let mut rest = names.iter();
+            // In order, with msort_with_tmp's recursion between.
+            chain.iter().all(|want| rest.any(|name| name == want))
+        })
+        .map(|stack| stack.count)
+        .sum();
+    let leaf_in_callback = samples_with_chain(&live, &["record_key", "compare_records"]);
+    assert!(
+        leaf_in_callback * 10 >= total * 2,
+        "{leaf_in_callback} of {total}"
+    );
+    assert_eq!(
+        through_qsort, leaf_in_callback,
+        "every record_key <- compare_records stack goes on through qsort to main"
+    );
+    let copying = samples_with_chain(&live, &["copy_blocks", "copier_main", "start_thread"]);
+    assert!(copying * 10 >= total * 2, "{copying} of {total}");
+
+    // perf's own dwarf unwinding of the same program: the same functions, as often.
+    let perf = import(&perf_record_dwarf(dir.path(), &command));
+    let functions = [
+        "record_key",
+        "compare_records",
+        "sort_records",
+        "main",
+        "copy_blocks",
+        "copier_main",
+        "start_thread",
+    ];
+    let ours = inclusive_shares(&live, &functions);
+    let theirs = inclusive_shares(&perf, &functions);
+    for ((function, ours), theirs) in functions.iter().zip(ours).zip(theirs) {
+        assert!(
+            (ours - theirs).abs() < 0.1,
+            "{function}: in {:.1}% of our stacks, {:.1}% of perf's",
+            ours * 100.0,
+            theirs * 100.0
+        );
+    }
+}
+
+#[test]
+fn unwind_copy_recordings_of_debians_xz_and_python3_reach_main() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let input = dir.path().join("input");
+    let text: String = (0..400_000u64)
+        .map(|i| format!("{} ", (i * 2_654_435_761) % 100_003))
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    let xz = record_copy(
+        dir.path(),
+        &[],
+        &["xz", "-T1", "-9", "-k", "-f", input.to_str().unwrap()],
+    );
+    assert_most_reach_a_root(&xz, "xz, --unwind copy");
+    let python = record_copy(
+        dir.path(),
+        &[],
+        &[
+            "/usr/bin/python3",
+            "-c",
+            "import json\n\
+             d = [{'a': i, 'b': str(i) * 5} for i in range(200000)]\n\
+             for _ in range(4): json.loads(json.dumps(d))\n\
+             sorted(d, key=lambda x: x['b'])",
+        ],
+    );
+    assert_most_reach_a_root(&python, "python3, --unwind copy");
+}
+
+#[test]
+fn a_sixty_frame_rust_stack_is_unwound_whole_and_copy_sizes_out_of_range_are_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let deep = common::workload("deep_stack");
+    let profile = record_copy(
+        dir.path(),
+        &["--stack-copy-kib", "8"],
+        &[deep.to_str().unwrap(), "15000"],
+    );
+    assert_most_reach_a_root(&profile, "deep_stack, --unwind copy --stack-copy-kib 8");
+    let sixty_deep =
+        samples_with_chain(&profile, &["deep_stack::frame_60", "deep_stack::frame_59"]);
+    let (total, _) = samples_reaching_a_root(&profile);
+    assert!(sixty_deep * 100 >= total * 95, "{sixty_deep} of {total}");
+    // A walk or two may end in the loader's or exit's code, named as such.
+    let cut: u64 = profile.losses.counters.values().sum();
+    assert!(cut * 100 <= total, "{:?}", profile.losses.counters);
+    for size in ["0", "33"] {
+        let output = Command::new(common::profiler_bin())
+            .args([
+                "record",
+                "--unwind",
+                "copy",
+                "--stack-copy-kib",
+                size,
+                "--",
+                "true",
+            ])
+            .output()
+            .expect("the profiler runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success()
+                && stderr.contains("--stack-copy-kib")
+                && stderr.contains("1..=32"),
+            "--stack-copy-kib {size}: {stderr}"
+        );
+    }
 }

@@ -7,6 +7,7 @@
 
 mod batch;
 pub mod ibs;
+pub mod stack_copy;
 
 use std::{
     collections::HashMap,

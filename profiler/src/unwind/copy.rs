@@ -129,9 +129,16 @@ impl ModuleSections {
     /// The address the file's address 0 has in a process that mapped it as `mapping`.
     fn base_address(&self, mapping: &Mapping) -> Option<u64> {
         const PAGE: u64 = 4096;
-        let (offsets, address) = self.segments.iter().find(|(offsets, _)| {
-            offsets.start & !(PAGE - 1) <= mapping.file_offset && mapping.file_offset < offsets.end
-        })?;
+        // Segments can share a page (text starting in the page where read-only data ends):
+        // the mapping is of the last one that starts at or before its first page.
+        let (offsets, address) = self
+            .segments
+            .iter()
+            .filter(|(offsets, _)| {
+                offsets.start & !(PAGE - 1) <= mapping.file_offset
+                    && mapping.file_offset < offsets.end
+            })
+            .max_by_key(|(offsets, _)| offsets.start)?;
         // The mapping's first byte is file offset `file_offset`, at file address
         // `address + (file_offset - offsets.start)`.
         Some(
@@ -334,6 +341,21 @@ mod tests {
         assert_eq!(
             sections.base_address(&mapping(0x7f00_0000_9000, 0x9000)),
             None
+        );
+    }
+
+    #[test]
+    fn a_text_segment_sharing_a_page_with_read_only_data_places_its_module() {
+        // As rustc's linker lays out a PIE: read-only data ends in the page where text starts,
+        // and text sits a page further in memory than in the file.
+        let sections = ModuleSections {
+            segments: vec![(0..0x1415c, 0), (0x14160..0x562d0, 0x15160)],
+            info: ExplicitModuleSectionInfo::default(),
+        };
+        let text = mapping(0x5642_c4cc_a000, 0x14000);
+        assert_eq!(
+            sections.base_address(&text),
+            Some(0x5642_c4cc_a000 - 0x15000)
         );
     }
 
