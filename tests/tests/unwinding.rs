@@ -128,6 +128,33 @@ fn assert_most_reach_a_root(profile: &Profile, what: &str) {
     );
 }
 
+/// Asserts that every loss is a walk cut short or a copy that fell back to frame pointers, for
+/// at most 1% of the samples. A sample in the dynamic loader's start-up (relocating, before
+/// main) ends there: the loader's entry point has no unwind information, so the walk cannot
+/// prove the stack complete and counts it as cut short; a sample as the process exits may find
+/// no stack page left to copy.
+fn assert_few_cut_short(profile: &Profile) {
+    let total: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
+    let counted: Vec<&str> = profile
+        .losses
+        .counters
+        .iter()
+        .filter(|(name, count)| {
+            **count > 0
+                && (name.starts_with("user stacks cut short")
+                    || name.starts_with("user stacks by frame pointers only"))
+        })
+        .map(|(name, _)| name.as_str())
+        .collect();
+    common::assert_no_losses(profile, &counted);
+    let cut: u64 = profile.losses.counters.values().sum();
+    assert!(
+        cut * 100 <= total,
+        "{total} samples, {:?}",
+        profile.losses.counters
+    );
+}
+
 /// Samples whose user stack has `chain` as a contiguous run of functions, leaf first, starting
 /// at the leaf when `from_leaf`.
 fn samples_with_chain(profile: &Profile, chain: &[&str]) -> u64 {
@@ -278,7 +305,7 @@ fn dwarf_recording_of_code_without_frame_pointers_is_unwound_to_main_like_perf()
         copying * 10 >= total * 2,
         "copy_blocks <- copier_main <- start_thread in {copying} of {total} samples"
     );
-    common::assert_no_losses(&profile, &[]);
+    assert_few_cut_short(&profile);
     assert_matches_perf_script(&file, &profile);
 }
 
@@ -346,7 +373,7 @@ fn unwind_copy_recording_of_code_without_frame_pointers_matches_perf_dwarf_by_fu
     let live = record_copy(dir.path(), &[], &command);
 
     assert_most_reach_a_root(&live, "no_frame_pointers, --unwind copy");
-    common::assert_no_losses(&live, &[]);
+    assert_few_cut_short(&live);
     let (total, _) = samples_reaching_a_root(&live);
     let chain = [
         "record_key",
@@ -445,9 +472,7 @@ fn a_sixty_frame_rust_stack_is_unwound_whole_and_copy_sizes_out_of_range_are_ref
         samples_with_chain(&profile, &["deep_stack::frame_60", "deep_stack::frame_59"]);
     let (total, _) = samples_reaching_a_root(&profile);
     assert!(sixty_deep * 100 >= total * 95, "{sixty_deep} of {total}");
-    // A walk or two may end in the loader's or exit's code, named as such.
-    let cut: u64 = profile.losses.counters.values().sum();
-    assert!(cut * 100 <= total, "{:?}", profile.losses.counters);
+    assert_few_cut_short(&profile);
     for size in ["0", "33"] {
         let output = Command::new(common::profiler_bin())
             .args([
