@@ -587,8 +587,8 @@ fn record(
 
     // With stack copies the agent unwinds and counts the sample's stacks from its record; a
     // sample that could not be copied is counted here, with its frame-pointer stack.
-    let copied = config.flags & CAPTURE_STACK_COPY != 0
-        && copy_stacks(ctx, config, pid, tid, cgroup, event);
+    let copied =
+        config.flags & CAPTURE_STACK_COPY != 0 && copy_stacks(ctx, config, pid, tid, cgroup, event);
     let user_stack = if copied {
         NO_STACK
     } else if config.flags & CAPTURE_USER_STACKS != 0 {
@@ -627,12 +627,13 @@ fn record(
     };
     if !copied
         && bump(
-        maps.stack_counts,
-        &key,
-        &1,
-        |count| *count += 1,
-        LossKind::StackCountsFull,
-    ) {
+            maps.stack_counts,
+            &key,
+            &1,
+            |count| *count += 1,
+            LossKind::StackCountsFull,
+        )
+    {
         count_new_keys(config, maps.index, Fill::StackCounts, 1);
     }
 
@@ -822,16 +823,23 @@ fn copy_stacks(
         lose(LossKind::StackCopyUnreadable);
         return false;
     }
-    // SAFETY: as above; the kernel frames go straight into the record.
-    let kernel_bytes = unsafe {
-        let kernel = core::ptr::addr_of_mut!((*record).header.kernel);
-        let written = aya_ebpf::helpers::generated::bpf_get_stack(
-            ctx.as_ptr(),
-            kernel.cast(),
-            (STACK_COPY_KERNEL_FRAMES * 8) as u32,
-            0,
-        );
-        if written > 0 { written as u32 } else { 0 }
+    let kernel_bytes = if config.flags & CAPTURE_KERNEL_STACKS == 0 {
+        0
+    } else {
+        // SAFETY: as above; the kernel frames go straight into the record.
+        let written = unsafe {
+            aya_ebpf::helpers::generated::bpf_get_stack(
+                ctx.as_ptr(),
+                core::ptr::addr_of_mut!((*record).header.kernel).cast(),
+                (STACK_COPY_KERNEL_FRAMES * 8) as u32,
+                0,
+            )
+        };
+        if written > 0 {
+            written as u32
+        } else {
+            0
+        }
     };
     // SAFETY: as above.
     unsafe {

@@ -132,10 +132,9 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
     pub unwind: UnwindMode,
     /// With `--unwind copy`: KiB of user stack copied per sample above the stack pointer (1 to
-    /// 32); a deeper stack is cut short and counted as such.
-    #[arg(long, value_name = "KIB", default_value_t = 16,
-          value_parser = clap::value_parser!(u32).range(1..=32))]
-    pub stack_copy_kib: u32,
+    /// 32, default 16); a deeper stack is cut short and counted as such.
+    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub stack_copy_kib: Option<u32>,
     /// Keep the command's arguments in the profile and its reports (by default only the
     /// program is named: arguments may hold passwords or tokens).
     #[arg(long)]
@@ -151,6 +150,9 @@ pub struct RecordArgs {
     )]
     pub command: Vec<String>,
 }
+
+/// `--stack-copy-kib` when not given.
+pub const DEFAULT_STACK_COPY_KIB: u32 = 16;
 
 /// `record --unwind`: how user call stacks are walked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

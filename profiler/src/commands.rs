@@ -8,7 +8,7 @@ use crate::{
     capture::{
         btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, program::MapSizes,
     },
-    cli::{Command, RecordArgs, ReportArgs, ReportOutput, UnwindMode},
+    cli::{Command, RecordArgs, ReportArgs, ReportOutput, UnwindMode, DEFAULT_STACK_COPY_KIB},
     events::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
@@ -136,6 +136,18 @@ fn describe_scope(args: &RecordArgs) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(", "))
 }
 
+/// KiB of user stack each sample copies, with `--unwind copy`.
+fn stack_copy_kib(args: &RecordArgs) -> Result<Option<u32>> {
+    match (args.unwind, args.stack_copy_kib) {
+        (UnwindMode::Copy, kib) => Ok(Some(kib.unwrap_or(DEFAULT_STACK_COPY_KIB))),
+        (UnwindMode::Fp, None) => Ok(None),
+        (UnwindMode::Fp, Some(_)) => Err(anyhow::anyhow!(
+            "--stack-copy-kib sizes the stack copies of --unwind copy: add --unwind copy, or \
+             leave --stack-copy-kib out to walk frame pointers"
+        )),
+    }
+}
+
 async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
     // From the start: no stop signal kills the profiler and leaves its command running.
     let mut signals = StopSignals::catch()?;
@@ -198,7 +210,7 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
             user: true,
             kernel: !args.no_kernel_stacks,
         },
-        stack_copy_kib: (args.unwind == UnwindMode::Copy).then_some(args.stack_copy_kib),
+        stack_copy_kib: stack_copy_kib(&args)?,
         raw: outputs.raw.clone(),
         stats: args.stats,
         cgroups,

@@ -459,7 +459,7 @@ fn unwind_copy_recordings_of_debians_xz_and_python3_reach_main() {
 }
 
 #[test]
-fn a_sixty_frame_rust_stack_is_unwound_whole_and_copy_sizes_out_of_range_are_refused() {
+fn a_sixty_frame_rust_stack_is_unwound_whole_and_stray_or_out_of_range_copy_sizes_are_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
     let deep = common::workload("deep_stack");
     let profile = record_copy(
@@ -473,6 +473,15 @@ fn a_sixty_frame_rust_stack_is_unwound_whole_and_copy_sizes_out_of_range_are_ref
     let (total, _) = samples_reaching_a_root(&profile);
     assert!(sixty_deep * 100 >= total * 95, "{sixty_deep} of {total}");
     assert_few_cut_short(&profile);
+    let output = Command::new(common::profiler_bin())
+        .args(["record", "--stack-copy-kib", "8", "--", "true"])
+        .output()
+        .expect("the profiler runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("add --unwind copy"),
+        "--stack-copy-kib without --unwind copy: {stderr}"
+    );
     for size in ["0", "33"] {
         let output = Command::new(common::profiler_bin())
             .args([
@@ -494,4 +503,72 @@ fn a_sixty_frame_rust_stack_is_unwound_whole_and_copy_sizes_out_of_range_are_ref
             "--stack-copy-kib {size}: {stderr}"
         );
     }
+}
+
+#[test]
+fn a_stack_deeper_than_the_copy_is_cut_short_and_counted_and_a_larger_copy_reaches_main() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    // About 25 KiB of stack: more than the default 16 KiB copy, less than 32.
+    let command = [binary.to_str().unwrap(), "1500", "deep"];
+    let short = record_copy(dir.path(), &[], &command);
+    let total: u64 = short.stacks.iter().map(|stack| stack.count).sum();
+    let cut = short
+        .losses
+        .counters
+        .get("user stacks cut short: walk reached the end of the stack copy")
+        .copied()
+        .unwrap_or(0);
+    let (_, complete) = samples_reaching_a_root(&short);
+    assert!(
+        total >= 100 && cut * 100 >= total * 95 && complete == 0,
+        "{cut} of {total} stacks counted as cut short, {complete} complete: {:?}",
+        short.losses.counters
+    );
+    // What was walked is kept: the leaf and the levels the copy held.
+    let partial = samples_with_chain(&short, &["record_key", "descend", "descend"]);
+    assert!(partial * 100 >= total * 95, "{partial} of {total}");
+
+    let whole = record_copy(dir.path(), &["--stack-copy-kib", "32"], &command);
+    assert_most_reach_a_root(&whole, "25 KiB deep, --stack-copy-kib 32");
+    assert_few_cut_short(&whole);
+}
+
+#[test]
+fn samples_taken_in_the_kernel_carry_the_tasks_user_stack() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // dd spends its time in read(2) of /dev/zero: the samples interrupt the kernel, and the
+    // user registers are those the task entered it with.
+    let profile = record_copy(
+        dir.path(),
+        &[],
+        &["dd", "if=/dev/zero", "of=/dev/null", "bs=4M", "count=30000"],
+    );
+    let in_kernel: u64 = profile
+        .stacks
+        .iter()
+        .filter(|stack| profile.frames[stack.frames[0] as usize].kernel)
+        .map(|stack| stack.count)
+        .sum();
+    let in_kernel_from_main: u64 = profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            profile.frames[stack.frames[0] as usize].kernel
+                && user_functions(&profile, stack)
+                    .iter()
+                    .any(|name| name == "__libc_start_call_main")
+        })
+        .map(|stack| stack.count)
+        .sum();
+    let (total, _) = samples_reaching_a_root(&profile);
+    assert!(
+        in_kernel * 10 >= total * 8,
+        "{in_kernel} of {total} in the kernel"
+    );
+    assert!(
+        in_kernel_from_main * 100 >= in_kernel * 95,
+        "{in_kernel_from_main} of {in_kernel} kernel samples have a user stack from main"
+    );
+    assert_few_cut_short(&profile);
 }

@@ -2,7 +2,9 @@
  * only unwind tables (.eh_frame) describe its frames: the main thread sorts records through
  * glibc's qsort with a comparison callback (record_key <- compare_records <- qsort internals
  * <- sort_records <- main), a second thread copies blocks with memcpy (copy_blocks <-
- * copier_main <- start_thread). Runs for argv[1] milliseconds of wall time. */
+ * copier_main <- start_thread). Runs for argv[1] milliseconds of wall time. With argv[2]
+ * "deep", main instead calls descend 24 levels deep, each level holding 1 KiB of stack, and
+ * spins in record_key at the bottom: a stack of about 25 KiB. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,9 +63,27 @@ __attribute__((noinline, noipa)) void *copier_main(void *unused)
     return NULL;
 }
 
+__attribute__((noinline, noipa)) unsigned long descend(int depth)
+{
+    volatile char frame[1024];
+    frame[depth] = (char)depth;
+    if (depth == 0) {
+        unsigned long key = 1;
+        while (now() < deadline)
+            for (int i = 0; i < 10000; i++)
+                key = record_key(&key);
+        return key;
+    }
+    return descend(depth - 1) + frame[depth];
+}
+
 int main(int argc, char **argv)
 {
     deadline = now() + (argc > 1 ? atoi(argv[1]) : 1000) / 1000.0;
+    if (argc > 2 && strcmp(argv[2], "deep") == 0) {
+        sink = descend(24);
+        return 0;
+    }
     pthread_t copier;
     pthread_create(&copier, NULL, copier_main, NULL);
     static unsigned long records[RECORDS];
