@@ -115,7 +115,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = map_entries)]
     pub latency_map_entries: u32,
     /// Size in KiB of each ring buffer the program streams through: the `--raw` samples and the
-    /// registers of IBS samples (rounded up to a power of two pages; 4 to 1048576).
+    /// registers of IBS samples (rounded up to a power of two pages; 4 to 1048576); the stack
+    /// copies of `--unwind copy` get 8 times as much (at most 1 GiB).
     #[arg(long, value_name = "KIB", default_value_t = 4096,
           value_parser = clap::value_parser!(u32).range(4..=MAX_RING_BUFFER_KIB as i64))]
     pub ring_buffer_kib: u32,
@@ -150,6 +151,9 @@ pub struct RecordArgs {
     )]
     pub command: Vec<String>,
 }
+
+/// How much larger than `--ring-buffer-kib` the stack-copy ring is.
+pub const STACK_COPY_RING_FACTOR: u32 = 8;
 
 /// `--stack-copy-kib` when not given.
 pub const DEFAULT_STACK_COPY_KIB: u32 = 16;

@@ -8,7 +8,10 @@ use crate::{
     capture::{
         btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, program::MapSizes,
     },
-    cli::{Command, RecordArgs, ReportArgs, ReportOutput, UnwindMode, DEFAULT_STACK_COPY_KIB},
+    cli::{
+        Command, RecordArgs, ReportArgs, ReportOutput, UnwindMode, DEFAULT_STACK_COPY_KIB,
+        MAX_RING_BUFFER_KIB, STACK_COPY_RING_FACTOR,
+    },
     events::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
@@ -200,7 +203,10 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
             latencies: args.latency_map_entries,
             ring_buffer_bytes: ring_bytes,
             ibs_ring_bytes: ring_bytes,
-            stack_copy_ring_bytes: ring_bytes,
+            // A stack copy takes up to 37 KiB where a raw sample takes 80 bytes.
+            stack_copy_ring_bytes: ring_bytes
+                .saturating_mul(STACK_COPY_RING_FACTOR)
+                .min(MAX_RING_BUFFER_KIB * 1024),
             // One scratch record per CPU the program may run on.
             stack_copy_scratch: aya::util::nr_cpus()
                 .map_err(|(what, e)| anyhow::anyhow!("counting possible CPUs ({what}): {e}"))?

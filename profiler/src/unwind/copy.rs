@@ -51,7 +51,9 @@ impl StackCopy<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StackEnd {
     /// A function with no caller (`_start`, a thread start: their unwind information says the
-    /// return address is undefined, or the frame chain ends in a null return address).
+    /// return address is undefined, or the frame chain ends in a null return address), or a
+    /// return into a module's entry point (the dynamic loader's `_start`, whose assembly has no
+    /// unwind information, calling its start-up code).
     Root,
     /// The next return address lies past the copied stack bytes.
     CopyTooSmall,
@@ -88,6 +90,8 @@ pub struct UnwoundStack {
 struct ModuleSections {
     /// Loadable segments as (file offset, address): where a mapping of the file puts it.
     segments: Vec<(Range<u64>, u64)>,
+    /// The ELF entry point's address.
+    entry: u64,
     info: ExplicitModuleSectionInfo<Arc<[u8]>>,
 }
 
@@ -123,7 +127,11 @@ impl ModuleSections {
             debug_frame: data(".debug_frame"),
             ..ExplicitModuleSectionInfo::default()
         };
-        Some(ModuleSections { segments, info })
+        Some(ModuleSections {
+            segments,
+            entry: file.entry(),
+            info,
+        })
     }
 
     /// The address the file's address 0 has in a process that mapped it as `mapping`.
@@ -158,11 +166,17 @@ struct ProcessModules {
     unwinder: UnwinderX86_64<Arc<[u8]>>,
     /// Every executable mapping (with or without a file): return addresses must be in one.
     code: Vec<Range<u64>>,
+    /// The first bytes of each module's entry point: a return there ends the stack.
+    entries: Vec<Range<u64>>,
 }
 
 impl ProcessModules {
     fn holds_code(&self, address: u64) -> bool {
         self.code.iter().any(|range| range.contains(&address))
+    }
+
+    fn is_entry_point(&self, address: u64) -> bool {
+        self.entries.iter().any(|range| range.contains(&address))
     }
 }
 
@@ -237,6 +251,11 @@ impl CopyUnwinder {
         let _ = walk.next();
         let mut frames = vec![registers.ip];
         let end = loop {
+            // The last frame returns into an entry point: nothing called it (the walk past it
+            // would read what the kernel put on the stack at exec).
+            if frames.len() > 1 && frames.last().is_some_and(|&at| modules.is_entry_point(at)) {
+                break StackEnd::Root;
+            }
             if frames.len() >= MAX_FRAMES {
                 break StackEnd::TooDeep;
             }
@@ -269,6 +288,7 @@ impl CopyUnwinder {
             return;
         }
         let mut unwinder = UnwinderX86_64::new();
+        let mut entries = Vec::new();
         for mapping in &mappings {
             let Some(identity) = mapping.file else {
                 continue;
@@ -283,6 +303,12 @@ impl CopyUnwinder {
             let Some(base) = sections.base_address(mapping) else {
                 continue;
             };
+            // A `call` in the entry point's first instructions returns within these bytes.
+            const ENTRY_CALL_BYTES: u64 = 16;
+            let entry = base.wrapping_add(sections.entry);
+            if mapping.contains(entry) {
+                entries.push(entry..entry.saturating_add(ENTRY_CALL_BYTES));
+            }
             unwinder.add_module(Module::new(
                 mapping.path.clone(),
                 mapping.start..mapping.end,
@@ -300,6 +326,7 @@ impl CopyUnwinder {
                 fingerprint,
                 unwinder,
                 code,
+                entries,
             },
         );
     }
@@ -331,6 +358,7 @@ mod tests {
                 (0x1000..0x4000, 0x1000),
                 (0x5e10..0x6000, 0x6e10),
             ],
+            entry: 0,
             info: ExplicitModuleSectionInfo::default(),
         };
         let text = mapping(0x7f00_0000_1000, 0x1000);
@@ -350,6 +378,7 @@ mod tests {
         // and text sits a page further in memory than in the file.
         let sections = ModuleSections {
             segments: vec![(0..0x1415c, 0), (0x14160..0x562d0, 0x15160)],
+            entry: 0,
             info: ExplicitModuleSectionInfo::default(),
         };
         let text = mapping(0x5642_c4cc_a000, 0x14000);
