@@ -30,26 +30,11 @@ const ROOTS: [&str; 6] = [
     "clone3",
 ];
 
-/// Runs a program that must succeed and returns its output.
-fn run(program: &str, args: &[&str]) -> std::process::Output {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run `{program}`: {e}"));
-    assert!(
-        output.status.success(),
-        "`{program} {}` failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
-
 /// tests/workloads/c/no_frame_pointers.c built into `dir` with `-O2 -fomit-frame-pointer`.
 fn no_frame_pointer_workload(dir: &Path) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/c/no_frame_pointers.c");
     let binary = dir.join("no_frame_pointers");
-    run(
+    common::run_checked(
         "gcc",
         &[
             "-O2",
@@ -62,6 +47,22 @@ fn no_frame_pointer_workload(dir: &Path) -> PathBuf {
         ],
     );
     binary
+}
+
+/// A file for xz to compress into DIR: compressible but not trivial, so that xz spends its
+/// time in liblzma's match finder, for about a second.
+fn xz_input(dir: &Path) -> PathBuf {
+    let input = dir.join("input");
+    let text: String = (0..400_000u64)
+        .map(|i| format!("{} ", (i * 2_654_435_761) % 100_003))
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    input
+}
+
+/// Debian's xz compressing `input` on one thread.
+fn xz_command(input: &Path) -> [&str; 6] {
+    ["xz", "-T1", "-9", "-k", "-f", input.to_str().unwrap()]
 }
 
 /// `perf record -e cpu-clock -F 999 --call-graph dwarf -o DIR/perf.data -- COMMAND`.
@@ -82,7 +83,7 @@ fn perf_record_dwarf(dir: &Path, command: &[&str]) -> PathBuf {
         "--",
     ];
     args.extend_from_slice(command);
-    run("perf", &args);
+    common::run_checked("perf", &args);
     file
 }
 
@@ -187,7 +188,7 @@ type PrintedFrame = (String, u64);
 /// The user stacks perf itself unwound from the file, one entry per distinct stack with its
 /// samples.
 fn perf_script_user_stacks(file: &Path) -> BTreeMap<Vec<PrintedFrame>, u64> {
-    let output = run(
+    let output = common::run_checked(
         "perf",
         &[
             "script",
@@ -312,16 +313,8 @@ fn dwarf_recording_of_code_without_frame_pointers_is_unwound_to_main_like_perf()
 #[test]
 fn dwarf_recording_of_debians_xz_is_unwound_to_main_like_perf() {
     let dir = tempfile::tempdir().expect("temp dir");
-    // Compressible but not trivial input: xz spends its time in liblzma's match finder.
-    let input = dir.path().join("input");
-    let text: String = (0..400_000u64)
-        .map(|i| format!("{} ", (i * 2_654_435_761) % 100_003))
-        .collect();
-    std::fs::write(&input, text).unwrap();
-    let file = perf_record_dwarf(
-        dir.path(),
-        &["xz", "-T1", "-9", "-k", "-f", input.to_str().unwrap()],
-    );
+    let input = xz_input(dir.path());
+    let file = perf_record_dwarf(dir.path(), &xz_command(&input));
     let profile = import(&file);
 
     assert_most_reach_a_root(&profile, "xz");
@@ -432,16 +425,8 @@ fn unwind_copy_recording_of_code_without_frame_pointers_matches_perf_dwarf_by_fu
 #[test]
 fn unwind_copy_recordings_of_debians_xz_python3_and_sqlite3_reach_main() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let input = dir.path().join("input");
-    let text: String = (0..400_000u64)
-        .map(|i| format!("{} ", (i * 2_654_435_761) % 100_003))
-        .collect();
-    std::fs::write(&input, text).unwrap();
-    let xz = record_copy(
-        dir.path(),
-        &[],
-        &["xz", "-T1", "-9", "-k", "-f", input.to_str().unwrap()],
-    );
+    let input = xz_input(dir.path());
+    let xz = record_copy(dir.path(), &[], &xz_command(&input));
     assert_most_reach_a_root(&xz, "xz, --unwind copy");
     let python = record_copy(
         dir.path(),
