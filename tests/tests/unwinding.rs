@@ -571,3 +571,46 @@ fn samples_taken_in_the_kernel_carry_the_tasks_user_stack() {
     );
     assert_few_cut_short(&profile);
 }
+
+#[test]
+fn samples_in_the_vdso_are_unwound_with_its_own_unwind_tables() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    let profile = record_copy(
+        dir.path(),
+        &[],
+        &[binary.to_str().unwrap(), "1500", "clock"],
+    );
+    let in_vdso: u64 = profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            user_functions(&profile, stack)
+                .first()
+                .is_some_and(|leaf| leaf == "__vdso_clock_gettime")
+        })
+        .map(|stack| stack.count)
+        .sum();
+    let in_vdso_from_main = samples_with_chain(
+        &profile,
+        &[
+            "__vdso_clock_gettime",
+            "__GI___clock_gettime",
+            "now",
+            "main",
+        ],
+    ) + samples_with_chain(
+        &profile,
+        &["__vdso_clock_gettime", "__GI___clock_gettime", "main"],
+    );
+    let (total, _) = samples_reaching_a_root(&profile);
+    assert!(
+        in_vdso * 2 >= total,
+        "{in_vdso} of {total} samples in the vDSO"
+    );
+    assert!(
+        in_vdso_from_main * 100 >= in_vdso * 99,
+        "{in_vdso_from_main} of {in_vdso} vDSO samples reach main through clock_gettime"
+    );
+    assert_most_reach_a_root(&profile, "clock, --unwind copy");
+}

@@ -5,7 +5,7 @@
 pub mod kernel_addresses;
 mod perf_map;
 mod plt;
-mod vdso;
+pub mod vdso;
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -18,7 +18,10 @@ use object::{Object, ObjectSection, ObjectSegment};
 use profiler_common::capture::LossKind;
 
 use crate::capture::sideband::{FileIdentity, Mapping, ProcessTable};
-use crate::input::ModuleImage;
+use crate::symbolize::vdso;
+
+/// The kernel's name of the vDSO mapping.
+const VDSO: &str = "[vdso]";
 
 /// Most frames a walk produces: deeper stacks end as [`StackEnd::TooDeep`].
 pub const MAX_FRAMES: usize = 256;
@@ -96,7 +99,7 @@ struct ModuleSections {
 }
 
 impl ModuleSections {
-    fn read(image: &ModuleImage) -> Option<ModuleSections> {
+    fn read<'a>(image: impl object::ReadRef<'a>) -> Option<ModuleSections> {
         let file = object::File::parse(image).ok()?;
         let segments = file
             .segments()
@@ -183,6 +186,10 @@ impl ProcessModules {
 /// Walks copied user stacks; keeps what it read of modules and processes for the whole run.
 pub struct CopyUnwinder {
     files: HashMap<FileIdentity, Option<Arc<ModuleSections>>>,
+    /// The `[vdso]` every process maps: the kernel's one image, read from this process's copy,
+    /// and its length (a perf.data file from another kernel maps another image).
+    vdso: Option<Arc<ModuleSections>>,
+    vdso_bytes: u64,
     processes: HashMap<u32, ProcessModules>,
     cache: CacheX86_64,
 }
@@ -191,6 +198,10 @@ impl Default for CopyUnwinder {
     fn default() -> Self {
         CopyUnwinder {
             files: HashMap::new(),
+            vdso: vdso::own_image()
+                .and_then(ModuleSections::read)
+                .map(Arc::new),
+            vdso_bytes: vdso::own_image().map_or(0, |image| image.len() as u64),
             processes: HashMap::new(),
             cache: CacheX86_64::new(),
         }
@@ -290,13 +301,16 @@ impl CopyUnwinder {
         let mut unwinder = UnwinderX86_64::new();
         let mut entries = Vec::new();
         for mapping in &mappings {
-            let Some(identity) = mapping.file else {
-                continue;
+            let sections = match mapping.file {
+                Some(identity) => self.files.entry(identity).or_insert_with(|| {
+                    let (_, image) = table.files.image(identity)?;
+                    ModuleSections::read(&image).map(Arc::new)
+                }),
+                None if mapping.path == VDSO && mapping.end - mapping.start == self.vdso_bytes => {
+                    &self.vdso
+                }
+                None => continue,
             };
-            let sections = self.files.entry(identity).or_insert_with(|| {
-                let (_, image) = table.files.image(identity)?;
-                ModuleSections::read(&image).map(Arc::new)
-            });
             let Some(sections) = sections else {
                 continue;
             };
