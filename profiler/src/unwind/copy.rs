@@ -164,7 +164,7 @@ impl ModuleSections {
 
 /// One process's modules as framehop sees them, for the executable mappings it had.
 struct ProcessModules {
-    /// Identifies the executable mappings these modules were built from.
+    /// Identifies the mappings these modules were built from (see [`fingerprint`]).
     fingerprint: u64,
     unwinder: UnwinderX86_64<Arc<[u8]>>,
     /// Every executable mapping (with or without a file): return addresses must be in one.
@@ -196,12 +196,11 @@ pub struct CopyUnwinder {
 
 impl Default for CopyUnwinder {
     fn default() -> Self {
+        let vdso_image = vdso::own_image();
         CopyUnwinder {
             files: HashMap::new(),
-            vdso: vdso::own_image()
-                .and_then(ModuleSections::read)
-                .map(Arc::new),
-            vdso_bytes: vdso::own_image().map_or(0, |image| image.len() as u64),
+            vdso: vdso_image.and_then(ModuleSections::read).map(Arc::new),
+            vdso_bytes: vdso_image.map_or(0, |image| image.len() as u64),
             processes: HashMap::new(),
             cache: CacheX86_64::new(),
         }
@@ -226,16 +225,15 @@ fn executable_mappings(table: &ProcessTable, pid: u32) -> Vec<&Mapping> {
     kept
 }
 
-fn fingerprint(mappings: &[&Mapping]) -> u64 {
+/// Identifies a process's mappings as the table holds them, cheaply enough to check on every
+/// sample: the list only grows, except at exec, which empties it and maps another program.
+fn fingerprint(table: &ProcessTable, pid: u32) -> u64 {
     let mut hasher = DefaultHasher::new();
-    for mapping in mappings {
-        (
-            mapping.start,
-            mapping.end,
-            mapping.file_offset,
-            mapping.file,
-        )
-            .hash(&mut hasher);
+    if let Some(process) = table.processes.get(&pid) {
+        process.mappings.len().hash(&mut hasher);
+        if let Some(last) = process.mappings.last() {
+            (last.start, last.end, last.file_offset, last.file).hash(&mut hasher);
+        }
     }
     hasher.finish()
 }
@@ -289,8 +287,7 @@ impl CopyUnwinder {
 
     /// Builds `pid`'s modules anew when its executable mappings changed since the last walk.
     fn update_modules(&mut self, table: &ProcessTable, pid: u32) {
-        let mappings = executable_mappings(table, pid);
-        let fingerprint = fingerprint(&mappings);
+        let fingerprint = fingerprint(table, pid);
         if self
             .processes
             .get(&pid)
@@ -298,6 +295,7 @@ impl CopyUnwinder {
         {
             return;
         }
+        let mappings = executable_mappings(table, pid);
         let mut unwinder = UnwinderX86_64::new();
         let mut entries = Vec::new();
         for mapping in &mappings {
