@@ -160,10 +160,27 @@ pub enum LossKind {
     UserStackFramesFull = 15,
     /// As [`LossKind::UserStackFramesFull`], for a kernel stack.
     KernelStackFramesFull = 16,
+    /// `--unwind copy`: the stack-copy ring buffer was full: the sample is counted with the
+    /// frame-pointer stacks instead.
+    StackCopyRingFull = 17,
+    /// `--unwind copy`: not one page of the user stack could be read: the sample is counted
+    /// with the frame-pointer stacks instead.
+    StackCopyUnreadable = 18,
+    /// A copied user stack's walk reached the end of the bytes copied (`--stack-copy-kib`, or
+    /// perf's `--call-graph dwarf,SIZE`): its outer frames are lost.
+    UnwindCopyTooSmall = 19,
+    /// A copied user stack's walk met a return address in no executable mapping (garbage, or
+    /// code mapped unseen): the walk stops there, dropping it.
+    UnwindOutsideCode = 20,
+    /// A copied user stack's unwind rules led nowhere (the stack pointer did not advance or went
+    /// backwards): its outer frames are lost.
+    UnwindBroken = 21,
+    /// A copied user stack was deeper than the unwinder walks: its outermost frames are lost.
+    UnwindTooDeep = 22,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 23;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
@@ -182,6 +199,12 @@ impl LossKind {
         LossKind::LineLatencyFull,
         LossKind::UserStackFramesFull,
         LossKind::KernelStackFramesFull,
+        LossKind::StackCopyRingFull,
+        LossKind::StackCopyUnreadable,
+        LossKind::UnwindCopyTooSmall,
+        LossKind::UnwindOutsideCode,
+        LossKind::UnwindBroken,
+        LossKind::UnwindTooDeep,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
@@ -213,6 +236,20 @@ impl LossKind {
             LossKind::LineLatencyFull => "data cache-line latency histograms: map full",
             LossKind::UserStackFramesFull => "user stacks lost: stack-frames map full",
             LossKind::KernelStackFramesFull => "kernel stacks lost: stack-frames map full",
+            LossKind::StackCopyRingFull => {
+                "user stacks by frame pointers only: stack-copy ring buffer full"
+            }
+            LossKind::StackCopyUnreadable => {
+                "user stacks by frame pointers only: user stack unreadable for the copy"
+            }
+            LossKind::UnwindCopyTooSmall => {
+                "user stacks cut short: walk reached the end of the stack copy"
+            }
+            LossKind::UnwindOutsideCode => {
+                "user stacks cut short: return address outside executable mappings"
+            }
+            LossKind::UnwindBroken => "user stacks cut short: unwind rules led nowhere",
+            LossKind::UnwindTooDeep => "user stacks cut short: deeper than the unwinder walks",
         }
     }
 }
@@ -265,6 +302,9 @@ pub struct CaptureConfig {
     /// drain (through the drain-request ring), which drains when the generation is half full.
     /// Zero: never ask.
     pub drain_request_steps: [u32; Fill::COUNT],
+    /// With `CAPTURE_STACK_COPY`: pages of user stack each sample copies, from the page the
+    /// stack pointer is in (at most [`STACK_COPY_MAX_PAGES`]).
+    pub stack_copy_pages: u32,
 }
 
 impl CaptureConfig {
@@ -290,6 +330,7 @@ impl CaptureConfig {
         flags: 0,
         uid: 0,
         drain_request_steps: [0; Fill::COUNT],
+        stack_copy_pages: 0,
     };
 }
 
@@ -305,6 +346,45 @@ pub const CAPTURE_EVENT_IDS: u32 = 1 << 5;
 /// Count samples per data source (`perf mem`-style breakdowns): some event's PMU reports
 /// `perf_mem_data_src` (PEBS memory events, IBS ops, precise events).
 pub const CAPTURE_DATA_SOURCES: u32 = 1 << 6;
+/// `record --unwind copy`: each sample's user registers, user stack bytes and kernel frames go
+/// to the agent through the stack-copy ring, which unwinds and counts them.
+pub const CAPTURE_STACK_COPY: u32 = 1 << 7;
+
+/// Bytes of one page of user stack copied.
+pub const STACK_COPY_PAGE_BYTES: usize = 4096;
+/// Most pages a sample copies: 32 KiB above the stack pointer, and the part of its page below.
+pub const STACK_COPY_MAX_PAGES: usize = 9;
+/// Kernel frames a stack-copy record holds (the kernel's own callchain limit).
+pub const STACK_COPY_KERNEL_FRAMES: usize = 127;
+
+/// The fixed part of a stack-copy record; `stack_bytes` bytes of user stack follow it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackCopyHeader {
+    pub pid: u32,
+    pub tid: u32,
+    pub event: u32,
+    pub cpu: u32,
+    pub cgroup: u64,
+    /// The user registers at the sample (the task's saved ones when it was in the kernel).
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Address of the first byte copied: the start of the stack pointer's page.
+    pub stack_start: u64,
+    pub stack_bytes: u32,
+    /// Bytes of `kernel` that hold frames (`bpf_get_stack`), 0 for a user-mode sample.
+    pub kernel_bytes: u32,
+    pub kernel: [u64; STACK_COPY_KERNEL_FRAMES],
+}
+
+/// The scratch a sample's record is built in before it is copied, as long as it is, to the ring.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackCopyRecord {
+    pub header: StackCopyHeader,
+    pub stack: [u8; STACK_COPY_MAX_PAGES * STACK_COPY_PAGE_BYTES],
+}
 
 /// How the program reads PERF_SAMPLE_RAW payloads, a read-only global of the program
 /// (`RAW_DECODING`) the agent sets at load time. All zero: no event's payload is decoded.
@@ -523,6 +603,7 @@ mod pod {
     unsafe impl aya::Pod for RawDecoding {}
     unsafe impl aya::Pod for RawSample {}
     unsafe impl aya::Pod for IbsRecord {}
+    unsafe impl aya::Pod for StackCopyHeader {}
     unsafe impl aya::Pod for crate::latency::LatencyBuckets {}
     unsafe impl aya::Pod for crate::stack::StackFrames {}
 }

@@ -30,10 +30,12 @@ use profiler_common::{
     capture::{
         access_of_data_source, fill_index, sample_flags, CaptureConfig, DataLineKey, DataSourceKey,
         Fill, IbsRecord, InstructionKey, LatencyKey, LineLatencyKey, LossKind, RawDecoding,
-        RawSample, SampleStats, StackKey, ACCESS_UNKNOWN, CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES,
-        CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS,
-        CAPTURE_RAW, CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES,
-        IBS_PAYLOAD_MIN_BYTES, MAX_EVENTS, OFFSETS_SAMPLE_FLAGS,
+        RawSample, SampleStats, StackCopyHeader, StackCopyRecord, StackKey, ACCESS_UNKNOWN,
+        CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
+        CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_STACK_COPY,
+        CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES, IBS_PAYLOAD_MIN_BYTES,
+        MAX_EVENTS, OFFSETS_SAMPLE_FLAGS, STACK_COPY_KERNEL_FRAMES, STACK_COPY_MAX_PAGES,
+        STACK_COPY_PAGE_BYTES,
     },
     hw::ibs::IbsOpSample,
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
@@ -127,6 +129,13 @@ static RAW_SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 /// The registers of every IBS sample, for the derived counters the agent accumulates.
 #[map]
 static IBS_SAMPLES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+/// With `CAPTURE_STACK_COPY`: every sample's user registers, user stack and kernel frames.
+#[map]
+static STACK_COPIES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+/// Where a sample's stack-copy record is built, one per CPU (too large for a per-CPU array,
+/// whose values the kernel caps at 32 KiB); the agent sizes it to the possible CPUs.
+#[map]
+static STACK_COPY_SCRATCH: Array<StackCopyRecord> = Array::with_max_entries(1, 0);
 
 const EEXIST: i64 = 17;
 const EFAULT: i64 = 14;
@@ -686,7 +695,13 @@ fn record(
     // SAFETY: the kernel rewrites context reads of the saved registers into safe loads.
     let ip = unsafe { (*ctx.ctx).regs.rip };
 
-    let user_stack = if config.flags & CAPTURE_USER_STACKS != 0 {
+    // With stack copies the agent unwinds and counts the sample's stacks from its record; a
+    // sample that could not be copied is counted here, with its frame-pointer stack.
+    let copied =
+        config.flags & CAPTURE_STACK_COPY != 0 && copy_stacks(ctx, config, pid, tid, cgroup, event);
+    let user_stack = if copied {
+        NO_STACK
+    } else if config.flags & CAPTURE_USER_STACKS != 0 {
         let losses = StackLosses {
             collision: LossKind::UserStackHashCollision,
             full: LossKind::UserStackFramesFull,
@@ -696,7 +711,9 @@ fn record(
     } else {
         NO_STACK
     };
-    let kernel_stack = if config.flags & CAPTURE_KERNEL_STACKS != 0 {
+    let kernel_stack = if copied {
+        NO_STACK
+    } else if config.flags & CAPTURE_KERNEL_STACKS != 0 {
         let losses = StackLosses {
             collision: LossKind::KernelStackHashCollision,
             full: LossKind::KernelStackFramesFull,
@@ -716,13 +733,15 @@ fn record(
         kernel_stack,
         cgroup,
     };
-    if bump(
-        maps.stack_counts,
-        &key,
-        &1,
-        |count| *count += 1,
-        LossKind::StackCountsFull,
-    ) {
+    if !copied
+        && bump(
+            maps.stack_counts,
+            &key,
+            &1,
+            |count| *count += 1,
+            LossKind::StackCountsFull,
+        )
+    {
         count_new_keys(config, maps.index, Fill::StackCounts, 1);
     }
 
@@ -823,6 +842,147 @@ fn record(
     if config.flags & CAPTURE_RAW != 0 {
         stream(ip, pid, tid, cgroup, event, user_stack, kernel_stack, data);
     }
+}
+
+/// Addresses at or above this are the kernel's (x86-64).
+const KERNEL_SPACE_START: u64 = 0xffff_8000_0000_0000;
+
+/// The user registers of the sampled task: those the sample interrupted when it was in user
+/// mode, else those its entry into the kernel saved (`task_pt_regs`). `None` for a kernel
+/// thread, which has no user context.
+#[inline(always)]
+fn user_registers(ctx: &PerfEventContext, pid: u32) -> Option<(u64, u64, u64)> {
+    if pid == 0 {
+        return None;
+    }
+    // SAFETY: the kernel rewrites context reads of the saved registers into safe loads.
+    let (ip, sp, bp) = unsafe {
+        let regs = &(*ctx.ctx).regs;
+        (regs.rip, regs.rsp, regs.rbp)
+    };
+    if ip < KERNEL_SPACE_START {
+        return Some((ip, sp, bp));
+    }
+    // SAFETY: helpers on the current task; each register is read through the checking helper
+    // (the whole `pt_regs` would not fit the program's stack beside the rest).
+    let (ip, sp, bp) = unsafe {
+        let task = aya_ebpf::helpers::generated::bpf_get_current_task_btf();
+        let regs = aya_ebpf::helpers::generated::bpf_task_pt_regs(task)
+            as *const aya_ebpf::bindings::pt_regs;
+        (
+            bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rip)).ok()?,
+            bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rsp)).ok()?,
+            bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rbp)).ok()?,
+        )
+    };
+    // A kernel thread's saved registers are zero.
+    (ip != 0 && ip < KERNEL_SPACE_START).then_some((ip, sp, bp))
+}
+
+/// Sends the sample's user registers, user stack bytes and kernel frames to the agent through
+/// the stack-copy ring; whether it did. The stack is copied a page at a time from the stack
+/// pointer's page up, so a read stops at the first page that cannot be read (the top of the
+/// stack) and keeps the pages before it.
+#[inline(always)]
+fn copy_stacks(
+    ctx: &PerfEventContext,
+    config: &CaptureConfig,
+    pid: u32,
+    tid: u32,
+    cgroup: u64,
+    event: u32,
+) -> bool {
+    let Some((ip, sp, bp)) = user_registers(ctx, pid) else {
+        // No user context: the kernel frames are counted in the maps.
+        return false;
+    };
+    // SAFETY: a helper without arguments.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let Some(record) = STACK_COPY_SCRATCH.get_ptr_mut(cpu) else {
+        lose(LossKind::StackCopyUnreadable);
+        return false;
+    };
+    let stack_start = sp & !(STACK_COPY_PAGE_BYTES as u64 - 1);
+    let mut stack_bytes = 0usize;
+    for page in 0..STACK_COPY_MAX_PAGES {
+        if page as u32 >= config.stack_copy_pages {
+            break;
+        }
+        let offset = page * STACK_COPY_PAGE_BYTES;
+        // SAFETY: `record` is this CPU's scratch slot (programs do not nest on one CPU) and
+        // `offset + STACK_COPY_PAGE_BYTES` is within its stack bytes; the checking helper
+        // fails cleanly on a user address that cannot be read.
+        let failed = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                core::ptr::addr_of_mut!((*record).stack)
+                    .cast::<u8>()
+                    .add(offset)
+                    .cast(),
+                STACK_COPY_PAGE_BYTES as u32,
+                (stack_start + offset as u64) as *const core::ffi::c_void,
+            )
+        };
+        if failed != 0 {
+            break;
+        }
+        stack_bytes = offset + STACK_COPY_PAGE_BYTES;
+    }
+    if stack_bytes == 0 {
+        lose(LossKind::StackCopyUnreadable);
+        return false;
+    }
+    let kernel_bytes = if config.flags & CAPTURE_KERNEL_STACKS == 0 {
+        0
+    } else {
+        // SAFETY: as above; the kernel frames go straight into the record.
+        let written = unsafe {
+            aya_ebpf::helpers::generated::bpf_get_stack(
+                ctx.as_ptr(),
+                core::ptr::addr_of_mut!((*record).header.kernel).cast(),
+                (STACK_COPY_KERNEL_FRAMES * 8) as u32,
+                0,
+            )
+        };
+        if written > 0 {
+            written as u32
+        } else {
+            0
+        }
+    };
+    // SAFETY: as above.
+    unsafe {
+        let header = core::ptr::addr_of_mut!((*record).header);
+        (*header).pid = pid;
+        (*header).tid = tid;
+        (*header).event = event;
+        (*header).cpu = cpu;
+        (*header).cgroup = cgroup;
+        (*header).ip = ip;
+        (*header).sp = sp;
+        (*header).bp = bp;
+        (*header).stack_start = stack_start;
+        (*header).stack_bytes = stack_bytes as u32;
+        (*header).kernel_bytes = kernel_bytes;
+    }
+    let length = core::mem::size_of::<StackCopyHeader>() + stack_bytes;
+    if length > core::mem::size_of::<StackCopyRecord>() {
+        return false;
+    }
+    // SAFETY: `length` bytes of the scratch slot, checked just above.
+    let bytes = unsafe { core::slice::from_raw_parts(record as *const u8, length) };
+    // Wake the agent when this record fills the ring past half, as the IBS stream does.
+    let half = STACK_COPIES.query(BPF_RB_RING_SIZE as u64) / 2;
+    let waiting = STACK_COPIES.query(BPF_RB_AVAIL_DATA as u64);
+    let wakeup = if waiting <= half && waiting + length as u64 > half {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    if STACK_COPIES.output::<[u8]>(bytes, wakeup as u64).is_err() {
+        lose(LossKind::StackCopyRingFull);
+        return false;
+    }
+    true
 }
 
 /// Adds one latency to its histogram in `map`, creating the histogram on first use; 1 when it

@@ -116,7 +116,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = map_entries)]
     pub latency_map_entries: u32,
     /// Size in KiB of each ring buffer the program streams through: the `--raw` samples and the
-    /// registers of IBS samples (rounded up to a power of two pages; 4 to 1048576).
+    /// registers of IBS samples (rounded up to a power of two pages; 4 to 1048576); the stack
+    /// copies of `--unwind copy` get 8 times as much (at most 1 GiB).
     #[arg(long, value_name = "KIB", default_value_t = 4096,
           value_parser = clap::value_parser!(u32).range(4..=MAX_RING_BUFFER_KIB as i64))]
     pub ring_buffer_kib: u32,
@@ -126,6 +127,16 @@ pub struct RecordArgs {
     /// Do not collect kernel call stacks.
     #[arg(long)]
     pub no_kernel_stacks: bool,
+    /// How user call stacks are walked: `fp` follows frame pointers in the kernel (code built
+    /// without them loses its callers); `copy` sends each sample's user registers and a copy of
+    /// its user stack to the agent, which unwinds them with the modules' `.eh_frame` (costlier:
+    /// `--stack-copy-kib` per sample, and the stack's bytes reach the agent).
+    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
+    pub unwind: UnwindMode,
+    /// With `--unwind copy`: KiB of user stack copied per sample above the stack pointer (1 to
+    /// 32, default 16); a deeper stack is cut short and counted as such.
+    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub stack_copy_kib: Option<u32>,
     /// Keep the command's arguments in the profile and its reports (by default only the
     /// program is named: arguments may hold passwords or tokens).
     #[arg(long)]
@@ -140,6 +151,21 @@ pub struct RecordArgs {
         value_name = "COMMAND"
     )]
     pub command: Vec<String>,
+}
+
+/// How much larger than `--ring-buffer-kib` the stack-copy ring is.
+pub const STACK_COPY_RING_FACTOR: u32 = 8;
+
+/// `--stack-copy-kib` when not given.
+pub const DEFAULT_STACK_COPY_KIB: u32 = 16;
+
+/// `record --unwind`: how user call stacks are walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMode {
+    /// Frame pointers, in the kernel.
+    Fp,
+    /// A copy of the user stack, unwound in the agent.
+    Copy,
 }
 
 /// Largest `--ring-buffer-kib`: 1 GiB, whose bytes (a power of two) still fit the u32 size the

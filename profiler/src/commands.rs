@@ -8,7 +8,10 @@ use crate::{
     capture::{
         btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, program::MapSizes,
     },
-    cli::{Command, RecordArgs, ReportArgs, ReportOutput},
+    cli::{
+        Command, RecordArgs, ReportArgs, ReportOutput, UnwindMode, DEFAULT_STACK_COPY_KIB,
+        MAX_RING_BUFFER_KIB, STACK_COPY_RING_FACTOR,
+    },
     events::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
@@ -136,6 +139,18 @@ fn describe_scope(args: &RecordArgs) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(", "))
 }
 
+/// KiB of user stack each sample copies, with `--unwind copy`.
+fn stack_copy_kib(args: &RecordArgs) -> Result<Option<u32>> {
+    match (args.unwind, args.stack_copy_kib) {
+        (UnwindMode::Copy, kib) => Ok(Some(kib.unwrap_or(DEFAULT_STACK_COPY_KIB))),
+        (UnwindMode::Fp, None) => Ok(None),
+        (UnwindMode::Fp, Some(_)) => Err(anyhow::anyhow!(
+            "--stack-copy-kib sizes the stack copies of --unwind copy: add --unwind copy, or \
+             leave --stack-copy-kib out to walk frame pointers"
+        )),
+    }
+}
+
 async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
     // From the start: no stop signal kills the profiler and leaves its command running.
     let mut signals = StopSignals::catch()?;
@@ -188,11 +203,20 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
             latencies: args.latency_map_entries,
             ring_buffer_bytes: ring_bytes,
             ibs_ring_bytes: ring_bytes,
+            // A stack copy takes up to 37 KiB where a raw sample takes 80 bytes.
+            stack_copy_ring_bytes: ring_bytes
+                .saturating_mul(STACK_COPY_RING_FACTOR)
+                .min(MAX_RING_BUFFER_KIB * 1024),
+            // One scratch record per CPU the program may run on.
+            stack_copy_scratch: aya::util::nr_cpus()
+                .map_err(|(what, e)| anyhow::anyhow!("counting possible CPUs ({what}): {e}"))?
+                as u32,
         },
         stacks: StackCapture {
             user: true,
             kernel: !args.no_kernel_stacks,
         },
+        stack_copy_kib: stack_copy_kib(&args)?,
         raw: outputs.raw.clone(),
         stats: args.stats,
         cgroups,

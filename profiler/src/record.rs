@@ -13,7 +13,7 @@ use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
     CaptureConfig, KernelOffsets, LossKind, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
     CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
-    CAPTURE_USER_STACKS, MAX_EVENTS,
+    CAPTURE_STACK_COPY, CAPTURE_USER_STACKS, MAX_EVENTS, STACK_COPY_PAGE_BYTES,
 };
 use tokio::time::interval;
 
@@ -27,7 +27,9 @@ use crate::{
         sideband::{ProcessTable, Sideband},
         stats::{fdinfo_memlock, CaptureStats},
     },
-    drain::{ibs::IbsStream, read_accounting, Accounting, Drained, Drainer},
+    drain::{
+        ibs::IbsStream, read_accounting, stack_copy::StackCopyStream, Accounting, Drained, Drainer,
+    },
     events::{EventSpec, PmuRegistry, Sampling, SystemFacts},
     launch::{process_running, spawn_stopped, Ending, Shutdown, Stop, StopSignals, TargetSpec},
     output::Output,
@@ -44,6 +46,8 @@ pub struct RecordOptions {
     pub drain_interval: Duration,
     pub sizes: MapSizes,
     pub stacks: StackCapture,
+    /// `--unwind copy`: KiB of user stack each sample copies for the agent to unwind.
+    pub stack_copy_kib: Option<u32>,
     /// Stream every sample, in timestamp order, into this output (JSON lines).
     pub raw: Option<Output>,
     /// Measure the capture's own cost.
@@ -174,6 +178,12 @@ fn capture_config(options: &RecordOptions) -> CaptureConfig {
     }
     if options.events.len() > 1 {
         flags |= CAPTURE_EVENT_IDS;
+    }
+    if let Some(kib) = options.stack_copy_kib {
+        flags |= CAPTURE_STACK_COPY;
+        // The stack pointer's page, from below the pointer, and enough pages above it.
+        let page_kib = (STACK_COPY_PAGE_BYTES / 1024) as u32;
+        config.stack_copy_pages = kib.div_ceil(page_kib) + 1;
     }
     let reports_data_sources = options
         .events
@@ -346,6 +356,7 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         samples_latency(&options.events),
         options.raw.is_some(),
         ibs_events,
+        options.stack_copy_kib.is_some(),
     );
     let cpus = aya::util::online_cpus()
         .map_err(|(what, e)| anyhow!("counting online CPUs ({what}): {e}"))?
@@ -371,6 +382,10 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
             raw_decoding,
         )?),
         false => None,
+    };
+    let mut stack_copies = match options.stack_copy_kib {
+        Some(_) => Some(StackCopyStream::new(program.take_ring(Ring::StackCopies)?)?),
+        None => None,
     };
 
     let mut command = match &options.target {
@@ -428,6 +443,12 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
                 None => std::future::pending().await,
             }
         };
+        let stack_copies_ready = async {
+            match &stack_copies {
+                Some(stream) => stream.readable().await,
+                None => std::future::pending().await,
+            }
+        };
         let command_exit = async {
             match &mut command {
                 Some(stopped) => stopped.child.wait().await,
@@ -443,6 +464,10 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
                 // The program wakes us only when the IBS ring is half full.
                 if let Some(stream) = &mut ibs {
                     stream.read_into(&mut drained.ibs)?;
+                }
+                // Unwound while the mappings just read are the processes' own.
+                if let Some(stream) = &mut stack_copies {
+                    stream.read_into(&processes, &mut drained)?;
                 }
                 drainer.drain_if_filling(&mut program, &mut drained)?;
                 if let Target::Processes(pids) = &target {
@@ -469,6 +494,13 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
                 ready.context("waiting on the IBS ring buffer")?;
                 if let Some(stream) = &mut ibs {
                     stream.read_into(&mut drained.ibs)?;
+                }
+            }
+            ready = stack_copies_ready => {
+                ready.context("waiting on the stack-copy ring buffer")?;
+                sideband.read_into(&mut processes);
+                if let Some(stream) = &mut stack_copies {
+                    stream.read_into(&processes, &mut drained)?;
                 }
             }
             status = command_exit => {
@@ -504,6 +536,12 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
     if let Some(stream) = &mut ibs {
         stream.finish(&mut drained.ibs)?;
         accounting.losses[LossKind::IbsRegistersUnreadable as usize] += stream.unreadable();
+    }
+    if let Some(stream) = &mut stack_copies {
+        stream.finish(&processes, &mut drained)?;
+        for (total, walks) in accounting.losses.iter_mut().zip(stream.losses()) {
+            *total += walks;
+        }
     }
     let (program_runs, program_run_time) = program.run_statistics()?;
     let stats = CaptureStats {

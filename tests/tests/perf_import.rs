@@ -9,30 +9,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use std::process::Command;
-
 use profiler::import::profile_from_perf_data_file;
 use profiler::profile::Profile;
 
 fn run(program: &str, args: &[&str]) -> String {
-    String::from_utf8(run_output(program, args).stdout).expect("UTF-8 output")
-}
-
-/// Runs a program that must succeed and returns its output.
-fn run_output(program: &str, args: &[&str]) -> std::process::Output {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run `{program}`: {e}; install perf (Debian: apt-get install linux-perf)")
-        });
-    assert!(
-        output.status.success(),
-        "`{program} {}` failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    String::from_utf8(common::run_checked(program, args).stdout).expect("UTF-8 output")
 }
 
 /// `perf record -q -o DIR/perf.data ARGS -- WORKLOAD WORKLOAD_ARGS`; returns the file and the
@@ -51,7 +32,7 @@ fn perf_record(
     full.push("--");
     full.push(binary.to_str().expect("UTF-8 path"));
     full.extend_from_slice(workload_args);
-    let stderr = run_output("perf", &full).stderr;
+    let stderr = common::run_checked("perf", &full).stderr;
     (file, String::from_utf8_lossy(&stderr).into_owned())
 }
 

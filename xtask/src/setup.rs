@@ -136,6 +136,12 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "passwd",
             // A real JIT runtime whose perf map the JIT-naming test reads.
             "nodejs",
+            // Unwinding tests: a C workload built without frame pointers, Debian's own
+            // programs built so, and glibc's symbols for the frames that call main.
+            "gcc",
+            "xz-utils",
+            "sqlite3",
+            "python3",
             // glibc's internal function names (memcpy's aliases), in its separate debug file.
             "libc6-dbg",
         ])?;

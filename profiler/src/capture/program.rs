@@ -40,6 +40,10 @@ pub struct MapSizes {
     pub ring_buffer_bytes: u32,
     /// Bytes of the IBS register ring buffer; a power of two.
     pub ibs_ring_bytes: u32,
+    /// Bytes of the stack-copy ring buffer (`record --unwind copy`); a power of two.
+    pub stack_copy_ring_bytes: u32,
+    /// Stack-copy scratch records (one per possible CPU with `--unwind copy`, else 1).
+    pub stack_copy_scratch: u32,
 }
 
 /// Default entries of the stack-frames map: the memory the two generations' 16,384-entry
@@ -52,7 +56,7 @@ const SMALLEST_RING_BYTES: u32 = 4096;
 impl MapSizes {
     /// These sizes with the maps a recording cannot fill cut to their smallest, so it locks no
     /// kernel memory for them (a histogram takes 960 bytes per entry and CPU).
-    pub fn fitted(self, latencies: bool, raw: bool, ibs: bool) -> MapSizes {
+    pub fn fitted(self, latencies: bool, raw: bool, ibs: bool, stack_copies: bool) -> MapSizes {
         MapSizes {
             latencies: if latencies { self.latencies } else { 1 },
             ring_buffer_bytes: if raw {
@@ -64,6 +68,16 @@ impl MapSizes {
                 self.ibs_ring_bytes
             } else {
                 SMALLEST_RING_BYTES
+            },
+            stack_copy_ring_bytes: if stack_copies {
+                self.stack_copy_ring_bytes
+            } else {
+                SMALLEST_RING_BYTES
+            },
+            stack_copy_scratch: if stack_copies {
+                self.stack_copy_scratch
+            } else {
+                1
             },
             ..self
         }
@@ -100,6 +114,8 @@ impl Default for MapSizes {
             latencies: 1024,
             ring_buffer_bytes: 1 << 22,
             ibs_ring_bytes: 1 << 22,
+            stack_copy_ring_bytes: 1 << 22,
+            stack_copy_scratch: 1,
         }
     }
 }
@@ -113,6 +129,8 @@ pub enum Ring {
     IbsSamples,
     /// The program's requests to check the maps' fill (a `Fill` index each).
     DrainRequests,
+    /// User registers, user stack bytes and kernel frames of every sample (`--unwind copy`).
+    StackCopies,
 }
 
 /// The maps of one generation, drained together.
@@ -141,6 +159,7 @@ pub struct CaptureProgram {
     cgroup_filter: HashMap<MapData, u64, u8>,
     raw_samples: Option<RingBuf<MapData>>,
     ibs_samples: Option<RingBuf<MapData>>,
+    stack_copies: Option<RingBuf<MapData>>,
     drain_requests: Option<RingBuf<MapData>>,
 }
 
@@ -236,7 +255,7 @@ fn size_option(map: &str) -> &'static str {
     match map.trim_end_matches(|c: char| c == '_' || c.is_ascii_digit()) {
         "STACK_FRAMES" => "--stack-map-entries",
         "LATENCIES" | "LINE_LATENCIES" => "--latency-map-entries",
-        "RAW_SAMPLES" | "IBS_SAMPLES" => "--ring-buffer-kib",
+        "RAW_SAMPLES" | "IBS_SAMPLES" | "STACK_COPIES" => "--ring-buffer-kib",
         _ => "--map-entries",
     }
 }
@@ -277,7 +296,9 @@ impl CaptureProgram {
         loader
             .map_max_entries("STACK_FRAMES", sizes.stacks)
             .map_max_entries("RAW_SAMPLES", sizes.ring_buffer_bytes)
-            .map_max_entries("IBS_SAMPLES", sizes.ibs_ring_bytes);
+            .map_max_entries("IBS_SAMPLES", sizes.ibs_ring_bytes)
+            .map_max_entries("STACK_COPIES", sizes.stack_copy_ring_bytes)
+            .map_max_entries("STACK_COPY_SCRATCH", sizes.stack_copy_scratch);
         let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(load_error)?;
         let program: &mut PerfEvent = ebpf
             .program_mut(PROGRAM_NAME)
@@ -305,6 +326,7 @@ impl CaptureProgram {
             cgroup_filter: take(&mut ebpf, "CGROUP_FILTER")?,
             raw_samples: Some(take(&mut ebpf, "RAW_SAMPLES")?),
             ibs_samples: Some(take(&mut ebpf, "IBS_SAMPLES")?),
+            stack_copies: Some(take(&mut ebpf, "STACK_COPIES")?),
             drain_requests: Some(take(&mut ebpf, "DRAIN_REQUESTS")?),
             ebpf,
         })
@@ -350,6 +372,7 @@ impl CaptureProgram {
             Ring::RawSamples => &mut self.raw_samples,
             Ring::IbsSamples => &mut self.ibs_samples,
             Ring::DrainRequests => &mut self.drain_requests,
+            Ring::StackCopies => &mut self.stack_copies,
         };
         slot.take()
             .ok_or_else(|| anyhow!("the {ring:?} ring buffer was already taken"))

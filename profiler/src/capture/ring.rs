@@ -33,6 +33,23 @@ impl KernelRing {
         most: usize,
         mut each: impl FnMut(T) -> Result<()>,
     ) -> Result<usize> {
+        self.for_each_bytes(most, |bytes| {
+            if bytes.len() < std::mem::size_of::<T>() {
+                return Ok(());
+            }
+            // SAFETY: the length was checked above and `T: Pod` is valid for any bytes;
+            // read_unaligned has no alignment needs.
+            each(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) })
+        })
+    }
+
+    /// Hands up to `most` ready records to `each` as the bytes they are (records of variable
+    /// length); the records taken from the ring.
+    pub fn for_each_bytes(
+        &mut self,
+        most: usize,
+        mut each: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<usize> {
         let ring = self.ring.get_mut();
         let mut taken = 0;
         while taken < most {
@@ -40,14 +57,7 @@ impl KernelRing {
                 break;
             };
             taken += 1;
-            if item.len() < std::mem::size_of::<T>() {
-                continue;
-            }
-            // SAFETY: the length was checked above and `T: Pod` is valid for any bytes;
-            // read_unaligned has no alignment needs.
-            let record = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const T) };
-            drop(item);
-            each(record)?;
+            each(&item)?;
         }
         Ok(taken)
     }

@@ -8,6 +8,7 @@
 
 mod batch;
 pub mod ibs;
+pub mod stack_copy;
 pub mod stacks;
 
 use std::{

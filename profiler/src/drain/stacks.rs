@@ -74,6 +74,18 @@ impl StackCache {
         }
     }
 
+    /// Caches a stack the agent unwound itself (`--unwind copy`) under the hash the kernel
+    /// would give it, and returns that hash (`NO_STACK` for no frames).
+    pub fn intern(&mut self, frames: &[u64]) -> u64 {
+        if frames.is_empty() {
+            return NO_STACK;
+        }
+        let stack = StackFrames::from_frames(frames);
+        let hash = stack.hash();
+        self.add(hash, &stack);
+        self.resolve(hash)
+    }
+
     /// `hash` as a count may refer to it: `LOST_STACK` when ambiguous.
     pub fn resolve(&self, hash: u64) -> u64 {
         if self.ambiguous.contains(&hash) {

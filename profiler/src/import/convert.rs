@@ -32,6 +32,7 @@ use crate::profile::{
     StackSample, Stats, ThreadInfo,
 };
 use crate::symbolize::{CodeAddress, FrameTable};
+use crate::unwind::copy::{CopyUnwinder, StackCopy, StackEnd, UserRegisters};
 
 /// Bytes in a data cache line: data addresses are aggregated per line.
 const CACHE_LINE_BYTES: u64 = profiler_common::capture::CACHE_LINE_BYTES;
@@ -39,6 +40,12 @@ const CACHE_LINE_BYTES: u64 = profiler_common::capture::CACHE_LINE_BYTES;
 const PROT_EXEC: u32 = libc::PROT_EXEC as u32;
 /// IBS_OP_CTL bit 19 (the `cnt_ctl` format term): the period counts dispatched ops, not cycles.
 const IBS_OP_COUNTS_OPS: u64 = 1 << 19;
+/// x86-64 register numbers of PERF_SAMPLE_REGS_USER (arch/x86/include/uapi/asm/perf_regs.h).
+const PERF_REG_X86_BP: u32 = 6;
+const PERF_REG_X86_SP: u32 = 7;
+const PERF_REG_X86_IP: u32 = 8;
+/// PERF_SAMPLE_REGS_ABI_64: the registers are a 64-bit task's.
+const PERF_SAMPLE_REGS_ABI_64: u64 = 2;
 
 /// Converts a parsed perf.data file into a profile, symbolizing its addresses from the files
 /// the recording mapped (as this machine has them now).
@@ -68,12 +75,23 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
         _ => IbsErrata::default(),
     };
 
+    let processes = process_table(data);
+    let mut user_stacks = UserStacks {
+        processes: &processes,
+        unwinder: CopyUnwinder::default(),
+    };
     let mut aggregates = Aggregates::default();
     for sample in &data.samples {
-        aggregates.add(sample, &events[sample.attr_index], errata);
+        let attr = &data.attrs[sample.attr_index];
+        aggregates.add(
+            sample,
+            attr,
+            &events[sample.attr_index],
+            errata,
+            &mut user_stacks,
+        );
     }
 
-    let processes = process_table(data);
     let mut table = FrameTable::new(&processes);
     table.resolve(aggregates.code_addresses());
 
@@ -292,10 +310,61 @@ struct Aggregates {
     period_sums: BTreeMap<EventIndex, u64>,
     /// IBS samples whose raw registers could not be read.
     unreadable_ibs: u64,
+    /// How the walks of copied user stacks ended.
+    unwind_ends: BTreeMap<StackEnd, u64>,
+}
+
+/// Unwinds the user stacks that samples recorded with `--call-graph dwarf` carry.
+struct UserStacks<'a> {
+    processes: &'a ProcessTable,
+    unwinder: CopyUnwinder,
+}
+
+impl UserStacks<'_> {
+    /// The sample's user frames walked from its user registers and stack copy, when it has
+    /// both (PERF_SAMPLE_REGS_USER with IP, SP and BP, and PERF_SAMPLE_STACK_USER).
+    fn unwind(
+        &mut self,
+        sample: &PerfSample,
+        attr: &PerfAttr,
+        pid: u32,
+    ) -> Option<(Vec<u64>, StackEnd)> {
+        let registers = sample.regs_user.as_ref()?;
+        let stack = sample.stack_user.as_ref()?;
+        if registers.abi != PERF_SAMPLE_REGS_ABI_64 || stack.dyn_size == 0 {
+            return None;
+        }
+        let register = |bit| registers.get(attr.sample_regs_user, bit);
+        let registers = UserRegisters {
+            ip: register(PERF_REG_X86_IP)?,
+            sp: register(PERF_REG_X86_SP)?,
+            bp: register(PERF_REG_X86_BP)?,
+        };
+        let copied = usize::try_from(stack.dyn_size)
+            .unwrap_or(usize::MAX)
+            .min(stack.data.len());
+        let unwound = self.unwinder.unwind(
+            self.processes,
+            pid,
+            registers,
+            StackCopy {
+                start: registers.sp,
+                bytes: &stack.data[..copied],
+            },
+        );
+        Some((unwound.frames, unwound.end))
+    }
 }
 
 impl Aggregates {
-    fn add(&mut self, sample: &PerfSample, event: &ImportedEvent, errata: IbsErrata) {
+    fn add(
+        &mut self,
+        sample: &PerfSample,
+        attr: &PerfAttr,
+        event: &ImportedEvent,
+        errata: IbsErrata,
+        user_stacks: &mut UserStacks,
+    ) {
         let index = sample.attr_index as EventIndex;
         let pid = sample.pid.unwrap_or(0);
         let tid = sample.tid.unwrap_or(pid);
@@ -305,20 +374,35 @@ impl Aggregates {
         }
         self.threads.insert((pid, tid));
 
-        let (kernel, user) =
-            if sample.callchain_kernel.is_empty() && sample.callchain_user.is_empty() {
-                let ip = sample.ip.into_iter().collect::<Vec<u64>>();
-                if sample.ip.is_some_and(crate::symbolize::is_kernel_address) {
-                    (ip, Vec::new())
-                } else {
-                    (Vec::new(), ip)
+        let unwound = user_stacks.unwind(sample, attr, pid);
+        if let Some((_, end)) = &unwound {
+            *self.unwind_ends.entry(*end).or_default() += 1;
+        }
+        let (kernel, user) = if let Some((user, _)) = unwound {
+            let kernel = match sample.ip {
+                // A kernel-mode sample without a callchain: its kernel frame is the IP.
+                Some(ip)
+                    if sample.callchain_kernel.is_empty()
+                        && crate::symbolize::is_kernel_address(ip) =>
+                {
+                    vec![ip]
                 }
-            } else {
-                (
-                    sample.callchain_kernel.clone(),
-                    sample.callchain_user.clone(),
-                )
+                _ => sample.callchain_kernel.clone(),
             };
+            (kernel, user)
+        } else if sample.callchain_kernel.is_empty() && sample.callchain_user.is_empty() {
+            let ip = sample.ip.into_iter().collect::<Vec<u64>>();
+            if sample.ip.is_some_and(crate::symbolize::is_kernel_address) {
+                (ip, Vec::new())
+            } else {
+                (Vec::new(), ip)
+            }
+        } else {
+            (
+                sample.callchain_kernel.clone(),
+                sample.callchain_user.clone(),
+            )
+        };
         let Some(ip) = sample
             .ip
             .or_else(|| kernel.first().or(user.first()).copied())
@@ -607,6 +691,12 @@ fn losses(data: &PerfData, aggregates: &Aggregates) -> Losses {
             aggregates.unreadable_ibs,
         ),
     ];
+    // Walks of the recorded user stacks that ended short of a root, by cause, named as live
+    // recordings name them.
+    let unwinding = aggregates
+        .unwind_ends
+        .iter()
+        .filter_map(|(end, count)| Some((end.loss()?.describe(), *count)));
     Losses {
         samples_fired,
         period_sums: per_event(&aggregates.period_sums),
@@ -614,6 +704,7 @@ fn losses(data: &PerfData, aggregates: &Aggregates) -> Losses {
         event_counts: Vec::new(),
         counters: counters
             .into_iter()
+            .chain(unwinding)
             .map(|(name, count)| (name.to_string(), count))
             .collect(),
     }

@@ -6,7 +6,7 @@ mod aliases;
 pub mod kernel_addresses;
 mod perf_map;
 mod plt;
-pub(crate) mod vdso;
+pub mod vdso;
 
 use std::{
     collections::{BTreeMap, HashMap},

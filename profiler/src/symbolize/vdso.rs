@@ -4,6 +4,31 @@
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
+/// This process's vDSO image, where the kernel mapped it (the same image every process of this
+/// kernel maps); `None` without one.
+pub fn own_image() -> Option<&'static [u8]> {
+    // SAFETY: getauxval only reads this process's auxiliary vector.
+    let base = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
+    if base == 0 {
+        return None;
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let (start, end) = maps.lines().find_map(|line| {
+        let range = line.strip_suffix("[vdso]")?.split_whitespace().next()?;
+        let (start, end) = range.split_once('-')?;
+        Some((
+            u64::from_str_radix(start, 16).ok()?,
+            u64::from_str_radix(end, 16).ok()?,
+        ))
+    })?;
+    if start != base as u64 || end <= start {
+        return None;
+    }
+    // SAFETY: [start, end) is this process's vDSO mapping, readable and never unmapped or
+    // written while the process lives; the slice is only read.
+    Some(unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) })
+}
+
 /// The functions of the vDSO image, by offset in the image.
 #[derive(Debug, Default)]
 pub struct Vdso {
@@ -14,32 +39,7 @@ pub struct Vdso {
 impl Vdso {
     /// This process's vDSO, read where the kernel mapped it; `None` without one.
     pub fn own() -> Option<Vdso> {
-        Vdso::parse(Vdso::own_image()?)
-    }
-
-    /// The image of this process's vDSO (the same in every process of this kernel); `None`
-    /// without one.
-    pub fn own_image() -> Option<&'static [u8]> {
-        // SAFETY: getauxval only reads this process's auxiliary vector.
-        let base = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
-        if base == 0 {
-            return None;
-        }
-        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-        let (start, end) = maps.lines().find_map(|line| {
-            let range = line.strip_suffix("[vdso]")?.split_whitespace().next()?;
-            let (start, end) = range.split_once('-')?;
-            Some((
-                u64::from_str_radix(start, 16).ok()?,
-                u64::from_str_radix(end, 16).ok()?,
-            ))
-        })?;
-        if start != base as u64 || end <= start {
-            return None;
-        }
-        // SAFETY: [start, end) is this process's vDSO mapping, readable and never unmapped or
-        // written while the process lives; the slice is only read.
-        Some(unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) })
+        Vdso::parse(own_image()?)
     }
 
     /// The functions of a vDSO image (an ELF shared object).

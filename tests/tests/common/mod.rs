@@ -44,6 +44,26 @@ pub fn require_root() {
     );
 }
 
+/// Runs a program that must succeed (perf, gcc, a Debian tool) and returns its output.
+pub fn run_checked(program: &str, args: &[&str]) -> Output {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run `{program}`: {e}; `cargo xtask setup` installs what the tests run \
+             (perf: Debian's linux-perf)"
+            )
+        });
+    assert!(
+        output.status.success(),
+        "`{program} {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
 /// Runs the profiler, asserting success, and returns its output.
 pub fn profiler(args: &[&str]) -> Output {
     require_root();

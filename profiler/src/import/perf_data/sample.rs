@@ -348,3 +348,27 @@ fn decode_registers(mask: u64, r: &mut Reader, what: &str) -> Result<Registers, 
     };
     Ok(Registers { abi, regs })
 }
+
+#[cfg(test)]
+mod register_tests {
+    use super::Registers;
+
+    #[test]
+    fn a_register_is_found_by_its_rank_in_the_mask() {
+        // Mask bits 1, 6, 7, 8 (BX, BP, SP, IP): values in that order.
+        let registers = Registers {
+            abi: 2,
+            regs: vec![11, 66, 77, 88],
+        };
+        let mask = (1 << 1) | (1 << 6) | (1 << 7) | (1 << 8);
+        assert_eq!(registers.get(mask, 6), Some(66));
+        assert_eq!(registers.get(mask, 8), Some(88));
+        assert_eq!(registers.get(mask, 0), None, "not in the mask");
+        assert_eq!(registers.get(mask, 64), None);
+        assert_eq!(
+            Registers::default().get(mask, 8),
+            None,
+            "no registers captured"
+        );
+    }
+}

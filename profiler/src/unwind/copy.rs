@@ -1,0 +1,438 @@
+//! The copy unwinder: a thread's user frames from the user registers and a copy of its user
+//! stack taken by the kernel at the sample, walked in the agent with framehop (samply's
+//! unwinder) over each module's `.eh_frame`/`.eh_frame_hdr`/`.debug_frame` and `.text`, with
+//! frame pointers where a module has no unwind information. Modules are read only through the
+//! descriptors the process table opened while the processes lived, each file once per run; a
+//! process's module list is rebuilt only when its executable mappings change.
+
+use std::{
+    collections::{hash_map::DefaultHasher, HashMap},
+    hash::{Hash, Hasher},
+    ops::Range,
+    sync::Arc,
+};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{Error as WalkError, ExplicitModuleSectionInfo, Module, Unwinder};
+use object::{Object, ObjectSection, ObjectSegment};
+use profiler_common::capture::LossKind;
+
+use crate::capture::sideband::{FileIdentity, Mapping, ProcessTable};
+use crate::symbolize::vdso;
+
+/// The kernel's name of the vDSO mapping.
+const VDSO: &str = "[vdso]";
+
+/// Most frames a walk produces: deeper stacks end as [`StackEnd::TooDeep`].
+pub const MAX_FRAMES: usize = profiler_common::stack::MAX_STACK_DEPTH;
+
+/// The user registers the walk starts from (x86-64).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserRegisters {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// User stack bytes as the kernel copied them: `bytes` were at `start` in the thread's memory.
+#[derive(Clone, Copy, Debug)]
+pub struct StackCopy<'a> {
+    pub start: u64,
+    pub bytes: &'a [u8],
+}
+
+impl StackCopy<'_> {
+    /// The word at `address`, if the copy holds all of it.
+    fn word(&self, address: u64) -> Option<u64> {
+        let offset = usize::try_from(address.checked_sub(self.start)?).ok()?;
+        let bytes = self.bytes.get(offset..offset.checked_add(8)?)?;
+        Some(u64::from_le_bytes(bytes.try_into().ok()?))
+    }
+}
+
+/// Why a walk stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StackEnd {
+    /// A function with no caller (`_start`, a thread start: their unwind information says the
+    /// return address is undefined, or the frame chain ends in a null return address), or a
+    /// return into a module's entry point (the dynamic loader's `_start`, whose assembly has no
+    /// unwind information, calling its start-up code).
+    Root,
+    /// The next return address lies past the copied stack bytes.
+    CopyTooSmall,
+    /// The next return address is in no executable mapping of the process: garbage read as a
+    /// return address, or code the agent never saw mapped. It is not kept.
+    OutsideCode,
+    /// The unwind rules led nowhere: the stack pointer did not advance or moved backwards.
+    Broken,
+    /// The walk reached [`MAX_FRAMES`].
+    TooDeep,
+}
+
+impl StackEnd {
+    /// The loss a walk that ended so counts as: none when it reached its root.
+    pub const fn loss(self) -> Option<LossKind> {
+        match self {
+            StackEnd::Root => None,
+            StackEnd::CopyTooSmall => Some(LossKind::UnwindCopyTooSmall),
+            StackEnd::OutsideCode => Some(LossKind::UnwindOutsideCode),
+            StackEnd::Broken => Some(LossKind::UnwindBroken),
+            StackEnd::TooDeep => Some(LossKind::UnwindTooDeep),
+        }
+    }
+}
+
+/// A walked stack: the sampled instruction first, then return addresses, innermost first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnwoundStack {
+    pub frames: Vec<u64>,
+    pub end: StackEnd,
+}
+
+/// A module's unwind sections, read once per run and shared by every process that maps it.
+struct ModuleSections {
+    /// Loadable segments as (file offset, address): where a mapping of the file puts it.
+    segments: Vec<(Range<u64>, u64)>,
+    /// The ELF entry point's address.
+    entry: u64,
+    info: ExplicitModuleSectionInfo<Arc<[u8]>>,
+}
+
+impl ModuleSections {
+    fn read<'a>(image: impl object::ReadRef<'a>) -> Option<ModuleSections> {
+        let file = object::File::parse(image).ok()?;
+        let segments = file
+            .segments()
+            .map(|segment| {
+                let (offset, size) = segment.file_range();
+                (offset..offset.saturating_add(size), segment.address())
+            })
+            .collect();
+        let section = |name: &str| file.section_by_name(name);
+        let range = |name: &str| {
+            section(name).map(|section| section.address()..section.address() + section.size())
+        };
+        // Compressed sections (`.debug_frame` of some debug builds) are left out: object reads
+        // them only with its compression support, which nothing else here needs.
+        let data = |name: &str| -> Option<Arc<[u8]>> {
+            let bytes = section(name)?.data().ok()?;
+            (!bytes.is_empty()).then(|| Arc::from(bytes))
+        };
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: range(".text"),
+            text: data(".text"),
+            got_svma: range(".got"),
+            eh_frame_svma: range(".eh_frame"),
+            eh_frame: data(".eh_frame"),
+            eh_frame_hdr_svma: range(".eh_frame_hdr"),
+            eh_frame_hdr: data(".eh_frame_hdr"),
+            debug_frame: data(".debug_frame"),
+            ..ExplicitModuleSectionInfo::default()
+        };
+        Some(ModuleSections {
+            segments,
+            entry: file.entry(),
+            info,
+        })
+    }
+
+    /// The address the file's address 0 has in a process that mapped it as `mapping`.
+    fn base_address(&self, mapping: &Mapping) -> Option<u64> {
+        const PAGE: u64 = 4096;
+        // Segments can share a page (text starting in the page where read-only data ends):
+        // the mapping is of the last one that starts at or before its first page.
+        let (offsets, address) = self
+            .segments
+            .iter()
+            .filter(|(offsets, _)| {
+                offsets.start & !(PAGE - 1) <= mapping.file_offset
+                    && mapping.file_offset < offsets.end
+            })
+            .max_by_key(|(offsets, _)| offsets.start)?;
+        // The mapping's first byte is file offset `file_offset`, at file address
+        // `address + (file_offset - offsets.start)`.
+        Some(
+            mapping
+                .start
+                .wrapping_sub(*address)
+                .wrapping_add(offsets.start)
+                .wrapping_sub(mapping.file_offset),
+        )
+    }
+}
+
+/// One process's modules as framehop sees them, for the executable mappings it had.
+struct ProcessModules {
+    /// Identifies the mappings these modules were built from (see [`fingerprint`]).
+    fingerprint: u64,
+    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// Every executable mapping (with or without a file): return addresses must be in one.
+    code: Vec<Range<u64>>,
+    /// The first bytes of each module's entry point: a return there ends the stack.
+    entries: Vec<Range<u64>>,
+}
+
+impl ProcessModules {
+    fn holds_code(&self, address: u64) -> bool {
+        self.code.iter().any(|range| range.contains(&address))
+    }
+
+    fn is_entry_point(&self, address: u64) -> bool {
+        self.entries.iter().any(|range| range.contains(&address))
+    }
+}
+
+/// Walks copied user stacks; keeps what it read of modules and processes for the whole run.
+pub struct CopyUnwinder {
+    files: HashMap<FileIdentity, Option<Arc<ModuleSections>>>,
+    /// The `[vdso]` every process maps: the kernel's one image, read from this process's copy,
+    /// and its length (a perf.data file from another kernel maps another image).
+    vdso: Option<Arc<ModuleSections>>,
+    vdso_bytes: u64,
+    processes: HashMap<u32, ProcessModules>,
+    cache: CacheX86_64,
+}
+
+impl Default for CopyUnwinder {
+    fn default() -> Self {
+        let vdso_image = vdso::own_image();
+        CopyUnwinder {
+            files: HashMap::new(),
+            vdso: vdso_image.and_then(ModuleSections::read).map(Arc::new),
+            vdso_bytes: vdso_image.map_or(0, |image| image.len() as u64),
+            processes: HashMap::new(),
+            cache: CacheX86_64::new(),
+        }
+    }
+}
+
+/// The executable mappings that apply now: a later mapping of a range supersedes an earlier one.
+fn executable_mappings(table: &ProcessTable, pid: u32) -> Vec<&Mapping> {
+    let mut kept: Vec<&Mapping> = Vec::new();
+    let Some(process) = table.processes.get(&pid) else {
+        return kept;
+    };
+    for mapping in process.mappings.iter().rev() {
+        let hidden = kept
+            .iter()
+            .any(|newer| newer.start < mapping.end && mapping.start < newer.end);
+        if !hidden {
+            kept.push(mapping);
+        }
+    }
+    kept.retain(|mapping| mapping.executable);
+    kept
+}
+
+/// Identifies a process's mappings as the table holds them, cheaply enough to check on every
+/// sample: the list only grows, except at exec, which empties it and maps another program.
+fn fingerprint(table: &ProcessTable, pid: u32) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    if let Some(process) = table.processes.get(&pid) {
+        process.mappings.len().hash(&mut hasher);
+        if let Some(last) = process.mappings.last() {
+            (last.start, last.end, last.file_offset, last.file).hash(&mut hasher);
+        }
+    }
+    hasher.finish()
+}
+
+impl CopyUnwinder {
+    /// The user frames of a sample of process `pid`, whose modules are in `table`.
+    pub fn unwind(
+        &mut self,
+        table: &ProcessTable,
+        pid: u32,
+        registers: UserRegisters,
+        stack: StackCopy,
+    ) -> UnwoundStack {
+        self.update_modules(table, pid);
+        let modules = &self.processes[&pid];
+        let mut read_stack = |address| stack.word(address).ok_or(());
+        let mut walk = modules.unwinder.iter_frames(
+            registers.ip,
+            UnwindRegsX86_64::new(registers.ip, registers.sp, registers.bp),
+            &mut self.cache,
+            &mut read_stack,
+        );
+        // The first frame is the sampled instruction itself.
+        let _ = walk.next();
+        let mut frames = vec![registers.ip];
+        let end = loop {
+            // The last frame returns into an entry point: nothing called it (the walk past it
+            // would read what the kernel put on the stack at exec).
+            if frames.len() > 1 && frames.last().is_some_and(|&at| modules.is_entry_point(at)) {
+                break StackEnd::Root;
+            }
+            if frames.len() >= MAX_FRAMES {
+                break StackEnd::TooDeep;
+            }
+            match walk.next() {
+                Ok(Some(frame)) if modules.holds_code(frame.address()) => {
+                    frames.push(frame.address())
+                }
+                Ok(Some(_)) => break StackEnd::OutsideCode,
+                Ok(None) | Err(WalkError::ReturnAddressIsNull) => break StackEnd::Root,
+                Err(WalkError::CouldNotReadStack(_)) => break StackEnd::CopyTooSmall,
+                Err(
+                    WalkError::DidNotAdvance
+                    | WalkError::FramepointerUnwindingMovedBackwards
+                    | WalkError::IntegerOverflow,
+                ) => break StackEnd::Broken,
+            }
+        };
+        UnwoundStack { frames, end }
+    }
+
+    /// Builds `pid`'s modules anew when its executable mappings changed since the last walk.
+    fn update_modules(&mut self, table: &ProcessTable, pid: u32) {
+        let fingerprint = fingerprint(table, pid);
+        if self
+            .processes
+            .get(&pid)
+            .is_some_and(|known| known.fingerprint == fingerprint)
+        {
+            return;
+        }
+        let mappings = executable_mappings(table, pid);
+        let mut unwinder = UnwinderX86_64::new();
+        let mut entries = Vec::new();
+        for mapping in &mappings {
+            let sections = match mapping.file {
+                Some(identity) => self.files.entry(identity).or_insert_with(|| {
+                    let (_, image) = table.files.image(identity)?;
+                    ModuleSections::read(&image).map(Arc::new)
+                }),
+                None if mapping.path == VDSO && mapping.end - mapping.start == self.vdso_bytes => {
+                    &self.vdso
+                }
+                None => continue,
+            };
+            let Some(sections) = sections else {
+                continue;
+            };
+            let Some(base) = sections.base_address(mapping) else {
+                continue;
+            };
+            // A `call` in the entry point's first instructions returns within these bytes.
+            const ENTRY_CALL_BYTES: u64 = 16;
+            let entry = base.wrapping_add(sections.entry);
+            if mapping.contains(entry) {
+                entries.push(entry..entry.saturating_add(ENTRY_CALL_BYTES));
+            }
+            unwinder.add_module(Module::new(
+                mapping.path.clone(),
+                mapping.start..mapping.end,
+                base,
+                sections.info.clone(),
+            ));
+        }
+        let code = mappings
+            .iter()
+            .map(|mapping| mapping.start..mapping.end)
+            .collect();
+        self.processes.insert(
+            pid,
+            ProcessModules {
+                fingerprint,
+                unwinder,
+                code,
+                entries,
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(start: u64, file_offset: u64) -> Mapping {
+        Mapping {
+            start,
+            end: start + 0x10000,
+            file_offset,
+            path: "/lib/libexample.so".to_string(),
+            executable: true,
+            build_id: None,
+            file: None,
+        }
+    }
+
+    #[test]
+    fn a_module_is_placed_by_the_segment_its_mapping_starts_in() {
+        let sections = ModuleSections {
+            // Text at file offset 0x1000, address 0x1000; data at file offset 0x5e10 but
+            // address 0x6e10 (a page apart, as linkers lay out RELRO).
+            segments: vec![
+                (0..0x800, 0),
+                (0x1000..0x4000, 0x1000),
+                (0x5e10..0x6000, 0x6e10),
+            ],
+            entry: 0,
+            info: ExplicitModuleSectionInfo::default(),
+        };
+        let text = mapping(0x7f00_0000_1000, 0x1000);
+        assert_eq!(sections.base_address(&text), Some(0x7f00_0000_0000));
+        // A mapping from the page the data segment starts in.
+        let data = mapping(0x7f00_0000_6000, 0x5000);
+        assert_eq!(sections.base_address(&data), Some(0x7f00_0000_0000));
+        assert_eq!(
+            sections.base_address(&mapping(0x7f00_0000_9000, 0x9000)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_text_segment_sharing_a_page_with_read_only_data_places_its_module() {
+        // As rustc's linker lays out a PIE: read-only data ends in the page where text starts,
+        // and text sits a page further in memory than in the file.
+        let sections = ModuleSections {
+            segments: vec![(0..0x1415c, 0), (0x14160..0x562d0, 0x15160)],
+            entry: 0,
+            info: ExplicitModuleSectionInfo::default(),
+        };
+        let text = mapping(0x5642_c4cc_a000, 0x14000);
+        assert_eq!(
+            sections.base_address(&text),
+            Some(0x5642_c4cc_a000 - 0x15000)
+        );
+    }
+
+    #[test]
+    fn words_are_read_only_where_the_copy_holds_all_their_bytes() {
+        let bytes: Vec<u8> = (0..16).collect();
+        let copy = StackCopy {
+            start: 0x1000,
+            bytes: &bytes,
+        };
+        assert_eq!(copy.word(0x1000), Some(0x0706_0504_0302_0100));
+        assert_eq!(copy.word(0x1008), Some(0x0f0e_0d0c_0b0a_0908));
+        assert_eq!(copy.word(0x1009), None, "one byte past the copy");
+        assert_eq!(copy.word(0xff8), None, "below the copy");
+        assert_eq!(copy.word(u64::MAX - 2), None);
+    }
+
+    #[test]
+    fn a_return_address_in_no_executable_mapping_ends_the_walk_unkept() {
+        let mut unwinder = CopyUnwinder::default();
+        // Frame pointers are the fallback without modules: [bp + 8] holds this garbage.
+        let stack = [0x11u8; 64];
+        let unwound = unwinder.unwind(
+            &ProcessTable::default(),
+            42,
+            UserRegisters {
+                ip: 0x401000,
+                sp: 0x7ffd_0000_0000,
+                bp: 0x7ffd_0000_0010,
+            },
+            StackCopy {
+                start: 0x7ffd_0000_0000,
+                bytes: &stack,
+            },
+        );
+        assert_eq!(unwound.frames, vec![0x401000]);
+        assert_eq!(unwound.end, StackEnd::OutsideCode);
+    }
+}

@@ -1,0 +1,609 @@
+//! Call stacks of code built without frame pointers, unwound from copies of the user stack:
+//! perf.data files recorded by the real `perf record --call-graph dwarf` (user registers and
+//! stack bytes in every sample) imported through the copy unwinder, checked frame by frame
+//! against `perf script`'s own unwinding of the same samples; and live `record --unwind copy`
+//! recordings, checked against perf's dwarf recordings of the same programs by function. On a C
+//! workload built here with `gcc -O2 -fomit-frame-pointer` and on Debian's own xz, python3 and
+//! sqlite3.
+//!
+//! Needs perf (Debian: linux-perf), gcc, xz-utils, python3, sqlite3, libc6-dbg (names glibc's
+//! internal frames) and root; fails with the reason when one is missing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use profiler::import::profile_from_perf_data_file;
+use profiler::profile::file::read_profile;
+use profiler::profile::{module_basename, Profile, StackSample};
+
+/// Functions a complete user stack ends in: the program's entry and glibc's frames that call
+/// `main`, and glibc's thread start.
+const ROOTS: [&str; 6] = [
+    "main",
+    "_start",
+    "__libc_start_call_main",
+    "__libc_start_main_impl",
+    "start_thread",
+    "clone3",
+];
+
+/// tests/workloads/c/no_frame_pointers.c built into `dir` with `-O2 -fomit-frame-pointer`.
+fn no_frame_pointer_workload(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/c/no_frame_pointers.c");
+    let binary = dir.join("no_frame_pointers");
+    common::run_checked(
+        "gcc",
+        &[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-g",
+            "-pthread",
+            "-o",
+            binary.to_str().unwrap(),
+            source.to_str().unwrap(),
+        ],
+    );
+    binary
+}
+
+/// Debian's own programs built without frame pointers, each with a command of about a second
+/// that runs in `dir`: xz compressing (on one thread) a compressible but not trivial file,
+/// python3 encoding and decoding JSON, sqlite3 filling and indexing a table.
+fn debian_programs(dir: &Path) -> Vec<(&'static str, Vec<String>)> {
+    let input = dir.join("input");
+    let text: String = (0..400_000u64)
+        .map(|i| format!("{} ", (i * 2_654_435_761) % 100_003))
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    let path = |path: PathBuf| path.to_str().unwrap().to_string();
+    let xz = ["xz", "-T1", "-9", "-k", "-f"].map(String::from);
+    let python = [
+        "/usr/bin/python3",
+        "-c",
+        "import json\n\
+         d = [{'a': i, 'b': str(i) * 5} for i in range(200000)]\n\
+         for _ in range(4): json.loads(json.dumps(d))\n\
+         sorted(d, key=lambda x: x['b'])",
+    ]
+    .map(String::from);
+    let sql = "create table t(a, b); \
+               with recursive c(x) as (select 1 union all select x + 1 from c where x < 300000) \
+               insert into t select x, hex(randomblob(16)) from c; \
+               create index i on t(b); select count(*) from t where b like '%AB%';";
+    vec![
+        ("xz", xz.into_iter().chain([path(input)]).collect()),
+        ("python3", python.to_vec()),
+        (
+            "sqlite3",
+            vec![
+                "sqlite3".to_string(),
+                path(dir.join("test.db")),
+                sql.to_string(),
+            ],
+        ),
+    ]
+}
+
+/// `perf record -e cpu-clock -F 999 --call-graph dwarf,16384 -o DIR/perf.data -- COMMAND`.
+fn perf_record_dwarf(dir: &Path, command: &[&str]) -> PathBuf {
+    common::require_root();
+    let file = dir.join("perf.data");
+    let mut args = vec![
+        "record",
+        "-q",
+        "-e",
+        "cpu-clock",
+        "-F",
+        "999",
+        "--call-graph",
+        // 16 KiB of stack per sample, as `--unwind copy` copies by default: perf's default
+        // 8 KiB cuts some of sqlite3's stacks short.
+        "dwarf,16384",
+        // 4 MiB buffers per CPU: 16 KiB samples fill perf's default 512 KiB and lose records.
+        "-m",
+        "1024",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+    ];
+    args.extend_from_slice(command);
+    common::run_checked("perf", &args);
+    file
+}
+
+fn import(file: &Path) -> Profile {
+    profile_from_perf_data_file(file)
+        .unwrap_or_else(|e| panic!("importing {}: {e:#}", file.display()))
+}
+
+/// The user frames' function names of a stack, leaf first.
+fn user_functions(profile: &Profile, stack: &StackSample) -> Vec<String> {
+    stack
+        .frames
+        .iter()
+        .map(|&id| &profile.frames[id as usize])
+        .filter(|frame| !frame.kernel)
+        .map(|frame| frame.display_name())
+        .collect()
+}
+
+/// Samples of `profile` and how many of them have a user stack that reaches one of [`ROOTS`].
+fn samples_reaching_a_root(profile: &Profile) -> (u64, u64) {
+    let total = profile.stacks.iter().map(|stack| stack.count).sum();
+    let complete = profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            user_functions(profile, stack)
+                .iter()
+                .any(|name| ROOTS.contains(&name.as_str()))
+        })
+        .map(|stack| stack.count)
+        .sum();
+    (total, complete)
+}
+
+fn assert_most_reach_a_root(profile: &Profile, what: &str) {
+    let (total, complete) = samples_reaching_a_root(profile);
+    assert!(total >= 100, "{what}: only {total} samples");
+    assert!(
+        complete * 100 >= total * 95,
+        "{what}: {complete} of {total} samples reach main, _start or a thread start; losses: \
+         {:?}",
+        profile.losses.counters
+    );
+}
+
+/// Asserts that every loss is a walk cut short or a copy that fell back to frame pointers, for
+/// at most 1% of the samples: a sample early in the dynamic loader's start-up may meet a return
+/// address no mapping holds yet, and one as the process exits may find no stack page left to
+/// copy.
+fn assert_few_cut_short(profile: &Profile) {
+    let total: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
+    let counted: Vec<&str> = profile
+        .losses
+        .counters
+        .iter()
+        .filter(|(name, count)| {
+            **count > 0
+                && (name.starts_with("user stacks cut short")
+                    || name.starts_with("user stacks by frame pointers only"))
+        })
+        .map(|(name, _)| name.as_str())
+        .collect();
+    common::assert_no_losses(profile, &counted);
+    let cut: u64 = profile.losses.counters.values().sum();
+    assert!(
+        cut * 100 <= total,
+        "{total} samples, {:?}",
+        profile.losses.counters
+    );
+}
+
+/// Samples whose user stack has `chain` as a contiguous run of functions, leaf first, starting
+/// at the leaf when `from_leaf`.
+fn samples_with_chain(profile: &Profile, chain: &[&str]) -> u64 {
+    profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            let names = user_functions(profile, stack);
+            names.windows(chain.len()).any(|window| window == chain)
+        })
+        .map(|stack| stack.count)
+        .sum()
+}
+
+/// A user frame as `perf script -F ip,dso` prints it: the module's file name and the address's
+/// offset in that file; callers one byte before their return address, inside the call
+/// instruction, as we look them up too.
+type PrintedFrame = (String, u64);
+
+/// The user stacks perf itself unwound from the file, one entry per distinct stack with its
+/// samples.
+fn perf_script_user_stacks(file: &Path) -> BTreeMap<Vec<PrintedFrame>, u64> {
+    let output = common::run_checked(
+        "perf",
+        &[
+            "script",
+            "-i",
+            file.to_str().unwrap(),
+            "--no-inline",
+            // perf's default keeps 127 frames; ours keeps up to the unwinder's limit.
+            "--max-stack",
+            "1024",
+            "-F",
+            "ip,dso",
+        ],
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    let mut stacks = BTreeMap::new();
+    // Samples are separated by blank lines; each frame is "ADDRESS (DSO)".
+    for sample in text.split("\n\n") {
+        let frames: Vec<PrintedFrame> = sample
+            .lines()
+            .filter_map(|line| {
+                let (address, dso) = line.trim().split_once(' ')?;
+                let dso = dso.trim_start_matches('(').trim_end_matches(')');
+                let address = u64::from_str_radix(address, 16).ok()?;
+                Some((module_basename(dso).to_string(), address))
+            })
+            .filter(|(dso, _)| !dso.starts_with("[kernel"))
+            // perf ends a walk that ran out of copied stack with an "[unknown]" frame at
+            // address -1; ours ends there, counted as cut short.
+            .filter(|frame| *frame != ("[unknown]".to_string(), u64::MAX))
+            .collect();
+        if !frames.is_empty() {
+            *stacks.entry(frames).or_default() += 1;
+        }
+    }
+    stacks
+}
+
+/// Our user stacks of the imported file, printed as `perf script` prints frames.
+fn our_user_stacks(profile: &Profile) -> BTreeMap<Vec<PrintedFrame>, u64> {
+    let mut stacks = BTreeMap::new();
+    for stack in &profile.stacks {
+        let frames: Vec<PrintedFrame> = stack
+            .frames
+            .iter()
+            .map(|&id| &profile.frames[id as usize])
+            .filter(|frame| !frame.kernel)
+            .map(|frame| {
+                (
+                    module_basename(&frame.module).to_string(),
+                    frame.module_offset,
+                )
+            })
+            .collect();
+        if !frames.is_empty() {
+            *stacks.entry(frames).or_default() += stack.count;
+        }
+    }
+    stacks
+}
+
+/// Asserts that at least 98% of perf's samples have exactly the user stack we unwound.
+fn assert_matches_perf_script(file: &Path, profile: &Profile) {
+    let theirs = perf_script_user_stacks(file);
+    let ours = our_user_stacks(profile);
+    let total: u64 = theirs.values().sum();
+    let same: u64 = theirs
+        .iter()
+        .map(|(stack, count)| (*count).min(ours.get(stack).copied().unwrap_or(0)))
+        .sum();
+    let first_difference = theirs
+        .iter()
+        .find(|(stack, count)| ours.get(*stack).copied().unwrap_or(0) < **count);
+    assert!(
+        total >= 100 && same * 100 >= total * 98,
+        "{same} of {total} samples have the user stack perf unwound; e.g. perf's {:?}",
+        first_difference
+    );
+}
+
+#[test]
+fn dwarf_recording_of_code_without_frame_pointers_is_unwound_to_main_like_perf() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    let file = perf_record_dwarf(dir.path(), &[binary.to_str().unwrap(), "1500"]);
+    let profile = import(&file);
+
+    assert_most_reach_a_root(&profile, "no_frame_pointers");
+    let (total, _) = samples_reaching_a_root(&profile);
+    // The comparison callback's leaf, called from glibc's qsort, back to main.
+    let sorting = samples_with_chain(&profile, &["record_key", "compare_records"]);
+    let sorted_from_main = profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            let names = user_functions(&profile, stack);
+            let at = |name: &str| names.iter().position(|n| n == name);
+            names.first().is_some_and(|leaf| leaf == "record_key")
+                && at("compare_records") == Some(1)
+                && at("__GI___qsort_r") < at("sort_records")
+                && at("sort_records").is_some_and(|sort| at("main") == Some(sort + 1))
+        })
+        .map(|stack| stack.count)
+        .sum::<u64>();
+    assert!(
+        sorting * 10 >= total * 2,
+        "record_key <- compare_records in {sorting} of {total} samples"
+    );
+    assert_eq!(
+        sorted_from_main, sorting,
+        "every record_key <- compare_records stack goes on through qsort to sort_records <- main"
+    );
+    // The second thread, from its start routine.
+    let copying = samples_with_chain(&profile, &["copy_blocks", "copier_main", "start_thread"]);
+    assert!(
+        copying * 10 >= total * 2,
+        "copy_blocks <- copier_main <- start_thread in {copying} of {total} samples"
+    );
+    assert_few_cut_short(&profile);
+    assert_matches_perf_script(&file, &profile);
+}
+
+#[test]
+fn dwarf_recordings_of_debians_xz_python3_and_sqlite3_are_unwound_to_main_like_perf() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (program, command) in debian_programs(dir.path()) {
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        let file = perf_record_dwarf(dir.path(), &command);
+        let profile = import(&file);
+        assert_most_reach_a_root(&profile, program);
+        let (total, _) = samples_reaching_a_root(&profile);
+        let from_main = samples_with_chain(
+            &profile,
+            &["__libc_start_call_main", "__libc_start_main_impl"],
+        );
+        assert!(
+            from_main * 100 >= total * 95,
+            "{program}: glibc's call of main in {from_main} of {total} samples"
+        );
+        assert_matches_perf_script(&file, &profile);
+    }
+}
+
+/// `profiler record --unwind copy -F 999 ARGS -o DIR/live.prof -- COMMAND`, read back.
+fn record_copy(dir: &Path, args: &[&str], command: &[&str]) -> Profile {
+    let file = dir.join("live.prof");
+    let mut all = vec!["record", "--unwind", "copy", "-F", "999"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", file.to_str().unwrap(), "--"]);
+    all.extend_from_slice(command);
+    common::profiler(&all);
+    read_profile(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+}
+
+/// Per function, the share of samples whose user stack passes through it.
+fn inclusive_shares(profile: &Profile, functions: &[&str]) -> Vec<f64> {
+    let total: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
+    functions
+        .iter()
+        .map(|function| {
+            let through: u64 = profile
+                .stacks
+                .iter()
+                .filter(|stack| user_functions(profile, stack).iter().any(|n| n == function))
+                .map(|stack| stack.count)
+                .sum();
+            through as f64 / total as f64
+        })
+        .collect()
+}
+
+#[test]
+fn unwind_copy_recording_of_code_without_frame_pointers_matches_perf_dwarf_by_function() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    let command = [binary.to_str().unwrap(), "1500"];
+    let live = record_copy(dir.path(), &[], &command);
+
+    assert_most_reach_a_root(&live, "no_frame_pointers, --unwind copy");
+    assert_few_cut_short(&live);
+    let (total, _) = samples_reaching_a_root(&live);
+    let chain = [
+        "record_key",
+        "compare_records",
+        "msort_with_tmp",
+        "__GI___qsort_r",
+        "sort_records",
+        "main",
+    ];
+    let through_qsort: u64 = live
+        .stacks
+        .iter()
+        .filter(|stack| {
+            let names = user_functions(&live, stack);
+            let mut rest = names.iter();
+            // In order, with msort_with_tmp's recursion between.
+            chain.iter().all(|want| rest.any(|name| name == want))
+        })
+        .map(|stack| stack.count)
+        .sum();
+    let leaf_in_callback = samples_with_chain(&live, &["record_key", "compare_records"]);
+    assert!(
+        leaf_in_callback * 10 >= total * 2,
+        "{leaf_in_callback} of {total}"
+    );
+    assert_eq!(
+        through_qsort, leaf_in_callback,
+        "every record_key <- compare_records stack goes on through qsort to main"
+    );
+    let copying = samples_with_chain(&live, &["copy_blocks", "copier_main", "start_thread"]);
+    assert!(copying * 10 >= total * 2, "{copying} of {total}");
+
+    // perf's own dwarf unwinding of the same program: the same functions, as often.
+    let perf = import(&perf_record_dwarf(dir.path(), &command));
+    let functions = [
+        "record_key",
+        "compare_records",
+        "sort_records",
+        "main",
+        "copy_blocks",
+        "copier_main",
+        "start_thread",
+    ];
+    let ours = inclusive_shares(&live, &functions);
+    let theirs = inclusive_shares(&perf, &functions);
+    for ((function, ours), theirs) in functions.iter().zip(ours).zip(theirs) {
+        assert!(
+            (ours - theirs).abs() < 0.1,
+            "{function}: in {:.1}% of our stacks, {:.1}% of perf's",
+            ours * 100.0,
+            theirs * 100.0
+        );
+    }
+}
+
+#[test]
+fn unwind_copy_recordings_of_debians_xz_python3_and_sqlite3_reach_main() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (program, command) in debian_programs(dir.path()) {
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        let profile = record_copy(dir.path(), &[], &command);
+        assert_most_reach_a_root(&profile, &format!("{program}, --unwind copy"));
+    }
+}
+
+#[test]
+fn a_sixty_frame_rust_stack_is_unwound_whole_and_stray_or_out_of_range_copy_sizes_are_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let deep = common::workload("deep_stack");
+    let profile = record_copy(
+        dir.path(),
+        &["--stack-copy-kib", "8"],
+        &[deep.to_str().unwrap(), "15000"],
+    );
+    assert_most_reach_a_root(&profile, "deep_stack, --unwind copy --stack-copy-kib 8");
+    let sixty_deep =
+        samples_with_chain(&profile, &["deep_stack::frame_60", "deep_stack::frame_59"]);
+    let (total, _) = samples_reaching_a_root(&profile);
+    assert!(sixty_deep * 100 >= total * 95, "{sixty_deep} of {total}");
+    assert_few_cut_short(&profile);
+    let output = Command::new(common::profiler_bin())
+        .args(["record", "--stack-copy-kib", "8", "--", "true"])
+        .output()
+        .expect("the profiler runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("add --unwind copy"),
+        "--stack-copy-kib without --unwind copy: {stderr}"
+    );
+    for size in ["0", "33"] {
+        let output = Command::new(common::profiler_bin())
+            .args([
+                "record",
+                "--unwind",
+                "copy",
+                "--stack-copy-kib",
+                size,
+                "--",
+                "true",
+            ])
+            .output()
+            .expect("the profiler runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success()
+                && stderr.contains("--stack-copy-kib")
+                && stderr.contains("1..=32"),
+            "--stack-copy-kib {size}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_stack_deeper_than_the_copy_is_cut_short_and_counted_and_a_larger_copy_reaches_main() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    // About 25 KiB of stack: more than the default 16 KiB copy, less than 32.
+    let command = [binary.to_str().unwrap(), "1500", "deep"];
+    let short = record_copy(dir.path(), &[], &command);
+    let total: u64 = short.stacks.iter().map(|stack| stack.count).sum();
+    let cut = short
+        .losses
+        .counters
+        .get("user stacks cut short: walk reached the end of the stack copy")
+        .copied()
+        .unwrap_or(0);
+    let (_, complete) = samples_reaching_a_root(&short);
+    assert!(
+        total >= 100 && cut * 100 >= total * 95 && complete == 0,
+        "{cut} of {total} stacks counted as cut short, {complete} complete: {:?}",
+        short.losses.counters
+    );
+    // What was walked is kept: the leaf and the levels the copy held.
+    let partial = samples_with_chain(&short, &["record_key", "descend", "descend"]);
+    assert!(partial * 100 >= total * 95, "{partial} of {total}");
+
+    let whole = record_copy(dir.path(), &["--stack-copy-kib", "32"], &command);
+    assert_most_reach_a_root(&whole, "25 KiB deep, --stack-copy-kib 32");
+    assert_few_cut_short(&whole);
+}
+
+#[test]
+fn samples_taken_in_the_kernel_carry_the_tasks_user_stack() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // dd spends its time in read(2) of /dev/zero: the samples interrupt the kernel, and the
+    // user registers are those the task entered it with.
+    let profile = record_copy(
+        dir.path(),
+        &[],
+        &["dd", "if=/dev/zero", "of=/dev/null", "bs=4M", "count=30000"],
+    );
+    let in_kernel: u64 = profile
+        .stacks
+        .iter()
+        .filter(|stack| profile.frames[stack.frames[0] as usize].kernel)
+        .map(|stack| stack.count)
+        .sum();
+    let in_kernel_from_main: u64 = profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            profile.frames[stack.frames[0] as usize].kernel
+                && user_functions(&profile, stack)
+                    .iter()
+                    .any(|name| name == "__libc_start_call_main")
+        })
+        .map(|stack| stack.count)
+        .sum();
+    let (total, _) = samples_reaching_a_root(&profile);
+    assert!(
+        in_kernel * 10 >= total * 8,
+        "{in_kernel} of {total} in the kernel"
+    );
+    assert!(
+        in_kernel_from_main * 100 >= in_kernel * 95,
+        "{in_kernel_from_main} of {in_kernel} kernel samples have a user stack from main"
+    );
+    assert_few_cut_short(&profile);
+}
+
+#[test]
+fn samples_in_the_vdso_are_unwound_with_its_own_unwind_tables() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    let profile = record_copy(
+        dir.path(),
+        &[],
+        &[binary.to_str().unwrap(), "1500", "clock"],
+    );
+    let in_vdso: u64 = profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            user_functions(&profile, stack)
+                .first()
+                .is_some_and(|leaf| leaf == "__vdso_clock_gettime")
+        })
+        .map(|stack| stack.count)
+        .sum();
+    let in_vdso_from_main = samples_with_chain(
+        &profile,
+        &[
+            "__vdso_clock_gettime",
+            "__GI___clock_gettime",
+            "now",
+            "main",
+        ],
+    ) + samples_with_chain(
+        &profile,
+        &["__vdso_clock_gettime", "__GI___clock_gettime", "main"],
+    );
+    let (total, _) = samples_reaching_a_root(&profile);
+    assert!(
+        in_vdso * 2 >= total,
+        "{in_vdso} of {total} samples in the vDSO"
+    );
+    assert!(
+        in_vdso_from_main * 100 >= in_vdso * 99,
+        "{in_vdso_from_main} of {in_vdso} vDSO samples reach main through clock_gettime"
+    );
+    assert_most_reach_a_root(&profile, "clock, --unwind copy");
+}
