@@ -11,6 +11,7 @@ mod measure;
 mod phases;
 mod plot;
 mod render;
+mod stack_quality;
 mod summary;
 mod tools;
 mod workloads;
@@ -117,6 +118,7 @@ pub struct Results {
     pub in_kernel: Vec<InKernelCost>,
     pub footprint: Vec<Footprint>,
     pub report_speed: Vec<ReportSpeed>,
+    pub stack_quality: Vec<stack_quality::StackQualityRow>,
     /// Share of the machine's CPU time that other processes used while the bench ran.
     pub other_processes_cpu_percent: f64,
     pub perf_event_max_sample_rate_at_end: u64,
@@ -193,6 +195,14 @@ fn check(results: &Results) -> Result<()> {
     {
         problems.push("a footprint run measured nothing".into());
     }
+    for row in &results.stack_quality {
+        if row.samples == 0 {
+            problems.push(format!(
+                "stack quality of {} under {}: no sample",
+                row.program, row.unwinder
+            ));
+        }
+    }
     if results.report_speed.len() != 2 {
         problems.push("the report speed was not measured for both tools".into());
     }
@@ -239,6 +249,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .iter()
         .map(|workload| workload.calibrate(&tools, &release, settings.duration_s))
         .collect::<Result<_>>()?;
+    let bench_profiler = tools.profiler.clone();
     let mut bench = Bench::new(
         tools,
         release.clone(),
@@ -269,6 +280,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .expect("many_threads is a bundled workload");
     let footprint = bench.footprints(threads)?;
     let report_speed = bench.report_speeds(threads, &trials)?;
+    let stack_quality = stack_quality::measure(&bench_profiler, &work)?;
     let other_processes_cpu_percent = CpuTimes::now()?.others_percent_since(&cpu_at_start);
     if other_processes_cpu_percent > NOISY_PERCENT {
         bench.note(format!(
@@ -289,6 +301,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         in_kernel,
         footprint,
         report_speed,
+        stack_quality,
         other_processes_cpu_percent,
         perf_event_max_sample_rate_at_end: machine::read_number(MAX_SAMPLE_RATE)?,
         trials,

@@ -292,6 +292,34 @@ fn report_speed(out: &mut String, results: &Results, shorten: &Shorten) {
     }
 }
 
+fn stack_quality(out: &mut String, results: &Results, shorten: &Shorten) {
+    let _ = writeln!(
+        out,
+        "\n## 7. Call-stack quality\n\nDebian's own programs (no frame pointers) at 999 Hz. \
+         *Complete*: samples whose user stack reaches `_start`, `main` or a thread start, judged \
+         by our report for every tool (perf's files through our perf.data import). *Tool CPU*: \
+         record's CPU beyond the bare program's, plus the report's, per sample.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| Program | Unwinder | Samples | Complete % | Mean depth | Tool CPU µs/sample | Record command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    for row in &results.stack_quality {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.1} | {:.1} | {:.0} | {} |",
+            row.program,
+            row.unwinder,
+            count(row.samples),
+            row.complete_percent,
+            row.mean_depth,
+            row.tool_cpu_us_per_sample,
+            shorten.command(&row.record_command),
+        );
+    }
+}
+
 fn in_kernel(out: &mut String, results: &Results, shorten: &Shorten) {
     let _ = writeln!(
         out,
@@ -392,6 +420,7 @@ pub fn markdown(results: &Results) -> String {
     report_speed(&mut out, results, &shorten);
     in_kernel(&mut out, results, &shorten);
     footprint(&mut out, results, &shorten);
+    stack_quality(&mut out, results, &shorten);
     commands(&mut out, results, &shorten);
     out
 }
