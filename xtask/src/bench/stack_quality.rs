@@ -61,7 +61,7 @@ const UNWINDERS: [Unwinder; 4] = [
 /// Every program under every unwinder.
 pub fn measure(profiler: &Path, work: &Path) -> Result<Vec<StackQualityRow>> {
     let input = work.join("stack-quality.input");
-    std::fs::write(&input, compressible_bytes(16 << 20))
+    std::fs::write(&input, compressible_bytes(6 << 20))
         .with_context(|| format!("writing {}", input.display()))?;
     let programs: [(&'static str, Vec<String>); 2] = [
         (
@@ -79,7 +79,7 @@ pub fn measure(profiler: &Path, work: &Path) -> Result<Vec<StackQualityRow>> {
             vec![
                 "/usr/bin/python3".into(),
                 "-c".into(),
-                "import json\nfor _ in range(25): json.loads(json.dumps(list(range(100000))))"
+                "import json; [json.loads(json.dumps(list(range(100000)))) for _ in range(150)]"
                     .into(),
             ],
         ),
