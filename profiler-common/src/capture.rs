@@ -254,6 +254,12 @@ impl LossKind {
     }
 }
 
+/// Addresses at or above this are the kernel's: on x86-64 user space ends at 2^47 (4-level
+/// paging) or 2^56 (5-level) and kernel space starts at 0xffff_8000_0000_0000 or
+/// 0xff00_0000_0000_0000; on arm64 the kernel's half has the top bits set too. The top bit
+/// tells them apart under every layout.
+pub const KERNEL_SPACE_START: u64 = 0x8000_0000_0000_0000;
+
 /// `KernelOffsets::valid` bit: the offsets were read from the kernel's BTF.
 pub const OFFSETS_VALID: u32 = 1;
 /// `KernelOffsets::valid` bit: `perf_sample_data.sample_flags` exists (Linux 6.1 on) and says
@@ -623,7 +629,7 @@ mod tests {
         assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
         assert_eq!(size_of::<KernelOffsets>(), 56);
-        assert_eq!(size_of::<CaptureConfig>(), 88);
+        assert_eq!(size_of::<CaptureConfig>(), 92);
         assert_eq!(size_of::<crate::stack::StackFrames>(), 1024);
         assert_eq!(size_of::<RawDecoding>(), 16);
         assert_eq!(size_of::<IbsRecord>(), 120);

@@ -34,6 +34,7 @@ use profiler_common::{
         CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
         CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_STACK_COPY,
         CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES, IBS_PAYLOAD_MIN_BYTES,
+        KERNEL_SPACE_START,
         MAX_EVENTS, OFFSETS_SAMPLE_FLAGS, STACK_COPY_KERNEL_FRAMES, STACK_COPY_MAX_PAGES,
         STACK_COPY_PAGE_BYTES,
     },
@@ -843,9 +844,6 @@ fn record(
         stream(ip, pid, tid, cgroup, event, user_stack, kernel_stack, data);
     }
 }
-
-/// Addresses at or above this are the kernel's (x86-64).
-const KERNEL_SPACE_START: u64 = 0xffff_8000_0000_0000;
 
 /// The user registers of the sampled task: those the sample interrupted when it was in user
 /// mode, else those its entry into the kernel saved (`task_pt_regs`). `None` for a kernel

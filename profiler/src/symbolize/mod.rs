@@ -23,11 +23,23 @@ use crate::{
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
 
-/// Addresses at or above this are kernel addresses on x86-64.
-pub const KERNEL_SPACE_START: u64 = 0xffff_8000_0000_0000;
+pub use profiler_common::capture::KERNEL_SPACE_START;
 
 pub fn is_kernel_address(address: u64) -> bool {
     address >= KERNEL_SPACE_START
+}
+
+#[cfg(test)]
+#[test]
+fn the_kernel_boundary_holds_under_4_and_5_level_paging() {
+    // x86-64, 4-level: the top of user space and the kernel's direct map.
+    assert!(!is_kernel_address(0x0000_7fff_ffff_f000));
+    assert!(is_kernel_address(0xffff_8880_0000_0000));
+    // 5-level: user space reaches 2^56, the kernel starts at 0xff00_0000_0000_0000.
+    assert!(!is_kernel_address(0x00ff_ffff_ffff_f000));
+    assert!(is_kernel_address(0xff11_0000_0000_0000));
+    // arm64 kernel text.
+    assert!(is_kernel_address(0xffff_8000_8000_0000));
 }
 
 /// An address to symbolize. Caller frames are looked up one byte before their return address,
