@@ -567,6 +567,7 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         },
         start_unix_ns: unix_ns(start),
         duration_ns: duration.as_nanos() as u64,
+        architecture: std::env::consts::ARCH.to_string(),
     };
     Ok(Capture {
         meta,

@@ -169,6 +169,13 @@ fn reports_say_how_whole_the_user_stacks_are() {
     let text =
         String::from_utf8(profiler(&["report", "-i", file.to_str().unwrap()]).stdout).unwrap();
     assert!(text.contains("user stacks: "), "{text}");
+    // The profile keeps the architecture its addresses and code are of.
+    let profile = profiler::profile::file::read_profile(file).unwrap();
+    assert_eq!(profile.meta.architecture, std::env::consts::ARCH);
+    assert!(
+        text.contains(&format!(", {}), ", std::env::consts::ARCH)),
+        "{text}"
+    );
 }
 
 #[test]

@@ -320,6 +320,7 @@ pub(crate) mod test_profile {
                 target: "-- ./app".into(),
                 start_unix_ns: 1_700_000_000_000_000_000,
                 duration_ns: 2_000_000_000,
+                architecture: String::new(),
             },
             events: vec![
                 EventInfo {

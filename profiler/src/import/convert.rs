@@ -664,6 +664,7 @@ fn meta(features: &Features) -> ProfileMeta {
         duration_ns: features
             .sample_time
             .map_or(0, |(first, last)| last.saturating_sub(first)),
+        architecture: features.arch.clone().unwrap_or_default(),
     }
 }
 

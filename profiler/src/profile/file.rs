@@ -16,8 +16,8 @@
 //! The serialized profile is the format 1 body (the [`Profile`] model without the fields marked
 //! `#[serde(skip)]`), then in format 2 the additions of format 2 (the per-data-line latency
 //! histograms), then in format 3 those of format 3 (the sampling counters' own event counts),
-//! then in format 4 those of format 4 (the other names of sampled functions), serialized the
-//! same way. Older files end sooner and read with the later additions empty.
+//! then in format 4 those of format 4 (the other names of sampled functions), then in format 5
+//! the recording machine's architecture, serialized the same way. Older files end sooner and read with the later additions empty.
 //!
 //! Why these encodings: postcard's wire format is specified and stable across its 1.x releases,
 //! compact (varints, no field names) and among the fastest serde formats to decode, which is what
@@ -41,7 +41,7 @@ use crate::output::Output;
 
 pub const MAGIC: [u8; 8] = *b"EBPFPROF";
 /// The format this profiler writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest format it reads.
 const OLDEST_FORMAT_VERSION: u32 = 1;
 
@@ -51,6 +51,8 @@ type Format2Additions = (Vec<LineLatencyHistogram>,);
 type Format3Additions = (Vec<u64>,);
 /// What format 4 added after format 3's: the other names of sampled functions.
 type Format4Additions = (Vec<FunctionAliases>,);
+/// What format 5 added after format 4's: the recording machine's architecture.
+type Format5Additions = (String,);
 /// perf.data files start with this.
 const PERF_DATA_MAGIC: [u8; 8] = *b"PERFILE2";
 const HEADER_LEN: usize = 32;
@@ -250,6 +252,8 @@ pub fn encode_profile(profile: &Profile) -> Result<Vec<u8>, ProfileFileError> {
         postcard::to_extend(&(&profile.losses.event_counts,), serialized).map_err(encode)?;
     let serialized =
         postcard::to_extend(&(&profile.function_aliases,), serialized).map_err(encode)?;
+    let serialized =
+        postcard::to_extend(&(&profile.meta.architecture,), serialized).map_err(encode)?;
     frame_payload(&serialized)
 }
 
@@ -381,6 +385,17 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
         match postcard::take_from_bytes::<Format4Additions>(rest) {
             Ok(((function_aliases,), rest)) => {
                 profile.function_aliases = function_aliases;
+                rest
+            }
+            Err(e) => return fail(Decode(e)),
+        }
+    } else {
+        rest
+    };
+    let rest = if version >= 5 {
+        match postcard::take_from_bytes::<Format5Additions>(rest) {
+            Ok(((architecture,), rest)) => {
+                profile.meta.architecture = architecture;
                 rest
             }
             Err(e) => return fail(Decode(e)),
@@ -599,13 +614,13 @@ mod tests {
         newer[8..12].copy_from_slice(&7u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "written by a newer profiler (format 7); this one reads format 4: \
+            "written by a newer profiler (format 7); this one reads format 5: \
              read it with a newer profiler"
         );
         newer[8..12].copy_from_slice(&0u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 4)"
+            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 5)"
         );
     }
 
@@ -724,6 +739,7 @@ mod written_formats {
                 target: "-p 42".into(),
                 start_unix_ns: 1_700_000_000_000_000_000,
                 duration_ns: 1_000_000_000,
+                architecture: String::new(),
             },
             events: vec![EventInfo {
                 name: "cycles".into(),
@@ -969,11 +985,20 @@ mod written_formats {
         assert_reads(&FORMAT_4, profile_4(), 4);
     }
 
+    /// [`profile_4`] with the architecture, which format 5 added.
+    fn profile_5() -> Profile {
+        let mut profile = profile_4();
+        profile.meta.architecture = "aarch64".into();
+        profile
+    }
+
     #[test]
-    fn format_4_is_what_this_profiler_writes() {
-        let written = encode_profile(&profile_4()).unwrap();
-        assert_eq!(written[8..12], 4u32.to_le_bytes());
-        assert_eq!(decode_profile(&written).unwrap(), profile_4());
+    fn format_5_is_what_this_profiler_writes() {
+        let written = encode_profile(&profile_5()).unwrap();
+        assert_eq!(written[8..12], 5u32.to_le_bytes());
+        assert_eq!(decode_profile(&written).unwrap(), profile_5());
+        // The format 4 file has no architecture: it reads as unknown.
+        assert_eq!(decode_hex(&FORMAT_4).unwrap().meta.architecture, "");
     }
 }
 

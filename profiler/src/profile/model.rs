@@ -74,6 +74,10 @@ pub struct ProfileMeta {
     /// Unix time in nanoseconds when the recording started.
     pub start_unix_ns: u64,
     pub duration_ns: u64,
+    /// The machine's architecture (`x86_64`, `aarch64`), which the addresses, registers and
+    /// code bytes are of; empty in files before format 5. Appended after the body.
+    #[serde(skip)]
+    pub architecture: String,
 }
 
 /// One sampled event and how it was sampled.

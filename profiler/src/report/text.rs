@@ -271,10 +271,15 @@ pub fn render(report: &Report) -> String {
         "{}",
         fit(
             &format!(
-                "Profile of {} on {} (kernel {}), {:.2} s",
+                "Profile of {} on {} (kernel {}{}), {:.2} s",
                 meta.target,
                 meta.hostname,
                 meta.kernel_release,
+                if meta.architecture.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", meta.architecture)
+                },
                 meta.duration_ns as f64 / 1e9
             ),
             width,
