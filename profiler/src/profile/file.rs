@@ -359,50 +359,30 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
         Ok(decoded) => decoded,
         Err(e) => return fail(Decode(e)),
     };
-    let rest = if version >= 2 {
-        match postcard::take_from_bytes::<Format2Additions>(rest) {
-            Ok(((line_latency,), rest)) => {
-                profile.line_latency = line_latency;
-                rest
-            }
-            Err(e) => return fail(Decode(e)),
-        }
-    } else {
-        rest
+    // Each format's additions follow the previous format's; older files end sooner.
+    let decoded_additions = |rest| {
+        let (format_2, rest) = additions::<Format2Additions>(version, 2, rest)?;
+        let (format_3, rest) = additions::<Format3Additions>(version, 3, rest)?;
+        let (format_4, rest) = additions::<Format4Additions>(version, 4, rest)?;
+        let (format_5, rest) = additions::<Format5Additions>(version, 5, rest)?;
+        Ok::<_, postcard::Error>(((format_2, format_3, format_4, format_5), rest))
     };
-    let rest = if version >= 3 {
-        match postcard::take_from_bytes::<Format3Additions>(rest) {
-            Ok(((event_counts,), rest)) => {
-                profile.losses.event_counts = event_counts;
-                rest
-            }
-            Err(e) => return fail(Decode(e)),
-        }
-    } else {
-        rest
+    let ((format_2, format_3, format_4, format_5), rest) = match decoded_additions(rest) {
+        Ok(decoded) => decoded,
+        Err(e) => return fail(Decode(e)),
     };
-    let rest = if version >= 4 {
-        match postcard::take_from_bytes::<Format4Additions>(rest) {
-            Ok(((function_aliases,), rest)) => {
-                profile.function_aliases = function_aliases;
-                rest
-            }
-            Err(e) => return fail(Decode(e)),
-        }
-    } else {
-        rest
-    };
-    let rest = if version >= 5 {
-        match postcard::take_from_bytes::<Format5Additions>(rest) {
-            Ok(((architecture,), rest)) => {
-                profile.meta.architecture = architecture;
-                rest
-            }
-            Err(e) => return fail(Decode(e)),
-        }
-    } else {
-        rest
-    };
+    if let Some((line_latency,)) = format_2 {
+        profile.line_latency = line_latency;
+    }
+    if let Some((event_counts,)) = format_3 {
+        profile.losses.event_counts = event_counts;
+    }
+    if let Some((function_aliases,)) = format_4 {
+        profile.function_aliases = function_aliases;
+    }
+    if let Some((architecture,)) = format_5 {
+        profile.meta.architecture = architecture;
+    }
     if !rest.is_empty() {
         return fail(Inconsistent(format!(
             "{} bytes follow the serialized profile",
@@ -411,6 +391,20 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
     }
     check_references(&profile).map_err(|what| ProfileFileError::new(Inconsistent(what)))?;
     Ok(profile)
+}
+
+/// The additions of format `since` when a file of format `version` has them, and the bytes
+/// after them.
+fn additions<'a, T: serde::Deserialize<'a>>(
+    version: u32,
+    since: u32,
+    bytes: &'a [u8],
+) -> postcard::Result<(Option<T>, &'a [u8])> {
+    if version < since {
+        return Ok((None, bytes));
+    }
+    let (additions, rest) = postcard::take_from_bytes(bytes)?;
+    Ok((Some(additions), rest))
 }
 
 /// Every frame and event a profile refers to must be in it: reports index them directly.
