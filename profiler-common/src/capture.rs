@@ -305,6 +305,9 @@ pub const CAPTURE_EVENT_IDS: u32 = 1 << 5;
 /// Count samples per data source (`perf mem`-style breakdowns): some event's PMU reports
 /// `perf_mem_data_src` (PEBS memory events, IBS ops, precise events).
 pub const CAPTURE_DATA_SOURCES: u32 = 1 << 6;
+/// Unwind user stacks with the unwind tables the agent loads (`record --unwind dwarf`), frame
+/// pointers where a frame has none; without it, user stacks are frame-pointer walks.
+pub const CAPTURE_UNWIND_DWARF: u32 = 1 << 7;
 
 /// How the program reads PERF_SAMPLE_RAW payloads, a read-only global of the program
 /// (`RAW_DECODING`) the agent sets at load time. All zero: no event's payload is decoded.

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{capture::program::DEFAULT_STACKS, hardware::HardwareArgs, report::ViewArgs};
 
@@ -126,6 +126,14 @@ pub struct RecordArgs {
     /// Do not collect kernel call stacks.
     #[arg(long)]
     pub no_kernel_stacks: bool,
+    /// How user call stacks are walked.
+    #[arg(long, value_enum, default_value_t = Unwind::Dwarf)]
+    pub unwind: Unwind,
+    /// Kernel memory for the unwind tables of `--unwind dwarf`, in MiB (16 bytes a row); when
+    /// it is full, the tables least recently needed are evicted (counted in `--stats`).
+    #[arg(long, value_name = "MIB", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub unwind_table_mib: u32,
     /// Keep the command's arguments in the profile and its reports (by default only the
     /// program is named: arguments may hold passwords or tokens).
     #[arg(long)]
@@ -167,6 +175,17 @@ pub fn seconds(text: &str) -> Result<f64, String> {
 
 /// Entries of a BPF map: at least 1 (the kernel refuses an empty map) and at most
 /// [`MAX_MAP_ENTRIES`].
+/// How `record` walks user call stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Unwind {
+    /// In the kernel, from the executables' call-frame information (`.eh_frame`,
+    /// `.debug_frame`) that the agent compiles into tables; frame pointers where a frame has no
+    /// table or row.
+    Dwarf,
+    /// The kernel's frame-pointer walk only.
+    Fp,
+}
+
 fn map_entries(text: &str) -> Result<u32, String> {
     let entries: u32 = text
         .trim()

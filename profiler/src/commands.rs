@@ -3,12 +3,13 @@
 use std::{io::Write, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
+use profiler_common::unwind::UnwindRow;
 
 use crate::{
     capture::{
         btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, program::MapSizes,
     },
-    cli::{Command, RecordArgs, ReportArgs, ReportOutput},
+    cli::{Command, RecordArgs, ReportArgs, ReportOutput, Unwind},
     events::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
@@ -188,11 +189,16 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
             latencies: args.latency_map_entries,
             ring_buffer_bytes: ring_bytes,
             ibs_ring_bytes: ring_bytes,
+            unwind_rows: match args.unwind {
+                Unwind::Dwarf => args.unwind_table_mib * (1024 * 1024 / UnwindRow::SIZE as u32),
+                Unwind::Fp => 1,
+            },
         },
         stacks: StackCapture {
             user: true,
             kernel: !args.no_kernel_stacks,
         },
+        unwind: args.unwind,
         raw: outputs.raw.clone(),
         stats: args.stats,
         cgroups,

@@ -13,7 +13,7 @@ use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
     CaptureConfig, KernelOffsets, LossKind, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
     CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
-    CAPTURE_USER_STACKS, MAX_EVENTS,
+    CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, MAX_EVENTS,
 };
 use tokio::time::interval;
 
@@ -27,6 +27,7 @@ use crate::{
         sideband::{ProcessTable, Sideband},
         stats::{fdinfo_memlock, CaptureStats},
     },
+    cli::Unwind,
     drain::{ibs::IbsStream, read_accounting, Accounting, Drained, Drainer},
     events::{EventSpec, PmuRegistry, Sampling, SystemFacts},
     launch::{process_running, spawn_stopped, Ending, Shutdown, Stop, StopSignals, TargetSpec},
@@ -34,6 +35,7 @@ use crate::{
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
     stat::count::Count,
     symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+    unwind::loader::UnwindLoader,
 };
 
 pub struct RecordOptions {
@@ -44,6 +46,7 @@ pub struct RecordOptions {
     pub drain_interval: Duration,
     pub sizes: MapSizes,
     pub stacks: StackCapture,
+    pub unwind: Unwind,
     /// Stream every sample, in timestamp order, into this output (JSON lines).
     pub raw: Option<Output>,
     /// Measure the capture's own cost.
@@ -158,6 +161,9 @@ fn capture_config(options: &RecordOptions) -> CaptureConfig {
     let mut flags = 0;
     if options.stacks.user {
         flags |= CAPTURE_USER_STACKS;
+        if options.unwind == Unwind::Dwarf {
+            flags |= CAPTURE_UNWIND_DWARF;
+        }
     }
     if options.stacks.kernel {
         flags |= CAPTURE_KERNEL_STACKS;
@@ -357,6 +363,10 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
     let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes)?;
     let mut drainer = Drainer::new(&mut program, sizes)?;
     program.filter_cgroups(&options.cgroups)?;
+    let mut unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
+        0 => None,
+        _ => Some(program.unwind_loader()?),
+    };
     let map_bytes = held_map_memory();
     let mut raw = match &options.raw {
         Some(output) => Some(RawStream::create(
@@ -404,6 +414,9 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
             Target::Processes(pids) => pids.iter().for_each(|pid| processes.scan_process(*pid)),
             _ => processes.scan_all(),
         }
+        if let Some(unwinder) = &mut unwinder {
+            unwinder.sync(&processes)?;
+        }
         for counter in &mut counters {
             counter.counter.enable()?;
         }
@@ -440,6 +453,9 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
             // Mappings are read often so their files are opened while short-lived processes live.
             _ = sideband_ticker.tick() => {
                 sideband.read_into(&mut processes);
+                if let Some(unwinder) = &mut unwinder {
+                    unwinder.sync(&processes)?;
+                }
                 // The program wakes us only when the IBS ring is half full.
                 if let Some(stream) = &mut ibs {
                     stream.read_into(&mut drained.ibs)?;
@@ -457,6 +473,9 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
             }
             _ = ticker.tick() => {
                 sideband.read_into(&mut processes);
+                if let Some(unwinder) = &mut unwinder {
+                    unwinder.sync(&processes)?;
+                }
                 drainer.drain(&mut program, &mut drained)?;
             }
             ready = raw_ready => {
@@ -515,6 +534,7 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         stacks_cached: drained.stack_cache.distinct() as u64,
         stacks_read: drainer.frames_map.read,
         raw_samples_written: raw.as_ref().map_or(0, RawStream::written),
+        unwind: unwinder.as_ref().map(UnwindLoader::render_stats),
     };
     let ending = shutdown.ending(stop);
 

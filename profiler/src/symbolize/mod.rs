@@ -18,10 +18,15 @@ use blazesym::symbolize::{
     Input, Sym, Symbolized, Symbolizer,
 };
 
+use profiler_common::unwind_maps::TRUNCATED_FRAME;
+
 use crate::{
     capture::sideband::ProcessTable,
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
+
+/// What a stack the unwinder could not finish ends in (its `TRUNCATED_FRAME`).
+pub const TRUNCATED_FUNCTION: &str = "[truncated]";
 
 /// Addresses at or above this are kernel addresses on x86-64.
 pub const KERNEL_SPACE_START: u64 = 0xffff_8000_0000_0000;
@@ -120,6 +125,14 @@ impl<'a> FrameTable<'a> {
             }
             if is_kernel_address(address.address) {
                 kernel.push(address);
+                continue;
+            }
+            if address.address == TRUNCATED_FRAME {
+                let id = self.intern(Frame {
+                    function: Some(TRUNCATED_FUNCTION.to_string()),
+                    ..Frame::default()
+                });
+                self.resolved.insert(address, id);
                 continue;
             }
             match self

@@ -1,0 +1,335 @@
+//! Keeps the capture program's unwind maps (`record --unwind dwarf`) in step with the processes
+//! the side-band reports: each executable file's table is compiled once (by build ID, through
+//! [`TableCache`]) and written once into the row arena, however many processes map it; each
+//! process's executable mappings are published, sorted, with their load bias and the slice of
+//! the arena holding their table. Mappings that get no table are counted by reason.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write,
+    sync::Arc,
+};
+
+use anyhow::{Context, Result};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use object::{Object, ObjectSegment};
+use profiler_common::{
+    unwind::UnwindRow,
+    unwind_maps::{ExecMapping, ProcessMappings, UnwindCount, MAX_PROCESS_MAPPINGS},
+};
+
+use super::tables::{TableCache, UnwindTable};
+use crate::{
+    capture::sideband::{FileIdentity, Mapping, ProcessTable},
+    input::{open_regular, FinalLink, ModuleImage},
+};
+
+/// A file's table and where its loadable segments are, to turn a mapping into a load bias.
+struct FileTable {
+    table: Arc<UnwindTable>,
+    /// (file offset, size in the file, virtual address) of each loadable segment.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+/// Where a table's rows are in the arena.
+#[derive(Clone, Copy)]
+struct Placed {
+    start: u32,
+    len: u32,
+}
+
+/// The agent's side of the in-kernel unwinder.
+pub struct UnwindLoader {
+    rows: Array<MapData, UnwindRow>,
+    processes: BpfHashMap<MapData, u32, ProcessMappings>,
+    counts: PerCpuArray<MapData, u64>,
+    cache: TableCache,
+    files: HashMap<FileIdentity, Result<Arc<FileTable>, String>>,
+    /// By the table's address: the cache hands out one `Arc` per distinct file.
+    placed: HashMap<*const UnwindTable, Placed>,
+    next_row: u32,
+    published: HashMap<u32, Vec<ExecMapping>>,
+    /// Mappings published without a table, by reason.
+    without_table: BTreeMap<&'static str, u64>,
+}
+
+impl UnwindLoader {
+    pub fn new(
+        rows: Array<MapData, UnwindRow>,
+        processes: BpfHashMap<MapData, u32, ProcessMappings>,
+        counts: PerCpuArray<MapData, u64>,
+    ) -> UnwindLoader {
+        UnwindLoader {
+            rows,
+            processes,
+            counts,
+            cache: TableCache::new(TableCache::default_directory()),
+            files: HashMap::new(),
+            placed: HashMap::new(),
+            next_row: 0,
+            published: HashMap::new(),
+            without_table: BTreeMap::new(),
+        }
+    }
+
+    /// Publishes every live process's executable mappings that changed since the last call,
+    /// and forgets the processes that exited.
+    pub fn sync(&mut self, table: &ProcessTable) -> Result<()> {
+        let mut gone = Vec::new();
+        for (&pid, process) in &table.processes {
+            if process.exited {
+                gone.push(pid);
+                continue;
+            }
+            let mut mappings = current_code_mappings(&process.mappings);
+            // The walker's table holds so many: mappings with tables first.
+            if mappings.len() > MAX_PROCESS_MAPPINGS {
+                mappings.sort_by_key(|mapping| !mapping.is_file());
+                mappings.truncate(MAX_PROCESS_MAPPINGS);
+                mappings.sort_by_key(|mapping| mapping.start);
+            }
+            let entries: Vec<ExecMapping> = mappings
+                .iter()
+                .map(|mapping| self.entry(table, mapping))
+                .collect::<Result<_>>()?;
+            if self.published.get(&pid) == Some(&entries) {
+                continue;
+            }
+            let mut value = ProcessMappings::EMPTY;
+            value.count = entries.len() as u32;
+            value.mappings[..entries.len()].copy_from_slice(&entries);
+            // A process that exits meanwhile is refused by no one: its entry is removed below
+            // once the side-band says so.
+            self.processes
+                .insert(pid, value, 0)
+                .with_context(|| format!("publishing the mappings of process {pid}"))?;
+            self.published.insert(pid, entries);
+        }
+        for pid in gone {
+            if self.published.remove(&pid).is_some() {
+                // Already gone when the kernel never had it: nothing to undo.
+                let _ = self.processes.remove(&pid);
+            }
+        }
+        Ok(())
+    }
+
+    /// The walker's entry for one executable mapping, its table written into the arena if it
+    /// is not there yet.
+    fn entry(&mut self, processes: &ProcessTable, mapping: &Mapping) -> Result<ExecMapping> {
+        let mut entry = ExecMapping {
+            start: mapping.start,
+            end: mapping.end,
+            ..ExecMapping::default()
+        };
+        let file = match (mapping.is_file(), mapping.file) {
+            (false, _) => Err("not a file (JIT code, the vDSO)"),
+            (true, None) => Err("its file could not be opened"),
+            (true, Some(identity)) => self.file_table(processes, identity),
+        };
+        let file = match file {
+            Ok(file) => file,
+            Err(reason) => {
+                *self.without_table.entry(reason).or_default() += 1;
+                return Ok(entry);
+            }
+        };
+        let Some(bias) = load_bias(&file.segments, mapping) else {
+            *self
+                .without_table
+                .entry("no loadable segment holds it")
+                .or_default() += 1;
+            return Ok(entry);
+        };
+        let Some(placed) = self.place(&file.table)? else {
+            *self
+                .without_table
+                .entry("the unwind-table memory is full (--unwind-table-mib)")
+                .or_default() += 1;
+            return Ok(entry);
+        };
+        entry.table_base = bias.wrapping_add(file.table.base);
+        entry.rows_start = placed.start;
+        entry.rows_len = placed.len;
+        Ok(entry)
+    }
+
+    fn file_table(
+        &mut self,
+        processes: &ProcessTable,
+        identity: FileIdentity,
+    ) -> Result<Arc<FileTable>, &'static str> {
+        if let Some(known) = self.files.get(&identity) {
+            return known
+                .clone()
+                .map_err(|_| "its call-frame information did not compile");
+        }
+        let compiled = (|| -> Result<FileTable> {
+            let path = processes
+                .files
+                .path(identity)
+                .context("the mapped file is no longer open")?;
+            let file = open_regular(&path, FinalLink::Follow)?;
+            let table = self.cache.table(&file, &path)?;
+            let image = ModuleImage::new(file);
+            let elf = object::File::parse(&image)?;
+            let segments = elf
+                .segments()
+                .map(|segment| {
+                    let (offset, size) = segment.file_range();
+                    (offset, size, segment.address())
+                })
+                .collect();
+            Ok(FileTable { table, segments })
+        })();
+        let compiled = compiled.map(Arc::new).map_err(|e| format!("{e:#}"));
+        self.files.insert(identity, compiled.clone());
+        compiled.map_err(|_| "its call-frame information did not compile")
+    }
+
+    /// Where `table`'s rows are in the arena, written there on first use; `None` when they do
+    /// not fit.
+    fn place(&mut self, table: &Arc<UnwindTable>) -> Result<Option<Placed>> {
+        if let Some(placed) = self.placed.get(&Arc::as_ptr(table)) {
+            return Ok(Some(*placed));
+        }
+        let len = u32::try_from(table.rows.len()).unwrap_or(u32::MAX);
+        let capacity = self.rows.len();
+        if u64::from(self.next_row) + u64::from(len) > u64::from(capacity) {
+            return Ok(None);
+        }
+        let start = self.next_row;
+        // Rows first: the walker reaches them only through a mapping published afterwards.
+        for (index, row) in (start..).zip(&table.rows) {
+            self.rows
+                .set(index, row, 0)
+                .context("writing unwind rows into the capture program's arena")?;
+        }
+        self.next_row += len;
+        let placed = Placed { start, len };
+        self.placed.insert(Arc::as_ptr(table), placed);
+        Ok(Some(placed))
+    }
+
+    /// The `--stats` lines: the tables loaded and what the walker did.
+    pub fn render_stats(&self) -> String {
+        let mut out = String::new();
+        let counts: Vec<u64> = UnwindCount::ALL
+            .iter()
+            .map(|what| {
+                self.counts
+                    .get(&(*what as u32), 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .unwrap_or(0)
+            })
+            .collect();
+        let count = |what: UnwindCount| counts[what as usize];
+        let _ = writeln!(
+            out,
+            "  unwind tables: {} files, {} rows ({:.1} MiB of {:.1} MiB); compiled {}, from the \
+             disk cache {}",
+            self.placed.len(),
+            self.next_row,
+            f64::from(self.next_row) * UnwindRow::SIZE as f64 / (1024.0 * 1024.0),
+            f64::from(self.rows.len()) * UnwindRow::SIZE as f64 / (1024.0 * 1024.0),
+            self.cache.stats.compiled,
+            self.cache.stats.from_disk,
+        );
+        let reasons: Vec<String> = self
+            .without_table
+            .iter()
+            .map(|(reason, n)| format!("{n} ({reason})"))
+            .collect();
+        if !reasons.is_empty() {
+            let _ = writeln!(out, "  mappings without a table: {}", reasons.join(", "));
+        }
+        let _ = writeln!(
+            out,
+            "  user stacks unwound: {} with tables ({} complete), {} by frame pointers (process \
+             not loaded yet); frames stepped by frame pointers: {} without a table, {} without \
+             a row; truncated: {} outside every mapping, {} no caller found, {} too deep",
+            count(UnwindCount::Walked),
+            count(UnwindCount::Complete),
+            count(UnwindCount::ProcessUnknown),
+            count(UnwindCount::FramesWithoutTable),
+            count(UnwindCount::FramesWithoutRow),
+            count(UnwindCount::TruncatedOutsideMappings),
+            count(UnwindCount::TruncatedNoCaller),
+            count(UnwindCount::TruncatedDepth),
+        );
+        out
+    }
+}
+
+/// The executable mappings in force, sorted by address: a later mapping over part of an earlier
+/// one's range supersedes it.
+fn current_code_mappings(mappings: &[Mapping]) -> Vec<&Mapping> {
+    let mut current: Vec<&Mapping> = Vec::new();
+    for mapping in mappings {
+        current.retain(|known| known.end <= mapping.start || mapping.end <= known.start);
+        if mapping.executable {
+            current.push(mapping);
+        }
+    }
+    current.sort_by_key(|mapping| mapping.start);
+    current
+}
+
+/// Run-time address minus ELF virtual address for `mapping`, from the loadable segment its file
+/// offset falls in.
+fn load_bias(segments: &[(u64, u64, u64)], mapping: &Mapping) -> Option<u64> {
+    let &(offset, _, address) = segments.iter().find(|(offset, size, _)| {
+        (*offset..offset.saturating_add(*size)).contains(&mapping.file_offset)
+    })?;
+    let virtual_address = address.checked_add(mapping.file_offset - offset)?;
+    Some(mapping.start.wrapping_sub(virtual_address))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(start: u64, end: u64, file_offset: u64, executable: bool) -> Mapping {
+        Mapping {
+            start,
+            end,
+            file_offset,
+            path: "/usr/lib/libx.so".into(),
+            executable,
+            build_id: None,
+            file: None,
+        }
+    }
+
+    #[test]
+    fn later_mappings_supersede_earlier_ones_and_only_code_is_kept() {
+        let mappings = [
+            mapping(0x5000, 0x9000, 0x1000, true),
+            mapping(0x1000, 0x2000, 0, true),
+            // Replaces part of the first: the first is gone as a whole.
+            mapping(0x8000, 0x9000, 0, false),
+            mapping(0xa000, 0xb000, 0, true),
+        ];
+        let current = current_code_mappings(&mappings);
+        let starts: Vec<u64> = current.iter().map(|m| m.start).collect();
+        assert_eq!(starts, [0x1000, 0xa000]);
+    }
+
+    #[test]
+    fn the_load_bias_comes_from_the_segment_holding_the_mapping() {
+        // A PIE's text: file offset 0x1000 at virtual address 0x1000, mapped at 0x5555_0000_1000.
+        let segments = [
+            (0, 0x800, 0),
+            (0x1000, 0x3000, 0x1000),
+            (0x4000, 0x100, 0x5000),
+        ];
+        let text = mapping(0x5555_0000_1000, 0x5555_0000_4000, 0x1000, true);
+        assert_eq!(load_bias(&segments, &text), Some(0x5555_0000_0000));
+        let data = mapping(0x7000_0000_0000, 0x7000_0000_1000, 0x4000, false);
+        assert_eq!(load_bias(&segments, &data), Some(0x7000_0000_0000 - 0x5000));
+        assert_eq!(
+            load_bias(&segments, &mapping(0, 0x1000, 0x9000, true)),
+            None
+        );
+    }
+}
