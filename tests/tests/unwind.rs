@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{profiler, temp_dir};
+use common::{profiler, temp_dir, workload};
 
 /// Builds tests/workloads/no_frame_pointers.c as the unwind-table tests do.
 fn build_workload(dir: &Path) -> PathBuf {
@@ -22,8 +22,8 @@ fn build_workload(dir: &Path) -> PathBuf {
     binary
 }
 
-/// Folded stacks (root first) and their samples, of a recording of the workload for 2 s.
-fn record(unwind: &str, dir: &Path, binary: &Path) -> (Vec<(String, u64)>, String) {
+/// Folded stacks (root first) and their samples, of a recording of `binary ARGUMENT`.
+fn record(unwind: &str, dir: &Path, binary: &Path, argument: &str) -> (Vec<(String, u64)>, String) {
     let profile = dir.join(format!("{unwind}.prof"));
     let output = profiler(&[
         "record",
@@ -34,7 +34,7 @@ fn record(unwind: &str, dir: &Path, binary: &Path) -> (Vec<(String, u64)>, Strin
         profile.to_str().unwrap(),
         "--",
         binary.to_str().unwrap(),
-        "2",
+        argument,
     ]);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
@@ -55,27 +55,28 @@ fn complete(stack: &str) -> bool {
         .is_some_and(|root| *root == "_start" || *root == "clone3")
 }
 
-/// The numbers of the `--stats` line "user stacks unwound: N with tables (M complete)".
-fn walked_and_complete(stderr: &str) -> (u64, u64) {
+/// The numbers of the `--stats` line "user stacks unwound: ...": walked with tables, complete,
+/// by frame pointers, frames without a table, frames without a row, truncated (outside every
+/// mapping, no caller, too deep).
+fn unwinder_counts(stderr: &str) -> Vec<u64> {
     let line = stderr
         .lines()
         .find(|line| line.contains("user stacks unwound:"))
         .unwrap_or_else(|| panic!("no unwinder line in --stats:\n{stderr}"));
-    let numbers: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
+    line.split(|c: char| !c.is_ascii_digit())
         .filter_map(|word| word.parse().ok())
-        .collect();
-    (numbers[0], numbers[1])
+        .collect()
 }
 
 #[test]
 fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers() {
     let dir = temp_dir("unwind-dwarf");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("dwarf", &dir, &binary);
+    let (stacks, stderr) = record("dwarf", &dir, &binary, "2");
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
-    let (walked, complete_walks) = walked_and_complete(&stderr);
+    let counts = unwinder_counts(&stderr);
+    let (walked, complete_walks) = (counts[0], counts[1]);
     assert!(
         complete_walks as f64 >= 0.99 * walked as f64,
         "{complete_walks} of {walked} walks complete\n{stderr}"
@@ -118,7 +119,7 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
 fn frame_pointer_walks_stop_at_the_first_frameless_function() {
     let dir = temp_dir("unwind-fp");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("fp", &dir, &binary);
+    let (stacks, stderr) = record("fp", &dir, &binary, "2");
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let reached: u64 = stacks
@@ -133,5 +134,48 @@ fn frame_pointer_walks_stop_at_the_first_frameless_function() {
     assert!(
         !stderr.contains("user stacks unwound:"),
         "--unwind fp loads no tables\n{stderr}"
+    );
+}
+
+#[test]
+fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
+    // A Rust binary linked with its text segment starting mid-page (file offset and address
+    // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 8
+    // frames a run.
+    let dir = temp_dir("unwind-deep");
+    let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), "20000");
+    let chain: Vec<String> = (1..=60)
+        .map(|i| format!("deep_stack::frame_{i:02}"))
+        .collect();
+    let chain = chain.join(";");
+    let through_leaf: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains("deep_stack::leaf_work"))
+        .collect();
+    let total: u64 = through_leaf.iter().map(|(_, n)| n).sum();
+    let whole: u64 = through_leaf
+        .iter()
+        .filter(|(stack, _)| {
+            stack.contains(&format!("{chain};deep_stack::leaf_work"))
+                && stack.contains(";deep_stack::main;")
+                && stack.split(';').nth(1) == Some("_start")
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        total > 500,
+        "too few samples in leaf_work: {total}\n{stderr}"
+    );
+    // Found by rows, not by the frame-pointer fallback (this binary keeps frame pointers too):
+    // each mapping's load bias is right.
+    let counts = unwinder_counts(&stderr);
+    let (walked, without_row) = (counts[0], counts[4]);
+    assert!(
+        without_row <= walked / 100,
+        "{without_row} frames without a row in {walked} walks\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.9 * total as f64,
+        "{whole} of {total} leaf samples carry _start, deep_stack::main and frame_01..frame_60\n{stderr}"
     );
 }

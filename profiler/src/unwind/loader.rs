@@ -27,8 +27,7 @@ use crate::{
 /// A file's table and where its loadable segments are, to turn a mapping into a load bias.
 struct FileTable {
     table: Arc<UnwindTable>,
-    /// (file offset, size in the file, virtual address) of each loadable segment.
-    segments: Vec<(u64, u64, u64)>,
+    segments: Vec<Segment>,
 }
 
 /// Where a table's rows are in the arena.
@@ -177,7 +176,16 @@ impl UnwindLoader {
                 .segments()
                 .map(|segment| {
                     let (offset, size) = segment.file_range();
-                    (offset, size, segment.address())
+                    let executable = matches!(
+                        segment.flags(),
+                        object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
+                    );
+                    Segment {
+                        offset,
+                        size,
+                        address: segment.address(),
+                        executable,
+                    }
                 })
                 .collect();
             Ok(FileTable { table, segments })
@@ -276,13 +284,39 @@ fn current_code_mappings(mappings: &[Mapping]) -> Vec<&Mapping> {
 }
 
 /// Run-time address minus ELF virtual address for `mapping`, from the loadable segment its file
-/// offset falls in.
-fn load_bias(segments: &[(u64, u64, u64)], mapping: &Mapping) -> Option<u64> {
-    let &(offset, _, address) = segments.iter().find(|(offset, size, _)| {
-        (*offset..offset.saturating_add(*size)).contains(&mapping.file_offset)
-    })?;
-    let virtual_address = address.checked_add(mapping.file_offset - offset)?;
+/// offset falls in. The kernel maps whole pages, so a segment that starts mid-page (file offset
+/// 0x13730 at address 0x14730) is mapped from the page before (file offset 0x13000), which
+/// may also hold the end of the previous segment: the page-aligned range is matched, the
+/// executable segment first (the mapping is code).
+fn load_bias(segments: &[Segment], mapping: &Mapping) -> Option<u64> {
+    let holds = |segment: &&Segment| {
+        let start = segment.offset & !(PAGE_BYTES - 1);
+        (start..segment.offset.saturating_add(segment.size)).contains(&mapping.file_offset)
+    };
+    let segment = segments
+        .iter()
+        .filter(|segment| segment.executable)
+        .find(holds)
+        .or_else(|| segments.iter().find(holds))?;
+    // mapping.start holds file offset `file_offset`, at virtual address
+    // segment.address + (file_offset - segment.offset).
+    let virtual_address = segment
+        .address
+        .wrapping_add(mapping.file_offset)
+        .wrapping_sub(segment.offset);
     Some(mapping.start.wrapping_sub(virtual_address))
+}
+
+/// The page size loadable segments are mapped in (x86-64).
+const PAGE_BYTES: u64 = 4096;
+
+/// One loadable segment of a file.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    offset: u64,
+    size: u64,
+    address: u64,
+    executable: bool,
 }
 
 #[cfg(test)]
@@ -317,19 +351,28 @@ mod tests {
 
     #[test]
     fn the_load_bias_comes_from_the_segment_holding_the_mapping() {
-        // A PIE's text: file offset 0x1000 at virtual address 0x1000, mapped at 0x5555_0000_1000.
+        let segment = |offset, size, address, executable| Segment {
+            offset,
+            size,
+            address,
+            executable,
+        };
+        // As lld lays out a PIE (deep_stack): read-only data, then text starting mid-page at
+        // file offset 0x13730 and address 0x14730, mapped from file offset 0x13000.
         let segments = [
-            (0, 0x800, 0),
-            (0x1000, 0x3000, 0x1000),
-            (0x4000, 0x100, 0x5000),
+            segment(0, 0x1372c, 0, false),
+            segment(0x13730, 0x3e2f0, 0x14730, true),
+            segment(0x51a20, 0x2718, 0x53a20, false),
         ];
-        let text = mapping(0x5555_0000_1000, 0x5555_0000_4000, 0x1000, true);
+        let text = mapping(0x5555_0001_4000, 0x5555_0005_3000, 0x13000, true);
         assert_eq!(load_bias(&segments, &text), Some(0x5555_0000_0000));
-        let data = mapping(0x7000_0000_0000, 0x7000_0000_1000, 0x4000, false);
-        assert_eq!(load_bias(&segments, &data), Some(0x7000_0000_0000 - 0x5000));
-        assert_eq!(
-            load_bias(&segments, &mapping(0, 0x1000, 0x9000, true)),
-            None
-        );
+        // gcc's layout: text at the same offset and address.
+        let gcc = [
+            segment(0, 0x800, 0, false),
+            segment(0x1000, 0x3000, 0x1000, true),
+        ];
+        let text = mapping(0x7f00_0000_1000, 0x7f00_0000_4000, 0x1000, true);
+        assert_eq!(load_bias(&gcc, &text), Some(0x7f00_0000_0000));
+        assert_eq!(load_bias(&gcc, &mapping(0, 0x1000, 0x9000, true)), None);
     }
 }
