@@ -139,6 +139,10 @@ static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE
 #[map]
 static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> =
     HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+/// Process ids sampled before the agent loaded their mappings: wakes the agent to load them now
+/// rather than at its next side-band tick.
+#[map]
+static UNWIND_REQUESTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 /// `UnwindCount` index -> what the unwinder did, per CPU.
 #[map]
 static UNWIND_COUNTS: PerCpuArray<u64> =
@@ -821,14 +825,18 @@ const FRAMES_PER_CALL: usize = 8;
 /// failed): the sample goes on with the kernel's frame-pointer walk then.
 #[inline(always)]
 fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
-    // SAFETY: only tested for presence.
-    if unsafe { UNWIND_PROCESSES.get(&sample.pid) }.is_none() {
-        count_unwind(UnwindCount::ProcessUnknown);
-        return;
-    }
     let Some(registers) = user_registers(ctx) else {
         return;
     };
+    // SAFETY: only tested for presence.
+    if unsafe { UNWIND_PROCESSES.get(&sample.pid) }.is_none() {
+        count_unwind(UnwindCount::ProcessUnknown);
+        // One wakeup until the agent reads the ring: a request already waiting says enough.
+        if UNWIND_REQUESTS.query(BPF_RB_AVAIL_DATA as u64) == 0 {
+            let _ = UNWIND_REQUESTS.output::<u32>(&sample.pid, BPF_RB_FORCE_WAKEUP as u64);
+        }
+        return;
+    }
     let (Some(pending), Some(state)) = (PENDING_SAMPLE.get_ptr_mut(0), WALK_STATE.get_ptr_mut(0))
     else {
         return;

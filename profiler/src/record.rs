@@ -441,6 +441,12 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
                 None => std::future::pending().await,
             }
         };
+        let unwind_requested = async {
+            match &unwinder {
+                Some(unwinder) => unwinder.requested().await,
+                None => std::future::pending().await,
+            }
+        };
         let command_exit = async {
             match &mut command {
                 Some(stopped) => stopped.child.wait().await,
@@ -465,6 +471,13 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
                     if !pids.iter().any(|&pid| process_running(pid)) {
                         break Stop::TargetsExited;
                     }
+                }
+            }
+            requested = unwind_requested => {
+                requested.context("waiting on the unwinder's requests")?;
+                sideband.read_into(&mut processes);
+                if let Some(unwinder) = &mut unwinder {
+                    unwinder.sync(&processes)?;
                 }
             }
             requested = drainer.requested() => {

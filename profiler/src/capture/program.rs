@@ -10,6 +10,8 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
 };
 use perf_event::Counter;
+
+use super::ring::KernelRing;
 use profiler_common::{
     capture::{
         CaptureConfig, DataLineKey, DataSourceKey, Fill, InstructionKey, LatencyKey,
@@ -389,10 +391,15 @@ impl CaptureProgram {
 
     /// The agent's side of the in-kernel unwinder, with the maps it fills (`--unwind dwarf`).
     pub fn unwind_loader(&mut self) -> Result<crate::unwind::loader::UnwindLoader> {
+        let rows = match self.ebpf.take_map("UNWIND_ROWS") {
+            Some(aya::maps::Map::Array(map)) => map,
+            _ => return Err(anyhow!("the capture program has no array UNWIND_ROWS")),
+        };
         Ok(crate::unwind::loader::UnwindLoader::new(
-            take(&mut self.ebpf, "UNWIND_ROWS")?,
+            crate::unwind::loader::RowArena::new(rows)?,
             take(&mut self.ebpf, "UNWIND_PROCESSES")?,
             take(&mut self.ebpf, "UNWIND_COUNTS")?,
+            KernelRing::new(take(&mut self.ebpf, "UNWIND_REQUESTS")?)?,
         ))
     }
 

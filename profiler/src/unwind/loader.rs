@@ -7,11 +7,12 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fmt::Write,
+    os::fd::{AsFd, AsRawFd},
     sync::Arc,
 };
 
 use anyhow::{Context, Result};
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use object::{Object, ObjectSegment};
 use profiler_common::{
     unwind::UnwindRow,
@@ -20,7 +21,10 @@ use profiler_common::{
 
 use super::tables::{TableCache, UnwindTable};
 use crate::{
-    capture::sideband::{FileIdentity, Mapping, ProcessTable},
+    capture::{
+        ring::KernelRing,
+        sideband::{FileIdentity, Mapping, ProcessTable},
+    },
     input::{open_regular, FinalLink, ModuleImage},
 };
 
@@ -37,11 +41,84 @@ struct Placed {
     len: u32,
 }
 
+/// The row arena map, memory-mapped (it is created `BPF_F_MMAPABLE`): a file's rows are copied
+/// in with one memcpy instead of a system call per row, so a new process's tables are in place
+/// within a millisecond of its exec, before most of its samples.
+pub struct RowArena {
+    rows: *mut UnwindRow,
+    len: u32,
+    _map: MapData,
+}
+
+impl RowArena {
+    pub fn new(map: MapData) -> Result<RowArena> {
+        let len = map
+            .info()
+            .context("reading the unwind-row arena's size")?
+            .max_entries();
+        let bytes = len as usize * UnwindRow::SIZE;
+        // SAFETY: maps the map's own memory, `bytes` long (what the kernel allocated for its
+        // entries), shared, at an address the kernel picks; checked for failure below.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error())
+                .context("memory-mapping the unwind-row arena");
+        }
+        Ok(RowArena {
+            rows: address.cast(),
+            len,
+            _map: map,
+        })
+    }
+
+    fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Copies `rows` to `start`; `false` when they do not fit.
+    fn write(&mut self, start: u32, rows: &[UnwindRow]) -> bool {
+        let fits = (start as usize)
+            .checked_add(rows.len())
+            .is_some_and(|end| end <= self.len as usize);
+        if fits {
+            // SAFETY: `start..start + rows.len()` lies within the mapping (checked above);
+            // UnwindRow is plain data, and the walker reads these rows only once a mapping
+            // published afterwards names them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    rows.as_ptr(),
+                    self.rows.add(start as usize),
+                    rows.len(),
+                )
+            };
+        }
+        fits
+    }
+}
+
+impl Drop for RowArena {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`, which nothing references any more.
+        unsafe { libc::munmap(self.rows.cast(), self.len as usize * UnwindRow::SIZE) };
+    }
+}
+
 /// The agent's side of the in-kernel unwinder.
 pub struct UnwindLoader {
-    rows: Array<MapData, UnwindRow>,
+    rows: RowArena,
     processes: BpfHashMap<MapData, u32, ProcessMappings>,
     counts: PerCpuArray<MapData, u64>,
+    /// Process ids the walker met before their mappings were published.
+    requests: KernelRing,
     cache: TableCache,
     files: HashMap<FileIdentity, Result<Arc<FileTable>, String>>,
     /// By the table's address: the cache hands out one `Arc` per distinct file.
@@ -54,14 +131,16 @@ pub struct UnwindLoader {
 
 impl UnwindLoader {
     pub fn new(
-        rows: Array<MapData, UnwindRow>,
+        rows: RowArena,
         processes: BpfHashMap<MapData, u32, ProcessMappings>,
         counts: PerCpuArray<MapData, u64>,
+        requests: KernelRing,
     ) -> UnwindLoader {
         UnwindLoader {
             rows,
             processes,
             counts,
+            requests,
             cache: TableCache::new(TableCache::default_directory()),
             files: HashMap::new(),
             placed: HashMap::new(),
@@ -71,9 +150,17 @@ impl UnwindLoader {
         }
     }
 
+    /// Waits until the walker meets a process whose mappings are not published: the side-band
+    /// has news to read and [`UnwindLoader::sync`] to publish.
+    pub async fn requested(&self) -> std::io::Result<()> {
+        self.requests.readable().await
+    }
+
     /// Publishes every live process's executable mappings that changed since the last call,
     /// and forgets the processes that exited.
     pub fn sync(&mut self, table: &ProcessTable) -> Result<()> {
+        // The requests only say "look": every process is compared below.
+        while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
         let mut gone = Vec::new();
         for (&pid, process) in &table.processes {
             if process.exited {
@@ -208,10 +295,8 @@ impl UnwindLoader {
         }
         let start = self.next_row;
         // Rows first: the walker reaches them only through a mapping published afterwards.
-        for (index, row) in (start..).zip(&table.rows) {
-            self.rows
-                .set(index, row, 0)
-                .context("writing unwind rows into the capture program's arena")?;
+        if !self.rows.write(start, &table.rows) {
+            return Ok(None);
         }
         self.next_row += len;
         let placed = Placed { start, len };
