@@ -831,10 +831,7 @@ fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
     // SAFETY: only tested for presence.
     if unsafe { UNWIND_PROCESSES.get(&sample.pid) }.is_none() {
         count_unwind(UnwindCount::ProcessUnknown);
-        // One wakeup until the agent reads the ring: a request already waiting says enough.
-        if UNWIND_REQUESTS.query(BPF_RB_AVAIL_DATA as u64) == 0 {
-            let _ = UNWIND_REQUESTS.output::<u32>(&sample.pid, BPF_RB_FORCE_WAKEUP as u64);
-        }
+        request_mappings(sample.pid);
         return;
     }
     let (Some(pending), Some(state)) = (PENDING_SAMPLE.get_ptr_mut(0), WALK_STATE.get_ptr_mut(0))
@@ -850,6 +847,15 @@ fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
             depth: 0,
         };
         UNWINDER.tail_call(ctx, 0);
+    }
+}
+
+/// Asks the agent to publish `pid`'s mappings (new, or changed since: a library loaded by
+/// dlopen). One wakeup until the agent reads the ring: a request already waiting says enough.
+#[inline(always)]
+fn request_mappings(pid: u32) {
+    if UNWIND_REQUESTS.query(BPF_RB_AVAIL_DATA as u64) == 0 {
+        let _ = UNWIND_REQUESTS.output::<u32>(&pid, BPF_RB_FORCE_WAKEUP as u64);
     }
 }
 
@@ -886,6 +892,9 @@ pub fn unwind_user(ctx: PerfEventContext) -> u32 {
         WalkEnd::Complete => count_unwind(UnwindCount::Complete),
         WalkEnd::Truncated(reason) => {
             count_unwind(reason);
+            if reason == UnwindCount::TruncatedOutsideMappings {
+                request_mappings(sample.pid);
+            }
             if depth >= MAX_STACK_DEPTH {
                 depth = MAX_STACK_DEPTH - 1;
             }
