@@ -22,10 +22,15 @@ fn build_workload(dir: &Path) -> PathBuf {
     binary
 }
 
-/// Folded stacks (root first) and their samples, of a recording of `binary ARGUMENT`.
-fn record(unwind: &str, dir: &Path, binary: &Path, argument: &str) -> (Vec<(String, u64)>, String) {
+/// Folded stacks (root first) and their samples, of a recording of `binary ARGUMENTS`.
+fn record(
+    unwind: &str,
+    dir: &Path,
+    binary: &Path,
+    arguments: &[&str],
+) -> (Vec<(String, u64)>, String) {
     let profile = dir.join(format!("{unwind}.prof"));
-    let output = profiler(&[
+    let mut args = vec![
         "record",
         "--stats",
         "--unwind",
@@ -34,8 +39,9 @@ fn record(unwind: &str, dir: &Path, binary: &Path, argument: &str) -> (Vec<(Stri
         profile.to_str().unwrap(),
         "--",
         binary.to_str().unwrap(),
-        argument,
-    ]);
+    ];
+    args.extend(arguments);
+    let output = profiler(&args);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
     let stacks = String::from_utf8_lossy(&folded.stdout)
@@ -72,7 +78,7 @@ fn unwinder_counts(stderr: &str) -> Vec<u64> {
 fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers() {
     let dir = temp_dir("unwind-dwarf");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("dwarf", &dir, &binary, "2");
+    let (stacks, stderr) = record("dwarf", &dir, &binary, &["2"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let counts = unwinder_counts(&stderr);
@@ -119,7 +125,7 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
 fn frame_pointer_walks_stop_at_the_first_frameless_function() {
     let dir = temp_dir("unwind-fp");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("fp", &dir, &binary, "2");
+    let (stacks, stderr) = record("fp", &dir, &binary, &["2"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let reached: u64 = stacks
@@ -143,7 +149,7 @@ fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
     // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 8
     // frames a run.
     let dir = temp_dir("unwind-deep");
-    let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), "20000");
+    let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), &["20000"]);
     let chain: Vec<String> = (1..=60)
         .map(|i| format!("deep_stack::frame_{i:02}"))
         .collect();
@@ -272,7 +278,7 @@ fn debian_python_stacks_reach_main() {
         "dwarf",
         &dir,
         Path::new("/usr/bin/python3.11"),
-        script.to_str().unwrap(),
+        &[script.to_str().unwrap()],
     );
     let (total, reached) = reaching_roots(&stacks, |_| false);
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
@@ -293,4 +299,40 @@ fn debian_python_stacks_reach_main() {
             "interpreter stack without Py_BytesMain under libc's start: {stack}"
         );
     }
+}
+
+#[test]
+fn samples_taken_in_the_kernel_unwind_the_user_stack_from_the_task_registers() {
+    // dd spends its time in read and write system calls: most samples interrupt the kernel,
+    // whose registers say nothing of the user stack; the walk starts from the registers the
+    // task saved on entering the kernel.
+    let dir = temp_dir("unwind-syscalls");
+    let (stacks, stderr) = record(
+        "dwarf",
+        &dir,
+        Path::new("/usr/bin/dd"),
+        &["if=/dev/zero", "of=/dev/null", "bs=512", "count=2000000"],
+    );
+    let in_kernel: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains("entry_SYSCALL_64"))
+        .collect();
+    let total: u64 = in_kernel.iter().map(|(_, n)| n).sum();
+    let whole: u64 = in_kernel
+        .iter()
+        .filter(|(stack, _)| {
+            stack.contains(";__libc_start_main_impl;__libc_start_call_main;")
+                && (stack.contains(";__GI___libc_read;entry_SYSCALL_64")
+                    || stack.contains(";__GI___libc_write;entry_SYSCALL_64"))
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        total > 200,
+        "too few samples in system calls: {total}\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.95 * total as f64,
+        "{whole} of {total} system-call samples carry the user stack down from libc's start\n{stderr}"
+    );
 }
