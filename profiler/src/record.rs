@@ -153,6 +153,32 @@ pub fn event_info(spec: &EventSpec) -> EventInfo {
     }
 }
 
+/// The first kernel with the helpers the unwinder reads a task's user registers with
+/// (`bpf_get_current_task_btf` 5.11, `bpf_task_pt_regs` 5.15).
+const UNWINDER_KERNEL: (u32, u32) = (5, 15);
+
+/// `major.minor` of a kernel release string (`6.1.0-50-cloud-amd64`).
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// How user stacks are walked on this kernel: `--unwind dwarf` needs 5.15; before it, frame
+/// pointers, with a note.
+fn unwind_on_this_kernel(asked: Unwind) -> Unwind {
+    let release = kernel_release();
+    match (asked, kernel_version(&release)) {
+        (Unwind::Dwarf, Some(version)) if version < UNWINDER_KERNEL => {
+            eprintln!(
+                "note: --unwind dwarf needs Linux {}.{} or later (bpf_task_pt_regs); this kernel                  is {release}: user stacks are walked by frame pointers",
+                UNWINDER_KERNEL.0, UNWINDER_KERNEL.1
+            );
+            Unwind::Fp
+        }
+        _ => asked,
+    }
+}
+
 fn capture_config(options: &RecordOptions) -> CaptureConfig {
     let mut config = CaptureConfig::EMPTY;
     if let Some(offsets) = options.offsets {
@@ -161,7 +187,7 @@ fn capture_config(options: &RecordOptions) -> CaptureConfig {
     let mut flags = 0;
     if options.stacks.user {
         flags |= CAPTURE_USER_STACKS;
-        if options.unwind == Unwind::Dwarf {
+        if unwind_on_this_kernel(options.unwind) == Unwind::Dwarf {
             flags |= CAPTURE_UNWIND_DWARF;
         }
     }
@@ -574,4 +600,18 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         ending,
         failures,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_are_read_from_release_strings() {
+        assert_eq!(kernel_version("5.10.0-32-cloud-amd64"), Some((5, 10)));
+        assert_eq!(kernel_version("6.18.44-fc-v657"), Some((6, 18)));
+        assert_eq!(kernel_version("garbage"), None);
+        assert!(kernel_version("5.10.0").unwrap() < UNWINDER_KERNEL);
+        assert!(kernel_version("5.15.0").unwrap() >= UNWINDER_KERNEL);
+    }
 }
