@@ -336,3 +336,59 @@ fn samples_taken_in_the_kernel_unwind_the_user_stack_from_the_task_registers() {
         "{whole} of {total} system-call samples carry the user stack down from libc's start\n{stderr}"
     );
 }
+
+#[test]
+fn a_table_that_does_not_fit_is_counted_and_its_stacks_end_truncated() {
+    // 1 MiB holds libc's rows but not python3.11's as well: python's frames fall back to frame
+    // pointers, which Debian's build does not keep, and the stacks end in [truncated] instead
+    // of a garbage caller.
+    let dir = temp_dir("unwind-full");
+    let script = dir.join("work.py");
+    std::fs::write(
+        &script,
+        "import time\nend = time.time() + 1\nwhile time.time() < end:\n    sum(range(10000))\n",
+    )
+    .unwrap();
+    let profile = dir.join("full.prof");
+    let output = profiler(&[
+        "record",
+        "--stats",
+        "--unwind-table-mib",
+        "1",
+        "-o",
+        profile.to_str().unwrap(),
+        "--",
+        "/usr/bin/python3.11",
+        script.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        stderr.contains("(the unwind-table memory is full (--unwind-table-mib))"),
+        "no mapping counted as not fitting:\n{stderr}"
+    );
+    let counts = unwinder_counts(&stderr);
+    let (walked, without_table) = (counts[0], counts[3]);
+    assert!(
+        without_table >= walked / 2,
+        "{without_table} frames without a table in {walked} walks\n{stderr}"
+    );
+    let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
+    let folded = String::from_utf8_lossy(&folded.stdout);
+    let samples = |what: &str| -> u64 {
+        folded
+            .lines()
+            .filter(|line| line.contains(what))
+            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<u64>().ok())
+            .sum()
+    };
+    assert!(
+        samples("[truncated]") > 0,
+        "no stack ends truncated:\n{folded}"
+    );
+    // Only the kernel's frame-pointer walks, of samples taken before the process was published,
+    // can hold garbage.
+    assert!(
+        samples("[unknown]") <= counts[2],
+        "garbage callers in walks with tables:\n{folded}\n{stderr}"
+    );
+}

@@ -174,12 +174,21 @@ impl UnwindLoader {
                 mappings.truncate(MAX_PROCESS_MAPPINGS);
                 mappings.sort_by_key(|mapping| mapping.start);
             }
-            let entries: Vec<ExecMapping> = mappings
+            let resolved: Vec<(ExecMapping, Option<&'static str>)> = mappings
                 .iter()
                 .map(|mapping| self.entry(table, mapping))
                 .collect::<Result<_>>()?;
-            if self.published.get(&pid) == Some(&entries) {
+            let entries: Vec<ExecMapping> = resolved.iter().map(|(entry, _)| *entry).collect();
+            let before = self.published.get(&pid);
+            if before == Some(&entries) {
                 continue;
+            }
+            // Each mapping without a table once, when it is first published.
+            for (entry, reason) in &resolved {
+                let new = before.is_none_or(|old| !old.contains(entry));
+                if let (true, Some(reason)) = (new, reason) {
+                    *self.without_table.entry(reason).or_default() += 1;
+                }
             }
             let mut value = ProcessMappings::EMPTY;
             value.count = entries.len() as u32;
@@ -201,8 +210,12 @@ impl UnwindLoader {
     }
 
     /// The walker's entry for one executable mapping, its table written into the arena if it
-    /// is not there yet.
-    fn entry(&mut self, processes: &ProcessTable, mapping: &Mapping) -> Result<ExecMapping> {
+    /// is not there yet, and why it has no table when it has none.
+    fn entry(
+        &mut self,
+        processes: &ProcessTable,
+        mapping: &Mapping,
+    ) -> Result<(ExecMapping, Option<&'static str>)> {
         let mut entry = ExecMapping {
             start: mapping.start,
             end: mapping.end,
@@ -215,29 +228,19 @@ impl UnwindLoader {
         };
         let file = match file {
             Ok(file) => file,
-            Err(reason) => {
-                *self.without_table.entry(reason).or_default() += 1;
-                return Ok(entry);
-            }
+            Err(reason) => return Ok((entry, Some(reason))),
         };
         let Some(bias) = load_bias(&file.segments, mapping) else {
-            *self
-                .without_table
-                .entry("no loadable segment holds it")
-                .or_default() += 1;
-            return Ok(entry);
+            return Ok((entry, Some("no loadable segment holds it")));
         };
         let Some(placed) = self.place(&file.table)? else {
-            *self
-                .without_table
-                .entry("the unwind-table memory is full (--unwind-table-mib)")
-                .or_default() += 1;
-            return Ok(entry);
+            let reason = "the unwind-table memory is full (--unwind-table-mib)";
+            return Ok((entry, Some(reason)));
         };
         entry.table_base = bias.wrapping_add(file.table.base);
         entry.rows_start = placed.start;
         entry.rows_len = placed.len;
-        Ok(entry)
+        Ok((entry, None))
     }
 
     fn file_table(
