@@ -22,24 +22,18 @@ fn build_workload(dir: &Path) -> PathBuf {
     binary
 }
 
-/// Folded stacks (root first) and their samples, of a recording of `binary ARGUMENTS`.
-fn record(
-    unwind: &str,
+/// Folded stacks (root first) and their samples, of a recording of `binary ARGUMENTS` with
+/// `options`, and the recording's stderr (its `--stats`).
+fn record_with(
+    options: &[&str],
     dir: &Path,
     binary: &Path,
     arguments: &[&str],
 ) -> (Vec<(String, u64)>, String) {
-    let profile = dir.join(format!("{unwind}.prof"));
-    let mut args = vec![
-        "record",
-        "--stats",
-        "--unwind",
-        unwind,
-        "-o",
-        profile.to_str().unwrap(),
-        "--",
-        binary.to_str().unwrap(),
-    ];
+    let profile = dir.join("recording.prof");
+    let mut args = vec!["record", "--stats", "-o", profile.to_str().unwrap()];
+    args.extend(options);
+    args.extend(["--", binary.to_str().unwrap()]);
     args.extend(arguments);
     let output = profiler(&args);
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -52,6 +46,16 @@ fn record(
         })
         .collect();
     (stacks, stderr)
+}
+
+/// [`record_with`] `--unwind UNWIND`.
+fn record(
+    unwind: &str,
+    dir: &Path,
+    binary: &Path,
+    arguments: &[&str],
+) -> (Vec<(String, u64)>, String) {
+    record_with(&["--unwind", unwind], dir, binary, arguments)
 }
 
 fn complete(stack: &str) -> bool {
@@ -214,29 +218,12 @@ fn debian_xz_stacks_reach_its_entry_point() {
     }
     let input = dir.join("input.txt");
     std::fs::write(&input, &data).unwrap();
-    let profile = dir.join("xz.prof");
-    let output = profiler(&[
-        "record",
-        "--stats",
-        "-o",
-        profile.to_str().unwrap(),
-        "--",
-        "/usr/bin/xz",
-        "-6",
-        "-T1",
-        "-k",
-        "-f",
-        input.to_str().unwrap(),
-    ]);
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
-    let stacks: Vec<(String, u64)> = String::from_utf8_lossy(&folded.stdout)
-        .lines()
-        .filter_map(|line| {
-            let (stack, count) = line.rsplit_once(' ')?;
-            Some((stack.to_string(), count.parse().ok()?))
-        })
-        .collect();
+    let (stacks, stderr) = record(
+        "dwarf",
+        &dir,
+        Path::new("/usr/bin/xz"),
+        &["-6", "-T1", "-k", "-f", input.to_str().unwrap()],
+    );
     // Debian's xz is stripped: its _start is named by offset.
     let (total, reached) = reaching_roots(&stacks, |root| root.starts_with("xz+0x"));
     assert!(total > 500, "too few samples: {total}\n{stderr}");
@@ -349,19 +336,12 @@ fn a_table_that_does_not_fit_is_counted_and_its_stacks_end_truncated() {
         "import time\nend = time.time() + 1\nwhile time.time() < end:\n    sum(range(10000))\n",
     )
     .unwrap();
-    let profile = dir.join("full.prof");
-    let output = profiler(&[
-        "record",
-        "--stats",
-        "--unwind-table-mib",
-        "1",
-        "-o",
-        profile.to_str().unwrap(),
-        "--",
-        "/usr/bin/python3.11",
-        script.to_str().unwrap(),
-    ]);
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let (stacks, stderr) = record_with(
+        &["--unwind-table-mib", "1"],
+        &dir,
+        Path::new("/usr/bin/python3.11"),
+        &[script.to_str().unwrap()],
+    );
     assert!(
         stderr.contains("(the unwind-table memory is full (--unwind-table-mib))"),
         "no mapping counted as not fitting:\n{stderr}"
@@ -372,23 +352,21 @@ fn a_table_that_does_not_fit_is_counted_and_its_stacks_end_truncated() {
         without_table >= walked / 2,
         "{without_table} frames without a table in {walked} walks\n{stderr}"
     );
-    let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
-    let folded = String::from_utf8_lossy(&folded.stdout);
     let samples = |what: &str| -> u64 {
-        folded
-            .lines()
-            .filter(|line| line.contains(what))
-            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<u64>().ok())
+        stacks
+            .iter()
+            .filter(|(stack, _)| stack.contains(what))
+            .map(|(_, n)| n)
             .sum()
     };
     assert!(
         samples("[truncated]") > 0,
-        "no stack ends truncated:\n{folded}"
+        "no stack ends truncated:\n{stacks:?}"
     );
     // Only the kernel's frame-pointer walks, of samples taken before the process was published,
     // can hold garbage.
     assert!(
         samples("[unknown]") <= counts[2],
-        "garbage callers in walks with tables:\n{folded}\n{stderr}"
+        "garbage callers in walks with tables:\n{stacks:?}\n{stderr}"
     );
 }
