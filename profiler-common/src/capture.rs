@@ -392,6 +392,10 @@ pub struct StackCopyRecord {
     pub stack: [u8; STACK_COPY_MAX_PAGES * STACK_COPY_PAGE_BYTES],
 }
 
+/// Unwind user stacks with the unwind tables the agent loads (`record --unwind dwarf`), frame
+/// pointers where a frame has none; without it, user stacks are frame-pointer walks.
+pub const CAPTURE_UNWIND_DWARF: u32 = 1 << 8;
+
 /// How the program reads PERF_SAMPLE_RAW payloads, a read-only global of the program
 /// (`RAW_DECODING`) the agent sets at load time. All zero: no event's payload is decoded.
 #[repr(C)]

@@ -10,3 +10,4 @@ pub mod hw;
 pub mod latency;
 pub mod stack;
 pub mod unwind;
+pub mod unwind_maps;

@@ -208,27 +208,44 @@ pub const MAX_TABLE_ROWS: u32 = (1 << MAX_SEARCH_STEPS) - 1;
 /// `pc` is below the first row, when a read fails, or when `len` exceeds [`MAX_TABLE_ROWS`].
 /// Takes at most [`MAX_SEARCH_STEPS`] steps.
 #[inline(always)]
-pub fn find_row_by(len: u32, pc: u32, mut pc_at: impl FnMut(u32) -> Option<u32>) -> Option<u32> {
+pub fn find_row_by(len: u32, pc: u32, pc_at: impl FnMut(u32) -> Option<u32>) -> Option<u32> {
     if len > MAX_TABLE_ROWS {
         return None;
     }
+    find_last_at_or_below(len, MAX_SEARCH_STEPS, pc, pc_at)
+}
+
+/// The index of the last of `len` sorted keys (`key_at(i)` reads key `i`) at or below `key`, in
+/// at most `steps` binary-search steps (enough for `len` below `2^steps`). `None` when `key` is
+/// below the first key, a read fails, or the steps run out before the search ends.
+#[inline(always)]
+pub fn find_last_at_or_below<K: PartialOrd + Copy>(
+    len: u32,
+    steps: u32,
+    key: K,
+    mut key_at: impl FnMut(u32) -> Option<K>,
+) -> Option<u32> {
     // The answer is `found`, or an index in lo..hi.
     let mut lo = 0u32;
     let mut hi = len;
     let mut found = None;
-    for _ in 0..MAX_SEARCH_STEPS {
+    for _ in 0..steps {
         if lo >= hi {
-            break;
+            return found;
         }
         let mid = lo + (hi - lo) / 2;
-        if pc_at(mid)? <= pc {
+        if key_at(mid)? <= key {
             found = Some(mid);
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    found
+    if lo >= hi {
+        found
+    } else {
+        None
+    }
 }
 
 /// [`find_row_by`] over a slice: the row covering `pc`.

@@ -14,15 +14,15 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
+        pt_regs, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
         BPF_RB_RING_SIZE,
     },
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
     },
     macros::{map, perf_event},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
     programs::PerfEventContext,
     EbpfContext,
 };
@@ -33,16 +33,17 @@ use profiler_common::{
         RawSample, SampleStats, StackCopyHeader, StackCopyRecord, StackKey, ACCESS_UNKNOWN,
         CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
         CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_STACK_COPY,
-        CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES, IBS_PAYLOAD_MIN_BYTES,
-        KERNEL_SPACE_START,
-        MAX_EVENTS, OFFSETS_SAMPLE_FLAGS, STACK_COPY_KERNEL_FRAMES, STACK_COPY_MAX_PAGES,
-        STACK_COPY_PAGE_BYTES,
+        CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES,
+        IBS_PAYLOAD_MIN_BYTES, MAX_EVENTS, OFFSETS_SAMPLE_FLAGS,
+        STACK_COPY_KERNEL_FRAMES, STACK_COPY_MAX_PAGES, STACK_COPY_PAGE_BYTES,
     },
     hw::ibs::IbsOpSample,
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
     stack::{
         intern, Refused, StackFrames, StackLoss, StackStore, LOST_STACK, MAX_STACK_DEPTH, NO_STACK,
     },
+    unwind::{find_row_by, step, CfaRule, Caller, Registers, StepEnd, UnwindRow},
+    unwind_maps::{ProcessMappings, UnwindCount, MAX_UNWIND_FRAMES, TRUNCATED_FRAME},
 };
 
 /// Read-only options and kernel offsets, set by the agent at load time.
@@ -137,6 +138,24 @@ static STACK_COPIES: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 /// whose values the kernel caps at 32 KiB); the agent sizes it to the possible CPUs.
 #[map]
 static STACK_COPY_SCRATCH: Array<StackCopyRecord> = Array::with_max_entries(1, 0);
+
+/// Unwind rows of every file the agent has loaded, each file's table once, in one arena that
+/// processes' mappings index into. Memory-mapped by the agent, which writes rows there before
+/// any mapping names them.
+#[map]
+static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// Process id -> its executable mappings, for `CAPTURE_UNWIND_DWARF`.
+#[map]
+static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> =
+    HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+/// Process ids sampled before the agent loaded their mappings: wakes the agent to load them now
+/// rather than at its next side-band tick.
+#[map]
+static UNWIND_REQUESTS: RingBuf = RingBuf::with_byte_size(4096, 0);
+/// `UnwindCount` index -> what the unwinder did, per CPU.
+#[map]
+static UNWIND_COUNTS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(UnwindCount::COUNT as u32, 0);
 
 const EEXIST: i64 = 17;
 const EFAULT: i64 = 14;
@@ -262,6 +281,61 @@ fn capture(ctx: &PerfEventContext) {
         generation = now;
         add(&INFLIGHT, generation, 1);
     }
+    let sample = Sample {
+        pid,
+        tid,
+        cgroup,
+        event,
+        generation,
+        data,
+    };
+    // A load-time constant: runs with frame-pointer stacks leave the unwinder out.
+    if config.flags & (CAPTURE_USER_STACKS | CAPTURE_UNWIND_DWARF)
+        == CAPTURE_USER_STACKS | CAPTURE_UNWIND_DWARF
+    {
+        hand_to_unwinder(ctx, &sample);
+    }
+    // With stack copies the agent unwinds and counts the sample's stacks from its record; a
+    // sample that could not be copied is counted here, with its frame-pointer stack.
+    let copied = config.flags & CAPTURE_STACK_COPY != 0
+        && copy_stacks(ctx, &config, pid, tid, cgroup, event);
+    let user_stack = if !copied && config.flags & CAPTURE_USER_STACKS != 0 {
+        let losses = user_stack_losses();
+        stack_hash(
+            capture_stack(ctx, BPF_F_USER_STACK as u64, losses.failed),
+            &config,
+            generation,
+            &losses,
+        )
+    } else {
+        NO_STACK
+    };
+    finish_sample(ctx, &config, &sample, user_stack, copied);
+}
+
+/// A sample between its capture and its counting, which the unwinder's programs finish.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Sample {
+    pid: u32,
+    tid: u32,
+    cgroup: u64,
+    event: u32,
+    /// The generation this sample entered (`INFLIGHT`), left when it is counted.
+    generation: u32,
+    data: SampleData,
+}
+
+/// Counts a sample whose user stack is known, and leaves its generation.
+#[inline(always)]
+fn finish_sample(
+    ctx: &PerfEventContext,
+    config: &CaptureConfig,
+    sample: &Sample,
+    user_stack: u64,
+    copied: bool,
+) {
+    let generation = sample.generation & 1;
     // Map pointers are chosen in code: BPF data sections cannot hold relocations.
     let maps = if generation == 0 {
         Generation {
@@ -284,8 +358,28 @@ fn capture(ctx: &PerfEventContext) {
             data_sources: &DATA_SOURCES_1,
         }
     };
-    record(ctx, &config, &maps, pid, tid, cgroup, event, &data);
+    record(
+        ctx,
+        config,
+        &maps,
+        sample.pid,
+        sample.tid,
+        sample.cgroup,
+        sample.event,
+        &sample.data,
+        user_stack,
+        copied,
+    );
     add(&INFLIGHT, generation, u64::MAX);
+}
+
+#[inline(always)]
+fn user_stack_losses() -> StackLosses {
+    StackLosses {
+        collision: LossKind::UserStackHashCollision,
+        full: LossKind::UserStackFramesFull,
+        failed: LossKind::UserStackFailed,
+    }
 }
 
 /// The event index and, with BTF offsets, the sample's data address, latency and data source;
@@ -625,21 +719,248 @@ fn intern_frames(
     }
 }
 
-/// The hash of the stack `flags` selects: `NO_STACK` when there is none, `LOST_STACK` (counted)
-/// when it could not be kept.
+/// The hash of a captured stack: `NO_STACK` when there is none, `LOST_STACK` (counted) when it
+/// could not be kept.
 #[inline(always)]
 fn stack_hash(
-    ctx: &PerfEventContext,
+    captured: Result<Option<&'static StackFrames>, ()>,
     config: &CaptureConfig,
     generation: u32,
-    flags: u64,
     losses: &StackLosses,
 ) -> u64 {
-    match capture_stack(ctx, flags, losses.failed) {
+    match captured {
         Ok(Some(frames)) => intern_frames(config, generation, frames, losses),
         Ok(None) => NO_STACK,
         Err(()) => LOST_STACK,
     }
+}
+
+#[inline(always)]
+fn count_unwind(what: UnwindCount) {
+    add(&UNWIND_COUNTS, what as u32, 1);
+}
+
+/// The registers of the interrupted user code: the sample's own when it was taken in user mode,
+/// else those the task saved on entering the kernel. `None` for a kernel thread.
+#[inline(always)]
+fn user_registers(ctx: &PerfEventContext) -> Option<Registers> {
+    // SAFETY: the kernel rewrites context reads of the saved registers into safe loads.
+    let sampled = unsafe { &(*ctx.ctx).regs };
+    if sampled.cs & 3 == 3 {
+        return Some(Registers {
+            ip: sampled.rip,
+            sp: sampled.rsp,
+            fp: sampled.rbp,
+        });
+    }
+    // SAFETY: helpers on the current task, which the kernel keeps alive while the program runs;
+    // the registers are read through the checking helper.
+    let user = unsafe {
+        let task = aya_ebpf::helpers::generated::bpf_get_current_task_btf();
+        let regs = aya_ebpf::helpers::generated::bpf_task_pt_regs(task) as *const pt_regs;
+        let read = |field: *const u64| bpf_probe_read_kernel(field).ok();
+        let cs = read(core::ptr::addr_of!((*regs).cs))?;
+        if cs & 3 != 3 {
+            return None;
+        }
+        Registers {
+            ip: read(core::ptr::addr_of!((*regs).rip))?,
+            sp: read(core::ptr::addr_of!((*regs).rsp))?,
+            fp: read(core::ptr::addr_of!((*regs).rbp))?,
+        }
+    };
+    Some(user)
+}
+
+/// How a walk ended short of its frame limit.
+enum WalkEnd {
+    /// At the outermost frame: the stack is complete.
+    Complete,
+    /// Short of it, for this reason: the stack ends in `TRUNCATED_FRAME`.
+    Truncated(UnwindCount),
+}
+
+/// The caller of the frame `frame`, by its row in the process's tables, else by frame pointers.
+#[inline(always)]
+fn unwind_frame(process: &ProcessMappings, frame: &Caller) -> Result<Caller, WalkEnd> {
+    let pc = frame.lookup_ip();
+    let Some(mapping) = process.find(pc) else {
+        return Err(WalkEnd::Truncated(UnwindCount::TruncatedOutsideMappings));
+    };
+    let mut row = UnwindRow::FRAME_POINTER_X86_64;
+    if mapping.rows_len == 0 {
+        count_unwind(UnwindCount::FramesWithoutTable);
+    } else {
+        let offset = pc.wrapping_sub(mapping.table_base);
+        let start = mapping.rows_start;
+        let found = if offset > u64::from(u32::MAX) {
+            None
+        } else {
+            find_row_by(mapping.rows_len, offset as u32, |i| {
+                UNWIND_ROWS.get(start.wrapping_add(i)).map(|row| row.pc)
+            })
+            .and_then(|index| UNWIND_ROWS.get(start.wrapping_add(index)))
+        };
+        match found {
+            Some(found) if found.cfa_rule != CfaRule::NoInfo as u8 => row = *found,
+            _ => count_unwind(UnwindCount::FramesWithoutRow),
+        }
+    }
+    // SAFETY: user memory read through the checking helper, which fails cleanly.
+    let read = |address: u64| unsafe { bpf_probe_read_user(address as *const u64) }.ok();
+    match step(&row, &frame.regs, read) {
+        Ok(caller) => Ok(caller),
+        Err(StepEnd::EndOfStack | StepEnd::ZeroReturnAddress) => Err(WalkEnd::Complete),
+        Err(_) => Err(WalkEnd::Truncated(UnwindCount::TruncatedNoCaller)),
+    }
+}
+
+/// Where a user-stack walk is, between the unwinder's tail calls.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct WalkState {
+    /// The frame to record next.
+    frame: Registers,
+    /// `frame.ip` is an interrupted instruction (the sampled one), not a return address.
+    interrupted: u64,
+    /// Frames in this CPU's frames buffer.
+    depth: u64,
+}
+
+/// This CPU's sample being unwound, and where its walk is.
+#[map]
+static PENDING_SAMPLE: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static WALK_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+/// Index 0: the `unwind_user` program, which walks `FRAMES_PER_CALL` frames a run and tail-calls
+/// itself until the stack is walked, so that each run stays within the verifier's budget.
+#[map]
+static UNWINDER: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// Frames one run of `unwind_user` walks; its tail calls reach `MAX_UNWIND_FRAMES`.
+const FRAMES_PER_CALL: usize = 8;
+
+/// Hands the sample to the unwinder's programs, which count it; returns only when they cannot
+/// take it (the agent has not loaded the process's mappings yet, a kernel thread, the tail call
+/// failed): the sample goes on with the kernel's frame-pointer walk then.
+#[inline(always)]
+fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
+    let Some(registers) = user_registers(ctx) else {
+        return;
+    };
+    // SAFETY: only tested for presence.
+    if unsafe { UNWIND_PROCESSES.get(&sample.pid) }.is_none() {
+        count_unwind(UnwindCount::ProcessUnknown);
+        request_mappings(sample.pid);
+        return;
+    }
+    let (Some(pending), Some(state)) = (PENDING_SAMPLE.get_ptr_mut(0), WALK_STATE.get_ptr_mut(0))
+    else {
+        return;
+    };
+    // SAFETY: this CPU's slots; programs do not nest on one CPU.
+    unsafe {
+        *pending = *sample;
+        *state = WalkState {
+            frame: registers,
+            interrupted: 1,
+            depth: 0,
+        };
+        UNWINDER.tail_call(ctx, 0);
+    }
+}
+
+/// Asks the agent to publish `pid`'s mappings (new, or changed since: a library loaded by
+/// dlopen). One wakeup until the agent reads the ring: a request already waiting says enough.
+#[inline(always)]
+fn request_mappings(pid: u32) {
+    if UNWIND_REQUESTS.query(BPF_RB_AVAIL_DATA as u64) == 0 {
+        let _ = UNWIND_REQUESTS.output::<u32>(&pid, BPF_RB_FORCE_WAKEUP as u64);
+    }
+}
+
+/// Walks up to `FRAMES_PER_CALL` more frames of the pending sample's user stack, then goes on
+/// in a new run of itself, or counts the sample once the walk has ended.
+#[perf_event]
+pub fn unwind_user(ctx: PerfEventContext) -> u32 {
+    let (Some(pending), Some(state), Some(buffer)) = (
+        PENDING_SAMPLE.get(0),
+        WALK_STATE.get_ptr_mut(0),
+        STACK_SCRATCH.get_ptr_mut(0),
+    ) else {
+        return 0;
+    };
+    let sample = *pending;
+    let config = config();
+    // SAFETY: this CPU's slots; programs do not nest on one CPU.
+    let (state, stack) = unsafe { (&mut *state, &mut *buffer) };
+    let end = match unsafe { UNWIND_PROCESSES.get(&sample.pid) } {
+        Some(process) => walk_frames(process, state, stack),
+        None => Some(WalkEnd::Truncated(UnwindCount::TruncatedNoCaller)),
+    };
+    let end = match end {
+        Some(end) => end,
+        None if (state.depth as usize) < MAX_UNWIND_FRAMES => {
+            // SAFETY: a tail call to our own program; it returns only on failure.
+            unsafe { UNWINDER.tail_call(&ctx, 0) };
+            WalkEnd::Truncated(UnwindCount::TruncatedDepth)
+        }
+        None => WalkEnd::Truncated(UnwindCount::TruncatedDepth),
+    };
+    let mut depth = state.depth as usize;
+    match end {
+        WalkEnd::Complete => count_unwind(UnwindCount::Complete),
+        WalkEnd::Truncated(reason) => {
+            count_unwind(reason);
+            if reason == UnwindCount::TruncatedOutsideMappings {
+                request_mappings(sample.pid);
+            }
+            if depth >= MAX_STACK_DEPTH {
+                depth = MAX_STACK_DEPTH - 1;
+            }
+            if let Some(slot) = stack.frames.get_mut(depth) {
+                *slot = TRUNCATED_FRAME;
+            }
+            depth += 1;
+        }
+    }
+    stack.depth = depth as u64;
+    count_unwind(UnwindCount::Walked);
+    let losses = user_stack_losses();
+    let user_stack = intern_frames(&config, sample.generation & 1, stack, &losses);
+    finish_sample(&ctx, &config, &sample, user_stack, false);
+    0
+}
+
+/// Records and steps up to `FRAMES_PER_CALL` frames; how the walk ended, `None` while it goes on.
+#[inline(always)]
+fn walk_frames(
+    process: &ProcessMappings,
+    state: &mut WalkState,
+    stack: &mut StackFrames,
+) -> Option<WalkEnd> {
+    for _ in 0..FRAMES_PER_CALL {
+        let depth = state.depth as usize;
+        if depth >= MAX_UNWIND_FRAMES {
+            return None;
+        }
+        if let Some(slot) = stack.frames.get_mut(depth) {
+            *slot = state.frame.ip;
+        }
+        state.depth += 1;
+        let frame = Caller {
+            regs: state.frame,
+            interrupted: state.interrupted != 0,
+        };
+        match unwind_frame(process, &frame) {
+            Ok(caller) => {
+                state.frame = caller.regs;
+                state.interrupted = u64::from(caller.interrupted);
+            }
+            Err(end) => return Some(end),
+        }
+    }
+    None
 }
 
 /// Adds one sample to a per-CPU hash map entry, creating it on first use; whether it created
@@ -692,26 +1013,13 @@ fn record(
     cgroup: u64,
     event: u32,
     data: &SampleData,
+    user_stack: u64,
+    copied: bool,
 ) {
     // SAFETY: the kernel rewrites context reads of the saved registers into safe loads.
     let ip = unsafe { (*ctx.ctx).regs.rip };
 
-    // With stack copies the agent unwinds and counts the sample's stacks from its record; a
-    // sample that could not be copied is counted here, with its frame-pointer stack.
-    let copied =
-        config.flags & CAPTURE_STACK_COPY != 0 && copy_stacks(ctx, config, pid, tid, cgroup, event);
-    let user_stack = if copied {
-        NO_STACK
-    } else if config.flags & CAPTURE_USER_STACKS != 0 {
-        let losses = StackLosses {
-            collision: LossKind::UserStackHashCollision,
-            full: LossKind::UserStackFramesFull,
-            failed: LossKind::UserStackFailed,
-        };
-        stack_hash(ctx, config, maps.index, BPF_F_USER_STACK as u64, &losses)
-    } else {
-        NO_STACK
-    };
+    // With stack copies the agent unwinds and counts the sample's stacks from its record.
     let kernel_stack = if copied {
         NO_STACK
     } else if config.flags & CAPTURE_KERNEL_STACKS != 0 {
@@ -720,7 +1028,12 @@ fn record(
             full: LossKind::KernelStackFramesFull,
             failed: LossKind::KernelStackFailed,
         };
-        stack_hash(ctx, config, maps.index, 0, &losses)
+        stack_hash(
+            capture_stack(ctx, 0, losses.failed),
+            config,
+            maps.index,
+            &losses,
+        )
     } else {
         NO_STACK
     };
@@ -845,38 +1158,6 @@ fn record(
     }
 }
 
-/// The user registers of the sampled task: those the sample interrupted when it was in user
-/// mode, else those its entry into the kernel saved (`task_pt_regs`). `None` for a kernel
-/// thread, which has no user context.
-#[inline(always)]
-fn user_registers(ctx: &PerfEventContext, pid: u32) -> Option<(u64, u64, u64)> {
-    if pid == 0 {
-        return None;
-    }
-    // SAFETY: the kernel rewrites context reads of the saved registers into safe loads.
-    let (ip, sp, bp) = unsafe {
-        let regs = &(*ctx.ctx).regs;
-        (regs.rip, regs.rsp, regs.rbp)
-    };
-    if ip < KERNEL_SPACE_START {
-        return Some((ip, sp, bp));
-    }
-    // SAFETY: helpers on the current task; each register is read through the checking helper
-    // (the whole `pt_regs` would not fit the program's stack beside the rest).
-    let (ip, sp, bp) = unsafe {
-        let task = aya_ebpf::helpers::generated::bpf_get_current_task_btf();
-        let regs = aya_ebpf::helpers::generated::bpf_task_pt_regs(task)
-            as *const aya_ebpf::bindings::pt_regs;
-        (
-            bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rip)).ok()?,
-            bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rsp)).ok()?,
-            bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rbp)).ok()?,
-        )
-    };
-    // A kernel thread's saved registers are zero.
-    (ip != 0 && ip < KERNEL_SPACE_START).then_some((ip, sp, bp))
-}
-
 /// Sends the sample's user registers, user stack bytes and kernel frames to the agent through
 /// the stack-copy ring; whether it did. The stack is copied a page at a time from the stack
 /// pointer's page up, so a read stops at the first page that cannot be read (the top of the
@@ -890,7 +1171,7 @@ fn copy_stacks(
     cgroup: u64,
     event: u32,
 ) -> bool {
-    let Some((ip, sp, bp)) = user_registers(ctx, pid) else {
+    let Some(Registers { ip, sp, fp: bp }) = user_registers(ctx) else {
         // No user context: the kernel frames are counted in the maps.
         return false;
     };

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{capture::program::DEFAULT_STACKS, hardware::HardwareArgs, report::ViewArgs};
 
@@ -127,16 +127,22 @@ pub struct RecordArgs {
     /// Do not collect kernel call stacks.
     #[arg(long)]
     pub no_kernel_stacks: bool,
-    /// How user call stacks are walked: `fp` follows frame pointers in the kernel (code built
+    /// How user call stacks are walked: `dwarf` (the default) in the kernel from the executables'
+    /// unwind tables, frame pointers where a frame has none; `fp` frame pointers only (code built
     /// without them loses its callers); `copy` sends each sample's user registers and a copy of
-    /// its user stack to the agent, which unwinds them with the modules' `.eh_frame` (costlier:
-    /// `--stack-copy-kib` per sample, and the stack's bytes reach the agent).
-    #[arg(long, value_enum, default_value_t = UnwindMode::Fp)]
-    pub unwind: UnwindMode,
+    /// its user stack to the agent, which unwinds them (costlier: `--stack-copy-kib` per sample,
+    /// and the stack's bytes reach the agent).
+    #[arg(long, value_enum, default_value_t = Unwind::Dwarf)]
+    pub unwind: Unwind,
     /// With `--unwind copy`: KiB of user stack copied per sample above the stack pointer (1 to
     /// 32, default 16); a deeper stack is cut short and counted as such.
     #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u32).range(1..=32))]
     pub stack_copy_kib: Option<u32>,
+    /// Kernel memory for the unwind tables of `--unwind dwarf`, in MiB (16 bytes a row); a
+    /// table that does not fit is counted in `--stats` and its frames use frame pointers.
+    #[arg(long, value_name = "MIB", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub unwind_table_mib: u32,
     /// Keep the command's arguments in the profile and its reports (by default only the
     /// program is named: arguments may hold passwords or tokens).
     #[arg(long)]
@@ -159,15 +165,6 @@ pub const STACK_COPY_RING_FACTOR: u32 = 8;
 /// `--stack-copy-kib` when not given.
 pub const DEFAULT_STACK_COPY_KIB: u32 = 16;
 
-/// `record --unwind`: how user call stacks are walked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum UnwindMode {
-    /// Frame pointers, in the kernel.
-    Fp,
-    /// A copy of the user stack, unwound in the agent.
-    Copy,
-}
-
 /// Largest `--ring-buffer-kib`: 1 GiB, whose bytes (a power of two) still fit the u32 size the
 /// kernel takes.
 pub const MAX_RING_BUFFER_KIB: u32 = 1 << 20;
@@ -189,6 +186,19 @@ pub fn seconds(text: &str) -> Result<f64, String> {
     std::time::Duration::try_from_secs_f64(seconds)
         .map(|_| seconds)
         .map_err(|_| "too long: give at most about 5e11 seconds".into())
+}
+
+/// How `record` walks user call stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Unwind {
+    /// In the kernel, from the executables' call-frame information (`.eh_frame`,
+    /// `.debug_frame`) that the agent compiles into tables; frame pointers where a frame has no
+    /// table or row.
+    Dwarf,
+    /// The kernel's frame-pointer walk only.
+    Fp,
+    /// A copy of the user stack, unwound in the agent.
+    Copy,
 }
 
 /// Entries of a BPF map: at least 1 (the kernel refuses an empty map) and at most

@@ -3,13 +3,14 @@
 use std::{io::Write, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
+use profiler_common::unwind::UnwindRow;
 
 use crate::{
     capture::{
         btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, program::MapSizes,
     },
     cli::{
-        Command, RecordArgs, ReportArgs, ReportOutput, UnwindMode, DEFAULT_STACK_COPY_KIB,
+        Command, RecordArgs, ReportArgs, ReportOutput, Unwind, DEFAULT_STACK_COPY_KIB,
         MAX_RING_BUFFER_KIB, STACK_COPY_RING_FACTOR,
     },
     events::{
@@ -142,11 +143,11 @@ fn describe_scope(args: &RecordArgs) -> Option<String> {
 /// KiB of user stack each sample copies, with `--unwind copy`.
 fn stack_copy_kib(args: &RecordArgs) -> Result<Option<u32>> {
     match (args.unwind, args.stack_copy_kib) {
-        (UnwindMode::Copy, kib) => Ok(Some(kib.unwrap_or(DEFAULT_STACK_COPY_KIB))),
-        (UnwindMode::Fp, None) => Ok(None),
-        (UnwindMode::Fp, Some(_)) => Err(anyhow::anyhow!(
+        (Unwind::Copy, kib) => Ok(Some(kib.unwrap_or(DEFAULT_STACK_COPY_KIB))),
+        (Unwind::Fp | Unwind::Dwarf, None) => Ok(None),
+        (Unwind::Fp | Unwind::Dwarf, Some(_)) => Err(anyhow::anyhow!(
             "--stack-copy-kib sizes the stack copies of --unwind copy: add --unwind copy, or \
-             leave --stack-copy-kib out to walk frame pointers"
+             leave --stack-copy-kib out"
         )),
     }
 }
@@ -211,12 +212,17 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
             stack_copy_scratch: aya::util::nr_cpus()
                 .map_err(|(what, e)| anyhow::anyhow!("counting possible CPUs ({what}): {e}"))?
                 as u32,
+            unwind_rows: match args.unwind {
+                Unwind::Dwarf => args.unwind_table_mib * (1024 * 1024 / UnwindRow::SIZE as u32),
+                Unwind::Fp | Unwind::Copy => 1,
+            },
         },
         stacks: StackCapture {
             user: true,
             kernel: !args.no_kernel_stacks,
         },
         stack_copy_kib: stack_copy_kib(&args)?,
+        unwind: args.unwind,
         raw: outputs.raw.clone(),
         stats: args.stats,
         cgroups,

@@ -13,7 +13,8 @@ use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
     CaptureConfig, KernelOffsets, LossKind, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
     CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
-    CAPTURE_STACK_COPY, CAPTURE_USER_STACKS, MAX_EVENTS, STACK_COPY_PAGE_BYTES,
+    CAPTURE_STACK_COPY, CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, MAX_EVENTS,
+    STACK_COPY_PAGE_BYTES,
 };
 use tokio::time::interval;
 
@@ -27,6 +28,7 @@ use crate::{
         sideband::{ProcessTable, Sideband},
         stats::{fdinfo_memlock, CaptureStats},
     },
+    cli::Unwind,
     drain::{
         ibs::IbsStream, read_accounting, stack_copy::StackCopyStream, Accounting, Drained, Drainer,
     },
@@ -36,6 +38,7 @@ use crate::{
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
     stat::count::Count,
     symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+    unwind::loader::UnwindLoader,
 };
 
 pub struct RecordOptions {
@@ -48,6 +51,7 @@ pub struct RecordOptions {
     pub stacks: StackCapture,
     /// `--unwind copy`: KiB of user stack each sample copies for the agent to unwind.
     pub stack_copy_kib: Option<u32>,
+    pub unwind: Unwind,
     /// Stream every sample, in timestamp order, into this output (JSON lines).
     pub raw: Option<Output>,
     /// Measure the capture's own cost.
@@ -154,6 +158,32 @@ pub fn event_info(spec: &EventSpec) -> EventInfo {
     }
 }
 
+/// The first kernel with the helpers the unwinder reads a task's user registers with
+/// (`bpf_get_current_task_btf` 5.11, `bpf_task_pt_regs` 5.15).
+const UNWINDER_KERNEL: (u32, u32) = (5, 15);
+
+/// `major.minor` of a kernel release string (`6.1.0-50-cloud-amd64`).
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// How user stacks are walked on this kernel: `--unwind dwarf` needs 5.15; before it, frame
+/// pointers, with a note.
+fn unwind_on_this_kernel(asked: Unwind) -> Unwind {
+    let release = kernel_release();
+    match (asked, kernel_version(&release)) {
+        (Unwind::Dwarf, Some(version)) if version < UNWINDER_KERNEL => {
+            eprintln!(
+                "note: --unwind dwarf needs Linux {}.{} or later (bpf_task_pt_regs); this kernel                  is {release}: user stacks are walked by frame pointers",
+                UNWINDER_KERNEL.0, UNWINDER_KERNEL.1
+            );
+            Unwind::Fp
+        }
+        _ => asked,
+    }
+}
+
 fn capture_config(options: &RecordOptions) -> CaptureConfig {
     let mut config = CaptureConfig::EMPTY;
     if let Some(offsets) = options.offsets {
@@ -162,6 +192,9 @@ fn capture_config(options: &RecordOptions) -> CaptureConfig {
     let mut flags = 0;
     if options.stacks.user {
         flags |= CAPTURE_USER_STACKS;
+        if unwind_on_this_kernel(options.unwind) == Unwind::Dwarf {
+            flags |= CAPTURE_UNWIND_DWARF;
+        }
     }
     if options.stacks.kernel {
         flags |= CAPTURE_KERNEL_STACKS;
@@ -368,6 +401,10 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
     let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes)?;
     let mut drainer = Drainer::new(&mut program, sizes)?;
     program.filter_cgroups(&options.cgroups)?;
+    let mut unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
+        0 => None,
+        _ => Some(program.unwind_loader()?),
+    };
     let map_bytes = held_map_memory();
     let mut raw = match &options.raw {
         Some(output) => Some(RawStream::create(
@@ -419,6 +456,9 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
             Target::Processes(pids) => pids.iter().for_each(|pid| processes.scan_process(*pid)),
             _ => processes.scan_all(),
         }
+        if let Some(unwinder) = &mut unwinder {
+            unwinder.sync(&processes)?;
+        }
         for counter in &mut counters {
             counter.counter.enable()?;
         }
@@ -449,6 +489,12 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
                 None => std::future::pending().await,
             }
         };
+        let unwind_requested = async {
+            match &unwinder {
+                Some(unwinder) => unwinder.requested().await,
+                None => std::future::pending().await,
+            }
+        };
         let command_exit = async {
             match &mut command {
                 Some(stopped) => stopped.child.wait().await,
@@ -461,6 +507,9 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
             // Mappings are read often so their files are opened while short-lived processes live.
             _ = sideband_ticker.tick() => {
                 sideband.read_into(&mut processes);
+                if let Some(unwinder) = &mut unwinder {
+                    unwinder.sync(&processes)?;
+                }
                 // The program wakes us only when the IBS ring is half full.
                 if let Some(stream) = &mut ibs {
                     stream.read_into(&mut drained.ibs)?;
@@ -476,12 +525,22 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
                     }
                 }
             }
+            requested = unwind_requested => {
+                requested.context("waiting on the unwinder's requests")?;
+                sideband.read_into(&mut processes);
+                if let Some(unwinder) = &mut unwinder {
+                    unwinder.sync(&processes)?;
+                }
+            }
             requested = drainer.requested() => {
                 requested.context("waiting on the capture program's drain requests")?;
                 drainer.drain_if_filling(&mut program, &mut drained)?;
             }
             _ = ticker.tick() => {
                 sideband.read_into(&mut processes);
+                if let Some(unwinder) = &mut unwinder {
+                    unwinder.sync(&processes)?;
+                }
                 drainer.drain(&mut program, &mut drained)?;
             }
             ready = raw_ready => {
@@ -553,6 +612,7 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         stacks_cached: drained.stack_cache.distinct() as u64,
         stacks_read: drainer.frames_map.read,
         raw_samples_written: raw.as_ref().map_or(0, RawStream::written),
+        unwind: unwinder.as_ref().map(UnwindLoader::render_stats),
     };
     let ending = shutdown.ending(stop);
 
@@ -580,4 +640,18 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         ending,
         failures,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_are_read_from_release_strings() {
+        assert_eq!(kernel_version("5.10.0-32-cloud-amd64"), Some((5, 10)));
+        assert_eq!(kernel_version("6.18.44-fc-v657"), Some((6, 18)));
+        assert_eq!(kernel_version("garbage"), None);
+        assert!(kernel_version("5.10.0").unwrap() < UNWINDER_KERNEL);
+        assert!(kernel_version("5.15.0").unwrap() >= UNWINDER_KERNEL);
+    }
 }

@@ -5,15 +5,17 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
     programs::PerfEvent,
     Ebpf, EbpfError, EbpfLoader,
 };
 use perf_event::Counter;
+
+use super::ring::KernelRing;
 use profiler_common::{
     capture::{
         CaptureConfig, DataLineKey, DataSourceKey, Fill, InstructionKey, LatencyKey,
-        LineLatencyKey, RawDecoding, SampleStats, StackKey,
+        LineLatencyKey, RawDecoding, SampleStats, StackKey, CAPTURE_UNWIND_DWARF,
     },
     latency::LatencyBuckets,
     stack::StackFrames,
@@ -23,6 +25,7 @@ use profiler_common::{
 static PROGRAM_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler.bpf.o"));
 const PROGRAM_NAME: &str = "on_overflow";
+const UNWINDER_NAME: &str = "unwind_user";
 
 /// Entries of each in-kernel map. Per-CPU maps hold one value per possible CPU for each entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +47,8 @@ pub struct MapSizes {
     pub stack_copy_ring_bytes: u32,
     /// Stack-copy scratch records (one per possible CPU with `--unwind copy`, else 1).
     pub stack_copy_scratch: u32,
+    /// Rows of the unwind-table arena (`record --unwind dwarf`).
+    pub unwind_rows: u32,
 }
 
 /// Default entries of the stack-frames map: the memory the two generations' 16,384-entry
@@ -116,6 +121,7 @@ impl Default for MapSizes {
             ibs_ring_bytes: 1 << 22,
             stack_copy_ring_bytes: 1 << 22,
             stack_copy_scratch: 1,
+            unwind_rows: 1,
         }
     }
 }
@@ -161,6 +167,8 @@ pub struct CaptureProgram {
     ibs_samples: Option<RingBuf<MapData>>,
     stack_copies: Option<RingBuf<MapData>>,
     drain_requests: Option<RingBuf<MapData>>,
+    /// With `--unwind dwarf`: the unwinder's program array, held open.
+    _unwinder: Option<ProgramArray<MapData>>,
 }
 
 fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
@@ -256,6 +264,7 @@ fn size_option(map: &str) -> &'static str {
         "STACK_FRAMES" => "--stack-map-entries",
         "LATENCIES" | "LINE_LATENCIES" => "--latency-map-entries",
         "RAW_SAMPLES" | "IBS_SAMPLES" | "STACK_COPIES" => "--ring-buffer-kib",
+        "UNWIND_ROWS" => "--unwind-table-mib",
         _ => "--map-entries",
     }
 }
@@ -267,6 +276,25 @@ fn errno_name(code: i32) -> &'static str {
         libc::ENOSYS => "ENOSYS",
         _ => "an error",
     }
+}
+
+/// Loads the unwinder's program (`--unwind dwarf`) into the program array the capture program
+/// tail-calls; the array, which must stay open (the kernel empties a program array when its last
+/// user-space reference closes).
+fn load_unwinder(ebpf: &mut Ebpf) -> Result<ProgramArray<MapData>> {
+    let unwinder: &mut PerfEvent = ebpf
+        .program_mut(UNWINDER_NAME)
+        .ok_or_else(|| anyhow!("the capture program has no {UNWINDER_NAME}"))?
+        .try_into()?;
+    unwinder
+        .load()
+        .map_err(|e| anyhow!("the kernel verifier rejected the unwinder program: {e:?}"))?;
+    let fd = unwinder.fd()?.try_clone()?;
+    let mut programs: ProgramArray<MapData> = take(ebpf, "UNWINDER")?;
+    programs
+        .set(0, &fd, 0)
+        .context("putting the unwinder program into its program array")?;
+    Ok(programs)
 }
 
 impl CaptureProgram {
@@ -298,7 +326,8 @@ impl CaptureProgram {
             .map_max_entries("RAW_SAMPLES", sizes.ring_buffer_bytes)
             .map_max_entries("IBS_SAMPLES", sizes.ibs_ring_bytes)
             .map_max_entries("STACK_COPIES", sizes.stack_copy_ring_bytes)
-            .map_max_entries("STACK_COPY_SCRATCH", sizes.stack_copy_scratch);
+            .map_max_entries("STACK_COPY_SCRATCH", sizes.stack_copy_scratch)
+            .map_max_entries("UNWIND_ROWS", sizes.unwind_rows);
         let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(load_error)?;
         let program: &mut PerfEvent = ebpf
             .program_mut(PROGRAM_NAME)
@@ -308,6 +337,10 @@ impl CaptureProgram {
         program
             .load()
             .map_err(|e| anyhow!("the kernel verifier rejected the capture program: {e:?}"))?;
+        let unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
+            0 => None,
+            _ => Some(load_unwinder(&mut ebpf)?),
+        };
         let generations = [
             take_generation(&mut ebpf, 0)?,
             take_generation(&mut ebpf, 1)?,
@@ -328,6 +361,7 @@ impl CaptureProgram {
             ibs_samples: Some(take(&mut ebpf, "IBS_SAMPLES")?),
             stack_copies: Some(take(&mut ebpf, "STACK_COPIES")?),
             drain_requests: Some(take(&mut ebpf, "DRAIN_REQUESTS")?),
+            _unwinder: unwinder,
             ebpf,
         })
     }
@@ -376,6 +410,20 @@ impl CaptureProgram {
         };
         slot.take()
             .ok_or_else(|| anyhow!("the {ring:?} ring buffer was already taken"))
+    }
+
+    /// The agent's side of the in-kernel unwinder, with the maps it fills (`--unwind dwarf`).
+    pub fn unwind_loader(&mut self) -> Result<crate::unwind::loader::UnwindLoader> {
+        let rows = match self.ebpf.take_map("UNWIND_ROWS") {
+            Some(aya::maps::Map::Array(map)) => map,
+            _ => return Err(anyhow!("the capture program has no array UNWIND_ROWS")),
+        };
+        Ok(crate::unwind::loader::UnwindLoader::new(
+            crate::unwind::loader::RowArena::new(rows)?,
+            take(&mut self.ebpf, "UNWIND_PROCESSES")?,
+            take(&mut self.ebpf, "UNWIND_COUNTS")?,
+            KernelRing::new(take(&mut self.ebpf, "UNWIND_REQUESTS")?)?,
+        ))
     }
 
     /// The kernel's run-time statistics of the program: (runs, total run time). Zero unless

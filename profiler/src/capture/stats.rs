@@ -22,6 +22,8 @@ pub struct CaptureStats {
     pub stacks_cached: u64,
     pub stacks_read: u64,
     pub raw_samples_written: u64,
+    /// With `--unwind dwarf`: the unwind tables' lines.
+    pub unwind: Option<String>,
 }
 
 impl CaptureStats {
@@ -67,6 +69,9 @@ impl CaptureStats {
         if self.raw_samples_written > 0 {
             let _ = writeln!(out, "  raw samples written: {}", self.raw_samples_written);
         }
+        if let Some(unwind) = &self.unwind {
+            out.push_str(unwind);
+        }
         out
     }
 }
@@ -98,6 +103,7 @@ mod tests {
             stacks_cached: 120,
             stacks_read: 130,
             raw_samples_written: 0,
+            unwind: None,
         };
         assert_eq!(stats.ns_per_sample(), Some(1250.0));
         let text = stats.render(1000);

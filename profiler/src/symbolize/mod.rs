@@ -18,10 +18,15 @@ use blazesym::symbolize::{
     Input, Sym, Symbolized, Symbolizer,
 };
 
+use profiler_common::unwind_maps::TRUNCATED_FRAME;
+
 use crate::{
     capture::sideband::ProcessTable,
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
+
+/// What a stack the unwinder could not finish ends in (its `TRUNCATED_FRAME`).
+pub const TRUNCATED_FUNCTION: &str = "[truncated]";
 
 pub use profiler_common::capture::KERNEL_SPACE_START;
 
@@ -132,6 +137,14 @@ impl<'a> FrameTable<'a> {
             }
             if is_kernel_address(address.address) {
                 kernel.push(address);
+                continue;
+            }
+            if address.address == TRUNCATED_FRAME {
+                let id = self.intern(Frame {
+                    function: Some(TRUNCATED_FUNCTION.to_string()),
+                    ..Frame::default()
+                });
+                self.resolved.insert(address, id);
                 continue;
             }
             match self

@@ -1,0 +1,176 @@
+//! What the agent loads into the capture program's maps for the in-kernel unwinder, and what the
+//! unwinder counts: per process, its executable mappings sorted by address, each naming the
+//! slice of the shared row arena that holds its file's unwind rows (one copy per file however
+//! many processes map it); the walk's outcomes by reason; the marker frame that ends a stack the
+//! walk could not finish.
+
+/// Executable mappings one process may have in the walker's table (the agent keeps the ones
+/// with tables first when a process has more). A mapping lookup takes
+/// [`MAPPING_SEARCH_STEPS`] steps.
+pub const MAX_PROCESS_MAPPINGS: usize = 256;
+const _: () = assert!(MAX_PROCESS_MAPPINGS.is_power_of_two());
+/// Binary-search steps over [`MAX_PROCESS_MAPPINGS`] mappings.
+pub const MAPPING_SEARCH_STEPS: u32 = 9;
+
+/// User frames one walk takes at most (one less than a stack holds, for the marker); a deeper
+/// stack ends in [`TRUNCATED_FRAME`].
+pub const MAX_UNWIND_FRAMES: usize = 126;
+
+/// The frame that ends a user stack the walk could not finish (no rule found the caller, a
+/// return address outside every executable mapping, or more frames than the walk takes): no code
+/// lives at address 0, and reports name it `[truncated]`.
+pub const TRUNCATED_FRAME: u64 = 0;
+
+/// One executable mapping of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    /// The run-time address that row `pc` 0 of the mapping's table stands for (the file's load
+    /// bias plus the table's base).
+    pub table_base: u64,
+    /// First row of the table in the row arena.
+    pub rows_start: u32,
+    /// Rows of the table; 0 when the mapping has no table (walked by frame pointers).
+    pub rows_len: u32,
+}
+
+/// A process's executable mappings, sorted by `start`, not overlapping.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessMappings {
+    pub count: u32,
+    pub _pad: u32,
+    pub mappings: [ExecMapping; MAX_PROCESS_MAPPINGS],
+}
+
+impl ProcessMappings {
+    pub const EMPTY: ProcessMappings = ProcessMappings {
+        count: 0,
+        _pad: 0,
+        mappings: [ExecMapping {
+            start: 0,
+            end: 0,
+            table_base: 0,
+            rows_start: 0,
+            rows_len: 0,
+        }; MAX_PROCESS_MAPPINGS],
+    };
+
+    /// The mapping containing `address`. Bounded by [`MAPPING_SEARCH_STEPS`] for the verifier,
+    /// and indexes masked to the array (the verifier does not follow the search's own bounds).
+    #[inline(always)]
+    pub fn find(&self, address: u64) -> Option<&ExecMapping> {
+        let count = if self.count as usize > MAX_PROCESS_MAPPINGS {
+            MAX_PROCESS_MAPPINGS as u32
+        } else {
+            self.count
+        };
+        let at = |i: u32| &self.mappings[i as usize & (MAX_PROCESS_MAPPINGS - 1)];
+        let found =
+            crate::unwind::find_last_at_or_below(count, MAPPING_SEARCH_STEPS, address, |i| {
+                Some(at(i).start)
+            })?;
+        let mapping = at(found);
+        (address < mapping.end).then_some(mapping)
+    }
+}
+
+/// What the walker counts, per CPU (index = the variant).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnwindCount {
+    /// User stacks walked with tables.
+    Walked = 0,
+    /// ... of which reached the outermost frame (an undefined return address).
+    Complete = 1,
+    /// User stacks walked by the kernel's frame-pointer walk because the agent had not loaded
+    /// the process's mappings yet.
+    ProcessUnknown = 2,
+    /// Frames stepped by frame pointers: their mapping has no table.
+    FramesWithoutTable = 3,
+    /// Frames stepped by frame pointers: their table has no row for the address.
+    FramesWithoutRow = 4,
+    /// Stacks ended in [`TRUNCATED_FRAME`]: a return address outside every executable mapping.
+    TruncatedOutsideMappings = 5,
+    /// ... no rule found the caller (a failed read, an unsupported rule, a frame-pointer step
+    /// through a frame that keeps none).
+    TruncatedNoCaller = 6,
+    /// ... more than [`MAX_UNWIND_FRAMES`] frames.
+    TruncatedDepth = 7,
+}
+
+impl UnwindCount {
+    pub const COUNT: usize = 8;
+    pub const ALL: [UnwindCount; UnwindCount::COUNT] = [
+        UnwindCount::Walked,
+        UnwindCount::Complete,
+        UnwindCount::ProcessUnknown,
+        UnwindCount::FramesWithoutTable,
+        UnwindCount::FramesWithoutRow,
+        UnwindCount::TruncatedOutsideMappings,
+        UnwindCount::TruncatedNoCaller,
+        UnwindCount::TruncatedDepth,
+    ];
+}
+
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)] with only integer fields and no padding (32 bytes).
+unsafe impl aya::Pod for ExecMapping {}
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)], integer fields and an array of padding-free mappings; `_pad` names the
+// only gap.
+unsafe impl aya::Pod for ProcessMappings {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_mapping_containing_an_address_and_nothing_between_mappings() {
+        let mut process = ProcessMappings::EMPTY;
+        let ranges = [(0x1000, 0x2000), (0x5000, 0x9000), (0x9000, 0xa000)];
+        for (i, (start, end)) in ranges.iter().enumerate() {
+            process.mappings[i] = ExecMapping {
+                start: *start,
+                end: *end,
+                rows_start: i as u32,
+                ..ExecMapping::default()
+            };
+        }
+        process.count = ranges.len() as u32;
+        assert_eq!(process.find(0xfff), None);
+        assert_eq!(process.find(0x1000).map(|m| m.rows_start), Some(0));
+        assert_eq!(process.find(0x1fff).map(|m| m.rows_start), Some(0));
+        assert_eq!(process.find(0x2000), None);
+        assert_eq!(process.find(0x8fff).map(|m| m.rows_start), Some(1));
+        assert_eq!(process.find(0x9000).map(|m| m.rows_start), Some(2));
+        assert_eq!(process.find(0xa000), None);
+    }
+
+    #[test]
+    fn a_full_table_is_searched_within_its_steps() {
+        let mut process = ProcessMappings::EMPTY;
+        for (i, mapping) in process.mappings.iter_mut().enumerate() {
+            let start = 0x10000 * (i as u64 + 1);
+            *mapping = ExecMapping {
+                start,
+                end: start + 0x1000,
+                rows_start: i as u32,
+                ..ExecMapping::default()
+            };
+        }
+        // A count past the array is cut to it, not trusted.
+        for count in [MAX_PROCESS_MAPPINGS as u32, u32::MAX] {
+            process.count = count;
+            for i in 0..MAX_PROCESS_MAPPINGS {
+                let start = 0x10000 * (i as u64 + 1);
+                assert_eq!(
+                    process.find(start + 0xfff).map(|m| m.rows_start),
+                    Some(i as u32)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! `record --unwind dwarf|fp` on a program built with -O2 -fomit-frame-pointer: the in-kernel
+//! unwinder walks through frameless functions, glibc's qsort callback and memcpy to `_start` or
+//! the thread start; the frame-pointer walk does not.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{profiler, temp_dir, workload};
+
+/// Builds tests/workloads/no_frame_pointers.c as the unwind-table tests do.
+fn build_workload(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/no_frame_pointers.c");
+    let binary = dir.join("no_frame_pointers");
+    let status = std::process::Command::new("gcc")
+        .args(["-O2", "-fomit-frame-pointer", "-pthread", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .status()
+        .expect("gcc runs (Debian: apt-get install gcc)");
+    assert!(status.success(), "gcc failed on {}", source.display());
+    binary
+}
+
+/// Folded stacks (root first) and their samples, of a recording of `binary ARGUMENTS` with
+/// `options`, and the recording's stderr (its `--stats`).
+fn record_with(
+    options: &[&str],
+    dir: &Path,
+    binary: &Path,
+    arguments: &[&str],
+) -> (Vec<(String, u64)>, String) {
+    let profile = dir.join("recording.prof");
+    let mut args = vec!["record", "--stats", "-o", profile.to_str().unwrap()];
+    args.extend(options);
+    args.extend(["--", binary.to_str().unwrap()]);
+    args.extend(arguments);
+    let output = profiler(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
+    let stacks = String::from_utf8_lossy(&folded.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (stack, count) = line.rsplit_once(' ')?;
+            Some((stack.to_string(), count.parse().ok()?))
+        })
+        .collect();
+    (stacks, stderr)
+}
+
+/// [`record_with`] `--unwind UNWIND`.
+fn record(
+    unwind: &str,
+    dir: &Path,
+    binary: &Path,
+    arguments: &[&str],
+) -> (Vec<(String, u64)>, String) {
+    record_with(&["--unwind", unwind], dir, binary, arguments)
+}
+
+fn complete(stack: &str) -> bool {
+    let frames: Vec<&str> = stack.split(';').collect();
+    frames
+        .get(1)
+        .is_some_and(|root| *root == "_start" || *root == "clone3")
+}
+
+/// The numbers of the `--stats` line "user stacks unwound: ...": walked with tables, complete,
+/// by frame pointers, frames without a table, frames without a row, truncated (outside every
+/// mapping, no caller, too deep).
+fn unwinder_counts(stderr: &str) -> Vec<u64> {
+    let line = stderr
+        .lines()
+        .find(|line| line.contains("user stacks unwound:"))
+        .unwrap_or_else(|| panic!("no unwinder line in --stats:\n{stderr}"));
+    line.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|word| word.parse().ok())
+        .collect()
+}
+
+#[test]
+fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers() {
+    let dir = temp_dir("unwind-dwarf");
+    let binary = build_workload(&dir);
+    let (stacks, stderr) = record("dwarf", &dir, &binary, &["2"]);
+    let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+    assert!(total > 1000, "too few samples: {total}\n{stderr}");
+    let counts = unwinder_counts(&stderr);
+    let (walked, complete_walks) = (counts[0], counts[1]);
+    assert!(
+        complete_walks as f64 >= 0.99 * walked as f64,
+        "{complete_walks} of {walked} walks complete\n{stderr}"
+    );
+    let reached: u64 = stacks
+        .iter()
+        .filter(|(stack, _)| complete(stack))
+        .map(|(_, n)| n)
+        .sum();
+    // The few others are taken before the agent has loaded the new process's mappings
+    // (frame-pointer walks, counted in --stats).
+    assert!(
+        reached as f64 >= 0.99 * total as f64,
+        "{reached} of {total} samples reach _start or clone3\n{stderr}"
+    );
+    // The qsort callback's whole chain, in order, from main or the thread.
+    let callback: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| stack.ends_with("compare_ints;leaf_mix") && complete(stack))
+        .collect();
+    assert!(!callback.is_empty(), "no complete qsort callback stack");
+    for (stack, _) in callback {
+        let chain_from_main = "_start;__libc_start_main_impl;__libc_start_call_main;main;work;\
+                               sort_some;__GI___qsort_r;msort_with_tmp";
+        let chain_from_thread = "clone3;start_thread;thread_main;work;sort_some;__GI___qsort_r;\
+                                 msort_with_tmp";
+        let after_root = stack.split_once(';').unwrap().1;
+        assert!(
+            after_root.starts_with(chain_from_main) || after_root.starts_with(chain_from_thread),
+            "qsort callback stack without its callers: {stack}"
+        );
+    }
+    assert!(
+        stacks.iter().all(|(stack, _)| !stack.contains("[unknown]")),
+        "a garbage frame in a dwarf walk"
+    );
+}
+
+#[test]
+fn frame_pointer_walks_stop_at_the_first_frameless_function() {
+    let dir = temp_dir("unwind-fp");
+    let binary = build_workload(&dir);
+    let (stacks, stderr) = record("fp", &dir, &binary, &["2"]);
+    let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+    assert!(total > 1000, "too few samples: {total}\n{stderr}");
+    let reached: u64 = stacks
+        .iter()
+        .filter(|(stack, _)| complete(stack))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        (reached as f64) < 0.5 * total as f64,
+        "{reached} of {total} samples reach _start or clone3 by frame pointers alone"
+    );
+    assert!(
+        !stderr.contains("user stacks unwound:"),
+        "--unwind fp loads no tables\n{stderr}"
+    );
+}
+
+#[test]
+fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
+    // A Rust binary linked with its text segment starting mid-page (file offset and address
+    // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 8
+    // frames a run.
+    let dir = temp_dir("unwind-deep");
+    let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), &["20000"]);
+    let chain: Vec<String> = (1..=60)
+        .map(|i| format!("deep_stack::frame_{i:02}"))
+        .collect();
+    let chain = chain.join(";");
+    let through_leaf: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains("deep_stack::leaf_work"))
+        .collect();
+    let total: u64 = through_leaf.iter().map(|(_, n)| n).sum();
+    let whole: u64 = through_leaf
+        .iter()
+        .filter(|(stack, _)| {
+            stack.contains(&format!("{chain};deep_stack::leaf_work"))
+                && stack.contains(";deep_stack::main;")
+                && stack.split(';').nth(1) == Some("_start")
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        total > 500,
+        "too few samples in leaf_work: {total}\n{stderr}"
+    );
+    // Found by rows, not by the frame-pointer fallback (this binary keeps frame pointers too):
+    // each mapping's load bias is right.
+    let counts = unwinder_counts(&stderr);
+    let (walked, without_row) = (counts[0], counts[4]);
+    assert!(
+        without_row <= walked / 100,
+        "{without_row} frames without a row in {walked} walks\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.9 * total as f64,
+        "{whole} of {total} leaf samples carry _start, deep_stack::main and frame_01..frame_60\n{stderr}"
+    );
+}
+
+/// Samples in all, and those whose root is `_start` or a thread's start (`clone3`), or whose
+/// root satisfies `also_root` (a stripped binary's entry point, named module+offset).
+fn reaching_roots(stacks: &[(String, u64)], also_root: impl Fn(&str) -> bool) -> (u64, u64) {
+    let total = stacks.iter().map(|(_, n)| n).sum();
+    let reached = stacks
+        .iter()
+        .filter(|(stack, _)| complete(stack) || stack.split(';').nth(1).is_some_and(&also_root))
+        .map(|(_, n)| n)
+        .sum();
+    (total, reached)
+}
+
+#[test]
+fn debian_xz_stacks_reach_its_entry_point() {
+    let dir = temp_dir("unwind-xz");
+    // 4 MB of base64 text: about 2 s of `xz -6` on one thread.
+    let mut data = Vec::with_capacity(4 << 20);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while data.len() < 4 << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data.push(
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[x as usize % 64],
+        );
+    }
+    let input = dir.join("input.txt");
+    std::fs::write(&input, &data).unwrap();
+    let (stacks, stderr) = record(
+        "dwarf",
+        &dir,
+        Path::new("/usr/bin/xz"),
+        &["-6", "-T1", "-k", "-f", input.to_str().unwrap()],
+    );
+    // Debian's xz is stripped: its _start is named by offset.
+    let (total, reached) = reaching_roots(&stacks, |root| root.starts_with("xz+0x"));
+    assert!(total > 500, "too few samples: {total}\n{stderr}");
+    assert!(
+        reached as f64 >= 0.95 * total as f64,
+        "{reached} of {total} xz samples reach its entry point\n{stderr}"
+    );
+    let counts = unwinder_counts(&stderr);
+    assert!(
+        counts[1] as f64 >= 0.95 * total as f64,
+        "{} of {total} walks reached the outermost frame\n{stderr}",
+        counts[1]
+    );
+    let through_lzma: u64 = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains(";lzma_code;"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        through_lzma as f64 >= 0.5 * total as f64,
+        "only {through_lzma} of {total} samples through liblzma's lzma_code"
+    );
+}
+
+#[test]
+fn debian_python_stacks_reach_main() {
+    let dir = temp_dir("unwind-python");
+    let script = dir.join("work.py");
+    std::fs::write(
+        &script,
+        "import time, json\n\
+         end = time.time() + 2\n\
+         data = [{'k': i, 'v': str(i) * 3} for i in range(2000)]\n\
+         while time.time() < end:\n    \
+             sorted(json.loads(json.dumps(data)), key=lambda d: d['v'])\n",
+    )
+    .unwrap();
+    let (stacks, stderr) = record(
+        "dwarf",
+        &dir,
+        Path::new("/usr/bin/python3.11"),
+        &[script.to_str().unwrap()],
+    );
+    let (total, reached) = reaching_roots(&stacks, |_| false);
+    assert!(total > 1000, "too few samples: {total}\n{stderr}");
+    assert!(
+        reached as f64 >= 0.95 * total as f64,
+        "{reached} of {total} python3 samples reach _start\n{stderr}"
+    );
+    let interpreted: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains("_PyEval_EvalFrameDefault") && complete(stack))
+        .collect();
+    assert!(!interpreted.is_empty(), "no complete interpreter stack");
+    for (stack, _) in interpreted {
+        // Debian's python3.11 calls Py_BytesMain from main as a tail call: main is not on the
+        // stack.
+        assert!(
+            stack.contains(";__libc_start_call_main;Py_BytesMain;"),
+            "interpreter stack without Py_BytesMain under libc's start: {stack}"
+        );
+    }
+}
+
+#[test]
+fn samples_taken_in_the_kernel_unwind_the_user_stack_from_the_task_registers() {
+    // dd spends its time in read and write system calls: most samples interrupt the kernel,
+    // whose registers say nothing of the user stack; the walk starts from the registers the
+    // task saved on entering the kernel.
+    let dir = temp_dir("unwind-syscalls");
+    let (stacks, stderr) = record(
+        "dwarf",
+        &dir,
+        Path::new("/usr/bin/dd"),
+        &["if=/dev/zero", "of=/dev/null", "bs=512", "count=2000000"],
+    );
+    let in_kernel: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains("entry_SYSCALL_64"))
+        .collect();
+    let total: u64 = in_kernel.iter().map(|(_, n)| n).sum();
+    let whole: u64 = in_kernel
+        .iter()
+        .filter(|(stack, _)| {
+            stack.contains(";__libc_start_main_impl;__libc_start_call_main;")
+                && (stack.contains(";__GI___libc_read;entry_SYSCALL_64")
+                    || stack.contains(";__GI___libc_write;entry_SYSCALL_64"))
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        total > 200,
+        "too few samples in system calls: {total}\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.95 * total as f64,
+        "{whole} of {total} system-call samples carry the user stack down from libc's start\n{stderr}"
+    );
+}
+
+#[test]
+fn a_table_that_does_not_fit_is_counted_and_its_stacks_end_truncated() {
+    // 1 MiB holds libc's rows but not python3.11's as well: python's frames fall back to frame
+    // pointers, which Debian's build does not keep, and the stacks end in [truncated] instead
+    // of a garbage caller.
+    let dir = temp_dir("unwind-full");
+    let script = dir.join("work.py");
+    std::fs::write(
+        &script,
+        "import time\nend = time.time() + 1\nwhile time.time() < end:\n    sum(range(10000))\n",
+    )
+    .unwrap();
+    let (stacks, stderr) = record_with(
+        &["--unwind-table-mib", "1"],
+        &dir,
+        Path::new("/usr/bin/python3.11"),
+        &[script.to_str().unwrap()],
+    );
+    assert!(
+        stderr.contains("(the unwind-table memory is full (--unwind-table-mib))"),
+        "no mapping counted as not fitting:\n{stderr}"
+    );
+    let counts = unwinder_counts(&stderr);
+    let (walked, without_table) = (counts[0], counts[3]);
+    assert!(
+        without_table >= walked / 2,
+        "{without_table} frames without a table in {walked} walks\n{stderr}"
+    );
+    let samples = |what: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|(stack, _)| stack.contains(what))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    assert!(
+        samples("[truncated]") > 0,
+        "no stack ends truncated:\n{stacks:?}"
+    );
+    // Only the kernel's frame-pointer walks, of samples taken before the process was published,
+    // can hold garbage.
+    assert!(
+        samples("[unknown]") <= counts[2],
+        "garbage callers in walks with tables:\n{stacks:?}\n{stderr}"
+    );
+}
