@@ -14,7 +14,7 @@
 
 use aya_ebpf::{
     bindings::{
-        pt_regs, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
+        pt_regs, BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
         BPF_RB_RING_SIZE,
     },
     helpers::{
@@ -144,10 +144,10 @@ static STACK_COPY_SCRATCH: Array<StackCopyRecord> = Array::with_max_entries(1, 0
 /// any mapping names them.
 #[map]
 static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
-/// Process id -> its executable mappings, for `CAPTURE_UNWIND_DWARF`.
+/// Process id -> its executable mappings, for `CAPTURE_UNWIND_DWARF`. Preallocated (sized by
+/// the agent): kernels before 6.1 refuse other hash maps in perf_event programs.
 #[map]
-static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> =
-    HashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(1, 0);
 /// Process ids sampled before the agent loaded their mappings: wakes the agent to load them now
 /// rather than at its next side-band tick.
 #[map]

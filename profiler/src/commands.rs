@@ -140,6 +140,10 @@ fn describe_scope(args: &RecordArgs) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(", "))
 }
 
+/// Processes whose executable mappings `--unwind dwarf` can hold at once; others are walked by
+/// frame pointers, counted in `--stats`.
+const UNWIND_PROCESSES: u32 = 1024;
+
 /// KiB of user stack each sample copies, with `--unwind copy`.
 fn stack_copy_kib(args: &RecordArgs) -> Result<Option<u32>> {
     match (args.unwind, args.stack_copy_kib) {
@@ -214,6 +218,11 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
                 as u32,
             unwind_rows: match args.unwind {
                 Unwind::Dwarf => args.unwind_table_mib * (1024 * 1024 / UnwindRow::SIZE as u32),
+                Unwind::Fp | Unwind::Copy => 1,
+            },
+            // 8 KiB each, preallocated.
+            unwind_processes: match args.unwind {
+                Unwind::Dwarf => UNWIND_PROCESSES,
                 Unwind::Fp | Unwind::Copy => 1,
             },
         },

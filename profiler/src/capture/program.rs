@@ -49,6 +49,8 @@ pub struct MapSizes {
     pub stack_copy_scratch: u32,
     /// Rows of the unwind-table arena (`record --unwind dwarf`).
     pub unwind_rows: u32,
+    /// Processes whose mappings the unwinder holds (`record --unwind dwarf`).
+    pub unwind_processes: u32,
 }
 
 /// Default entries of the stack-frames map: the memory the two generations' 16,384-entry
@@ -122,6 +124,7 @@ impl Default for MapSizes {
             stack_copy_ring_bytes: 1 << 22,
             stack_copy_scratch: 1,
             unwind_rows: 1,
+            unwind_processes: 1,
         }
     }
 }
@@ -327,7 +330,8 @@ impl CaptureProgram {
             .map_max_entries("IBS_SAMPLES", sizes.ibs_ring_bytes)
             .map_max_entries("STACK_COPIES", sizes.stack_copy_ring_bytes)
             .map_max_entries("STACK_COPY_SCRATCH", sizes.stack_copy_scratch)
-            .map_max_entries("UNWIND_ROWS", sizes.unwind_rows);
+            .map_max_entries("UNWIND_ROWS", sizes.unwind_rows)
+            .map_max_entries("UNWIND_PROCESSES", sizes.unwind_processes);
         let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(load_error)?;
         let program: &mut PerfEvent = ebpf
             .program_mut(PROGRAM_NAME)

@@ -127,6 +127,8 @@ pub struct UnwindLoader {
     published: HashMap<u32, Vec<ExecMapping>>,
     /// Mappings published without a table, by reason.
     without_table: BTreeMap<&'static str, u64>,
+    /// Processes the full process table refused, counted once each.
+    refused: std::collections::HashSet<u32>,
 }
 
 impl UnwindLoader {
@@ -147,6 +149,7 @@ impl UnwindLoader {
             next_row: 0,
             published: HashMap::new(),
             without_table: BTreeMap::new(),
+            refused: std::collections::HashSet::new(),
         }
     }
 
@@ -195,10 +198,27 @@ impl UnwindLoader {
             value.mappings[..entries.len()].copy_from_slice(&entries);
             // A process that exits meanwhile is refused by no one: its entry is removed below
             // once the side-band says so.
-            self.processes
-                .insert(pid, value, 0)
-                .with_context(|| format!("publishing the mappings of process {pid}"))?;
-            self.published.insert(pid, entries);
+            match self.processes.insert(pid, value, 0) {
+                Ok(()) => {
+                    self.published.insert(pid, entries);
+                }
+                // The preallocated table is full: this process's stacks are walked by frame
+                // pointers, and its mappings are counted.
+                Err(aya::maps::MapError::SyscallError(error))
+                    if error.io_error.raw_os_error() == Some(libc::E2BIG) =>
+                {
+                    if self.refused.insert(pid) {
+                        *self
+                            .without_table
+                            .entry("the unwinder's process table is full")
+                            .or_default() += entries.len() as u64;
+                    }
+                }
+                Err(error) => {
+                    return Err(error)
+                        .with_context(|| format!("publishing the mappings of process {pid}"))
+                }
+            }
         }
         for pid in gone {
             if self.published.remove(&pid).is_some() {

@@ -35,10 +35,15 @@ struct Unwinder {
     perf: bool,
 }
 
-const UNWINDERS: [Unwinder; 4] = [
+const UNWINDERS: [Unwinder; 5] = [
     Unwinder {
-        name: "ours (frame pointers)",
-        options: &[],
+        name: "ours --unwind fp",
+        options: &["--unwind", "fp"],
+        perf: false,
+    },
+    Unwinder {
+        name: "ours --unwind dwarf",
+        options: &["--unwind", "dwarf"],
         perf: false,
     },
     Unwinder {
