@@ -156,8 +156,10 @@ fn check_period(event: &str, sampling: &[&str], period: u64, workload: &Workload
         "{what}: estimate {estimate}, stat counted {exact}"
     );
     let perf = perf_samples(event, period, workload, &dir);
+    // perf counts its own run of the workload: scheduling adds a few events from run to run
+    // (context switches: 37 and 39 samples at period 1000 seen), so 5% + 2 around it.
     assert!(
-        (sampled.fired as f64 - perf as f64).abs() <= perf as f64 * 0.02 + 1.0,
+        (sampled.fired as f64 - perf as f64).abs() <= perf as f64 * 0.05 + 2.0,
         "{what}: we took {} samples, perf record -c {period} took {perf}",
         sampled.fired
     );
