@@ -12,6 +12,7 @@
 pub mod flamegraph;
 pub mod folded;
 pub mod pprof;
+pub mod sink;
 
 use std::fmt;
 use std::io;
