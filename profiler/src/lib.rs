@@ -19,6 +19,7 @@ pub mod input;
 pub mod launch;
 pub mod output;
 pub mod profile;
+pub mod prometheus;
 pub mod record;
 pub mod report;
 pub mod scope;
