@@ -757,7 +757,7 @@ fn unwind_frame(process: &ProcessMappings, frame: &Caller) -> Result<Caller, Wal
     let Some(mapping) = process.find(pc) else {
         return Err(WalkEnd::Truncated(UnwindCount::TruncatedOutsideMappings));
     };
-    let mut row = arch::FRAME_POINTER_ROW;
+    let mut table_row = None;
     if mapping.rows_len == 0 {
         count_unwind(UnwindCount::FramesWithoutTable);
     } else {
@@ -772,10 +772,17 @@ fn unwind_frame(process: &ProcessMappings, frame: &Caller) -> Result<Caller, Wal
             .and_then(|index| UNWIND_ROWS.get(start.wrapping_add(index)))
         };
         match found {
-            Some(found) if found.cfa_rule != CfaRule::NoInfo as u8 => row = *found,
+            Some(found) if found.cfa_rule != CfaRule::NoInfo as u8 => table_row = Some(*found),
             _ => count_unwind(UnwindCount::FramesWithoutRow),
         }
     }
+    let row = match table_row {
+        Some(row) => row,
+        // Both ABIs end the frame-pointer chain with a zero frame pointer (`_start` clears rbp
+        // or x29): walked by frame pointers, that frame is the outermost.
+        None if frame.regs.fp == 0 => return Err(WalkEnd::Complete),
+        None => arch::FRAME_POINTER_ROW,
+    };
     // SAFETY: user memory read through the checking helper, which fails cleanly.
     let read = |address: u64| unsafe { bpf_probe_read_user(address as *const u64) }.ok();
     match step(&row, &frame.regs, read) {
