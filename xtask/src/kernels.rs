@@ -232,9 +232,26 @@ impl PrivateApt {
             .ok_or_else(|| anyhow!("{package} holds no /boot/vmlinuz-*"))
     }
 
-    /// `package`'s files, downloaded and unpacked (once) into a directory of their own.
+    /// The newest version of `package` in this configuration's suites (apt-get download would
+    /// otherwise take the version this machine has installed, where it has one).
+    pub fn newest_version(&self, package: &str) -> Result<String> {
+        let output = self
+            .command("apt-cache")
+            .args(["madison", package])
+            .output()
+            .context("running apt-cache madison")?;
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| Some(line.split('|').nth(1)?.trim().to_string()))
+            .next()
+            .ok_or_else(|| anyhow!("no {package} package in the private apt sources"))
+    }
+
+    /// `package`'s files (`name` or `name=version`), downloaded and unpacked (once) into a
+    /// directory of their own.
     pub fn unpack(&self, package: &str) -> Result<PathBuf> {
-        let unpacked = self.debs.join(package);
+        let name = package.split('=').next().unwrap_or(package);
+        let unpacked = self.debs.join(name);
         // Written last: an interrupted unpacking is done again.
         let done = unpacked.join(".unpacked");
         if !done.exists() {
@@ -251,9 +268,9 @@ impl PrivateApt {
             let deb = std::fs::read_dir(&self.debs)?
                 .filter_map(|entry| entry.ok().map(|e| e.path()))
                 .find(|path| {
-                    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                        n.starts_with(&format!("{package}_")) && n.ends_with(".deb")
-                    })
+                    path.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&format!("{name}_")) && n.ends_with(".deb"))
                 })
                 .ok_or_else(|| anyhow!("apt-get download left no {package} package"))?;
             run_command(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
