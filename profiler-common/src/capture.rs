@@ -375,7 +375,10 @@ pub struct StackCopyHeader {
     /// The user registers at the sample (the task's saved ones when it was in the kernel).
     pub ip: u64,
     pub sp: u64,
-    pub bp: u64,
+    /// The frame pointer (x86-64's rbp, aarch64's x29).
+    pub fp: u64,
+    /// aarch64's link register (x30); 0 on x86-64.
+    pub link: u64,
     /// Address of the first byte copied: the start of the stack pointer's page.
     pub stack_start: u64,
     pub stack_bytes: u32,

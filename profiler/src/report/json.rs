@@ -275,7 +275,8 @@ struct JsonDetails {
     #[serde(skip_serializing_if = "Option::is_none")]
     inlined_into: Option<String>,
     module: String,
-    /// `disassembled`, `kernel` (no code bytes) or `not-captured`.
+    /// `disassembled`, `kernel` (no code bytes), `not-captured` or `no-disassembler` (not
+    /// x86-64 code).
     code: &'static str,
     samples: u64,
     view_samples: u64,
@@ -523,6 +524,7 @@ fn details(details: &FunctionDetails) -> JsonDetails {
             CodeSource::Disassembled => "disassembled",
             CodeSource::Kernel => "kernel",
             CodeSource::NotCaptured => "not-captured",
+            CodeSource::NoDisassembler => "no-disassembler",
         },
         samples: details.samples,
         view_samples: details.event_samples,

@@ -736,6 +736,10 @@ fn render_details(details: &FunctionDetails, width: usize, out: &mut String) {
         CodeSource::NotCaptured => {
             "code not captured (module unreadable at record time): sampled instructions only"
         }
+        CodeSource::NoDisassembler => {
+            "no disassembler for this profile's architecture (x86-64 only): sampled \
+             instructions only"
+        }
     };
     let _ = writeln!(out, "{INDENT}{source}");
     if let Some(host) = &details.inlined_into {
