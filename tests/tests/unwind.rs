@@ -6,20 +6,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{profiler, temp_dir, workload};
+use common::{c_workload::build_no_frame_pointers, profiler, record_to, temp_dir, workload};
 
-/// Builds tests/workloads/no_frame_pointers.c as the unwind-table tests do.
+/// The C workload's "mix" mode, built without frame pointers.
 fn build_workload(dir: &Path) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/no_frame_pointers.c");
-    let binary = dir.join("no_frame_pointers");
-    let status = std::process::Command::new("gcc")
-        .args(["-O2", "-fomit-frame-pointer", "-pthread", "-o"])
-        .arg(&binary)
-        .arg(&source)
-        .status()
-        .expect("gcc runs (Debian: apt-get install gcc)");
-    assert!(status.success(), "gcc failed on {}", source.display());
-    binary
+    build_no_frame_pointers(dir, "no_frame_pointers", &[])
 }
 
 /// Folded stacks (root first) and their samples, of a recording of `binary ARGUMENTS` with
@@ -31,12 +22,9 @@ fn record_with(
     arguments: &[&str],
 ) -> (Vec<(String, u64)>, String) {
     let profile = dir.join("recording.prof");
-    let mut args = vec!["record", "--stats", "-o", profile.to_str().unwrap()];
-    args.extend(options);
-    args.extend(["--", binary.to_str().unwrap()]);
-    args.extend(arguments);
-    let output = profiler(&args);
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let mut command = vec![binary.to_str().unwrap()];
+    command.extend(arguments);
+    let stderr = record_to(&profile, options, &command);
     let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
     let stacks = String::from_utf8_lossy(&folded.stdout)
         .lines()
@@ -82,7 +70,7 @@ fn unwinder_counts(stderr: &str) -> Vec<u64> {
 fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers() {
     let dir = temp_dir("unwind-dwarf");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("dwarf", &dir, &binary, &["2"]);
+    let (stacks, stderr) = record("dwarf", &dir, &binary, &["2000", "mix"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let counts = unwinder_counts(&stderr);
@@ -109,8 +97,8 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
         .collect();
     assert!(!callback.is_empty(), "no complete qsort callback stack");
     for (stack, _) in callback {
-        let chain_from_main = "_start;__libc_start_main_impl;__libc_start_call_main;main;work;\
-                               sort_some;__GI___qsort_r;msort_with_tmp";
+        let chain_from_main = "_start;__libc_start_main_impl;__libc_start_call_main;main;mix;\
+                               work;sort_some;__GI___qsort_r;msort_with_tmp";
         let chain_from_thread = "clone3;start_thread;thread_main;work;sort_some;__GI___qsort_r;\
                                  msort_with_tmp";
         let after_root = stack.split_once(';').unwrap().1;
@@ -129,7 +117,7 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
 fn frame_pointer_walks_stop_at_the_first_frameless_function() {
     let dir = temp_dir("unwind-fp");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("fp", &dir, &binary, &["2"]);
+    let (stacks, stderr) = record("fp", &dir, &binary, &["2000", "mix"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let reached: u64 = stacks
