@@ -138,8 +138,9 @@ pub struct RecordArgs {
     /// 32, default 16); a deeper stack is cut short and counted as such.
     #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u32).range(1..=32))]
     pub stack_copy_kib: Option<u32>,
-    /// Kernel memory for the unwind tables of `--unwind dwarf`, in MiB (16 bytes a row); a
-    /// table that does not fit is counted in `--stats` and its frames use frame pointers.
+    /// Kernel memory for the unwind tables of `--unwind dwarf`, in MiB (16 bytes a row). When
+    /// it is full, the tables of exited, then idle processes are evicted (counted in `--stats`);
+    /// a table that still does not fit is counted and its frames use frame pointers.
     #[arg(long, value_name = "MIB", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub unwind_table_mib: u32,

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod c_workload;
+
 use std::{
     path::PathBuf,
     process::{Command, Output},
@@ -81,6 +83,16 @@ pub fn profiler(args: &[&str]) -> Output {
 }
 
 /// Runs the profiler with `--json` and parses its report.
+/// `profiler record --stats OPTIONS -o FILE -- COMMAND`: the recording's stderr (its report and
+/// `--stats`).
+pub fn record_to(file: &std::path::Path, options: &[&str], command: &[&str]) -> String {
+    let mut args = vec!["record", "--stats"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["-o", file.to_str().unwrap(), "--"]);
+    args.extend_from_slice(command);
+    String::from_utf8_lossy(&profiler(&args).stderr).into_owned()
+}
+
 pub fn profiler_json(args: &[&str]) -> (Value, String) {
     let output = profiler(args);
     let report = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
