@@ -12,6 +12,8 @@
 #![no_std]
 #![no_main]
 
+mod offcpu;
+
 use aya_ebpf::{
     bindings::{
         pt_regs, BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
@@ -659,7 +661,18 @@ fn capture_stack(
     flags: u64,
     failed: LossKind,
 ) -> Result<Option<&'static StackFrames>, ()> {
-    let Some(buffer) = STACK_SCRATCH.get_ptr_mut(0) else {
+    capture_stack_into(ctx, &STACK_SCRATCH, flags, failed)
+}
+
+/// [`capture_stack`] into the frames buffer `scratch`, from any program's context.
+#[inline(always)]
+fn capture_stack_into(
+    ctx: &impl EbpfContext,
+    scratch: &'static PerCpuArray<StackFrames>,
+    flags: u64,
+    failed: LossKind,
+) -> Result<Option<&'static StackFrames>, ()> {
+    let Some(buffer) = scratch.get_ptr_mut(0) else {
         lose(failed);
         return Err(());
     };

@@ -11,6 +11,7 @@
 
 pub mod flamegraph;
 pub mod folded;
+pub mod offcpu;
 pub mod pprof;
 pub mod sink;
 
