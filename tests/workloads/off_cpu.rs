@@ -86,8 +86,9 @@ fn nap(duration: Duration) {
         tv_sec: duration.as_secs() as i64,
         tv_nsec: duration.subsec_nanos() as i64,
     };
-    // SAFETY: nanosleep reads one valid timespec; no remainder is asked for.
-    unsafe { libc::nanosleep(&time, std::ptr::null_mut()) };
+    // SAFETY: nanosleep reads one valid timespec; no remainder is asked for. Its result is
+    // used, so the call is no tail call: this function keeps its frame in the stack.
+    std::hint::black_box(unsafe { libc::nanosleep(&time, std::ptr::null_mut()) });
 }
 
 #[inline(never)]
@@ -122,6 +123,8 @@ fn offcpu_pipe_writer(mut pipe: File) -> Vec<Waits> {
 #[inline(never)]
 fn offcpu_hold() {
     nap(Duration::from_millis(20));
+    // No tail call: this function stays in the stack.
+    std::hint::black_box(());
 }
 
 #[inline(never)]
