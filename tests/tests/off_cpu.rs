@@ -265,3 +265,134 @@ fn the_minimum_takes_units_and_says_what_it_cannot_read() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--off-cpu"));
 }
+
+/// Off-CPU time per thread and state from the `sched:sched_switch` events perf recorded:
+/// from each switch off the CPU to the thread's next switch onto it, as `offcputime` sums them;
+/// a thread's last switch (exiting, `X`/`Z`) starts no block.
+fn perf_sched_off_cpu(data: &std::path::Path) -> HashMap<(u64, String), u64> {
+    let output = common::run_checked(
+        "perf",
+        &[
+            "script",
+            "--ns",
+            "-F",
+            "time,trace",
+            "-i",
+            data.to_str().unwrap(),
+        ],
+    );
+    let field = |line: &str, name: &str| -> Option<String> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        Some(line[at..].split_whitespace().next()?.to_string())
+    };
+    let mut left: HashMap<u64, (u64, String)> = HashMap::new();
+    let mut off_cpu: HashMap<(u64, String), u64> = HashMap::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let (Some(prev), Some(state), Some(next)) = (
+            field(line, "prev_pid"),
+            field(line, "prev_state"),
+            field(line, "next_pid"),
+        ) else {
+            continue;
+        };
+        let seconds: f64 = line.split(':').next().unwrap().trim().parse().unwrap();
+        let now = (seconds * 1e9).round() as u64;
+        let (prev, next): (u64, u64) = (prev.parse().unwrap(), next.parse().unwrap());
+        if let Some((since, state)) = left.remove(&next) {
+            *off_cpu.entry((next, state)).or_default() += now - since;
+        }
+        // `R+`: preempted; `S`, `D`: asleep; `X`, `Z`: exiting.
+        let state = match state.trim_end_matches('+') {
+            "R" => "run-queue",
+            "S" => "sleeping",
+            "D" => "uninterruptible",
+            _ => continue,
+        };
+        left.insert(prev, (now, state.to_string()));
+    }
+    off_cpu
+}
+
+#[test]
+fn per_thread_blocked_time_matches_perf_sched_on_the_same_run() {
+    common::require_root();
+    let file = temp_dir("off-cpu-perf-sched").join("off_cpu.prof");
+    let data = temp_dir("off-cpu-perf-sched").join("sched.data");
+    let dir = disk_dir("off-cpu-perf-sched");
+    let profiler = common::profiler_bin();
+    let bin = workload("off_cpu");
+    // perf's scheduler tracepoints and the profiler's programs watch the same run.
+    let output = common::run_checked(
+        "perf",
+        &[
+            "sched",
+            "record",
+            "-o",
+            data.to_str().unwrap(),
+            "--",
+            profiler.to_str().unwrap(),
+            "record",
+            "--off-cpu",
+            "-o",
+            file.to_str().unwrap(),
+            "--",
+            bin.to_str().unwrap(),
+            dir.to_str().unwrap(),
+        ],
+    );
+    let measured = Measured::parse(&String::from_utf8_lossy(&output.stdout));
+    let reference = perf_sched_off_cpu(&data);
+    let perf_total = |tid: u64| -> u64 {
+        reference
+            .iter()
+            .filter(|((t, _), _)| *t == tid)
+            .map(|(_, ns)| ns)
+            .sum()
+    };
+    let off_cpu = report_json(&file, &[])["off_cpu"].clone();
+    let mut ours: Vec<(u64, u64)> = Vec::new();
+    for (name, (tid, _)) in &measured.threads {
+        let row = rows(&off_cpu, "wall_clock")
+            .iter()
+            .find(|row| row["tid"].as_u64() == Some(*tid))
+            .unwrap_or_else(|| panic!("no blocked time of {name}"));
+        let blocked = number(row, "off_cpu_ns");
+        let perf = perf_total(*tid);
+        assert!(
+            within(blocked, perf, 0.05),
+            "{name} ({tid}): {blocked} ns blocked here, {perf} ns by perf's sched_switch events"
+        );
+        // The same split by state, for the states with more than a few milliseconds.
+        for (state, ns) in row["off_cpu_by_state"].as_object().unwrap() {
+            let ns = ns.as_u64().unwrap();
+            let perf = reference.get(&(*tid, state.clone())).copied().unwrap_or(0);
+            assert!(
+                ns.abs_diff(perf) <= 5_000_000 || within(ns, perf, 0.05),
+                "{name} ({tid}) {state}: {ns} ns here, {perf} ns by perf"
+            );
+        }
+        ours.push((blocked, *tid));
+    }
+    // The same threads rank first.
+    ours.sort_unstable_by(|a, b| b.cmp(a));
+    let mut theirs: Vec<(u64, u64)> = measured
+        .threads
+        .values()
+        .map(|(tid, _)| (perf_total(*tid), *tid))
+        .collect();
+    theirs.sort_unstable_by(|a, b| b.cmp(a));
+    let top = |ranked: &[(u64, u64)]| {
+        ranked
+            .iter()
+            .take(2)
+            .map(|(_, tid)| *tid)
+            .collect::<Vec<_>>()
+    };
+    let (mut a, mut b) = (top(&ours), top(&theirs));
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(
+        a, b,
+        "the two most blocked threads: ours {ours:?}, perf's {theirs:?}"
+    );
+}
