@@ -13,6 +13,7 @@
 #![no_main]
 
 mod arch;
+mod offcpu;
 
 use aya_ebpf::{
     bindings::{
@@ -664,7 +665,18 @@ fn capture_stack(
     flags: u64,
     failed: LossKind,
 ) -> Result<Option<&'static StackFrames>, ()> {
-    let Some(buffer) = STACK_SCRATCH.get_ptr_mut(0) else {
+    capture_stack_into(ctx, &STACK_SCRATCH, flags, failed)
+}
+
+/// [`capture_stack`] into the frames buffer `scratch`, from any program's context.
+#[inline(always)]
+fn capture_stack_into(
+    ctx: &impl EbpfContext,
+    scratch: &'static PerCpuArray<StackFrames>,
+    flags: u64,
+    failed: LossKind,
+) -> Result<Option<&'static StackFrames>, ()> {
+    let Some(buffer) = scratch.get_ptr_mut(0) else {
         lose(failed);
         return Err(());
     };

@@ -144,6 +144,15 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MIB", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub unwind_table_mib: u32,
+    /// Also record off-CPU time: where the threads in scope wait (asleep, on the disk, in the
+    /// run queue), with kernel and user stacks and the distribution of block durations.
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// With `--off-cpu`: blocks shorter than this are counted without stacks (nanoseconds, or
+    /// with a unit: `500us`, `2ms`, `1s`).
+    #[arg(long, value_name = "TIME", requires = "off_cpu",
+          value_parser = crate::capture::offcpu::parse_block_time)]
+    pub off_cpu_min: Option<u64>,
     /// Keep the command's arguments in the profile and its reports (by default only the
     /// program is named: arguments may hold passwords or tokens).
     #[arg(long)]

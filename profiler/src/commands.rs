@@ -7,7 +7,8 @@ use profiler_common::unwind::UnwindRow;
 
 use crate::{
     capture::{
-        btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, program::MapSizes,
+        btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, offcpu::OffCpuOptions,
+        program::MapSizes,
     },
     cli::{
         Command, RecordArgs, ReportArgs, ReportOutput, Unwind, DEFAULT_STACK_COPY_KIB,
@@ -18,7 +19,8 @@ use crate::{
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
     },
     export::{
-        flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof, selected_profile,
+        flamegraph::write_flamegraph, folded::write_folded, offcpu::with_off_cpu_event,
+        pprof::write_pprof, selected_profile,
     },
     hardware::render::{hardware_json, render_hardware},
     import::{is_perf_data, profile_from_perf_data_file},
@@ -239,6 +241,9 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
         scope: describe_scope(&args),
         offsets,
         record_args: args.record_args,
+        off_cpu: args.off_cpu.then(|| OffCpuOptions {
+            min_block_ns: args.off_cpu_min.unwrap_or(0),
+        }),
     };
     let capture = record(options, &mut signals).await?;
     // Assembling and reporting take seconds on a big run: off this thread, so that a signal
@@ -431,7 +436,8 @@ fn report(
     let profile = &*profile;
     let exports = [&targets.folded, &targets.flamegraph, &targets.pprof];
     if exports.iter().any(|target| target.is_some()) {
-        let selected = selected_profile(profile, view.event.as_deref(), &view.filter())?;
+        let with_off_cpu = with_off_cpu_event(profile);
+        let selected = selected_profile(&with_off_cpu, view.event.as_deref(), &view.filter())?;
         let first = selected.events.first().map_or("", |e| e.name.as_str());
         let mut export =
             |target: &Option<Output>,

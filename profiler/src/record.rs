@@ -23,6 +23,7 @@ use crate::{
     capture::{
         counters::{open_sampling_counters, EventCounter, StackCapture, Target},
         hardware::{self, cpu_identity, hardware_sample_type, raw_decoding, samples_latency},
+        offcpu::{offcpu_config, OffCpuOptions},
         program::{CaptureProgram, MapSizes, Ring},
         raw::RawStream,
         sideband::{ProcessTable, Sideband},
@@ -65,6 +66,8 @@ pub struct RecordOptions {
     pub offsets: Option<KernelOffsets>,
     /// Keep the command's arguments in the profile (see [`TargetSpec::describe`]).
     pub record_args: bool,
+    /// `--off-cpu`: also record where the threads in scope wait.
+    pub off_cpu: Option<OffCpuOptions>,
 }
 
 /// What a recording gathered, before the profile is assembled from it.
@@ -398,7 +401,10 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         drain_request_steps: sizes.drain_request_steps(cpus),
         ..config
     };
-    let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes)?;
+    let offcpu = options
+        .off_cpu
+        .map(|off_cpu| offcpu_config(&off_cpu, options.target == TargetSpec::System));
+    let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes, offcpu)?;
     let mut drainer = Drainer::new(&mut program, sizes)?;
     program.filter_cgroups(&options.cgroups)?;
     let mut unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
@@ -435,6 +441,14 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
         _ => Target::System,
     };
 
+    if let Some(offcpu) = &mut program.offcpu {
+        match &target {
+            Target::Command(pid) => offcpu.add_to_scope(&[*pid])?,
+            Target::Processes(pids) => offcpu.add_to_scope(pids)?,
+            Target::System => {}
+        }
+    }
+    program.attach_offcpu()?;
     let mut processes = ProcessTable::default();
     let mut sideband = Sideband::open(&target, &options.pmus, &facts)?;
     let mut counters = open_sampling_counters(&options.events, &target, options.stacks, &facts)?;
@@ -588,6 +602,11 @@ pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result
     // A filter drops samples of what the counters still count: their totals would not match.
     if config.flags & (CAPTURE_FILTER_CGROUP | CAPTURE_FILTER_UID) == 0 {
         accounting.event_counts = event_counts(&mut counters, options.events.len())?;
+    }
+    if let (Some(offcpu), Some(options)) = (&program.offcpu, &options.off_cpu) {
+        drained.offcpu.counts = offcpu.read_counts()?;
+        drained.offcpu.attachment = Some(offcpu.attachment.describe());
+        drained.offcpu.min_block_ns = options.min_block_ns;
     }
     for (total, counted) in accounting.losses.iter_mut().zip(drained.losses) {
         *total += counted;

@@ -4,6 +4,7 @@
 pub mod btf;
 pub mod counters;
 pub mod hardware;
+pub mod offcpu;
 pub mod program;
 pub mod raw;
 pub mod ring;

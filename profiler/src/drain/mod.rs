@@ -8,6 +8,7 @@
 
 mod batch;
 pub mod ibs;
+pub mod offcpu;
 pub mod stack_copy;
 pub mod stacks;
 
@@ -70,6 +71,8 @@ pub struct Drained {
     pub data_sources: HashMap<DataSourceKey, u64>,
     /// IBS samples, decoded from the registers the program streamed.
     pub ibs: HardwareAccumulator,
+    /// `--off-cpu`: blocked time by thread, stacks and state.
+    pub offcpu: offcpu::DrainedOffCpu,
 }
 
 impl Drained {
@@ -146,16 +149,29 @@ impl Drainer {
         self.active = new;
         wait_until_left(program, old)?;
         let counts = drain_generation(&mut program.generations[old as usize], into)?;
+        let offcpu = match &mut program.offcpu {
+            Some(offcpu) => Some(offcpu::TakenGeneration::take(
+                &mut offcpu.generations[old as usize],
+            )?),
+            None => None,
+        };
         self.frames_map
             .stored_in_drained_generation(new_keys(program, old, Fill::StackFrames)?);
         let active = new_keys(program, new, Fill::StackFrames)?;
+        let referenced = counts
+            .iter()
+            .flat_map(|(key, _)| [key.user_stack, key.kernel_stack])
+            .chain(offcpu.iter().flat_map(|taken| taken.stack_hashes()));
         self.frames_map.read_new_stacks(
             &mut program.stack_frames,
-            &counts,
+            referenced,
             active,
             &mut into.stack_cache,
         )?;
         add_stack_counts(counts, into);
+        if let Some(taken) = offcpu {
+            taken.add_to(&into.stack_cache, &mut into.offcpu);
+        }
         // The drained generation starts empty again; nothing writes it until the next flip.
         let cpus = nr_cpus().map_err(|(what, e)| anyhow::anyhow!("counting CPUs ({what}): {e}"))?;
         for fill in Fill::ALL {

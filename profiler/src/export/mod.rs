@@ -12,6 +12,7 @@
 pub mod flamegraph;
 pub mod folded;
 pub mod otlp;
+pub mod offcpu;
 pub mod pprof;
 pub mod pyroscope;
 pub mod series;
