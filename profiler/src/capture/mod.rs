@@ -7,5 +7,6 @@ pub mod hardware;
 pub mod program;
 pub mod raw;
 pub mod ring;
+pub mod session;
 pub mod sideband;
 pub mod stats;
