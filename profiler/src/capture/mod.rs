@@ -8,5 +8,6 @@ pub mod offcpu;
 pub mod program;
 pub mod raw;
 pub mod ring;
+pub mod session;
 pub mod sideband;
 pub mod stats;

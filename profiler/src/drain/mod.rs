@@ -80,6 +80,18 @@ impl Drained {
     pub fn sample_count(&self) -> u64 {
         self.stacks.values().flatten().sum()
     }
+
+    /// The processes whose samples or code addresses this holds.
+    pub fn referenced_processes(&self) -> std::collections::BTreeSet<u32> {
+        let mut pids: std::collections::BTreeSet<u32> =
+            self.stacks.keys().map(|stack| stack.pid).collect();
+        pids.extend(self.instructions.keys().map(|key| key.pid));
+        pids.extend(self.data_lines.keys().map(|key| key.pid));
+        pids.extend(self.latencies.keys().map(|key| key.pid));
+        pids.extend(self.data_sources.keys().map(|key| key.pid));
+        pids.extend(self.ibs.code_addresses().map(|address| address.pid));
+        pids
+    }
 }
 
 /// Counters that are cumulative in the kernel and read, not drained.
@@ -97,6 +109,27 @@ pub struct Accounting {
 }
 
 impl Accounting {
+    /// What was counted since `earlier`, a reading of the same cumulative counters.
+    pub fn since(&self, earlier: &Accounting) -> Accounting {
+        let minus = |now: &[u64], then: &[u64]| -> Vec<u64> {
+            now.iter()
+                .enumerate()
+                .map(|(index, value)| value - then.get(index).copied().unwrap_or(0))
+                .collect()
+        };
+        let mut losses = self.losses;
+        for (loss, then) in losses.iter_mut().zip(earlier.losses) {
+            *loss -= then;
+        }
+        Accounting {
+            samples_fired: minus(&self.samples_fired, &earlier.samples_fired),
+            period_sums: minus(&self.period_sums, &earlier.period_sums),
+            event_counts: minus(&self.event_counts, &earlier.event_counts),
+            samples_filtered: self.samples_filtered - earlier.samples_filtered,
+            losses,
+        }
+    }
+
     /// Samples that fired and were lost whole (not in any map).
     pub fn samples_lost(&self) -> u64 {
         LossKind::ALL

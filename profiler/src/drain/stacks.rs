@@ -47,6 +47,20 @@ impl StackCache {
         self.frames.len()
     }
 
+    /// The frames of `hashes` only (what one window references), with their ambiguity.
+    pub fn subset(&self, hashes: impl IntoIterator<Item = u64>) -> StackCache {
+        let mut subset = StackCache::default();
+        for hash in hashes {
+            if let Some(frames) = self.frames.get(&hash) {
+                subset.frames.insert(hash, frames.clone());
+            }
+            if self.ambiguous.contains(&hash) {
+                subset.ambiguous.insert(hash);
+            }
+        }
+        subset
+    }
+
     fn contains(&self, hash: u64) -> bool {
         self.frames.contains_key(&hash)
     }

@@ -11,8 +11,8 @@
 
 pub mod flamegraph;
 pub mod folded;
-pub mod otlp;
 pub mod offcpu;
+pub mod otlp;
 pub mod pprof;
 pub mod pyroscope;
 pub mod series;
