@@ -12,20 +12,29 @@ use std::{
     path::PathBuf,
     process::ExitCode,
     sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError},
+    sync::Arc,
     thread::JoinHandle,
     time::{Duration, UNIX_EPOCH},
 };
 
 use anyhow::{anyhow, bail, Context, Result};
+use profiler_common::capture::LossKind;
 
 use self::log::{log, LogLevel};
 use crate::{
     capture::session::{CaptureSession, WindowCapture},
     cli::{seconds, SamplingArgs},
     commands::{capture_options, target_of},
-    export::sink::{Window, WindowSink},
+    export::upload::UploadCounts,
+    export::{
+        otlp::OtlpSink,
+        pyroscope::PyroscopeSink,
+        series::ServiceName,
+        sink::{Window, WindowSink},
+    },
     launch::{signal_name, Stop, StopSignals},
     profile::{from_capture::assemble, CpuIdentity, EventInfo, Profile},
+    prometheus::{serve, Kind, Metrics},
     record::{profile_meta, target_description},
     symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
 };
@@ -49,9 +58,42 @@ pub struct AgentArgs {
     /// Bytes the `--output-dir` profiles may take (suffixes K, M, G); the oldest are removed.
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = byte_size)]
     pub max_disk: u64,
+    /// Push each window to Grafana Pyroscope at this URL (`http://host:4040`).
+    #[arg(long, value_name = "URL")]
+    pub pyroscope: Option<String>,
+    /// With `--pyroscope`: the tenant of a multi-tenant server (its `X-Scope-OrgID`).
+    #[arg(long, value_name = "ID", requires = "pyroscope")]
+    pub pyroscope_tenant: Option<String>,
+    /// Send each window as OpenTelemetry profiles over OTLP/HTTP to this URL
+    /// (`http://collector:4318`).
+    #[arg(long, value_name = "URL")]
+    pub otlp: Option<String>,
+    /// How `--pyroscope` and `--otlp` name a process's service: auto (its container, else its
+    /// systemd service, else its executable), executable, unit, container, or =NAME.
+    #[arg(long, value_name = "RULE", default_value = "auto", value_parser = ServiceName::parse)]
+    pub service_name: ServiceName,
+    /// Where windows a backend cannot take now wait until it can (a subdirectory per backend).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/profiler/spool")]
+    pub spool_dir: PathBuf,
+    /// Bytes each backend's spool may hold (suffixes K, M, G); past it the oldest windows are
+    /// dropped and counted.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = byte_size)]
+    pub spool_max: u64,
+    /// Serve Prometheus metrics about the agent on `http://HOST:PORT/metrics`.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
     /// The least severe messages logged to standard error.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
+}
+
+/// A backend's URL: http or https, said before the agent starts rather than at the first window.
+fn backend_url<'a>(option: &str, url: &'a str) -> Result<&'a str> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(url)
+    } else {
+        bail!("{option} {url}: give the backend's http:// or https:// URL")
+    }
 }
 
 /// `--max-disk`: a number of bytes with an optional K, M or G suffix (powers of 1024).
@@ -93,8 +135,28 @@ impl AgentArgs {
                 self.max_disk,
             )?));
         }
+        if let Some(url) = &self.pyroscope {
+            sinks.push(Box::new(PyroscopeSink::new(
+                backend_url("--pyroscope", url)?,
+                self.pyroscope_tenant.as_deref(),
+                self.service_name.clone(),
+                &self.spool_dir.join("pyroscope"),
+                self.spool_max,
+            )?));
+        }
+        if let Some(url) = &self.otlp {
+            sinks.push(Box::new(OtlpSink::new(
+                backend_url("--otlp", url)?,
+                self.service_name.clone(),
+                &self.spool_dir.join("otlp"),
+                self.spool_max,
+            )?));
+        }
         if sinks.is_empty() {
-            bail!("nowhere to export the profiles: give --output-dir DIR");
+            bail!(
+                "nowhere to export the profiles: give --output-dir DIR, --pyroscope URL or \
+                 --otlp URL"
+            );
         }
         Ok(sinks)
     }
@@ -113,6 +175,7 @@ struct Exporter {
     events: Vec<EventInfo>,
     cpu: Option<CpuIdentity>,
     sinks: Vec<Box<dyn WindowSink>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Exporter {
@@ -136,9 +199,11 @@ impl Exporter {
     /// Exports windows until the capture side hangs up.
     fn run(mut self, windows: Receiver<ClosedWindow>) {
         for ClosedWindow { sequence, capture } in windows {
+            let exporting = std::time::Instant::now();
             let (start, end) = (capture.start, capture.end);
             let fired: u64 = capture.accounting.samples_fired.iter().sum();
             let lost = capture.accounting.samples_lost();
+            self.count_samples(&capture);
             let profile = self.profile(capture);
             let samples: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
             let window = Window {
@@ -148,7 +213,18 @@ impl Exporter {
                 profile,
             };
             for sink in &mut self.sinks {
-                match sink.export(&window) {
+                let exported = sink.export(&window);
+                let outcome = if exported.is_ok() { "ok" } else { "failed" };
+                self.metrics.add(
+                    "profiler_exports_total",
+                    "Windows given to each backend, by outcome (failed: refused or dropped).",
+                    &[("backend", sink.name()), ("outcome", outcome)],
+                    1.0,
+                );
+                if let Some(counts) = sink.delivery() {
+                    count_delivery(&self.metrics, sink.name(), &counts);
+                }
+                match exported {
                     Ok(()) => log(
                         LogLevel::Info,
                         format!(
@@ -166,8 +242,79 @@ impl Exporter {
                     ),
                 }
             }
+            self.metrics.set(
+                "profiler_window_export_seconds",
+                Kind::Gauge,
+                "Time the last window took to symbolize and export.",
+                &[],
+                exporting.elapsed().as_secs_f64(),
+            );
         }
     }
+
+    /// Sample accounting of a window, added to the metrics' running totals.
+    fn count_samples(&self, capture: &WindowCapture) {
+        let metrics = &self.metrics;
+        let accounting = &capture.accounting;
+        metrics.add("profiler_windows_total", "Windows closed.", &[], 1.0);
+        for (event, fired) in self.events.iter().zip(&accounting.samples_fired) {
+            metrics.add(
+                "profiler_samples_fired_total",
+                "Samples the kernel fired, by event.",
+                &[("event", &event.name)],
+                *fired as f64,
+            );
+        }
+        for kind in LossKind::ALL {
+            let lost = accounting.losses[kind as usize];
+            if lost > 0 {
+                metrics.add(
+                    "profiler_losses_total",
+                    "Samples, or parts of samples, lost, by cause.",
+                    &[("cause", kind.describe())],
+                    lost as f64,
+                );
+            }
+        }
+        let kept: u64 = capture
+            .drained
+            .stacks
+            .values()
+            .map(|per_cpu| per_cpu.iter().sum::<u64>())
+            .sum();
+        metrics.add(
+            "profiler_samples_kept_total",
+            "Samples drained into windows.",
+            &[],
+            kept as f64,
+        );
+    }
+}
+
+/// A backend's running delivery totals, as metrics.
+fn count_delivery(metrics: &Metrics, backend: &str, counts: &UploadCounts) {
+    for (outcome, windows) in [
+        ("delivered", counts.delivered),
+        ("spooled", counts.spooled),
+        ("dropped", counts.dropped),
+        ("refused", counts.refused),
+    ] {
+        metrics.set(
+            "profiler_backend_windows_total",
+            Kind::Counter,
+            "Windows per backend: delivered, spooled while it was unreachable, dropped from a \
+             full spool, refused by it.",
+            &[("backend", backend), ("outcome", outcome)],
+            windows as f64,
+        );
+    }
+    metrics.set(
+        "profiler_backend_failed_requests_total",
+        Kind::Counter,
+        "Requests to a backend that failed (unreachable, 429, 5xx) and are retried.",
+        &[("backend", backend)],
+        counts.failed_requests as f64,
+    );
 }
 
 /// Hands closed windows to the export thread without waiting for it.
@@ -176,10 +323,12 @@ struct Windows {
     exporter: Option<JoinHandle<()>>,
     next: u64,
     dropped: u64,
+    metrics: Arc<Metrics>,
 }
 
 impl Windows {
     fn start(exporter: Exporter) -> Result<Windows> {
+        let metrics = Arc::clone(&exporter.metrics);
         let (sender, receiver) = sync_channel(QUEUED_WINDOWS);
         let exporter = std::thread::Builder::new()
             .name("export".into())
@@ -190,6 +339,7 @@ impl Windows {
             exporter: Some(exporter),
             next: 0,
             dropped: 0,
+            metrics,
         })
     }
 
@@ -205,6 +355,12 @@ impl Windows {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => {
                 self.dropped += 1;
+                self.metrics.add(
+                    "profiler_windows_dropped_total",
+                    "Windows dropped because the export thread was too far behind.",
+                    &[],
+                    1.0,
+                );
                 log(
                     LogLevel::Error,
                     format!(
@@ -244,6 +400,11 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
     let mut signals = StopSignals::catch()?;
     log::set_level(args.log_level);
     let sinks = args.sinks()?;
+    let metrics = Arc::new(Metrics::default());
+    if let Some(addr) = &args.metrics_addr {
+        let bound = serve(addr, Arc::clone(&metrics))?;
+        log(LogLevel::Info, format!("metrics on http://{bound}/metrics"));
+    }
     let sampling = &mut args.sampling;
     if sampling.events.is_empty() && sampling.period.is_none() && sampling.target_rate.is_none() {
         sampling.frequency.get_or_insert(DEFAULT_FREQUENCY);
@@ -256,6 +417,7 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
         events: session.events().to_vec(),
         cpu: session.cpu(),
         sinks,
+        metrics,
         target: target_description(&options),
     })?;
     session.start(&options.target).await?;

@@ -24,7 +24,7 @@ use prost::Message;
 use super::pprof::{pprof_profile, proto as pprof};
 use super::series::{series_of, CgroupPaths, Series, ServiceName};
 use super::sink::{Window, WindowSink};
-use super::upload::{Endpoint, Uploader};
+use super::upload::{Endpoint, UploadCounts, Uploader};
 use super::ExportError;
 
 /// The profiles path below the collector's URL.
@@ -76,6 +76,10 @@ impl WindowSink for OtlpSink {
         let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
         gzip.write_all(&export_request(&series).encode_to_vec())?;
         self.uploader.send(gzip.finish()?)
+    }
+
+    fn delivery(&self) -> Option<UploadCounts> {
+        Some(self.uploader.counts)
     }
 }
 

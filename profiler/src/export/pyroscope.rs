@@ -18,7 +18,7 @@ use prost::Message;
 use super::pprof::write_pprof;
 use super::series::{series_of, CgroupPaths, Series, SeriesLabels, ServiceName};
 use super::sink::{Window, WindowSink};
-use super::upload::{Endpoint, Uploader};
+use super::upload::{Endpoint, UploadCounts, Uploader};
 use super::ExportError;
 use crate::profile::EventInfo;
 
@@ -110,6 +110,10 @@ impl WindowSink for PyroscopeSink {
         let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
         gzip.write_all(&request.encode_to_vec())?;
         self.uploader.send(gzip.finish()?)
+    }
+
+    fn delivery(&self) -> Option<UploadCounts> {
+        Some(self.uploader.counts)
     }
 }
 
