@@ -176,3 +176,32 @@ fn a_backend_url_without_a_scheme_is_refused_before_profiling() {
         "{stderr}"
     );
 }
+
+/// The shipped unit file passes `systemd-analyze verify` without a warning, run on the profiler
+/// the tests built (systemd checks that the program exists and every key is known).
+#[test]
+fn the_systemd_unit_verifies() {
+    let unit = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/profiler-agent.service"),
+    )
+    .unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/profiler agent "));
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("profiler-agent.service");
+    let bin = profiler_bin();
+    std::fs::write(
+        &copy,
+        unit.replace("/usr/local/bin/profiler", bin.to_str().unwrap()),
+    )
+    .unwrap();
+    let verified = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&copy)
+        .output()
+        .expect("systemd-analyze runs (apt-get install systemd)");
+    let said = String::from_utf8_lossy(&verified.stderr);
+    assert!(
+        verified.status.success() && said.trim().is_empty(),
+        "{said}"
+    );
+}
