@@ -56,6 +56,13 @@ enum Task {
     /// QEMU's emulated Arm PMU, instruction-exact (needs root: installs the cross toolchain and
     /// QEMU, fetches Debian's arm64 kernel into target/arm-pmu).
     ArmPmu,
+    /// The agent's soak test: system-wide at 99 Hz under churn, its backend stopped midway;
+    /// prints the RSS curve and checks memory, delivery and sample accounting (needs root).
+    Soak {
+        /// How long the agent runs.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+    },
     /// Write the man pages and the bash, zsh and fish completions, generated from the command
     /// line's definition: under target/manuals, or installed under PREFIX/share.
     Manuals {
@@ -281,6 +288,24 @@ fn run(task: Task) -> Result<()> {
             kernels::run()
         }
         Task::ArmPmu => arm_pmu::run(),
+        Task::Soak { seconds } => {
+            setup::all(setup::Purpose::Test)?;
+            build_release()?;
+            run_command(
+                cargo()
+                    .args([
+                        "test",
+                        "--release",
+                        "-p",
+                        "integration-tests",
+                        "--test",
+                        "soak",
+                    ])
+                    .args(["--", "--nocapture"])
+                    .env("PROFILER_BIN", target_dir().join("release/profiler"))
+                    .env("SOAK_SECONDS", seconds.to_string()),
+            )
+        }
     }
 }
 

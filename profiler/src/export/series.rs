@@ -190,9 +190,13 @@ pub fn series_of(profile: &Profile, rule: &ServiceName, cgroups: &CgroupPaths) -
         .collect()
 }
 
-/// The process's name: its main thread's, else any of its threads'.
+/// The process's name: its main thread's, else any of its threads', else its pid (backends
+/// refuse a series whose name is empty).
 fn executable_of(profile: &Profile, pid: u32) -> String {
-    let threads = profile.threads.iter().filter(|t| t.pid == pid);
+    let threads = profile
+        .threads
+        .iter()
+        .filter(|t| t.pid == pid && !t.comm.is_empty());
     threads
         .clone()
         .find(|t| t.tid == pid)
@@ -213,7 +217,10 @@ fn service_name(rule: &ServiceName, executable: &str, origin: &ProcessOrigin) ->
         ServiceName::Container => origin.container_id.as_deref(),
         ServiceName::Auto => origin.container_id.as_deref().or(service),
     };
-    chosen.unwrap_or(executable).to_string()
+    chosen
+        .filter(|name| !name.is_empty())
+        .unwrap_or(executable)
+        .to_string()
 }
 
 /// The samples of one process and event as a profile of their own: frames renumbered to those
@@ -266,7 +273,7 @@ fn process_profile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::test_samples as test_profile;
+    use crate::export::test_profile;
 
     #[test]
     fn kubelet_paths_name_the_pod_and_container() {
@@ -298,6 +305,17 @@ mod tests {
         assert_eq!(unit.pod_uid, None);
         // A cgroup that only looks like a pod is not one.
         assert_eq!(ProcessOrigin::of_cgroup_path("/batch/ipod-x").pod_uid, None);
+    }
+
+    #[test]
+    fn a_process_without_a_name_is_named_by_its_pid() {
+        let mut profile = test_profile::profile();
+        for thread in &mut profile.threads {
+            thread.comm.clear();
+        }
+        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        assert_eq!(series[0].labels.executable, "pid 100");
+        assert_eq!(series[0].labels.service_name, "pid 100");
     }
 
     #[test]
