@@ -17,6 +17,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context, Result};
+use blazesym::symbolize::Symbolizer;
 
 use self::log::{log, LogLevel};
 use crate::{
@@ -25,9 +26,12 @@ use crate::{
     commands::{capture_options, target_of},
     export::sink::{Window, WindowSink},
     launch::{signal_name, Stop, StopSignals},
-    profile::{from_capture::assemble, CpuIdentity, EventInfo, Profile},
+    profile::{from_capture::assemble_with, CpuIdentity, EventInfo, Profile},
     record::{profile_meta, target_description},
-    symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+    symbolize::{
+        kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+        new_symbolizer,
+    },
 };
 
 /// Windows waiting for the export thread at most; more are dropped, not queued without bound.
@@ -117,14 +121,15 @@ struct Exporter {
 
 impl Exporter {
     /// Symbolizes a window into its profile.
-    fn profile(&self, capture: WindowCapture) -> Profile {
+    fn profile(&self, capture: WindowCapture, symbolizer: &Symbolizer) -> Profile {
         let meta = profile_meta(self.target.clone(), capture.start, capture.end);
-        let mut profile = assemble(
+        let mut profile = assemble_with(
             meta,
             self.events.clone(),
             capture.drained,
             &capture.processes,
             &capture.accounting,
+            Some(symbolizer),
         );
         profile.hardware.cpu = self.cpu.clone();
         if !kernel_addresses_shown() {
@@ -135,11 +140,14 @@ impl Exporter {
 
     /// Exports windows until the capture side hangs up.
     fn run(mut self, windows: Receiver<ClosedWindow>) {
+        // One symbolizer for every window: the files it parsed and the kernel's symbols stay
+        // cached, so a window costs what its new code costs. Made here: it cannot move threads.
+        let symbolizer = new_symbolizer();
         for ClosedWindow { sequence, capture } in windows {
             let (start, end) = (capture.start, capture.end);
             let fired: u64 = capture.accounting.samples_fired.iter().sum();
             let lost = capture.accounting.samples_lost();
-            let profile = self.profile(capture);
+            let profile = self.profile(capture, &symbolizer);
             let samples: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
             let window = Window {
                 sequence,
