@@ -316,7 +316,10 @@ impl RecordOutputs {
 /// Outputs that fail do not stop the others; they are named at the end and make the exit status
 /// non-zero (the command's own status, when it failed, comes first).
 fn finish_record(capture: Capture, args: &RecordArgs, outputs: RecordOutputs) -> Result<ExitCode> {
-    let mut recording = capture.assemble();
+    // The code of every sampled function is kept for the profile file and for the one view
+    // that disassembles it (`--function`), not read for nothing.
+    let with_code = outputs.profile.is_some() || args.report.view.function.is_some();
+    let mut recording = capture.assemble(with_code);
     let mut failures = std::mem::take(&mut recording.failures);
     if let Some(output) = &outputs.profile {
         match write_profile(output, &recording.profile) {

@@ -98,8 +98,10 @@ impl Recording {
 
 impl Capture {
     /// Assembles the profile and reads what offline reports need from files that may be gone
-    /// by then: the sampled functions' code and the processes' data mappings and variables.
-    pub fn assemble(self) -> Recording {
+    /// by then: the processes' data mappings and variables, and, with `with_code` (a profile
+    /// file, or a report of one function's instructions), the sampled functions' code, which
+    /// takes reading and line-mapping every sampled function.
+    pub fn assemble(self, with_code: bool) -> Recording {
         let mut profile = assemble(
             self.meta,
             self.events,
@@ -110,7 +112,9 @@ impl Capture {
         profile.hardware.cpu = self.cpu;
         // What offline reports need from files that may be gone by then: the sampled functions'
         // code and the processes' data mappings and variables.
-        capture_code(&mut profile, &self.processes);
+        if with_code {
+            capture_code(&mut profile, &self.processes);
+        }
         capture_data_objects(&mut profile, &self.processes);
         // The profile file, exports and reports alike.
         if !kernel_addresses_shown() {

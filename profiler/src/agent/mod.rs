@@ -18,6 +18,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context, Result};
+use blazesym::symbolize::Symbolizer;
 use profiler_common::capture::LossKind;
 
 use self::log::{log, LogLevel};
@@ -33,10 +34,13 @@ use crate::{
         sink::{Window, WindowSink},
     },
     launch::{signal_name, Stop, StopSignals},
-    profile::{from_capture::assemble, CpuIdentity, EventInfo, Profile},
+    profile::{from_capture::assemble_with, CpuIdentity, EventInfo, Profile},
     prometheus::{serve, Kind, Metrics},
     record::{profile_meta, target_description},
-    symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+    symbolize::{
+        kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+        new_symbolizer,
+    },
 };
 
 /// Windows waiting for the export thread at most; more are dropped, not queued without bound.
@@ -180,14 +184,15 @@ struct Exporter {
 
 impl Exporter {
     /// Symbolizes a window into its profile.
-    fn profile(&self, capture: WindowCapture) -> Profile {
+    fn profile(&self, capture: WindowCapture, symbolizer: &Symbolizer) -> Profile {
         let meta = profile_meta(self.target.clone(), capture.start, capture.end);
-        let mut profile = assemble(
+        let mut profile = assemble_with(
             meta,
             self.events.clone(),
             capture.drained,
             &capture.processes,
             &capture.accounting,
+            Some(symbolizer),
         );
         profile.hardware.cpu = self.cpu.clone();
         if !kernel_addresses_shown() {
@@ -198,13 +203,16 @@ impl Exporter {
 
     /// Exports windows until the capture side hangs up.
     fn run(mut self, windows: Receiver<ClosedWindow>) {
+        // One symbolizer for every window: the files it parsed and the kernel's symbols stay
+        // cached, so a window costs what its new code costs. Made here: it cannot move threads.
+        let symbolizer = new_symbolizer();
         for ClosedWindow { sequence, capture } in windows {
             let exporting = std::time::Instant::now();
             let (start, end) = (capture.start, capture.end);
             let fired: u64 = capture.accounting.samples_fired.iter().sum();
             let lost = capture.accounting.samples_lost();
             self.count_samples(&capture);
-            let profile = self.profile(capture);
+            let profile = self.profile(capture, &symbolizer);
             let samples: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
             let window = Window {
                 sequence,

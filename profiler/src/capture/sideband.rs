@@ -83,6 +83,12 @@ const MAX_OPEN_FILES: usize = 4096;
 #[derive(Clone, Debug, Default)]
 pub struct MappedFiles {
     by_identity: HashMap<FileIdentity, Arc<fs::File>>,
+    /// The file last opened for each mapped path: finding a module by path must not scan the
+    /// mappings of every process (thousands under process churn).
+    by_path: HashMap<String, FileIdentity>,
+    /// The build ID of each open file (read once), and the open file of each build ID.
+    build_ids: HashMap<FileIdentity, Option<Vec<u8>>>,
+    by_build_id: HashMap<Vec<u8>, FileIdentity>,
 }
 
 impl MappedFiles {
@@ -170,6 +176,11 @@ pub struct ProcessInfo {
     pub comm: String,
     /// In the order they were made: a later mapping of the same range supersedes an earlier one.
     pub mappings: Vec<Mapping>,
+    /// The mappings of the image an exec replaced, or of an exited process whose pid a new one
+    /// took, kept until the window they were sampled in closes: a sample taken before the exec
+    /// (or the pid's reuse) and drained after it is symbolized against them, where the current
+    /// mappings do not cover its address.
+    pub retired: Vec<Mapping>,
     pub exited: bool,
 }
 
@@ -235,6 +246,7 @@ impl ProcessTable {
             ProcessInfo {
                 comm,
                 mappings,
+                retired: Vec::new(),
                 exited: false,
             },
         );
@@ -246,12 +258,43 @@ impl ProcessTable {
         if !(mapping.executable && mapping.is_file()) {
             return;
         }
-        mapping.file = self.files.open(pid, mapping, inode);
-        if mapping.build_id.is_none() {
-            mapping.build_id = mapping
-                .file
-                .and_then(|identity| self.files.by_identity.get(&identity))
-                .and_then(|file| build_id_of(file));
+        // A file already open (the same build ID, or the same inode) is not opened and read
+        // again: under process churn every new process maps the same few files.
+        let known = match (&mapping.build_id, inode) {
+            (Some(build_id), _) => self.files.by_build_id.get(build_id).copied(),
+            (None, Some(inode)) => {
+                let identity = (libc::makedev(inode.major, inode.minor), inode.inode);
+                self.files
+                    .by_identity
+                    .contains_key(&identity)
+                    .then_some(identity)
+            }
+            (None, None) => None,
+        };
+        if let Some(identity) = known {
+            mapping.file = Some(identity);
+            if mapping.build_id.is_none() {
+                mapping.build_id = self.files.build_ids.get(&identity).cloned().flatten();
+            }
+        } else {
+            mapping.file = self.files.open(pid, mapping, inode);
+            if mapping.build_id.is_none() {
+                mapping.build_id = mapping
+                    .file
+                    .and_then(|identity| self.files.by_identity.get(&identity))
+                    .and_then(|file| build_id_of(file));
+            }
+            if let Some(identity) = mapping.file {
+                self.files
+                    .build_ids
+                    .insert(identity, mapping.build_id.clone());
+                if let Some(build_id) = &mapping.build_id {
+                    self.files.by_build_id.insert(build_id.clone(), identity);
+                }
+            }
+        }
+        if let Some(identity) = mapping.file {
+            self.files.by_path.insert(mapping.path.clone(), identity);
         }
     }
 
@@ -329,6 +372,9 @@ impl ProcessTable {
     /// side-band is enabled before the scan, so a mapping made in between arrives twice) is kept
     /// once.
     pub fn map(&mut self, pid: u32, mapping: Mapping) {
+        if let Some(identity) = mapping.file {
+            self.files.by_path.insert(mapping.path.clone(), identity);
+        }
         let mappings = &mut self.processes.entry(pid).or_default().mappings;
         let overlaps = |known: &&Mapping| known.start < mapping.end && mapping.start < known.end;
         let latest = mappings.iter().rev().find(overlaps);
@@ -355,8 +401,9 @@ impl ProcessTable {
             process.comm = name;
         }
         if exec {
-            // Older mappings no longer apply.
-            process.mappings.clear();
+            // Older mappings no longer apply to new samples.
+            let replaced = std::mem::take(&mut process.mappings);
+            process.retired.extend(replaced);
         }
     }
 
@@ -367,10 +414,19 @@ impl ProcessTable {
             return;
         }
         let parent = self.processes.get(&ppid).cloned().unwrap_or_default();
+        // A reused pid: the exited process's samples may not be drained yet.
+        let retired = match self.processes.remove(&pid) {
+            Some(mut gone) if gone.exited => {
+                gone.retired.extend(gone.mappings);
+                gone.retired
+            }
+            _ => Vec::new(),
+        };
         self.processes.insert(
             pid,
             ProcessInfo {
                 exited: false,
+                retired,
                 ..parent
             },
         );
@@ -401,6 +457,10 @@ impl ProcessTable {
         for tid in std::mem::take(&mut self.exited_threads) {
             self.threads.remove(&tid);
         }
+        // Every sample taken before an exec or a pid's reuse is in a closed window now.
+        for process in self.processes.values_mut() {
+            process.retired = Vec::new();
+        }
         let mapped: std::collections::HashSet<FileIdentity> = self
             .processes
             .values()
@@ -409,6 +469,15 @@ impl ProcessTable {
         self.files
             .by_identity
             .retain(|identity, _| mapped.contains(identity));
+        self.files
+            .by_path
+            .retain(|_, identity| mapped.contains(identity));
+        self.files
+            .build_ids
+            .retain(|identity, _| mapped.contains(identity));
+        self.files
+            .by_build_id
+            .retain(|_, identity| mapped.contains(identity));
     }
 
     /// A copy of what the table knows of `pids`: their mappings, thread names and the files
@@ -418,17 +487,31 @@ impl ProcessTable {
             .iter()
             .filter_map(|pid| Some((*pid, self.processes.get(pid)?.clone())))
             .collect();
-        let by_identity = processes
+        let by_identity: HashMap<FileIdentity, Arc<fs::File>> = processes
             .values()
-            .flat_map(|process| process.mappings.iter().filter_map(|mapping| mapping.file))
+            .flat_map(|process| process.mappings.iter().chain(&process.retired))
+            .filter_map(|mapping| mapping.file)
             .filter_map(|identity| Some((identity, self.files.by_identity.get(&identity)?.clone())))
+            .collect();
+        let by_path = self
+            .files
+            .by_path
+            .iter()
+            .filter(|(_, identity)| by_identity.contains_key(identity))
+            .map(|(path, identity)| (path.clone(), *identity))
             .collect();
         ProcessTable {
             processes,
             threads: self.threads.clone(),
             exited_threads: Vec::new(),
             lost_records: self.lost_records,
-            files: MappedFiles { by_identity },
+            files: MappedFiles {
+                by_identity,
+                by_path,
+                // Only what finding files by path needs: a snapshot opens nothing.
+                build_ids: HashMap::new(),
+                by_build_id: HashMap::new(),
+            },
         }
     }
 
@@ -463,7 +546,7 @@ impl ProcessTable {
             .into_iter()
             .filter_map(|pid| self.processes.get(&pid))
             .find_map(opened)
-            .or_else(|| self.processes.values().find_map(opened))?;
+            .or_else(|| self.files.by_path.get(path).copied())?;
         self.files.image(identity)
     }
 
@@ -473,12 +556,16 @@ impl ProcessTable {
         address: u64,
         keep: impl Fn(&Mapping) -> bool,
     ) -> Option<&Mapping> {
-        self.processes
-            .get(&pid)?
-            .mappings
-            .iter()
-            .rev()
-            .find(|mapping| mapping.contains(address) && keep(mapping))
+        let process = self.processes.get(&pid)?;
+        let found = |mappings: &'_ [Mapping]| -> Option<usize> {
+            mappings
+                .iter()
+                .rposition(|mapping| mapping.contains(address) && keep(mapping))
+        };
+        match found(&process.mappings) {
+            Some(index) => Some(&process.mappings[index]),
+            None => found(&process.retired).map(|index| &process.retired[index]),
+        }
     }
 
     pub fn thread_name(&self, pid: u32, tid: u32) -> String {
@@ -700,6 +787,70 @@ mod tests {
         }
     }
 
+    /// An executable mapping of the running test binary, as a process `pid` would report it.
+    fn test_binary_mapping(path: &str) -> Mapping {
+        let exe = std::env::current_exe().unwrap();
+        Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            file_offset: 0,
+            path: path.to_string(),
+            executable: true,
+            build_id: build_id_of(&fs::File::open(exe).unwrap()),
+            file: None,
+        }
+    }
+
+    /// Under process churn every new process maps the same files: one whose build ID is already
+    /// open is not opened again, so it is found even where its path no longer leads to it.
+    #[test]
+    fn a_file_already_open_is_reused_by_build_id() {
+        let exe = std::env::current_exe().unwrap();
+        let mut table = ProcessTable::default();
+        // Pids that do not exist: the files are opened by path, checked by build ID.
+        let mut first = test_binary_mapping(exe.to_str().unwrap());
+        assert!(first.build_id.is_some(), "test binaries carry a build ID");
+        table.open_mapped_file(u32::MAX - 1, &mut first, None);
+        let opened = first.file.expect("the test binary opens");
+        let mut again = test_binary_mapping("/nonexistent/copy-of-the-binary");
+        table.open_mapped_file(u32::MAX - 2, &mut again, None);
+        assert_eq!(again.file, Some(opened));
+        assert_eq!(table.files.by_identity.len(), 1);
+    }
+
+    /// What exited processes held goes once they are forgotten; a window's snapshot keeps the
+    /// files its processes map, shared, after the table let them go.
+    #[test]
+    fn exited_processes_are_forgotten_and_snapshots_keep_their_files() {
+        let exe = std::env::current_exe().unwrap();
+        let exe = exe.to_str().unwrap();
+        let mut table = ProcessTable::default();
+        let mut mapping = test_binary_mapping(exe);
+        table.open_mapped_file(u32::MAX - 1, &mut mapping, None);
+        table.map(10, mapping.clone());
+        table.name_thread(10, 10, "short".into(), false);
+        table.name_thread(10, 11, "worker".into(), false);
+        table.map(
+            20,
+            parse_maps_line("1000-2000 rw-p 0 0:0 0 [heap]").unwrap(),
+        );
+        table.apply(Change::ThreadExit(11));
+        table.exit(10);
+        assert_eq!(table.exited(), [10]);
+
+        let window = table.snapshot(&[10].into());
+        table.forget(&table.exited());
+        assert!(!table.processes.contains_key(&10) && table.processes.contains_key(&20));
+        assert!(!table.threads.contains_key(&10) && !table.threads.contains_key(&11));
+        assert!(table.files.by_identity.is_empty() && table.files.by_path.is_empty());
+        assert!(table.module_image([10], exe).is_none());
+        // The window still names the thread and reads the module.
+        assert_eq!(window.thread_name(10, 11), "worker");
+        assert_eq!(window.processes[&10].mappings, [mapping]);
+        assert!(window.module_image([10], exe).is_some());
+        assert!(!window.processes.contains_key(&20));
+    }
+
     #[test]
     fn parses_proc_maps_lines() {
         let line = "7f1c2a400000-7f1c2a428000 r-xp 00028000 fe:01 1234   /usr/lib/x86_64-linux-gnu/libc.so.6";
@@ -730,6 +881,34 @@ mod tests {
         assert_eq!(table.mapping_for(7, 0x1800).unwrap().path, "/new");
         assert!(table.mapping_for(7, 0x3000).is_none());
         assert!(table.mapping_for(8, 0x1800).is_none());
+    }
+
+    /// A sample taken before an exec, or before a new process took an exited one's pid, is
+    /// drained after the side-band reported it: until its window closes it is symbolized against
+    /// the image it ran, where the new one does not cover its address.
+    #[test]
+    fn samples_before_an_exec_or_a_pids_reuse_keep_their_image_until_the_window_closes() {
+        let mut table = ProcessTable::default();
+        table.map(7, parse_maps_line("1000-2000 r-xp 0 0:0 0 /old").unwrap());
+        table.name_thread(7, 7, "new".into(), true);
+        table.map(7, parse_maps_line("5000-6000 r-xp 0 0:0 0 /new").unwrap());
+        assert_eq!(table.code_mapping_for(7, 0x1100).unwrap().path, "/old");
+        assert_eq!(table.code_mapping_for(7, 0x5100).unwrap().path, "/new");
+        // Its pid, reused by a child of process 1 after it exited.
+        table.map(
+            1,
+            parse_maps_line("9000-a000 r-xp 0 0:0 0 /bin/sh").unwrap(),
+        );
+        table.exit(7);
+        table.fork(7, 1);
+        assert_eq!(table.code_mapping_for(7, 0x9100).unwrap().path, "/bin/sh");
+        assert_eq!(table.code_mapping_for(7, 0x5100).unwrap().path, "/new");
+        assert_eq!(table.code_mapping_for(7, 0x1100).unwrap().path, "/old");
+        // The window closed: only the living image is left.
+        table.forget(&[]);
+        assert_eq!(table.code_mapping_for(7, 0x9100).unwrap().path, "/bin/sh");
+        assert!(table.code_mapping_for(7, 0x5100).is_none());
+        assert!(table.code_mapping_for(7, 0x1100).is_none());
     }
 
     #[test]

@@ -95,7 +95,19 @@ pub fn assemble(
     processes: &ProcessTable,
     accounting: &Accounting,
 ) -> Profile {
-    let mut table = FrameTable::new(processes);
+    assemble_with(meta, events, drained, processes, accounting, None)
+}
+
+/// [`assemble`] with a symbolizer that outlives the profile (the agent's, across windows).
+pub fn assemble_with(
+    meta: ProfileMeta,
+    events: Vec<EventInfo>,
+    drained: Drained,
+    processes: &ProcessTable,
+    accounting: &Accounting,
+    symbolizer: Option<&blazesym::symbolize::Symbolizer>,
+) -> Profile {
+    let mut table = FrameTable::with_symbolizer(processes, symbolizer);
     let mut addresses = Vec::new();
     let cache = &drained.stack_cache;
     // Each distinct stack once: a kernel stack is the same code in every process, a user stack

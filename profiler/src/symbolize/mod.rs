@@ -68,6 +68,9 @@ impl CodeAddress {
 /// Resolves code addresses to interned frames.
 pub struct FrameTable<'a> {
     processes: &'a ProcessTable,
+    /// The symbolizer, when it outlives the table (the agent's, whose caches of parsed files and
+    /// kernel symbols serve every window); else one made per [`FrameTable::resolve`].
+    symbolizer: Option<&'a Symbolizer>,
     pub frames: Vec<Frame>,
     /// Other names of the symbolized functions.
     pub aliases: Vec<FunctionAliases>,
@@ -77,8 +80,17 @@ pub struct FrameTable<'a> {
 
 impl<'a> FrameTable<'a> {
     pub fn new(processes: &'a ProcessTable) -> Self {
+        Self::with_symbolizer(processes, None)
+    }
+
+    /// A table that symbolizes with `symbolizer` (see [`FrameTable::symbolizer`]).
+    pub fn with_symbolizer(
+        processes: &'a ProcessTable,
+        symbolizer: Option<&'a Symbolizer>,
+    ) -> Self {
         FrameTable {
             processes,
+            symbolizer,
             frames: Vec::new(),
             aliases: Vec::new(),
             interned: HashMap::new(),
@@ -188,7 +200,14 @@ impl<'a> FrameTable<'a> {
                 )),
             }
         }
-        let symbolizer = new_symbolizer();
+        let own;
+        let symbolizer = match self.symbolizer {
+            Some(symbolizer) => symbolizer,
+            None => {
+                own = new_symbolizer();
+                &own
+            }
+        };
         let progress = progress_bar(by_file.len() as u64 + 1, "symbolizing");
         for (path, entries) in by_file {
             progress.set_message(
@@ -199,7 +218,7 @@ impl<'a> FrameTable<'a> {
             progress.inc(1);
             let (addresses, mut frames): (Vec<CodeAddress>, Vec<Frame>) =
                 entries.into_iter().unzip();
-            fill_from_elf(&symbolizer, &path, &mut frames);
+            fill_from_elf(symbolizer, &path, &mut frames);
             self.read_module_names(&path, &mut frames);
             for (address, frame) in addresses.into_iter().zip(frames) {
                 let id = self.intern(frame);
