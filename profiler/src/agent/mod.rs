@@ -258,6 +258,14 @@ impl Exporter {
                 exporting.elapsed().as_secs_f64(),
             );
         }
+        for sink in &mut self.sinks {
+            if let Err(error) = sink.finish() {
+                log(
+                    LogLevel::Error,
+                    format!("last delivery to {} failed: {error}", sink.name()),
+                );
+            }
+        }
     }
 
     /// Sample accounting of a window, added to the metrics' running totals.

@@ -81,6 +81,10 @@ impl WindowSink for OtlpSink {
     fn delivery(&self) -> Option<UploadCounts> {
         Some(self.uploader.counts)
     }
+
+    fn finish(&mut self) -> Result<(), ExportError> {
+        self.uploader.flush()
+    }
 }
 
 /// The OTLP request for a window's series.

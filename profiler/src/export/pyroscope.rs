@@ -115,6 +115,10 @@ impl WindowSink for PyroscopeSink {
     fn delivery(&self) -> Option<UploadCounts> {
         Some(self.uploader.counts)
     }
+
+    fn finish(&mut self) -> Result<(), ExportError> {
+        self.uploader.flush()
+    }
 }
 
 /// The push request for a window's series.

@@ -32,4 +32,9 @@ pub trait WindowSink: Send {
     fn delivery(&self) -> Option<UploadCounts> {
         None
     }
+
+    /// Called once after the last window: a last try at what is waiting to be delivered.
+    fn finish(&mut self) -> Result<(), ExportError> {
+        Ok(())
+    }
 }

@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 
 use super::ExportError;
 
-/// How long one request may take, connection included.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one request may take, connection included. Requests run on the export thread: a
+/// backend that accepts connections but never answers delays the next windows by this much
+/// each (beyond the agent's queue of 4 windows they are dropped and counted).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const LONGEST_BACKOFF: Duration = Duration::from_secs(300);
 /// Most of a refusal's body kept for the error message.
@@ -125,6 +127,22 @@ impl Uploader {
             self.endpoint.url,
             problems.join("; ")
         )))
+    }
+
+    /// Tries the spooled windows once more, whatever the backoff says: the agent is ending,
+    /// and what cannot be sent now stays spooled for its next run.
+    pub fn flush(&mut self) -> Result<(), ExportError> {
+        let mut refusals = Vec::new();
+        self.send_spooled(&mut refusals);
+        if refusals.is_empty() {
+            Ok(())
+        } else {
+            Err(ExportError::Upload(format!(
+                "{}: {}",
+                self.endpoint.url,
+                refusals.join("; ")
+            )))
+        }
     }
 
     fn ready(&self) -> bool {

@@ -59,6 +59,8 @@ struct State {
     refusals: Vec<(u16, String)>,
     /// Statuses to answer the next requests with, whatever they hold (a backend in trouble).
     forced: Vec<u16>,
+    /// Going down: every request is answered 503.
+    closing: bool,
 }
 
 pub struct Receiver {
@@ -107,6 +109,13 @@ impl Receiver {
     /// Stops listening (the backend is down), keeping what was accepted; `restart` listens on
     /// the same port again.
     pub fn stop(&mut self) {
+        // Requests already on their way are answered 503 first, as a server going down resets
+        // them: dropped unanswered they would hang until the client's timeout.
+        if self.server.is_some() {
+            self.state.lock().unwrap().closing = true;
+            std::thread::sleep(Duration::from_millis(300));
+            self.state.lock().unwrap().closing = false;
+        }
         if let Some(server) = self.server.take() {
             server.unblock();
         }
@@ -175,7 +184,11 @@ fn refuse(status: u16, why: impl Into<String>) -> Answer {
 fn handle(mut request: tiny_http::Request, state: &Mutex<State>) {
     let forced = {
         let mut state = state.lock().unwrap();
-        (!state.forced.is_empty()).then(|| state.forced.remove(0))
+        if state.closing {
+            Some(503)
+        } else {
+            (!state.forced.is_empty()).then(|| state.forced.remove(0))
+        }
     };
     let answer = match forced {
         Some(status) => refuse(status, "forced by the test"),
@@ -186,9 +199,13 @@ fn handle(mut request: tiny_http::Request, state: &Mutex<State>) {
         state.lock().unwrap().refusals.push((answer.0, why));
     }
     let header = tiny_http::Header::from_bytes("Content-Type", answer.1).unwrap();
+    // No kept-alive connections: when the test stops the receiver, a real server going down
+    // closes its connections, and so must this one.
+    let close = tiny_http::Header::from_bytes("Connection", "close").unwrap();
     let response = tiny_http::Response::from_data(answer.2)
         .with_status_code(answer.0)
-        .with_header(header);
+        .with_header(header)
+        .with_header(close);
     request.respond(response).ok();
 }
 
