@@ -36,19 +36,35 @@ pub struct ExecMapping {
     pub rows_len: u32,
 }
 
+/// `rows_start` of a mapping whose file has a table that is not in the arena (it did not fit,
+/// or was evicted for a busier process's): the walker steps its frames by frame pointers and
+/// asks the agent to load it.
+pub const TABLE_NOT_LOADED: u32 = u32::MAX;
+
+/// A process's last sample, in units of 2^[`USE_STAMP_SHIFT`] ns of `CLOCK_MONOTONIC` (about
+/// 17 ms; wraps after two years, so ages are compared by wrapping subtraction).
+pub const USE_STAMP_SHIFT: u32 = 24;
+
+/// The use stamp of the monotonic time `ns`.
+pub const fn use_stamp(ns: u64) -> u32 {
+    (ns >> USE_STAMP_SHIFT) as u32
+}
+
 /// A process's executable mappings, sorted by `start`, not overlapping.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessMappings {
     pub count: u32,
-    pub _pad: u32,
+    /// When the walker last unwound one of the process's samples (a [`use_stamp`]; the agent
+    /// sets it when it publishes the process): which tables are in use, for eviction.
+    pub last_used: u32,
     pub mappings: [ExecMapping; MAX_PROCESS_MAPPINGS],
 }
 
 impl ProcessMappings {
     pub const EMPTY: ProcessMappings = ProcessMappings {
         count: 0,
-        _pad: 0,
+        last_used: 0,
         mappings: [ExecMapping {
             start: 0,
             end: 0,
@@ -99,10 +115,13 @@ pub enum UnwindCount {
     TruncatedNoCaller = 6,
     /// ... more than [`MAX_UNWIND_FRAMES`] frames.
     TruncatedDepth = 7,
+    /// Frames stepped by frame pointers: their mapping's table is not loaded
+    /// ([`TABLE_NOT_LOADED`]; also counted in `FramesWithoutTable`).
+    FramesTableNotLoaded = 8,
 }
 
 impl UnwindCount {
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
     pub const ALL: [UnwindCount; UnwindCount::COUNT] = [
         UnwindCount::Walked,
         UnwindCount::Complete,
@@ -112,6 +131,7 @@ impl UnwindCount {
         UnwindCount::TruncatedOutsideMappings,
         UnwindCount::TruncatedNoCaller,
         UnwindCount::TruncatedDepth,
+        UnwindCount::FramesTableNotLoaded,
     ];
 }
 
@@ -119,8 +139,8 @@ impl UnwindCount {
 // SAFETY: #[repr(C)] with only integer fields and no padding (32 bytes).
 unsafe impl aya::Pod for ExecMapping {}
 #[cfg(feature = "user")]
-// SAFETY: #[repr(C)], integer fields and an array of padding-free mappings; `_pad` names the
-// only gap.
+// SAFETY: #[repr(C)], integer fields and an array of padding-free mappings; `last_used` fills
+// the only gap.
 unsafe impl aya::Pod for ProcessMappings {}
 
 #[cfg(test)]

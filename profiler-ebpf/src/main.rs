@@ -13,6 +13,7 @@
 #![no_main]
 
 mod arch;
+mod offcpu;
 
 use aya_ebpf::{
     bindings::{
@@ -45,7 +46,10 @@ use profiler_common::{
         intern, Refused, StackFrames, StackLoss, StackStore, LOST_STACK, MAX_STACK_DEPTH, NO_STACK,
     },
     unwind::{find_row_by, step, CfaRule, Caller, Registers, StepEnd, UnwindRow},
-    unwind_maps::{ProcessMappings, UnwindCount, MAX_UNWIND_FRAMES, TRUNCATED_FRAME},
+    unwind_maps::{
+        use_stamp, ProcessMappings, UnwindCount, MAX_UNWIND_FRAMES, TABLE_NOT_LOADED,
+        TRUNCATED_FRAME,
+    },
 };
 
 /// Read-only options and kernel offsets, set by the agent at load time.
@@ -661,7 +665,18 @@ fn capture_stack(
     flags: u64,
     failed: LossKind,
 ) -> Result<Option<&'static StackFrames>, ()> {
-    let Some(buffer) = STACK_SCRATCH.get_ptr_mut(0) else {
+    capture_stack_into(ctx, &STACK_SCRATCH, flags, failed)
+}
+
+/// [`capture_stack`] into the frames buffer `scratch`, from any program's context.
+#[inline(always)]
+fn capture_stack_into(
+    ctx: &impl EbpfContext,
+    scratch: &'static PerCpuArray<StackFrames>,
+    flags: u64,
+    failed: LossKind,
+) -> Result<Option<&'static StackFrames>, ()> {
+    let Some(buffer) = scratch.get_ptr_mut(0) else {
         lose(failed);
         return Err(());
     };
@@ -750,9 +765,14 @@ enum WalkEnd {
     Truncated(UnwindCount),
 }
 
-/// The caller of the frame `frame`, by its row in the process's tables, else by frame pointers.
+/// The caller of the frame `frame`, by its row in the process's tables, else by frame pointers;
+/// notes in `state` a mapping whose table is not loaded.
 #[inline(always)]
-fn unwind_frame(process: &ProcessMappings, frame: &Caller) -> Result<Caller, WalkEnd> {
+fn unwind_frame(
+    process: &ProcessMappings,
+    frame: &Caller,
+    state: &mut WalkState,
+) -> Result<Caller, WalkEnd> {
     let pc = frame.lookup_ip();
     let Some(mapping) = process.find(pc) else {
         return Err(WalkEnd::Truncated(UnwindCount::TruncatedOutsideMappings));
@@ -760,6 +780,10 @@ fn unwind_frame(process: &ProcessMappings, frame: &Caller) -> Result<Caller, Wal
     let mut table_row = None;
     if mapping.rows_len == 0 {
         count_unwind(UnwindCount::FramesWithoutTable);
+        if mapping.rows_start == TABLE_NOT_LOADED {
+            count_unwind(UnwindCount::FramesTableNotLoaded);
+            state.met_unloaded_table = 1;
+        }
     } else {
         let offset = pc.wrapping_sub(mapping.table_base);
         let start = mapping.rows_start;
@@ -802,6 +826,11 @@ struct WalkState {
     interrupted: u64,
     /// Frames in this CPU's frames buffer.
     depth: u64,
+    /// 1 when this is the process's first walk in this use-stamp period: the walk may ask the
+    /// agent to load a table it met unloaded (at most one request per process a period).
+    may_request: u64,
+    /// 1 once the walk has stepped through a mapping whose table is not loaded.
+    met_unloaded_table: u64,
 }
 
 /// This CPU's sample being unwound, and where its walk is.
@@ -825,12 +854,24 @@ fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
     let Some(arch::UserFrame { regs: registers, .. }) = arch::user_frame(ctx) else {
         return;
     };
-    // SAFETY: only tested for presence.
-    if unsafe { UNWIND_PROCESSES.get(&sample.pid) }.is_none() {
+    let Some(process) = UNWIND_PROCESSES.get_ptr_mut(&sample.pid) else {
         count_unwind(UnwindCount::ProcessUnknown);
         request_mappings(sample.pid);
         return;
-    }
+    };
+    // When the process was last sampled, for the agent's choice of tables to evict; written
+    // once a period, not on every sample.
+    // SAFETY: helper without preconditions.
+    let now = use_stamp(unsafe { bpf_ktime_get_ns() });
+    // SAFETY: a map value the kernel keeps alive while the program runs; a racing write from
+    // another CPU writes a stamp as recent.
+    let fresh = unsafe {
+        let fresh = (*process).last_used != now;
+        if fresh {
+            (*process).last_used = now;
+        }
+        fresh
+    };
     let (Some(pending), Some(state)) = (PENDING_SAMPLE.get_ptr_mut(0), WALK_STATE.get_ptr_mut(0))
     else {
         return;
@@ -842,13 +883,16 @@ fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
             frame: registers,
             interrupted: 1,
             depth: 0,
+            may_request: u64::from(fresh),
+            met_unloaded_table: 0,
         };
         UNWINDER.tail_call(ctx, 0);
     }
 }
 
 /// Asks the agent to publish `pid`'s mappings (new, or changed since: a library loaded by
-/// dlopen). One wakeup until the agent reads the ring: a request already waiting says enough.
+/// dlopen), or to load a table the process needs. One wakeup until the agent reads the ring: a
+/// request already waiting says enough.
 #[inline(always)]
 fn request_mappings(pid: u32) {
     if UNWIND_REQUESTS.query(BPF_RB_AVAIL_DATA as u64) == 0 {
@@ -885,6 +929,9 @@ pub fn unwind_user(ctx: PerfEventContext) -> u32 {
         None => WalkEnd::Truncated(UnwindCount::TruncatedDepth),
     };
     let mut depth = state.depth as usize;
+    if state.met_unloaded_table != 0 && state.may_request != 0 {
+        request_mappings(sample.pid);
+    }
     match end {
         WalkEnd::Complete => count_unwind(UnwindCount::Complete),
         WalkEnd::Truncated(reason) => {
@@ -929,7 +976,7 @@ fn walk_frames(
             regs: state.frame,
             interrupted: state.interrupted != 0,
         };
-        match unwind_frame(process, &frame) {
+        match unwind_frame(process, &frame, state) {
             Ok(caller) => {
                 state.frame = caller.regs;
                 state.interrupted = u64::from(caller.interrupted);

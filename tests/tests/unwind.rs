@@ -6,20 +6,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{profiler, temp_dir, workload};
+use common::{c_workload::build_no_frame_pointers, profiler, record_to, temp_dir, workload};
 
-/// Builds tests/workloads/no_frame_pointers.c as the unwind-table tests do.
+/// The C workload's "mix" mode, built without frame pointers.
 fn build_workload(dir: &Path) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/no_frame_pointers.c");
-    let binary = dir.join("no_frame_pointers");
-    let status = std::process::Command::new("gcc")
-        .args(["-O2", "-fomit-frame-pointer", "-pthread", "-o"])
-        .arg(&binary)
-        .arg(&source)
-        .status()
-        .expect("gcc runs (Debian: apt-get install gcc)");
-    assert!(status.success(), "gcc failed on {}", source.display());
-    binary
+    build_no_frame_pointers(dir, "no_frame_pointers", &[])
 }
 
 /// Folded stacks (root first) and their samples, of a recording of `binary ARGUMENTS` with
@@ -31,12 +22,9 @@ fn record_with(
     arguments: &[&str],
 ) -> (Vec<(String, u64)>, String) {
     let profile = dir.join("recording.prof");
-    let mut args = vec!["record", "--stats", "-o", profile.to_str().unwrap()];
-    args.extend(options);
-    args.extend(["--", binary.to_str().unwrap()]);
-    args.extend(arguments);
-    let output = profiler(&args);
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let mut command = vec![binary.to_str().unwrap()];
+    command.extend(arguments);
+    let stderr = record_to(&profile, options, &command);
     let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
     let stacks = String::from_utf8_lossy(&folded.stdout)
         .lines()
@@ -67,7 +55,7 @@ fn complete(stack: &str) -> bool {
 
 /// The numbers of the `--stats` line "user stacks unwound: ...": walked with tables, complete,
 /// by frame pointers, frames without a table, frames without a row, truncated (outside every
-/// mapping, no caller, too deep).
+/// mapping, no caller, too deep), frames whose table was not loaded.
 fn unwinder_counts(stderr: &str) -> Vec<u64> {
     let line = stderr
         .lines()
@@ -82,7 +70,7 @@ fn unwinder_counts(stderr: &str) -> Vec<u64> {
 fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers() {
     let dir = temp_dir("unwind-dwarf");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("dwarf", &dir, &binary, &["2"]);
+    let (stacks, stderr) = record("dwarf", &dir, &binary, &["2000", "mix"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let counts = unwinder_counts(&stderr);
@@ -109,8 +97,8 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
         .collect();
     assert!(!callback.is_empty(), "no complete qsort callback stack");
     for (stack, _) in callback {
-        let chain_from_main = "_start;__libc_start_main_impl;__libc_start_call_main;main;work;\
-                               sort_some;__GI___qsort_r;msort_with_tmp";
+        let chain_from_main = "_start;__libc_start_main_impl;__libc_start_call_main;main;mix;\
+                               work;sort_some;__GI___qsort_r;msort_with_tmp";
         let chain_from_thread = "clone3;start_thread;thread_main;work;sort_some;__GI___qsort_r;\
                                  msort_with_tmp";
         let after_root = stack.split_once(';').unwrap().1;
@@ -129,7 +117,7 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
 fn frame_pointer_walks_stop_at_the_first_frameless_function() {
     let dir = temp_dir("unwind-fp");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("fp", &dir, &binary, &["2"]);
+    let (stacks, stderr) = record("fp", &dir, &binary, &["2000", "mix"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let reached: u64 = stacks
@@ -368,5 +356,91 @@ fn a_table_that_does_not_fit_is_counted_and_its_stacks_end_truncated() {
     assert!(
         samples("[unknown]") <= counts[2],
         "garbage callers in walks with tables:\n{stacks:?}\n{stderr}"
+    );
+}
+
+#[test]
+fn a_full_table_memory_evicts_idle_and_exited_processes_tables_for_the_busy_ones() {
+    // 2 MiB holds python3.11's tables or sqlite3's, not both. python3.11 starts and then waits
+    // on a FIFO, idle, while sqlite3 runs: python's tables make room for sqlite3's. Once
+    // sqlite3 has exited, python3.11 wakes and runs: its tables come back in place of
+    // sqlite3's.
+    let dir = temp_dir("unwind-evict");
+    let fifo = dir.join("wake");
+    let script = dir.join("evict.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "mkfifo {fifo}\n\
+             python3.11 -c \"\n\
+             import time\n\
+             open('{fifo}').read()\n\
+             end = time.time() + 1\n\
+             while time.time() < end: sum(range(10000))\n\
+             \" &\n\
+             sleep 1\n\
+             sqlite3 :memory: \"create table t(a, b); with recursive c(x) as (select 1 union \
+             all select x + 1 from c where x < 600000) insert into t select x, \
+             hex(randomblob(16)) from c; create index i on t(b);\"\n\
+             echo go > {fifo}\n\
+             wait\n",
+            fifo = fifo.display()
+        ),
+    )
+    .unwrap();
+    let (stacks, stderr) = record_with(
+        &["--unwind-table-mib", "2"],
+        &dir,
+        Path::new("/bin/sh"),
+        &[script.to_str().unwrap()],
+    );
+    let tables = stderr
+        .lines()
+        .find(|line| line.contains("unwind tables:"))
+        .unwrap_or_else(|| panic!("no unwind-table line in --stats:\n{stderr}"));
+    let evicted: Vec<u64> = tables
+        .split_once("evicted")
+        .unwrap()
+        .1
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|word| word.parse().ok())
+        .collect();
+    // evicted N (U no longer mapped, I of idle processes), moved M
+    assert!(
+        evicted[1] > 0 && evicted[2] > 0 && evicted[0] == evicted[1] + evicted[2],
+        "no evictions of both kinds counted:\n{stderr}"
+    );
+    let counts = unwinder_counts(&stderr);
+    assert!(
+        counts[8] > 0,
+        "python3.11 never met its evicted tables\n{stderr}"
+    );
+    // Per process: samples, and those reaching glibc's call of main.
+    let from_main = |process: &str, within: &str| -> (u64, u64) {
+        let theirs: Vec<&(String, u64)> = stacks
+            .iter()
+            .filter(|(stack, _)| {
+                stack.starts_with(&format!("{process};")) && stack.contains(within)
+            })
+            .collect();
+        let total = theirs.iter().map(|(_, n)| n).sum();
+        let whole = theirs
+            .iter()
+            .filter(|(stack, _)| stack.contains(";__libc_start_call_main;"))
+            .map(|(_, n)| n)
+            .sum();
+        (total, whole)
+    };
+    let (total, whole) = from_main("sqlite3", ";");
+    assert!(total > 200, "too few sqlite3 samples: {total}\n{stderr}");
+    assert!(
+        whole as f64 >= 0.97 * total as f64,
+        "{whole} of {total} sqlite3 samples reach main\n{stderr}"
+    );
+    let (total, whole) = from_main("python3.11", ";_PyEval_EvalFrameDefault;");
+    assert!(total > 200, "too few python3.11 samples: {total}\n{stderr}");
+    assert!(
+        whole as f64 >= 0.95 * total as f64,
+        "{whole} of {total} python3.11 interpreter samples reach main\n{stderr}"
     );
 }

@@ -30,23 +30,9 @@ const ROOTS: [&str; 6] = [
     "clone3",
 ];
 
-/// tests/workloads/c/no_frame_pointers.c built into `dir` with `-O2 -fomit-frame-pointer`.
+/// The C workload built into `dir` with `-O2 -fomit-frame-pointer -g`.
 fn no_frame_pointer_workload(dir: &Path) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/c/no_frame_pointers.c");
-    let binary = dir.join("no_frame_pointers");
-    common::run_checked(
-        "gcc",
-        &[
-            "-O2",
-            "-fomit-frame-pointer",
-            "-g",
-            "-pthread",
-            "-o",
-            binary.to_str().unwrap(),
-            source.to_str().unwrap(),
-        ],
-    );
-    binary
+    common::c_workload::build_no_frame_pointers(dir, "no_frame_pointers", &["-g"])
 }
 
 /// Debian's own programs built without frame pointers, each with a command of about a second
@@ -351,11 +337,9 @@ fn dwarf_recordings_of_debians_xz_python3_and_sqlite3_are_unwound_to_main_like_p
 /// `profiler record --unwind copy -F 999 ARGS -o DIR/live.prof -- COMMAND`, read back.
 fn record_copy(dir: &Path, args: &[&str], command: &[&str]) -> Profile {
     let file = dir.join("live.prof");
-    let mut all = vec!["record", "--unwind", "copy", "-F", "999"];
-    all.extend_from_slice(args);
-    all.extend_from_slice(&["-o", file.to_str().unwrap(), "--"]);
-    all.extend_from_slice(command);
-    common::profiler(&all);
+    let mut options = vec!["--unwind", "copy", "-F", "999"];
+    options.extend_from_slice(args);
+    common::record_to(&file, &options, command);
     read_profile(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
 }
 

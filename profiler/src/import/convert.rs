@@ -228,6 +228,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
         },
         line_latency,
         function_aliases: table.aliases,
+        off_cpu: None,
     })
 }
 

@@ -31,6 +31,9 @@ struct JsonReport<'a> {
     meta: &'a ProfileMeta,
     events: Vec<JsonEvent>,
     losses: &'a BTreeMap<String, u64>,
+    /// `record --off-cpu`: where the threads waited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    off_cpu: Option<&'a crate::aggregate::offcpu::OffCpuReport>,
 }
 
 #[derive(Serialize)]
@@ -673,5 +676,6 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
         meta: &profile.meta,
         events,
         losses: &profile.losses.counters,
+        off_cpu: report.off_cpu.as_ref(),
     })
 }

@@ -2,13 +2,16 @@
 //! the side-band reports: each executable file's table is compiled once (by build ID, through
 //! [`TableCache`]) and written once into the row arena, however many processes map it; each
 //! process's executable mappings are published, sorted, with their load bias and the slice of
-//! the arena holding their table. Mappings that get no table are counted by reason.
+//! the arena holding their table. Mappings that get no table are counted by reason. When the
+//! arena is full, tables no process maps any more and those of idle processes are evicted
+//! ([`super::arena`]) for the process being sampled, and counted.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     fmt::Write,
     os::fd::{AsFd, AsRawFd},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
@@ -16,10 +19,16 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use object::{Object, ObjectSegment};
 use profiler_common::{
     unwind::UnwindRow,
-    unwind_maps::{ExecMapping, ProcessMappings, UnwindCount, MAX_PROCESS_MAPPINGS},
+    unwind_maps::{
+        use_stamp, ExecMapping, ProcessMappings, UnwindCount, MAX_PROCESS_MAPPINGS,
+        TABLE_NOT_LOADED,
+    },
 };
 
-use super::tables::{TableCache, UnwindTable};
+use super::{
+    arena::{eviction_order, ArenaSpace, Placed, TableUse},
+    tables::{TableCache, UnwindTable},
+};
 use crate::{
     capture::{
         ring::KernelRing,
@@ -32,13 +41,6 @@ use crate::{
 struct FileTable {
     table: Arc<UnwindTable>,
     segments: Vec<Segment>,
-}
-
-/// Where a table's rows are in the arena.
-#[derive(Clone, Copy)]
-struct Placed {
-    start: u32,
-    len: u32,
 }
 
 /// The row arena map, memory-mapped (it is created `BPF_F_MMAPABLE`): a file's rows are copied
@@ -84,6 +86,15 @@ impl RowArena {
         self.len
     }
 
+    /// A copy of the rows at `placed`.
+    fn read(&self, placed: Placed) -> Vec<UnwindRow> {
+        let end = (placed.start as usize + placed.len as usize).min(self.len as usize);
+        let start = (placed.start as usize).min(end);
+        // SAFETY: `start..end` lies within the mapping (clamped above); UnwindRow is plain
+        // data, any bytes a valid value.
+        unsafe { std::slice::from_raw_parts(self.rows.add(start), end - start) }.to_vec()
+    }
+
     /// Copies `rows` to `start`; `false` when they do not fit.
     fn write(&mut self, start: u32, rows: &[UnwindRow]) -> bool {
         let fits = (start as usize)
@@ -123,12 +134,18 @@ pub struct UnwindLoader {
     files: HashMap<FileIdentity, Result<Arc<FileTable>, String>>,
     /// By the table's address: the cache hands out one `Arc` per distinct file.
     placed: HashMap<*const UnwindTable, Placed>,
-    next_row: u32,
+    space: ArenaSpace,
     published: HashMap<u32, Vec<ExecMapping>>,
+    /// Published processes' use stamps as last read from the kernel, and when.
+    use_stamps: HashMap<u32, u32>,
+    use_stamps_read: Option<Instant>,
+    evicted: Evictions,
+    /// Tables moved down to gather the free rows.
+    moved: u64,
     /// Mappings published without a table, by reason.
     without_table: BTreeMap<&'static str, u64>,
     /// Processes the full process table refused, counted once each.
-    refused: std::collections::HashSet<u32>,
+    refused: HashSet<u32>,
 }
 
 impl UnwindLoader {
@@ -139,6 +156,7 @@ impl UnwindLoader {
         requests: KernelRing,
     ) -> UnwindLoader {
         UnwindLoader {
+            space: ArenaSpace::new(rows.len()),
             rows,
             processes,
             counts,
@@ -146,28 +164,38 @@ impl UnwindLoader {
             cache: TableCache::new(TableCache::default_directory()),
             files: HashMap::new(),
             placed: HashMap::new(),
-            next_row: 0,
             published: HashMap::new(),
+            use_stamps: HashMap::new(),
+            use_stamps_read: None,
+            evicted: Evictions::default(),
+            moved: 0,
             without_table: BTreeMap::new(),
-            refused: std::collections::HashSet::new(),
+            refused: HashSet::new(),
         }
     }
 
-    /// Waits until the walker meets a process whose mappings are not published: the side-band
-    /// has news to read and [`UnwindLoader::sync`] to publish.
+    /// Waits until the walker meets a process whose mappings are not published, or a table it
+    /// needs that is not loaded: the side-band has news to read and [`UnwindLoader::sync`] to
+    /// publish.
     pub async fn requested(&self) -> std::io::Result<()> {
         self.requests.readable().await
     }
 
     /// Publishes every live process's executable mappings that changed since the last call,
-    /// and forgets the processes that exited.
+    /// loading (and evicting for) the tables they need, and forgets the processes that exited.
     pub fn sync(&mut self, table: &ProcessTable) -> Result<()> {
         // The requests only say "look": every process is compared below.
         while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
-        let mut gone = Vec::new();
+        // The exited first: their tables are the first to make room for the living.
+        for (&pid, process) in &table.processes {
+            if process.exited && self.published.remove(&pid).is_some() {
+                self.use_stamps.remove(&pid);
+                // Already gone when the kernel never had it: nothing to undo.
+                let _ = self.processes.remove(&pid);
+            }
+        }
         for (&pid, process) in &table.processes {
             if process.exited {
-                gone.push(pid);
                 continue;
             }
             let mut mappings = current_code_mappings(&process.mappings);
@@ -177,10 +205,22 @@ impl UnwindLoader {
                 mappings.truncate(MAX_PROCESS_MAPPINGS);
                 mappings.sort_by_key(|mapping| mapping.start);
             }
-            let resolved: Vec<(ExecMapping, Option<&'static str>)> = mappings
+            // The largest tables first, while the arena has the most room for them.
+            let mut order: Vec<(usize, usize)> = mappings
                 .iter()
-                .map(|mapping| self.entry(table, mapping))
-                .collect::<Result<_>>()?;
+                .enumerate()
+                .map(|(i, mapping)| (i, self.table_rows(table, mapping)))
+                .collect();
+            order.sort_by_key(|&(i, rows)| (std::cmp::Reverse(rows), i));
+            let mut resolved: Vec<(ExecMapping, Option<&'static str>)> =
+                vec![(ExecMapping::default(), None); mappings.len()];
+            let mut keep = Vec::new();
+            for (i, _) in order {
+                resolved[i] = self.entry(table, pid, mappings[i], &keep)?;
+                if resolved[i].0.rows_len > 0 {
+                    keep.push(resolved[i].0.rows_start);
+                }
+            }
             let entries: Vec<ExecMapping> = resolved.iter().map(|(entry, _)| *entry).collect();
             let before = self.published.get(&pid);
             if before == Some(&entries) {
@@ -193,15 +233,10 @@ impl UnwindLoader {
                     *self.without_table.entry(reason).or_default() += 1;
                 }
             }
-            let mut value = ProcessMappings::EMPTY;
-            value.count = entries.len() as u32;
-            value.mappings[..entries.len()].copy_from_slice(&entries);
-            // A process that exits meanwhile is refused by no one: its entry is removed below
+            // A process that exits meanwhile is refused by no one: its entry is removed above
             // once the side-band says so.
-            match self.processes.insert(pid, value, 0) {
-                Ok(()) => {
-                    self.published.insert(pid, entries);
-                }
+            match self.publish(pid, &entries) {
+                Ok(()) => {}
                 // The preallocated table is full: this process's stacks are walked by frame
                 // pointers, and its mappings are counted.
                 Err(aya::maps::MapError::SyscallError(error))
@@ -220,21 +255,44 @@ impl UnwindLoader {
                 }
             }
         }
-        for pid in gone {
-            if self.published.remove(&pid).is_some() {
-                // Already gone when the kernel never had it: nothing to undo.
-                let _ = self.processes.remove(&pid);
-            }
-        }
         Ok(())
     }
 
-    /// The walker's entry for one executable mapping, its table written into the arena if it
-    /// is not there yet, and why it has no table when it has none.
+    /// Writes `pid`'s mappings into the walker's table, keeping the stamp of its last sample
+    /// (a new process counts as used now).
+    fn publish(&mut self, pid: u32, entries: &[ExecMapping]) -> Result<(), aya::maps::MapError> {
+        let mut value = ProcessMappings::EMPTY;
+        value.count = entries.len() as u32;
+        value.mappings[..entries.len()].copy_from_slice(entries);
+        value.last_used = match self.processes.get(&pid, 0) {
+            Ok(old) => old.last_used,
+            Err(_) => use_stamp_now(),
+        };
+        self.processes.insert(pid, value, 0)?;
+        self.use_stamps.insert(pid, value.last_used);
+        self.published.insert(pid, entries.to_vec());
+        Ok(())
+    }
+
+    /// Rows of the table of `mapping`'s file, 0 when it has none.
+    fn table_rows(&mut self, processes: &ProcessTable, mapping: &Mapping) -> usize {
+        match (mapping.is_file(), mapping.file) {
+            (true, Some(identity)) => self
+                .file_table(processes, identity)
+                .map_or(0, |file| file.table.rows.len()),
+            _ => 0,
+        }
+    }
+
+    /// The walker's entry for one executable mapping of process `pid`, its table written into
+    /// the arena if it is not there yet, and why it has no table when it has none. `keep`: the
+    /// tables of the process's mappings resolved so far, which stay where they are.
     fn entry(
         &mut self,
         processes: &ProcessTable,
+        pid: u32,
         mapping: &Mapping,
+        keep: &[u32],
     ) -> Result<(ExecMapping, Option<&'static str>)> {
         let mut entry = ExecMapping {
             start: mapping.start,
@@ -253,7 +311,9 @@ impl UnwindLoader {
         let Some(bias) = load_bias(&file.segments, mapping) else {
             return Ok((entry, Some("no loadable segment holds it")));
         };
-        let Some(placed) = self.place(&file.table)? else {
+        let Some(placed) = self.place(&file.table, pid, keep)? else {
+            // The walker asks for it when it steps through this mapping.
+            entry.rows_start = TABLE_NOT_LOADED;
             let reason = "the unwind-table memory is full (--unwind-table-mib)";
             return Ok((entry, Some(reason)));
         };
@@ -305,26 +365,186 @@ impl UnwindLoader {
         compiled.map_err(|_| "its call-frame information did not compile")
     }
 
-    /// Where `table`'s rows are in the arena, written there on first use; `None` when they do
-    /// not fit.
-    fn place(&mut self, table: &Arc<UnwindTable>) -> Result<Option<Placed>> {
+    /// Where `table`'s rows are in the arena, written there on first use, for process `pid`
+    /// (evicting what it may, but not the tables at `keep`); `None` when they do not fit.
+    fn place(
+        &mut self,
+        table: &Arc<UnwindTable>,
+        pid: u32,
+        keep: &[u32],
+    ) -> Result<Option<Placed>> {
         if let Some(placed) = self.placed.get(&Arc::as_ptr(table)) {
             return Ok(Some(*placed));
         }
-        let len = u32::try_from(table.rows.len()).unwrap_or(u32::MAX);
-        let capacity = self.rows.len();
-        if u64::from(self.next_row) + u64::from(len) > u64::from(capacity) {
+        let Ok(len) = u32::try_from(table.rows.len()) else {
+            return Ok(None);
+        };
+        if len > self.space.capacity() {
             return Ok(None);
         }
-        let start = self.next_row;
+        let placed = match self.space.allocate(len) {
+            Some(placed) => placed,
+            None => {
+                if !self.evict_for(len, pid, keep)? {
+                    return Ok(None);
+                }
+                self.space
+                    .allocate(len)
+                    .context("the unwind-row arena has no room after evicting for it")?
+            }
+        };
         // Rows first: the walker reaches them only through a mapping published afterwards.
-        if !self.rows.write(start, &table.rows) {
+        if !self.rows.write(placed.start, &table.rows) {
+            self.space.free(placed.start);
             return Ok(None);
         }
-        self.next_row += len;
-        let placed = Placed { start, len };
         self.placed.insert(Arc::as_ptr(table), placed);
         Ok(Some(placed))
+    }
+
+    /// Evicts tables until `len` rows fit, for process `pid`: those no process maps, then those
+    /// of processes idle for longer than `pid`; `false` (nothing evicted) when that is not
+    /// enough.
+    fn evict_for(&mut self, len: u32, pid: u32, keep: &[u32]) -> Result<bool> {
+        self.read_use_stamps();
+        let now = use_stamp_now();
+        let needer = self.use_stamps.get(&pid).copied().unwrap_or(now);
+        // Each table's newest use, by age across the stamp's wrap.
+        let mut newest: HashMap<u32, Option<u32>> = self
+            .placed
+            .values()
+            .filter(|placed| !keep.contains(&placed.start))
+            .map(|placed| (placed.start, None))
+            .collect();
+        for (user, entries) in &self.published {
+            let stamp = self.use_stamps.get(user).copied().unwrap_or(now);
+            for entry in entries.iter().filter(|entry| entry.rows_len > 0) {
+                if let Some(seen) = newest.get_mut(&entry.rows_start) {
+                    let newer =
+                        seen.is_none_or(|seen| now.wrapping_sub(stamp) < now.wrapping_sub(seen));
+                    if newer {
+                        *seen = Some(stamp);
+                    }
+                }
+            }
+        }
+        let tables: Vec<(u32, TableUse)> = newest
+            .into_iter()
+            .map(|(start, stamp)| (start, stamp.map_or(TableUse::Unmapped, TableUse::LastUsed)))
+            .collect();
+        let order = eviction_order(&tables, needer, now);
+        let needed = match self.space.victims_needed(len, &order) {
+            Some(needed) => needed,
+            // The tables that stay split the free rows: with them all gone and the rest moved
+            // down, the free rows are one run.
+            None if self.space.free_rows_without(&order) >= u64::from(len) => order.len(),
+            None => return Ok(false),
+        };
+        for &start in &order[..needed] {
+            self.repoint(start, None)?;
+            match tables.contains(&(start, TableUse::Unmapped)) {
+                true => self.evicted.unmapped += 1,
+                false => self.evicted.idle += 1,
+            }
+        }
+        if self.space.victims_needed(len, &[]).is_none() {
+            self.compact(keep)?;
+        }
+        Ok(self.space.victims_needed(len, &[]).is_some())
+    }
+
+    /// Moves tables down into lower free rows, the highest first, so that the free rows gather
+    /// at the top; the tables at `keep` stay.
+    fn compact(&mut self, keep: &[u32]) -> Result<()> {
+        let mut tables: Vec<Placed> = self
+            .placed
+            .values()
+            .filter(|placed| !keep.contains(&placed.start))
+            .copied()
+            .collect();
+        tables.sort_by_key(|placed| std::cmp::Reverse(placed.start));
+        for old in tables {
+            let Some(new) = self.space.allocate(old.len) else {
+                continue;
+            };
+            if new.start > old.start {
+                self.space.free(new.start);
+                continue;
+            }
+            // The old rows stay until no published mapping names them.
+            let rows = self.rows.read(old);
+            if !self.rows.write(new.start, &rows) {
+                self.space.free(new.start);
+                continue;
+            }
+            self.repoint(old.start, Some(new))?;
+            self.moved += 1;
+        }
+        Ok(())
+    }
+
+    /// Frees the table at `start`, its rows now at `moved` (already written), else evicted:
+    /// the processes mapping it are republished with the new place or the table not loaded
+    /// (their walker asks for it again once they are sampled) before the old rows can be
+    /// overwritten. A walk already past the process lookup may read new rows for one frame;
+    /// the caller it finds is then checked like any other.
+    fn repoint(&mut self, start: u32, moved: Option<Placed>) -> Result<()> {
+        let uses = |entry: &ExecMapping| entry.rows_len > 0 && entry.rows_start == start;
+        let users: Vec<(u32, Vec<ExecMapping>)> = self
+            .published
+            .iter()
+            .filter(|(_, entries)| entries.iter().any(uses))
+            .map(|(&pid, entries)| {
+                let entries = entries
+                    .iter()
+                    .map(|&entry| match (uses(&entry), moved) {
+                        (false, _) => entry,
+                        (true, Some(moved)) => ExecMapping {
+                            rows_start: moved.start,
+                            ..entry
+                        },
+                        (true, None) => ExecMapping {
+                            table_base: 0,
+                            rows_start: TABLE_NOT_LOADED,
+                            rows_len: 0,
+                            ..entry
+                        },
+                    })
+                    .collect();
+                (pid, entries)
+            })
+            .collect();
+        for (pid, entries) in users {
+            self.publish(pid, &entries)
+                .with_context(|| format!("republishing the mappings of process {pid}"))?;
+        }
+        match moved {
+            Some(moved) => self
+                .placed
+                .values_mut()
+                .filter(|placed| placed.start == start)
+                .for_each(|placed| *placed = moved),
+            None => self.placed.retain(|_, placed| placed.start != start),
+        }
+        self.space.free(start);
+        Ok(())
+    }
+
+    /// Refreshes the published processes' use stamps from the kernel, at most every
+    /// [`USE_STAMPS_TTL`] (each read copies a process's whole entry).
+    fn read_use_stamps(&mut self) {
+        if self
+            .use_stamps_read
+            .is_some_and(|read| read.elapsed() < USE_STAMPS_TTL)
+        {
+            return;
+        }
+        for pid in self.published.keys() {
+            if let Ok(value) = self.processes.get(pid, 0) {
+                self.use_stamps.insert(*pid, value.last_used);
+            }
+        }
+        self.use_stamps_read = Some(Instant::now());
     }
 
     /// The `--stats` lines: the tables loaded and what the walker did.
@@ -340,16 +560,21 @@ impl UnwindLoader {
             })
             .collect();
         let count = |what: UnwindCount| counts[what as usize];
+        let mib = |rows: f64| rows * UnwindRow::SIZE as f64 / (1024.0 * 1024.0);
         let _ = writeln!(
             out,
             "  unwind tables: {} files, {} rows ({:.1} MiB of {:.1} MiB); compiled {}, from the \
-             disk cache {}",
+             disk cache {}; evicted {} ({} no longer mapped, {} of idle processes), moved {}",
             self.placed.len(),
-            self.next_row,
-            f64::from(self.next_row) * UnwindRow::SIZE as f64 / (1024.0 * 1024.0),
-            f64::from(self.rows.len()) * UnwindRow::SIZE as f64 / (1024.0 * 1024.0),
+            self.space.used_rows(),
+            mib(self.space.used_rows() as f64),
+            mib(f64::from(self.space.capacity())),
             self.cache.stats.compiled,
             self.cache.stats.from_disk,
+            self.evicted.unmapped + self.evicted.idle,
+            self.evicted.unmapped,
+            self.evicted.idle,
+            self.moved,
         );
         let reasons: Vec<String> = self
             .without_table
@@ -363,7 +588,8 @@ impl UnwindLoader {
             out,
             "  user stacks unwound: {} with tables ({} complete), {} by frame pointers (process \
              not loaded yet); frames stepped by frame pointers: {} without a table, {} without \
-             a row; truncated: {} outside every mapping, {} no caller found, {} too deep",
+             a row; truncated: {} outside every mapping, {} no caller found, {} too deep; \
+             frames whose table was not loaded: {}",
             count(UnwindCount::Walked),
             count(UnwindCount::Complete),
             count(UnwindCount::ProcessUnknown),
@@ -372,9 +598,33 @@ impl UnwindLoader {
             count(UnwindCount::TruncatedOutsideMappings),
             count(UnwindCount::TruncatedNoCaller),
             count(UnwindCount::TruncatedDepth),
+            count(UnwindCount::FramesTableNotLoaded),
         );
         out
     }
+}
+
+/// Tables evicted from the arena, by why they could go.
+#[derive(Default)]
+struct Evictions {
+    /// No live process mapped them (the processes exited or unmapped the file).
+    unmapped: u64,
+    /// Their processes had not been sampled for longer than the one that needed the room.
+    idle: u64,
+}
+
+/// How long the processes' use stamps read from the kernel are trusted.
+const USE_STAMPS_TTL: Duration = Duration::from_millis(100);
+
+/// The use stamp of now, on the clock the walker stamps with (`bpf_ktime_get_ns`).
+fn use_stamp_now() -> u32 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes only `now`; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    use_stamp(now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64)
 }
 
 /// The executable mappings in force, sorted by address: a later mapping over part of an earlier

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod c_workload;
+
 use std::{
     path::PathBuf,
     process::{Command, Output},
@@ -81,6 +83,16 @@ pub fn profiler(args: &[&str]) -> Output {
 }
 
 /// Runs the profiler with `--json` and parses its report.
+/// `profiler record --stats OPTIONS -o FILE -- COMMAND`: the recording's stderr (its report and
+/// `--stats`).
+pub fn record_to(file: &std::path::Path, options: &[&str], command: &[&str]) -> String {
+    let mut args = vec!["record", "--stats"];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["-o", file.to_str().unwrap(), "--"]);
+    args.extend_from_slice(command);
+    String::from_utf8_lossy(&profiler(&args).stderr).into_owned()
+}
+
 pub fn profiler_json(args: &[&str]) -> (Value, String) {
     let output = profiler(args);
     let report = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
@@ -325,4 +337,26 @@ pub fn system_user(name: &str) -> (u32, u32) {
         );
     }
     (id("-u").unwrap(), id("-g").unwrap())
+}
+
+/// Google's pprof, built from Debian's packaged sources (cargo xtask setup installs them).
+pub fn google_pprof() -> PathBuf {
+    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/google-pprof");
+    if !binary.exists() {
+        let built = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg("github.com/google/pprof")
+            .env("GOPATH", "/usr/share/gocode")
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "-mod=mod")
+            .output()
+            .expect("go is installed (apt-get install golang-go golang-github-google-pprof-dev)");
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+    }
+    binary
 }

@@ -5,10 +5,15 @@
  * copier_main <- start_thread). Runs for argv[1] milliseconds of wall time. With argv[2]
  * "deep", main instead calls descend 24 levels deep, each level holding 1 KiB of stack, and
  * spins in record_key at the bottom: a stack of about 25 KiB. With argv[2] "clock", main only
- * reads the clock, in the vDSO. */
+ * reads the clock, in the vDSO. With argv[2] "mix", two threads each recurse through frameless
+ * functions (recurse <- work), sort through glibc's qsort (leaf_mix <- compare_ints <- qsort
+ * internals <- sort_some <- work) and copy with memcpy (copy_some <- work), under a profiling
+ * timer whose signal handler does work too (so samples land above a signal frame). */
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 
 #define RECORDS 4096
@@ -78,11 +83,91 @@ __attribute__((noinline, noipa)) unsigned long descend(int depth)
     return descend(depth - 1) + frame[depth];
 }
 
+__attribute__((noinline)) static unsigned long leaf_mix(unsigned long x)
+{
+    for (int i = 0; i < 200; i++)
+        x = x * 6364136223846793005UL + 1442695040888963407UL;
+    return x;
+}
+
+__attribute__((noinline)) static unsigned long recurse(int depth, unsigned long x)
+{
+    if (depth == 0)
+        return leaf_mix(x);
+    unsigned long local[4] = {x, x + 1, x + 2, (unsigned long)depth};
+    return recurse(depth - 1, local[depth & 3] ^ x) + local[(depth + 1) & 3];
+}
+
+__attribute__((noinline)) static int compare_ints(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    sink += leaf_mix((unsigned long)x) & 1;
+    return (x > y) - (x < y);
+}
+
+__attribute__((noinline)) static void sort_some(unsigned seed)
+{
+    int values[256];
+    for (int i = 0; i < 256; i++)
+        values[i] = (int)((seed = seed * 1103515245u + 12345u) >> 8);
+    qsort(values, 256, sizeof values[0], compare_ints);
+    sink += values[0];
+}
+
+__attribute__((noinline)) static void copy_some(char *to, const char *from, size_t len)
+{
+    for (int i = 0; i < 64; i++)
+        memcpy(to + (i & 7), from, len - 8);
+    sink += to[len / 2];
+}
+
+__attribute__((noinline)) static void work(void)
+{
+    static char from[1 << 16], to[(1 << 16) + 8];
+    for (unsigned round = 0; now() < deadline; round++) {
+        sink += recurse(24, round);
+        sort_some(round);
+        copy_some(to, from, sizeof from);
+    }
+}
+
+static void on_alarm(int signal)
+{
+    (void)signal;
+    for (int i = 0; i < 256; i++)
+        sink += recurse(6, sink);
+}
+
+static void *thread_main(void *unused)
+{
+    (void)unused;
+    work();
+    return NULL;
+}
+
+__attribute__((noinline)) static void mix(void)
+{
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = on_alarm;
+    sigaction(SIGPROF, &action, NULL);
+    struct itimerval every = {{0, 2000}, {0, 2000}};
+    setitimer(ITIMER_PROF, &every, NULL);
+    pthread_t thread;
+    pthread_create(&thread, NULL, thread_main, NULL);
+    work();
+    pthread_join(thread, NULL);
+}
+
 int main(int argc, char **argv)
 {
     deadline = now() + (argc > 1 ? atoi(argv[1]) : 1000) / 1000.0;
     if (argc > 2 && strcmp(argv[2], "deep") == 0) {
         sink = descend(24);
+        return 0;
+    }
+    if (argc > 2 && strcmp(argv[2], "mix") == 0) {
+        mix();
         return 0;
     }
     if (argc > 2 && strcmp(argv[2], "clock") == 0) {

@@ -16,6 +16,8 @@ use profiler_common::unwind::{step, Registers, StepEnd};
 
 use super::*;
 
+#[path = "../../../../tests/tests/common/c_workload.rs"]
+mod c_workload;
 mod perf;
 
 const SYSTEM_FILES: [&str; 3] = [
@@ -24,23 +26,7 @@ const SYSTEM_FILES: [&str; 3] = [
     "/usr/bin/xz",
 ];
 
-/// Builds tests/workloads/no_frame_pointers.c into `dir` with gcc, `-O2 -fomit-frame-pointer`
-/// and `flags`.
-pub(super) fn build_workload(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
-    let source =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/no_frame_pointers.c");
-    let binary = dir.join(name);
-    let status = std::process::Command::new("gcc")
-        .args(["-O2", "-fomit-frame-pointer", "-pthread"])
-        .args(flags)
-        .arg("-o")
-        .arg(&binary)
-        .arg(&source)
-        .status()
-        .expect("gcc runs (Debian: apt-get install gcc)");
-    assert!(status.success(), "gcc failed on {}", source.display());
-    binary
-}
+use c_workload::build_no_frame_pointers as build_workload;
 
 /// Stack memory as the checks see it: every word a distinct value far above the stack pointer,
 /// so that any misplaced read shows.

@@ -195,7 +195,7 @@ fn record(dir: &Path, workload: &Path) -> (PathBuf, PerfData) {
         .arg(&data)
         .arg("--")
         .arg(workload)
-        .arg("3")
+        .args(["3000", "mix"])
         .status()
         .expect("perf runs (Debian: apt-get install linux-perf)");
     assert!(status.success(), "perf record failed");

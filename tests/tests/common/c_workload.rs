@@ -1,0 +1,24 @@
+//! Builds the C workload tests/workloads/c/no_frame_pointers.c with gcc, `-O2
+//! -fomit-frame-pointer`, so that only its unwind tables describe its frames. Shared by the
+//! integration tests (through `common`) and the profiler's unwind-table tests (which include
+//! this file by path).
+
+use std::path::{Path, PathBuf};
+
+/// The workload built into `dir/name` with `flags` added to gcc's command line.
+pub fn build_no_frame_pointers(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    // Both crates that use this live one level below the workspace's root.
+    let source =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/c/no_frame_pointers.c");
+    let binary = dir.join(name);
+    let status = std::process::Command::new("gcc")
+        .args(["-O2", "-fomit-frame-pointer", "-pthread"])
+        .args(flags)
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .status()
+        .expect("gcc runs (Debian: apt-get install gcc)");
+    assert!(status.success(), "gcc failed on {}", source.display());
+    binary
+}
