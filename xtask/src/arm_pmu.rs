@@ -582,7 +582,7 @@ mod tests {
 
     #[test]
     fn the_precise_refusal_is_read_from_the_console() {
-        let console = "@@KERNEL 6.1.0-50-cloud-arm64\n@@SAID precise error: malformed event \
+        let console = "@@KERNEL 6.1.0-50-cloud-arm64\n@@SAID precise error: cannot open event \
                        'cycles:pp': precise sampling (:p) is x86's (Intel PEBS, AMD IBS); this \
                        machine's PMU (armv8_pmuv3) has no precise mode, so its samples skid\n\
                        @@DONE\n";

@@ -134,6 +134,14 @@ fn pmu_hint(pmu: &str) -> String {
 
 /// What a well-known PMU needs from the machine, to say why it is missing.
 pub fn pmu_requirement(pmu: &str) -> Option<&'static str> {
-    pmu.starts_with("ibs_")
-        .then_some("AMD IBS needs an AMD CPU and a host kernel")
+    if pmu.starts_with("ibs_") {
+        Some("AMD IBS needs an AMD CPU and a host kernel")
+    } else if pmu.starts_with("arm_spe") {
+        Some(
+            "Arm SPE needs an Arm CPU with the Statistical Profiling Extension (Neoverse N1 and \
+             later), the kernel's arm_spe_pmu driver and a host kernel",
+        )
+    } else {
+        None
+    }
 }

@@ -40,10 +40,43 @@ const CACHE_LINE_BYTES: u64 = profiler_common::capture::CACHE_LINE_BYTES;
 const PROT_EXEC: u32 = libc::PROT_EXEC as u32;
 /// IBS_OP_CTL bit 19 (the `cnt_ctl` format term): the period counts dispatched ops, not cycles.
 const IBS_OP_COUNTS_OPS: u64 = 1 << 19;
-/// x86-64 register numbers of PERF_SAMPLE_REGS_USER (arch/x86/include/uapi/asm/perf_regs.h).
-const PERF_REG_X86_BP: u32 = 6;
-const PERF_REG_X86_SP: u32 = 7;
-const PERF_REG_X86_IP: u32 = 8;
+/// Where the registers the copy unwinder starts from are in PERF_SAMPLE_REGS_USER, by the
+/// recording's architecture (arch/*/include/uapi/asm/perf_regs.h).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct UserRegisterBits {
+    ip: u32,
+    sp: u32,
+    fp: u32,
+    /// aarch64's link register; x86-64 has none.
+    link: Option<u32>,
+}
+
+impl UserRegisterBits {
+    /// For a recording made on `architecture` (perf's `HEADER_ARCH`, `uname -m`), when the copy
+    /// unwinder, which walks this machine's architecture, can walk its stacks. Recordings
+    /// without the header are taken as x86-64, as all were before aarch64 was read.
+    fn for_recording(architecture: Option<&str>) -> Option<UserRegisterBits> {
+        let architecture = architecture.unwrap_or("x86_64");
+        if architecture != std::env::consts::ARCH {
+            return None;
+        }
+        match architecture {
+            "x86_64" => Some(UserRegisterBits {
+                ip: 8,
+                sp: 7,
+                fp: 6,
+                link: None,
+            }),
+            "aarch64" => Some(UserRegisterBits {
+                ip: 32,
+                sp: 31,
+                fp: 29,
+                link: Some(30),
+            }),
+            _ => None,
+        }
+    }
+}
 /// PERF_SAMPLE_REGS_ABI_64: the registers are a 64-bit task's.
 const PERF_SAMPLE_REGS_ABI_64: u64 = 2;
 
@@ -79,6 +112,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
     let mut user_stacks = UserStacks {
         processes: &processes,
         unwinder: CopyUnwinder::default(),
+        registers: UserRegisterBits::for_recording(data.features.arch.as_deref()),
     };
     let mut aggregates = Aggregates::default();
     for sample in &data.samples {
@@ -319,6 +353,8 @@ struct Aggregates {
 struct UserStacks<'a> {
     processes: &'a ProcessTable,
     unwinder: CopyUnwinder,
+    /// `None` when the recording is of another architecture: its recorded call chains stand.
+    registers: Option<UserRegisterBits>,
 }
 
 impl UserStacks<'_> {
@@ -335,12 +371,16 @@ impl UserStacks<'_> {
         if registers.abi != PERF_SAMPLE_REGS_ABI_64 || stack.dyn_size == 0 {
             return None;
         }
+        let bits = self.registers?;
         let register = |bit| registers.get(attr.sample_regs_user, bit);
         let registers = UserRegisters {
-            ip: register(PERF_REG_X86_IP)?,
-            sp: register(PERF_REG_X86_SP)?,
-            fp: register(PERF_REG_X86_BP)?,
-            link: 0,
+            ip: register(bits.ip)?,
+            sp: register(bits.sp)?,
+            fp: register(bits.fp)?,
+            link: match bits.link {
+                Some(bit) => register(bit)?,
+                None => 0,
+            },
         };
         let copied = usize::try_from(stack.dyn_size)
             .unwrap_or(usize::MAX)

@@ -649,3 +649,24 @@ fn hardware_views_histograms_and_backtracking_through_the_command_line() {
         "{skidding}"
     );
 }
+
+#[test]
+fn stacks_of_another_architecture_are_not_walked_with_this_ones_registers() {
+    let (native, foreign) = if cfg!(target_arch = "aarch64") {
+        ("aarch64", "x86_64")
+    } else {
+        ("x86_64", "aarch64")
+    };
+    let bits = UserRegisterBits::for_recording(Some(native)).unwrap();
+    // perf_regs.h: x86-64 ip 8, sp 7, bp 6; arm64 pc 32, sp 31, x29 29, lr 30.
+    assert_eq!(
+        (bits.ip, bits.sp, bits.fp, bits.link),
+        if native == "x86_64" {
+            (8, 7, 6, None)
+        } else {
+            (32, 31, 29, Some(30))
+        }
+    );
+    assert_eq!(UserRegisterBits::for_recording(Some(foreign)), None);
+    assert_eq!(UserRegisterBits::for_recording(Some("riscv64")), None);
+}
