@@ -6,7 +6,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{c_workload::build_no_frame_pointers, profiler, record_to, temp_dir, workload};
+use common::{
+    c_workload::build_no_frame_pointers, profiler, record_to, report_json, temp_dir, workload,
+};
 
 /// The C workload's "mix" mode, built without frame pointers.
 fn build_workload(dir: &Path) -> PathBuf {
@@ -70,7 +72,7 @@ fn unwinder_counts(stderr: &str) -> Vec<u64> {
 fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers() {
     let dir = temp_dir("unwind-dwarf");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("dwarf", &dir, &binary, &["2000", "mix"]);
+    let (stacks, stderr) = record("dwarf", &dir, &binary, &["3000", "mix"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let counts = unwinder_counts(&stderr);
@@ -111,13 +113,27 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
         stacks.iter().all(|(stack, _)| !stack.contains("[unknown]")),
         "a garbage frame in a dwarf walk"
     );
+    // The samples taken before the process was loaded, walked by frame pointers, say so: in
+    // their stacks and in the report's count.
+    let marked: u64 = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains(";[frame pointers only];"))
+        .map(|(_, n)| n)
+        .sum();
+    let report = report_json(&dir.join("recording.prof"), &[]);
+    let counted = &report["events"][0]["user_stacks"]["frame_pointers_only"];
+    assert_eq!(
+        (marked, counted.as_u64()),
+        (counts[2], Some(counts[2])),
+        "frame-pointer-only stacks marked and counted, against the walker's count\n{stderr}"
+    );
 }
 
 #[test]
 fn frame_pointer_walks_stop_at_the_first_frameless_function() {
     let dir = temp_dir("unwind-fp");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("fp", &dir, &binary, &["2000", "mix"]);
+    let (stacks, stderr) = record("fp", &dir, &binary, &["3000", "mix"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let reached: u64 = stacks
@@ -132,6 +148,11 @@ fn frame_pointer_walks_stop_at_the_first_frameless_function() {
     assert!(
         !stderr.contains("user stacks unwound:"),
         "--unwind fp loads no tables\n{stderr}"
+    );
+    // Frame pointers were asked for: no stack is marked as falling back to them.
+    assert!(
+        stderr.contains(", 0 by frame pointers only, "),
+        "--unwind fp stacks counted as a fallback\n{stderr}"
     );
 }
 
