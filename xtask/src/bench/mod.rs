@@ -14,6 +14,7 @@ mod render;
 mod stack_quality;
 mod summary;
 mod tools;
+mod unwind_cost;
 mod workloads;
 
 use std::path::{Path, PathBuf};
@@ -119,6 +120,8 @@ pub struct Results {
     pub footprint: Vec<Footprint>,
     pub report_speed: Vec<ReportSpeed>,
     pub stack_quality: Vec<stack_quality::StackQualityRow>,
+    /// In-kernel cost of unwinding by tables, per sample at 10 and 30 user frames.
+    pub unwind_cost: unwind_cost::UnwindCost,
     /// Share of the machine's CPU time that other processes used while the bench ran.
     pub other_processes_cpu_percent: f64,
     pub perf_event_max_sample_rate_at_end: u64,
@@ -187,6 +190,9 @@ fn check(results: &Results) -> Result<()> {
         .all(|cost| cost.ns_per_sample.is_none())
     {
         problems.push("no in-kernel cost was measured".into());
+    }
+    if results.unwind_cost.ns_per_frame.is_none() {
+        problems.push("the in-kernel cost of unwinding was not measured".into());
     }
     if results
         .footprint
@@ -281,6 +287,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let footprint = bench.footprints(threads)?;
     let report_speed = bench.report_speeds(threads, &trials)?;
     let stack_quality = stack_quality::measure(&bench_profiler, &work)?;
+    let unwind_cost = unwind_cost::measure(&bench_profiler, &work, settings.repetitions)?;
     let other_processes_cpu_percent = CpuTimes::now()?.others_percent_since(&cpu_at_start);
     if other_processes_cpu_percent > NOISY_PERCENT {
         bench.note(format!(
@@ -302,6 +309,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         footprint,
         report_speed,
         stack_quality,
+        unwind_cost,
         other_processes_cpu_percent,
         perf_event_max_sample_rate_at_end: machine::read_number(MAX_SAMPLE_RATE)?,
         trials,
