@@ -7,7 +7,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{
-    c_workload::build_no_frame_pointers, profiler, record_to, report_json, temp_dir, workload,
+    c_workload::{build_dlopened_library, build_no_frame_pointers},
+    profiler, record_to, report_json, temp_dir, workload,
 };
 
 /// The C workload's "mix" mode, built without frame pointers.
@@ -126,6 +127,61 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
         (marked, counted.as_u64()),
         (counts[2], Some(counts[2])),
         "frame-pointer-only stacks marked and counted, against the walker's count\n{stderr}"
+    );
+}
+
+#[test]
+fn a_library_loaded_with_dlopen_mid_run_is_unwound_from_its_first_samples() {
+    // The program sorts for 2 s, then loads a library built without frame pointers and runs in
+    // it for 2 s: the walker meets addresses no published mapping holds and asks the agent,
+    // which loads the library's table within a sample or two.
+    let dir = temp_dir("unwind-dlopen");
+    let binary = build_workload(&dir);
+    let library = build_dlopened_library(&dir);
+    let (stacks, stderr) = record(
+        "dwarf",
+        &dir,
+        &binary,
+        &["4000", "dlopen", library.to_str().unwrap()],
+    );
+    let in_library: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains("library_leaf"))
+        .collect();
+    let total: u64 = in_library.iter().map(|(_, n)| n).sum();
+    let whole: u64 = in_library
+        .iter()
+        .filter(|(stack, _)| {
+            stack.contains(";_start;__libc_start_main_impl;__libc_start_call_main;main;library_work;library_leaf")
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        total > 500,
+        "too few samples in the library: {total}\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.99 * total as f64,
+        "{whole} of {total} samples in the dlopen'ed library carry main <- library_work\n{stderr}"
+    );
+    // Before the library, the program's own chains are whole too.
+    let (sorted, sorted_whole) = stacks
+        .iter()
+        .filter(|(stack, _)| stack.ends_with(";compare_records;record_key"))
+        .fold((0, 0), |(all, whole), (stack, n)| {
+            (
+                all + n,
+                whole
+                    + if stack.contains(";main;sort_records;") {
+                        *n
+                    } else {
+                        0
+                    },
+            )
+        });
+    assert!(
+        sorted > 100 && sorted_whole as f64 >= 0.99 * sorted as f64,
+        "{sorted_whole} of {sorted} record_key samples reach main through qsort\n{stderr}"
     );
 }
 

@@ -10,8 +10,12 @@
  * reads the clock, in the vDSO. With argv[2] "mix", two threads each recurse through frameless
  * functions (recurse <- work), sort through glibc's qsort (leaf_mix <- compare_ints <- qsort
  * internals <- sort_some <- work) and copy with memcpy (copy_some <- work), under a profiling
- * timer whose signal handler does work too (so samples land above a signal frame). */
+ * timer whose signal handler does work too (so samples land above a signal frame). With argv[2]
+ * "dlopen", main sorts for the first half of the time, then loads the library argv[3]
+ * (tests/workloads/c/dlopened.c) with dlopen and runs its library_work for the rest. */
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +173,26 @@ int main(int argc, char **argv)
          * record_key: n + 6 frames. */
         int frames = argc > 3 ? atoi(argv[3]) : 30;
         sink = descend(frames > 6 ? frames - 6 : 0);
+        return 0;
+    }
+    if (argc > 3 && strcmp(argv[2], "dlopen") == 0) {
+        double end = deadline;
+        deadline = (now() + end) / 2;
+        static unsigned long records[RECORDS];
+        while (now() < deadline) {
+            for (size_t i = 0; i < RECORDS; i++)
+                records[i] = record_key(&records[(i + 1) % RECORDS]) + i;
+            sort_records(records, RECORDS);
+        }
+        void *library = dlopen(argv[3], RTLD_NOW);
+        unsigned long (*work)(double, double (*)(void)) =
+            library ? (unsigned long (*)(double, double (*)(void)))dlsym(library, "library_work")
+                    : NULL;
+        if (!work) {
+            fprintf(stderr, "no_frame_pointers: %s\n", dlerror());
+            return 1;
+        }
+        sink = work(end, now);
         return 0;
     }
     if (argc > 2 && strcmp(argv[2], "mix") == 0) {
