@@ -212,13 +212,9 @@ fn frame_pointer_walks_stop_at_the_first_frameless_function() {
     );
 }
 
-#[test]
-fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
-    // A Rust binary linked with its text segment starting mid-page (file offset and address
-    // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 8
-    // frames a run.
-    let dir = temp_dir("unwind-deep");
-    let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), &["20000"]);
+/// deep_stack's samples in its leaf, and those whose stack holds the whole chain from `_start`
+/// through `deep_stack::main` and frame_01..frame_60 to the leaf.
+fn sixty_frames_whole(stacks: &[(String, u64)]) -> (u64, u64) {
     let chain: Vec<String> = (1..=60)
         .map(|i| format!("deep_stack::frame_{i:02}"))
         .collect();
@@ -237,6 +233,59 @@ fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
         })
         .map(|(_, n)| n)
         .sum();
+    (total, whole)
+}
+
+#[test]
+fn rust_code_built_without_frame_pointers_is_unwound_whole_and_frame_pointers_are_not() {
+    // deep_stack built here by rustc with frame pointers off (the workspace builds it with
+    // them): 60 frames between main and the leaf that only unwind tables describe.
+    let dir = temp_dir("unwind-rust-no-fp");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/deep_stack.rs");
+    let binary = dir.join("deep_stack");
+    common::run_checked(
+        "rustc",
+        &[
+            "--edition",
+            "2021",
+            "-C",
+            "opt-level=3",
+            "-C",
+            "force-frame-pointers=no",
+            "-C",
+            "debuginfo=1",
+            "-o",
+            binary.to_str().unwrap(),
+            source.to_str().unwrap(),
+        ],
+    );
+    let (stacks, stderr) = record("dwarf", &dir, &binary, &["15000"]);
+    let (total, whole) = sixty_frames_whole(&stacks);
+    assert!(
+        total > 500,
+        "too few samples in leaf_work: {total}\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.99 * total as f64,
+        "{whole} of {total} leaf samples carry _start, deep_stack::main and frame_01..frame_60\n{stderr}"
+    );
+    // The same program by frame pointers: none of it.
+    let (stacks, stderr) = record("fp", &dir, &binary, &["5000"]);
+    let (total, whole) = sixty_frames_whole(&stacks);
+    assert!(
+        total > 100 && whole == 0,
+        "{whole} of {total} leaf samples whole by frame pointers: is it built without them?\n{stderr}"
+    );
+}
+
+#[test]
+fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
+    // A Rust binary linked with its text segment starting mid-page (file offset and address
+    // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 8
+    // frames a run.
+    let dir = temp_dir("unwind-deep");
+    let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), &["20000"]);
+    let (total, whole) = sixty_frames_whole(&stacks);
     assert!(
         total > 500,
         "too few samples in leaf_work: {total}\n{stderr}"
