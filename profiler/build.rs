@@ -32,9 +32,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The program reads the registers of the kernel it runs in: that of the profiler's target.
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").expect("set by cargo");
+    if !ebpf_toolchain::SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
+        eprintln!(
+            "error: the eBPF program supports {} kernels, not {arch}",
+            ebpf_toolchain::SUPPORTED_ARCHITECTURES.join(" and ")
+        );
+        return ExitCode::FAILURE;
+    }
     let target_dir = out_dir.join("ebpf-target");
     let status = toolchain
-        .build_command(&ebpf_crate, &target_dir)
+        .build_command(&ebpf_crate, &target_dir, &arch)
         .status()
         .expect("cargo runs");
     if !status.success() {

@@ -177,10 +177,18 @@ pub enum LossKind {
     UnwindBroken = 21,
     /// A copied user stack was deeper than the unwinder walks: its outermost frames are lost.
     UnwindTooDeep = 22,
+    /// `--off-cpu`: a thread left the CPU but the blocked-threads map was full: its block is
+    /// lost.
+    OffCpuBlockedFull = 23,
+    /// `--off-cpu`: a block ended but the off-CPU map was full: the block is lost.
+    OffCpuFull = 24,
+    /// `--off-cpu`: the off-CPU histogram map was full: the block is counted without its
+    /// duration in the histograms.
+    OffCpuHistogramFull = 25,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 23;
+    pub const COUNT: usize = 26;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
@@ -205,6 +213,9 @@ impl LossKind {
         LossKind::UnwindOutsideCode,
         LossKind::UnwindBroken,
         LossKind::UnwindTooDeep,
+        LossKind::OffCpuBlockedFull,
+        LossKind::OffCpuFull,
+        LossKind::OffCpuHistogramFull,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
@@ -250,6 +261,9 @@ impl LossKind {
             }
             LossKind::UnwindBroken => "user stacks cut short: unwind rules led nowhere",
             LossKind::UnwindTooDeep => "user stacks cut short: deeper than the unwinder walks",
+            LossKind::OffCpuBlockedFull => "off-CPU blocks lost: blocked-threads map full",
+            LossKind::OffCpuFull => "off-CPU blocks lost: off-CPU map full",
+            LossKind::OffCpuHistogramFull => "off-CPU histograms: map full",
         }
     }
 }
@@ -375,7 +389,10 @@ pub struct StackCopyHeader {
     /// The user registers at the sample (the task's saved ones when it was in the kernel).
     pub ip: u64,
     pub sp: u64,
-    pub bp: u64,
+    /// The frame pointer (x86-64's rbp, aarch64's x29).
+    pub fp: u64,
+    /// aarch64's link register (x30); 0 on x86-64.
+    pub link: u64,
     /// Address of the first byte copied: the start of the stack pointer's page.
     pub stack_start: u64,
     pub stack_bytes: u32,

@@ -12,9 +12,12 @@
 #![no_std]
 #![no_main]
 
+mod arch;
+mod offcpu;
+
 use aya_ebpf::{
     bindings::{
-        pt_regs, BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
+        BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
         BPF_RB_RING_SIZE,
     },
     helpers::{
@@ -662,7 +665,18 @@ fn capture_stack(
     flags: u64,
     failed: LossKind,
 ) -> Result<Option<&'static StackFrames>, ()> {
-    let Some(buffer) = STACK_SCRATCH.get_ptr_mut(0) else {
+    capture_stack_into(ctx, &STACK_SCRATCH, flags, failed)
+}
+
+/// [`capture_stack`] into the frames buffer `scratch`, from any program's context.
+#[inline(always)]
+fn capture_stack_into(
+    ctx: &impl EbpfContext,
+    scratch: &'static PerCpuArray<StackFrames>,
+    flags: u64,
+    failed: LossKind,
+) -> Result<Option<&'static StackFrames>, ()> {
+    let Some(buffer) = scratch.get_ptr_mut(0) else {
         lose(failed);
         return Err(());
     };
@@ -764,38 +778,6 @@ fn count_unwind(what: UnwindCount) {
     add(&UNWIND_COUNTS, what as u32, 1);
 }
 
-/// The registers of the interrupted user code: the sample's own when it was taken in user mode,
-/// else those the task saved on entering the kernel. `None` for a kernel thread.
-#[inline(always)]
-fn user_registers(ctx: &PerfEventContext) -> Option<Registers> {
-    // SAFETY: the kernel rewrites context reads of the saved registers into safe loads.
-    let sampled = unsafe { &(*ctx.ctx).regs };
-    if sampled.cs & 3 == 3 {
-        return Some(Registers {
-            ip: sampled.rip,
-            sp: sampled.rsp,
-            fp: sampled.rbp,
-        });
-    }
-    // SAFETY: helpers on the current task, which the kernel keeps alive while the program runs;
-    // the registers are read through the checking helper.
-    let user = unsafe {
-        let task = aya_ebpf::helpers::generated::bpf_get_current_task_btf();
-        let regs = aya_ebpf::helpers::generated::bpf_task_pt_regs(task) as *const pt_regs;
-        let read = |field: *const u64| bpf_probe_read_kernel(field).ok();
-        let cs = read(core::ptr::addr_of!((*regs).cs))?;
-        if cs & 3 != 3 {
-            return None;
-        }
-        Registers {
-            ip: read(core::ptr::addr_of!((*regs).rip))?,
-            sp: read(core::ptr::addr_of!((*regs).rsp))?,
-            fp: read(core::ptr::addr_of!((*regs).rbp))?,
-        }
-    };
-    Some(user)
-}
-
 /// How a walk ended short of its frame limit.
 enum WalkEnd {
     /// At the outermost frame: the stack is complete.
@@ -816,7 +798,7 @@ fn unwind_frame(
     let Some(mapping) = process.find(pc) else {
         return Err(WalkEnd::Truncated(UnwindCount::TruncatedOutsideMappings));
     };
-    let mut row = UnwindRow::FRAME_POINTER_X86_64;
+    let mut table_row = None;
     if mapping.rows_len == 0 {
         count_unwind(UnwindCount::FramesWithoutTable);
         if mapping.rows_start == TABLE_NOT_LOADED {
@@ -835,10 +817,17 @@ fn unwind_frame(
             .and_then(|index| UNWIND_ROWS.get(start.wrapping_add(index)))
         };
         match found {
-            Some(found) if found.cfa_rule != CfaRule::NoInfo as u8 => row = *found,
+            Some(found) if found.cfa_rule != CfaRule::NoInfo as u8 => table_row = Some(*found),
             _ => count_unwind(UnwindCount::FramesWithoutRow),
         }
     }
+    let row = match table_row {
+        Some(row) => row,
+        // Both ABIs end the frame-pointer chain with a zero frame pointer (`_start` clears rbp
+        // or x29): walked by frame pointers, that frame is the outermost.
+        None if frame.regs.fp == 0 => return Err(WalkEnd::Complete),
+        None => arch::FRAME_POINTER_ROW,
+    };
     // SAFETY: user memory read through the checking helper, which fails cleanly.
     let read = |address: u64| unsafe { bpf_probe_read_user(address as *const u64) }.ok();
     match step(&row, &frame.regs, read) {
@@ -883,7 +872,7 @@ const FRAMES_PER_CALL: usize = 8;
 /// failed): the sample goes on with the kernel's frame-pointer walk then.
 #[inline(always)]
 fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
-    let Some(registers) = user_registers(ctx) else {
+    let Some(arch::UserFrame { regs: registers, .. }) = arch::user_frame(ctx) else {
         return;
     };
     let Some(process) = UNWIND_PROCESSES.get_ptr_mut(&sample.pid) else {
@@ -1072,8 +1061,7 @@ fn record(
     user_stack: u64,
     copied: bool,
 ) {
-    // SAFETY: the kernel rewrites context reads of the saved registers into safe loads.
-    let ip = unsafe { (*ctx.ctx).regs.rip };
+    let ip = arch::sample_ip(ctx);
 
     // With stack copies the agent unwinds and counts the sample's stacks from its record.
     let kernel_stack = if copied {
@@ -1227,7 +1215,11 @@ fn copy_stacks(
     cgroup: u64,
     event: u32,
 ) -> bool {
-    let Some(Registers { ip, sp, fp: bp }) = user_registers(ctx) else {
+    let Some(arch::UserFrame {
+        regs: Registers { ip, sp, fp },
+        link,
+    }) = arch::user_frame(ctx)
+    else {
         // No user context: the kernel frames are counted in the maps.
         return false;
     };
@@ -1294,7 +1286,8 @@ fn copy_stacks(
         (*header).cgroup = cgroup;
         (*header).ip = ip;
         (*header).sp = sp;
-        (*header).bp = bp;
+        (*header).fp = fp;
+        (*header).link = link;
         (*header).stack_start = stack_start;
         (*header).stack_bytes = stack_bytes as u32;
         (*header).kernel_bytes = kernel_bytes;

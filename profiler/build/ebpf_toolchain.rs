@@ -12,6 +12,8 @@ use std::{
 };
 
 pub const BPF_TARGET: &str = "bpfel-unknown-none";
+/// The kernels' architectures the eBPF program reads registers for (`profiler-ebpf/src/arch`).
+pub const SUPPORTED_ARCHITECTURES: [&str; 2] = ["x86_64", "aarch64"];
 const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,9 +114,11 @@ pub fn detect() -> Result<EbpfToolchain, Missing> {
 
 impl EbpfToolchain {
     /// `cargo build` of the eBPF crate in `crate_dir`, into `target_dir`, in release mode (the
-    /// verifier rejects unoptimized code). The environment of an enclosing cargo is cleared so
-    /// host flags and compilers do not leak into the BPF build.
-    pub fn build_command(&self, crate_dir: &Path, target_dir: &Path) -> Command {
+    /// verifier rejects unoptimized code), for a kernel of architecture `arch` (`x86_64`,
+    /// `aarch64`): `bpf_target_arch` picks the `pt_regs` layout in aya's bindings and the
+    /// program's own register reads. The environment of an enclosing cargo is cleared so host
+    /// flags and compilers do not leak into the BPF build.
+    pub fn build_command(&self, crate_dir: &Path, target_dir: &Path, arch: &str) -> Command {
         let mut command = Command::new("cargo");
         for (key, _) in env::vars_os() {
             let key = key.to_string_lossy();
@@ -133,6 +137,10 @@ impl EbpfToolchain {
             command.env("PATH", joined);
         }
         command.current_dir(crate_dir);
+        command.env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("--cfg=bpf_target_arch=\"{arch}\""),
+        );
         match &self.compiler {
             EbpfCompiler::Debian { rustc } => {
                 command.env("RUSTC", rustc).env("RUSTC_BOOTSTRAP", "1");

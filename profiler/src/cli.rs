@@ -23,6 +23,8 @@ pub enum Command {
     Record(Box<RecordArgs>),
     /// Report on a profile file (`record -o`).
     Report(Box<ReportArgs>),
+    /// Profile continuously: a profile per interval, exported until SIGTERM.
+    Agent(Box<crate::agent::AgentArgs>),
     /// Count events exactly for the whole run (HP Caliper's exact counts, like perf stat).
     Stat(Box<crate::stat::StatArgs>),
     /// The events this machine can sample or count, with default overflow values.
@@ -35,6 +37,52 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
+    /// Profile every CPU (all processes).
+    #[arg(short = 'a', long = "all-cpus", conflicts_with_all = ["pids", "command"])]
+    pub all_cpus: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub duration: Option<f64>,
+    /// Write the profile to this file (read it back with `profiler report -i`).
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Also stream every sample through a ring buffer into this file (JSON lines, in timestamp
+    /// order; `-`: standard output).
+    #[arg(long, value_name = "FILE")]
+    pub raw: Option<PathBuf>,
+    /// Write the report to this file instead of standard error (`-`: standard output). The
+    /// command's standard input, output and error are its own either way.
+    #[arg(long = "report", value_name = "FILE", conflicts_with = "json")]
+    pub report_file: Option<PathBuf>,
+    /// Write the report as JSON (schema profiler.report/1) to this file, or `-` for standard
+    /// output.
+    #[arg(long, value_name = "PATH|-", help_heading = "Report")]
+    pub json: Option<PathBuf>,
+    /// Report the capture's own cost: ns per sample in the kernel, map memory, drain time.
+    #[arg(long)]
+    pub stats: bool,
+    /// Keep the command's arguments in the profile and its reports (by default only the
+    /// program is named: arguments may hold passwords or tokens).
+    #[arg(long)]
+    pub record_args: bool,
+    #[command(flatten)]
+    pub report: ReportOutput,
+    /// The command to launch and profile: after `--`, or after the options as perf takes it
+    /// (`record ./prog -x`: what follows the program is its own).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND",
+        conflicts_with = "pids"
+    )]
+    pub command: Vec<String>,
+}
+
+/// What to sample and how, for `record` and `agent` alike.
+#[derive(Debug, Args)]
+pub struct SamplingArgs {
     /// Events to sample: names, aliases, `pmu/terms/`, `rNNNN`, with `:ukpp` modifiers and
     /// `/period=N/`, `/freq=HZ/` or `name,N` overflow values (repeat or comma-separate).
     /// Default: cycles, or cpu-clock where there is no hardware PMU.
@@ -58,17 +106,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "HZ", conflicts_with_all = ["period", "frequency"],
           value_parser = clap::value_parser!(u64).range(1..))]
     pub target_rate: Option<u64>,
-    /// Profile every CPU (all processes).
-    #[arg(short = 'a', long = "all-cpus", conflicts_with_all = ["pids", "command"])]
-    pub all_cpus: bool,
     /// Profile running processes (repeat or comma-separate), their threads and children.
-    #[arg(
-        short = 'p',
-        long = "pid",
-        value_name = "PID",
-        value_delimiter = ',',
-        conflicts_with = "command"
-    )]
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
     /// Only samples in this cgroup (v2 path, absolute or relative to the mount) and below.
     #[arg(long, value_name = "PATH")]
@@ -79,27 +118,6 @@ pub struct RecordArgs {
     /// Only samples of this user (name or number).
     #[arg(long, value_name = "USER")]
     pub uid: Option<String>,
-    /// Stop after this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
-    pub duration: Option<f64>,
-    /// Write the profile to this file (read it back with `profiler report -i`).
-    #[arg(short = 'o', long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
-    /// Also stream every sample through a ring buffer into this file (JSON lines, in timestamp
-    /// order; `-`: standard output).
-    #[arg(long, value_name = "FILE")]
-    pub raw: Option<PathBuf>,
-    /// Write the report to this file instead of standard error (`-`: standard output). The
-    /// command's standard input, output and error are its own either way.
-    #[arg(long = "report", value_name = "FILE", conflicts_with = "json")]
-    pub report_file: Option<PathBuf>,
-    /// Write the report as JSON (schema profiler.report/1) to this file, or `-` for standard
-    /// output.
-    #[arg(long, value_name = "PATH|-", help_heading = "Report")]
-    pub json: Option<PathBuf>,
-    /// Report the capture's own cost: ns per sample in the kernel, map memory, drain time.
-    #[arg(long)]
-    pub stats: bool,
     /// How often the agent drains the kernel maps, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..=MAX_DRAIN_INTERVAL_MS))]
@@ -144,20 +162,15 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MIB", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub unwind_table_mib: u32,
-    /// Keep the command's arguments in the profile and its reports (by default only the
-    /// program is named: arguments may hold passwords or tokens).
+    /// Also record off-CPU time: where the threads in scope wait (asleep, on the disk, in the
+    /// run queue), with kernel and user stacks and the distribution of block durations.
     #[arg(long)]
-    pub record_args: bool,
-    #[command(flatten)]
-    pub report: ReportOutput,
-    /// The command to launch and profile: after `--`, or after the options as perf takes it
-    /// (`record ./prog -x`: what follows the program is its own).
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
-    pub command: Vec<String>,
+    pub off_cpu: bool,
+    /// With `--off-cpu`: blocks shorter than this are counted without stacks (nanoseconds, or
+    /// with a unit: `500us`, `2ms`, `1s`).
+    #[arg(long, value_name = "TIME", requires = "off_cpu",
+          value_parser = crate::capture::offcpu::parse_block_time)]
+    pub off_cpu_min: Option<u64>,
 }
 
 /// How much larger than `--ring-buffer-kib` the stack-copy ring is.
@@ -226,7 +239,9 @@ impl RecordArgs {
         // `seconds` checked that the value fits.
         self.duration.map(std::time::Duration::from_secs_f64)
     }
+}
 
+impl SamplingArgs {
     /// Bytes of each ring buffer: `--ring-buffer-kib` rounded up to a power of two (at most
     /// [`MAX_RING_BUFFER_KIB`], so it fits).
     pub fn ring_buffer_bytes(&self) -> u32 {
@@ -344,7 +359,7 @@ mod tests {
         match cli.command {
             Command::Record(record) => {
                 let _ = record.duration();
-                let _ = record.ring_buffer_bytes();
+                let _ = record.sampling.ring_buffer_bytes();
                 let _ = record.report.view.rows();
             }
             Command::Report(report) => {
@@ -352,6 +367,9 @@ mod tests {
             }
             Command::Stat(stat) => {
                 let _ = stat.duration();
+            }
+            Command::Agent(agent) => {
+                let _ = agent.sampling.ring_buffer_bytes();
             }
             Command::List { .. } => {}
         }
@@ -412,9 +430,9 @@ mod tests {
             }
         };
         let largest = parse(&["profiler", "record", "-a", "--ring-buffer-kib", "1048576"]);
-        assert_eq!(largest.ring_buffer_bytes(), 1 << 30);
+        assert_eq!(largest.sampling.ring_buffer_bytes(), 1 << 30);
         let odd = parse(&["profiler", "record", "-a", "--ring-buffer-kib", "5"]);
-        assert_eq!(odd.ring_buffer_bytes(), 8192);
+        assert_eq!(odd.sampling.ring_buffer_bytes(), 8192);
     }
 
     #[test]
@@ -443,9 +461,9 @@ mod tests {
         ]) else {
             panic!("not a record");
         };
-        assert_eq!(record.pids, vec![7]);
+        assert_eq!(record.sampling.pids, vec![7]);
         assert_eq!(record.report.view.pids, vec![8]);
-        assert_eq!(record.events, vec!["cycles"]);
+        assert_eq!(record.sampling.events, vec!["cycles"]);
         let Command::Record(record) =
             parse(&["profiler", "record", "-F", "99", "./prog", "-x", "--", "y"])
         else {
@@ -456,7 +474,7 @@ mod tests {
             ["./prog", "-x", "--", "y"],
             "as perf takes it"
         );
-        assert_eq!(record.frequency, Some(99));
+        assert_eq!(record.sampling.frequency, Some(99));
         let Command::Record(record) = parse(&["profiler", "record", "--", "./prog", "-x"]) else {
             panic!("not a record");
         };

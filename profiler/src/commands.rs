@@ -7,18 +7,20 @@ use profiler_common::unwind::UnwindRow;
 
 use crate::{
     capture::{
-        btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, program::MapSizes,
+        btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, offcpu::OffCpuOptions,
+        program::MapSizes,
     },
     cli::{
-        Command, RecordArgs, ReportArgs, ReportOutput, Unwind, DEFAULT_STACK_COPY_KIB,
-        MAX_RING_BUFFER_KIB, STACK_COPY_RING_FACTOR,
+        Command, RecordArgs, ReportArgs, ReportOutput, SamplingArgs, Unwind,
+        DEFAULT_STACK_COPY_KIB, MAX_RING_BUFFER_KIB, STACK_COPY_RING_FACTOR,
     },
     events::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
         override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
     },
     export::{
-        flamegraph::write_flamegraph, folded::write_folded, pprof::write_pprof, selected_profile,
+        flamegraph::write_flamegraph, folded::write_folded, offcpu::with_off_cpu_event,
+        pprof::write_pprof, selected_profile,
     },
     hardware::render::{hardware_json, render_hardware},
     import::{is_perf_data, profile_from_perf_data_file},
@@ -43,6 +45,7 @@ pub async fn run(command: Command) -> Result<ExitCode> {
         Command::Record(args) => run_record(*args).await,
         Command::Report(args) => run_report(*args),
         Command::Stat(args) => crate::stat::run_stat(*args).await,
+        Command::Agent(args) => crate::agent::run_agent(*args).await,
         Command::List { json } => {
             print(&run_list(json)?)?;
             Ok(ExitCode::SUCCESS)
@@ -59,7 +62,7 @@ fn print(text: &str) -> Result<()> {
 
 /// The events to sample: as given, or cycles (cpu-clock where there is no hardware PMU, said
 /// once), with any global overflow override.
-fn resolve_events(args: &RecordArgs, pmus: &PmuRegistry) -> Result<Vec<EventSpec>> {
+fn resolve_events(args: &SamplingArgs, pmus: &PmuRegistry) -> Result<Vec<EventSpec>> {
     let text = if args.events.is_empty() {
         if pmus.has_hardware_pmu() {
             "cycles".to_string()
@@ -114,7 +117,7 @@ fn calibrate_events(events: &mut [EventSpec], target: &TargetSpec, rate: u64) ->
 }
 
 /// Cgroup ids to keep: the subtree of `--cgroup` or of `--container`'s cgroup.
-fn resolve_cgroups(args: &RecordArgs) -> Result<Vec<u64>> {
+fn resolve_cgroups(args: &SamplingArgs) -> Result<Vec<u64>> {
     let directory = match (&args.cgroup, &args.container) {
         (None, None) => return Ok(Vec::new()),
         (Some(path), _) => resolve_cgroup_dir(path, &cgroup2_mount()?)?,
@@ -126,7 +129,7 @@ fn resolve_cgroups(args: &RecordArgs) -> Result<Vec<u64>> {
 
 /// The cgroup, container and user filters as given, for the report's title: `cgroup
 /// system.slice, user alice`.
-fn describe_scope(args: &RecordArgs) -> Option<String> {
+fn describe_scope(args: &SamplingArgs) -> Option<String> {
     let parts: Vec<String> = [
         args.cgroup
             .as_ref()
@@ -145,7 +148,7 @@ fn describe_scope(args: &RecordArgs) -> Option<String> {
 const UNWIND_PROCESSES: u32 = 1024;
 
 /// KiB of user stack each sample copies, with `--unwind copy`.
-fn stack_copy_kib(args: &RecordArgs) -> Result<Option<u32>> {
+fn stack_copy_kib(args: &SamplingArgs) -> Result<Option<u32>> {
     match (args.unwind, args.stack_copy_kib) {
         (Unwind::Copy, kib) => Ok(Some(kib.unwrap_or(DEFAULT_STACK_COPY_KIB))),
         (Unwind::Fp | Unwind::Dwarf, None) => Ok(None),
@@ -156,28 +159,27 @@ fn stack_copy_kib(args: &RecordArgs) -> Result<Option<u32>> {
     }
 }
 
-async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
-    // From the start: no stop signal kills the profiler and leaves its command running.
-    let mut signals = StopSignals::catch()?;
-    let outputs = RecordOutputs::check(&args)?;
-    // The report goes to standard error, or to a file.
-    args.report.view.width = terminal_width(&std::io::stderr());
-    let pmus = PmuRegistry::live()?;
-    let mut events = resolve_events(&args, &pmus)?;
-    let cgroups = resolve_cgroups(&args)?;
-    let uid = args.uid.as_deref().map(resolve_uid).transpose()?;
-    let target = if !args.command.is_empty() {
-        TargetSpec::Command(args.command.clone())
+/// What to profile: a command, processes, or the whole system (optionally filtered to cgroups
+/// or a user); `None` when nothing says which.
+pub fn target_of(args: &SamplingArgs, command: &[String], all_cpus: bool) -> Option<TargetSpec> {
+    if !command.is_empty() {
+        Some(TargetSpec::Command(command.to_vec()))
     } else if !args.pids.is_empty() {
-        TargetSpec::Processes(args.pids.clone())
-    } else if args.all_cpus || !cgroups.is_empty() || uid.is_some() {
-        TargetSpec::System
+        Some(TargetSpec::Processes(args.pids.clone()))
+    } else if all_cpus || args.cgroup.is_some() || args.container.is_some() || args.uid.is_some() {
+        Some(TargetSpec::System)
     } else {
-        anyhow::bail!(
-            "nothing to profile: give a command after `--`, processes with -p PID, a cgroup, \
-             container or user, or -a for all CPUs"
-        );
-    };
+        None
+    }
+}
+
+/// Resolves the sampling options into a capture's options (events, scope, map sizes), for
+/// `record` and `agent` alike; the outputs and duration are the caller's.
+pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<RecordOptions> {
+    let pmus = PmuRegistry::live()?;
+    let mut events = resolve_events(args, &pmus)?;
+    let cgroups = resolve_cgroups(args)?;
+    let uid = args.uid.as_deref().map(resolve_uid).transpose()?;
     let btf = match &args.btf {
         Some(path) => Btf::from_file(path),
         None => Btf::from_sys_fs(),
@@ -194,11 +196,11 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
     };
     let entries = args.map_entries;
     let ring_bytes = args.ring_buffer_bytes();
-    let options = RecordOptions {
+    Ok(RecordOptions {
         events,
         pmus,
         target,
-        duration: args.duration(),
+        duration: None,
         drain_interval: Duration::from_millis(args.drain_interval),
         sizes: MapSizes {
             stacks: args.stack_map_entries,
@@ -230,15 +232,39 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
             user: true,
             kernel: !args.no_kernel_stacks,
         },
-        stack_copy_kib: stack_copy_kib(&args)?,
+        stack_copy_kib: stack_copy_kib(args)?,
         unwind: args.unwind,
-        raw: outputs.raw.clone(),
-        stats: args.stats,
+        raw: None,
+        stats: false,
         cgroups,
         uid,
-        scope: describe_scope(&args),
+        scope: describe_scope(args),
         offsets,
+        record_args: false,
+        off_cpu: args.off_cpu.then(|| OffCpuOptions {
+            min_block_ns: args.off_cpu_min.unwrap_or(0),
+        }),
+    })
+}
+
+async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
+    // From the start: no stop signal kills the profiler and leaves its command running.
+    let mut signals = StopSignals::catch()?;
+    let outputs = RecordOutputs::check(&args)?;
+    // The report goes to standard error, or to a file.
+    args.report.view.width = terminal_width(&std::io::stderr());
+    let Some(target) = target_of(&args.sampling, &args.command, args.all_cpus) else {
+        anyhow::bail!(
+            "nothing to profile: give a command after `--`, processes with -p PID, a cgroup, \
+             container or user, or -a for all CPUs"
+        );
+    };
+    let options = RecordOptions {
+        duration: args.duration(),
+        raw: outputs.raw.clone(),
+        stats: args.stats,
         record_args: args.record_args,
+        ..capture_options(&args.sampling, target)?
     };
     let capture = record(options, &mut signals).await?;
     // Assembling and reporting take seconds on a big run: off this thread, so that a signal
@@ -431,7 +457,8 @@ fn report(
     let profile = &*profile;
     let exports = [&targets.folded, &targets.flamegraph, &targets.pprof];
     if exports.iter().any(|target| target.is_some()) {
-        let selected = selected_profile(profile, view.event.as_deref(), &view.filter())?;
+        let with_off_cpu = with_off_cpu_event(profile);
+        let selected = selected_profile(&with_off_cpu, view.event.as_deref(), &view.filter())?;
         let first = selected.events.first().map_or("", |e| e.name.as_str());
         let mut export =
             |target: &Option<Output>,

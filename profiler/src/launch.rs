@@ -400,6 +400,77 @@ impl Shutdown {
     }
 }
 
+/// What may end a run, as [`Run::next`] saw it; acted on by [`Run::act`] once the caller's
+/// select is over, so that waiting on a killed command is never cut short by another branch.
+pub enum RunEvent {
+    CommandExited(std::io::Result<ExitStatus>),
+    /// A stop signal, or `None` when the duration or the command's grace ended.
+    Stop(Option<StopSignal>),
+}
+
+/// The end conditions of one `record`, `stat` or `agent` run: the launched command, the `-p`
+/// processes, the duration and stop signals, with the [`Shutdown`] they go through.
+pub struct Run {
+    pub command: Option<StoppedCommand>,
+    /// `-p` processes: the run stops when none of them is left.
+    pids: Vec<u32>,
+    shutdown: Shutdown,
+}
+
+impl Run {
+    pub fn new(command: Option<StoppedCommand>, pids: Vec<u32>) -> Run {
+        Run {
+            command,
+            pids,
+            shutdown: Shutdown::new(None),
+        }
+    }
+
+    /// Starts the clock of `--duration`: call when the counters start.
+    pub fn begin(&mut self, duration: Option<Duration>) {
+        self.shutdown = Shutdown::new(duration);
+    }
+
+    /// The next event that may end the run. Safe to cancel (in a `select!`).
+    pub async fn next(&mut self, signals: &mut StopSignals) -> RunEvent {
+        let Run {
+            command, shutdown, ..
+        } = self;
+        let command_exit = async {
+            match command {
+                Some(stopped) => stopped.child.wait().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            status = command_exit => RunEvent::CommandExited(status),
+            signal = shutdown.next_stop(signals) => RunEvent::Stop(signal),
+        }
+    }
+
+    /// Acts on an event of [`Run::next`]: why the run stops, or `None` while a command winds down.
+    pub async fn act(&mut self, event: RunEvent) -> Result<Option<Stop>> {
+        match event {
+            RunEvent::CommandExited(status) => Ok(Some(
+                self.shutdown
+                    .command_exited(status.context("waiting for the command")?),
+            )),
+            RunEvent::Stop(signal) => self.shutdown.stop(signal, self.command.as_mut()).await,
+        }
+    }
+
+    /// `Stop::TargetsExited` once every `-p` process is gone (checked on the caller's ticks).
+    pub fn targets_exited(&self) -> Option<Stop> {
+        let gone = !self.pids.is_empty() && !self.pids.iter().any(|&pid| process_running(pid));
+        gone.then_some(Stop::TargetsExited)
+    }
+
+    /// How the run ended, given why it stopped.
+    pub fn ending(self, stop: Stop) -> Ending {
+        self.shutdown.ending(stop)
+    }
+}
+
 /// `SIGTERM` for 15; `signal N` for one without a name here.
 pub fn signal_name(signal: i32) -> String {
     let names = [

@@ -4,6 +4,7 @@
 //! -> report / export. `import` brings perf.data files into the same model; `hardware` holds
 //! what precise samplers decoded (data sources, IBS) and skid backtracking.
 
+pub mod agent;
 pub mod aggregate;
 #[cfg(test)]
 mod alloc_meter;
@@ -19,6 +20,7 @@ pub mod input;
 pub mod launch;
 pub mod output;
 pub mod profile;
+pub mod prometheus;
 pub mod record;
 pub mod report;
 pub mod scope;

@@ -11,34 +11,30 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
-    CaptureConfig, KernelOffsets, LossKind, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS,
-    CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW,
-    CAPTURE_STACK_COPY, CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, MAX_EVENTS,
-    STACK_COPY_PAGE_BYTES,
+    CaptureConfig, KernelOffsets, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
+    CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_STACK_COPY,
+    CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, STACK_COPY_PAGE_BYTES,
 };
-use tokio::time::interval;
 
 use crate::{
     aggregate::{code::capture_code, dataspace::capture_data_objects},
     capture::{
-        counters::{open_sampling_counters, EventCounter, StackCapture, Target},
-        hardware::{self, cpu_identity, hardware_sample_type, raw_decoding, samples_latency},
-        program::{CaptureProgram, MapSizes, Ring},
-        raw::RawStream,
-        sideband::{ProcessTable, Sideband},
+        counters::{EventCounter, StackCapture},
+        hardware::{self, hardware_sample_type},
+        offcpu::OffCpuOptions,
+        program::MapSizes,
+        session::CaptureSession,
+        sideband::ProcessTable,
         stats::{fdinfo_memlock, CaptureStats},
     },
     cli::Unwind,
-    drain::{
-        ibs::IbsStream, read_accounting, stack_copy::StackCopyStream, Accounting, Drained, Drainer,
-    },
-    events::{EventSpec, PmuRegistry, Sampling, SystemFacts},
-    launch::{process_running, spawn_stopped, Ending, Shutdown, Stop, StopSignals, TargetSpec},
+    drain::{Accounting, Drained},
+    events::{EventSpec, PmuRegistry, Sampling},
+    launch::{Ending, StopSignals, TargetSpec},
     output::Output,
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
     stat::count::Count,
     symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
-    unwind::loader::UnwindLoader,
 };
 
 pub struct RecordOptions {
@@ -65,15 +61,17 @@ pub struct RecordOptions {
     pub offsets: Option<KernelOffsets>,
     /// Keep the command's arguments in the profile (see [`TargetSpec::describe`]).
     pub record_args: bool,
+    /// `--off-cpu`: also record where the threads in scope wait.
+    pub off_cpu: Option<OffCpuOptions>,
 }
 
 /// What a recording gathered, before the profile is assembled from it.
 pub struct Capture {
-    meta: ProfileMeta,
-    events: Vec<EventInfo>,
-    drained: Drained,
-    processes: ProcessTable,
-    cpu: Option<crate::profile::CpuIdentity>,
+    pub(crate) meta: ProfileMeta,
+    pub(crate) events: Vec<EventInfo>,
+    pub(crate) drained: Drained,
+    pub(crate) processes: ProcessTable,
+    pub(crate) cpu: Option<crate::profile::CpuIdentity>,
     pub accounting: Accounting,
     pub stats: CaptureStats,
     pub ending: Ending,
@@ -130,7 +128,7 @@ impl Capture {
 
 /// What the sampling counters counted, per event: each counter's reading (inherited children
 /// included) scaled for multiplexing, summed over its placements.
-fn event_counts(counters: &mut [EventCounter], events: usize) -> Result<Vec<u64>> {
+pub(crate) fn event_counts(counters: &mut [EventCounter], events: usize) -> Result<Vec<u64>> {
     let mut totals = vec![0u64; events];
     for counter in counters {
         let reading = counter
@@ -184,7 +182,7 @@ fn unwind_on_this_kernel(asked: Unwind) -> Unwind {
     }
 }
 
-fn capture_config(options: &RecordOptions) -> CaptureConfig {
+pub(crate) fn capture_config(options: &RecordOptions) -> CaptureConfig {
     let mut config = CaptureConfig::EMPTY;
     if let Some(offsets) = options.offsets {
         config.offsets = offsets;
@@ -246,12 +244,9 @@ fn kernel_release() -> String {
         .unwrap_or_default()
 }
 
-/// How often the side-band records (new mappings, exec, exit) are read.
-const SIDEBAND_INTERVAL: Duration = Duration::from_millis(50);
-
 /// Enables the kernel's BPF run-time statistics for `--stats` while held, when they are not on
 /// already; without the privilege (CAP_SYS_ADMIN) says so and goes on without them.
-fn enable_run_statistics() -> Option<std::os::fd::OwnedFd> {
+pub(crate) fn enable_run_statistics() -> Option<std::os::fd::OwnedFd> {
     let already_on = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
         .is_ok_and(|value| value.trim() == "1");
     if already_on {
@@ -272,7 +267,7 @@ fn enable_run_statistics() -> Option<std::os::fd::OwnedFd> {
 
 /// Kernel memory locked by the BPF maps this process holds (fdinfo memlock), read from its own
 /// descriptors: looking maps up by id would need CAP_SYS_ADMIN.
-fn held_map_memory() -> u64 {
+pub(crate) fn held_map_memory() -> u64 {
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
         return 0;
     };
@@ -319,7 +314,7 @@ fn kernel_symbols_hidden() -> bool {
 /// Checks, before anything starts, what the run needs beyond opening counters and loading the
 /// program: reading the mappings and files of the processes it profiles (ptrace access), and
 /// kernel symbols. A `-p` process that cannot be read is an error; the rest are notes, returned.
-fn check_privileges(options: &RecordOptions) -> Result<Vec<String>> {
+pub(crate) fn check_privileges(options: &RecordOptions) -> Result<Vec<String>> {
     let mut notes = Vec::new();
     match &options.target {
         TargetSpec::Processes(pids) => {
@@ -365,281 +360,39 @@ fn check_privileges(options: &RecordOptions) -> Result<Vec<String>> {
     Ok(notes)
 }
 
+/// Records until the target exits, the duration ends or the user interrupts: one window.
 pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result<Capture> {
-    if options.events.is_empty() || options.events.len() > MAX_EVENTS {
-        return Err(anyhow!("record takes 1 to {MAX_EVENTS} events"));
-    }
-    if options.events.len() > 1 && options.offsets.is_none() {
-        return Err(anyhow!(
-            "sampling several events at once needs kernel BTF (/sys/kernel/btf/vmlinux) to tell \
-             their samples apart: sample one event per run on this kernel"
-        ));
-    }
-    for note in check_privileges(&options)? {
-        eprintln!("note: {note}");
-    }
-    let config = capture_config(&options);
-    let facts = SystemFacts::read(&options.pmus);
-    // While held, the kernel counts the program's runs and run time.
-    let _stats_enabled = options.stats.then(enable_run_statistics).flatten();
-    let cpu = cpu_identity();
-    let raw_decoding = raw_decoding(&options.events, cpu.as_ref());
-    let ibs_events = raw_decoding.ibs_events() != 0;
-    let sizes = options.sizes.fitted(
-        samples_latency(&options.events),
-        options.raw.is_some(),
-        ibs_events,
-        options.stack_copy_kib.is_some(),
-    );
-    let cpus = aya::util::online_cpus()
-        .map_err(|(what, e)| anyhow!("counting online CPUs ({what}): {e}"))?
-        .len();
-    let config = CaptureConfig {
-        drain_request_steps: sizes.drain_request_steps(cpus),
-        ..config
-    };
-    let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes)?;
-    let mut drainer = Drainer::new(&mut program, sizes)?;
-    program.filter_cgroups(&options.cgroups)?;
-    let mut unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
-        0 => None,
-        _ => Some(program.unwind_loader()?),
-    };
-    let map_bytes = held_map_memory();
-    let mut raw = match &options.raw {
-        Some(output) => Some(RawStream::create(
-            output,
-            program.take_ring(Ring::RawSamples)?,
-        )?),
-        None => None,
-    };
-    let mut ibs = match ibs_events {
-        true => Some(IbsStream::new(
-            program.take_ring(Ring::IbsSamples)?,
-            raw_decoding,
-        )?),
-        false => None,
-    };
-    let mut stack_copies = match options.stack_copy_kib {
-        Some(_) => Some(StackCopyStream::new(program.take_ring(Ring::StackCopies)?)?),
-        None => None,
-    };
-
-    let mut command = match &options.target {
-        TargetSpec::Command(argv) => Some(spawn_stopped(argv)?),
-        _ => None,
-    };
-    let target = match (&options.target, &command) {
-        (TargetSpec::Command(_), Some(stopped)) => Target::Command(stopped.pid()?),
-        (TargetSpec::Processes(pids), _) => Target::Processes(pids.clone()),
-        _ => Target::System,
-    };
-
-    let mut processes = ProcessTable::default();
-    let mut sideband = Sideband::open(&target, &options.pmus, &facts)?;
-    let mut counters = open_sampling_counters(&options.events, &target, options.stacks, &facts)?;
-    for counter in &mut counters {
-        program.attach(&mut counter.counter)?;
-        if config.flags & CAPTURE_EVENT_IDS != 0 {
-            program.register_event(counter.counter.id(), counter.event)?;
-        }
-    }
-    let start = SystemTime::now();
-    if let Some(stopped) = &mut command {
-        // Counters with enable_on_exec start when the command execs, which this releases.
-        stopped.release()?;
-    } else {
-        // The side-band first, then /proc: a process that starts or maps code in between is
-        // in both, and the table keeps one copy.
-        sideband.enable()?;
-        match &target {
-            Target::Processes(pids) => pids.iter().for_each(|pid| processes.scan_process(*pid)),
-            _ => processes.scan_all(),
-        }
-        if let Some(unwinder) = &mut unwinder {
-            unwinder.sync(&processes)?;
-        }
-        for counter in &mut counters {
-            counter.counter.enable()?;
-        }
-    }
-
-    let mut drained = Drained::default();
-    let mut ticker = interval(options.drain_interval);
-    ticker.tick().await;
-    let mut sideband_ticker = interval(SIDEBAND_INTERVAL);
-    sideband_ticker.tick().await;
-    let mut shutdown = Shutdown::new(options.duration);
+    let mut session = CaptureSession::open(&options)?;
+    session.start(&options.target).await?;
     let stop = loop {
-        let raw_ready = async {
-            match &raw {
-                Some(stream) => stream.readable().await,
-                None => std::future::pending().await,
-            }
-        };
-        let ibs_ready = async {
-            match &ibs {
-                Some(stream) => stream.readable().await,
-                None => std::future::pending().await,
-            }
-        };
-        let stack_copies_ready = async {
-            match &stack_copies {
-                Some(stream) => stream.readable().await,
-                None => std::future::pending().await,
-            }
-        };
-        let unwind_requested = async {
-            match &unwinder {
-                Some(unwinder) => unwinder.requested().await,
-                None => std::future::pending().await,
-            }
-        };
-        let command_exit = async {
-            match &mut command {
-                Some(stopped) => stopped.child.wait().await,
-                None => std::future::pending().await,
-            }
-        };
-        // A stop to act on once the select's borrows are over.
-        let mut stop = None;
-        tokio::select! {
-            // Mappings are read often so their files are opened while short-lived processes live.
-            _ = sideband_ticker.tick() => {
-                sideband.read_into(&mut processes);
-                if let Some(unwinder) = &mut unwinder {
-                    unwinder.sync(&processes)?;
-                }
-                // The program wakes us only when the IBS ring is half full.
-                if let Some(stream) = &mut ibs {
-                    stream.read_into(&mut drained.ibs)?;
-                }
-                // Unwound while the mappings just read are the processes' own.
-                if let Some(stream) = &mut stack_copies {
-                    stream.read_into(&processes, &mut drained)?;
-                }
-                drainer.drain_if_filling(&mut program, &mut drained)?;
-                if let Target::Processes(pids) = &target {
-                    if !pids.iter().any(|&pid| process_running(pid)) {
-                        break Stop::TargetsExited;
-                    }
-                }
-            }
-            requested = unwind_requested => {
-                requested.context("waiting on the unwinder's requests")?;
-                sideband.read_into(&mut processes);
-                if let Some(unwinder) = &mut unwinder {
-                    unwinder.sync(&processes)?;
-                }
-            }
-            requested = drainer.requested() => {
-                requested.context("waiting on the capture program's drain requests")?;
-                drainer.drain_if_filling(&mut program, &mut drained)?;
-            }
-            _ = ticker.tick() => {
-                sideband.read_into(&mut processes);
-                if let Some(unwinder) = &mut unwinder {
-                    unwinder.sync(&processes)?;
-                }
-                drainer.drain(&mut program, &mut drained)?;
-            }
-            ready = raw_ready => {
-                ready.context("waiting on the raw sample ring buffer")?;
-                if let Some(stream) = &mut raw {
-                    stream.write_ready()?;
-                }
-            }
-            ready = ibs_ready => {
-                ready.context("waiting on the IBS ring buffer")?;
-                if let Some(stream) = &mut ibs {
-                    stream.read_into(&mut drained.ibs)?;
-                }
-            }
-            ready = stack_copies_ready => {
-                ready.context("waiting on the stack-copy ring buffer")?;
-                sideband.read_into(&mut processes);
-                if let Some(stream) = &mut stack_copies {
-                    stream.read_into(&processes, &mut drained)?;
-                }
-            }
-            status = command_exit => {
-                break shutdown.command_exited(status.context("waiting for the command")?);
-            }
-            signal = shutdown.next_stop(signals) => stop = Some(signal),
-        }
-        if let Some(signal) = stop {
-            if let Some(stop) = shutdown.stop(signal, command.as_mut()).await? {
-                break stop;
-            }
+        if let Some(stop) = session.run_until(None, signals).await? {
+            break stop;
         }
     };
-    for counter in &mut counters {
-        counter.counter.disable()?;
-    }
-    sideband.disable()?;
-    let duration = start.elapsed().unwrap_or_default();
-    sideband.read_into(&mut processes);
-    drainer.drain_all(&mut program, &mut drained)?;
-    let mut failures = Vec::new();
-    if let Some(stream) = &mut raw {
-        failures.extend(stream.finish()?);
-    }
-    let mut accounting = read_accounting(&program, options.events.len())?;
-    // A filter drops samples of what the counters still count: their totals would not match.
-    if config.flags & (CAPTURE_FILTER_CGROUP | CAPTURE_FILTER_UID) == 0 {
-        accounting.event_counts = event_counts(&mut counters, options.events.len())?;
-    }
-    for (total, counted) in accounting.losses.iter_mut().zip(drained.losses) {
-        *total += counted;
-    }
-    if let Some(stream) = &mut ibs {
-        stream.finish(&mut drained.ibs)?;
-        accounting.losses[LossKind::IbsRegistersUnreadable as usize] += stream.unreadable();
-    }
-    if let Some(stream) = &mut stack_copies {
-        stream.finish(&processes, &mut drained)?;
-        for (total, walks) in accounting.losses.iter_mut().zip(stream.losses()) {
-            *total += walks;
-        }
-    }
-    let (program_runs, program_run_time) = program.run_statistics()?;
-    let stats = CaptureStats {
-        program_runs,
-        program_run_time,
-        map_bytes,
-        drain_time: drainer.drain_time,
-        drains: drainer.drains,
-        stacks_cached: drained.stack_cache.distinct() as u64,
-        stacks_read: drainer.frames_map.read,
-        raw_samples_written: raw.as_ref().map_or(0, RawStream::written),
-        unwind: unwinder.as_ref().map(UnwindLoader::render_stats),
-    };
-    let ending = shutdown.ending(stop);
+    session.finish(stop, &options)
+}
 
-    let meta = ProfileMeta {
+/// The recording's target as reports name it: the command, processes or the whole system,
+/// with the cgroup, container or user filter.
+pub fn target_description(options: &RecordOptions) -> String {
+    match (&options.target, &options.scope) {
+        (TargetSpec::System, Some(scope)) => scope.clone(),
+        (target, Some(scope)) => format!("{} ({scope})", target.describe(options.record_args)),
+        (target, None) => target.describe(options.record_args),
+    }
+}
+
+/// What a profile says about a recording of `target` that ran from `start` to `end`.
+pub fn profile_meta(target: String, start: SystemTime, end: SystemTime) -> ProfileMeta {
+    ProfileMeta {
         profiler_version: env!("CARGO_PKG_VERSION").to_string(),
         hostname: hostname(),
         kernel_release: kernel_release(),
-        target: match (&options.target, &options.scope) {
-            (TargetSpec::System, Some(scope)) => scope.clone(),
-            (target, Some(scope)) => format!("{} ({scope})", target.describe(options.record_args)),
-            (target, None) => target.describe(options.record_args),
-        },
+        target,
         start_unix_ns: unix_ns(start),
-        duration_ns: duration.as_nanos() as u64,
+        duration_ns: end.duration_since(start).unwrap_or_default().as_nanos() as u64,
         architecture: std::env::consts::ARCH.to_string(),
-    };
-    Ok(Capture {
-        meta,
-        events: options.events.iter().map(event_info).collect(),
-        drained,
-        processes,
-        cpu,
-        accounting,
-        stats,
-        ending,
-        failures,
-    })
+    }
 }
 
 #[cfg(test)]

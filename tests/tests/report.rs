@@ -10,7 +10,8 @@ use std::{
 };
 
 use common::{
-    profiler, profiler_bin, record_page_faults, report_json, temp_dir, touched_region, workload,
+    google_pprof, profiler, profiler_bin, record_page_faults, report_json, temp_dir,
+    touched_region, workload,
 };
 use serde_json::Value;
 
@@ -285,28 +286,6 @@ fn a_function_is_found_by_any_of_its_names() {
     assert!(found.iter().all(|f| *f == found[0]), "{found:?}");
     assert!(aliases.names.contains(&found[0].0), "{found:?}");
     std::fs::remove_dir_all(dir).ok();
-}
-
-/// Google's pprof, built from Debian's packaged sources (cargo xtask setup installs them).
-fn google_pprof() -> PathBuf {
-    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/google-pprof");
-    if !binary.exists() {
-        let built = Command::new("go")
-            .args(["build", "-o"])
-            .arg(&binary)
-            .arg("github.com/google/pprof")
-            .env("GOPATH", "/usr/share/gocode")
-            .env("GO111MODULE", "off")
-            .env("GOFLAGS", "-mod=mod")
-            .output()
-            .expect("go is installed (apt-get install golang-go golang-github-google-pprof-dev)");
-        assert!(
-            built.status.success(),
-            "{}",
-            String::from_utf8_lossy(&built.stderr)
-        );
-    }
-    binary
 }
 
 #[test]

@@ -93,12 +93,13 @@ pub fn run() -> Result<()> {
     apt_install(&["qemu-system-x86", "busybox-static"])?;
     crate::build_release()?;
     let cache = target_dir().join("kernels");
-    let apt = PrivateApt::new(&cache)?;
+    let suites: Vec<&str> = KERNELS.iter().map(|kernel| kernel.suite).collect();
+    let apt = PrivateApt::new(&cache, &suites, "amd64")?;
     let initrd = build_initramfs(&cache.join("initramfs"))?;
     let mut failures = Vec::new();
     for kernel in &KERNELS {
         let vmlinuz = apt
-            .kernel(kernel)
+            .kernel(kernel.series, "amd64")
             .with_context(|| format!("fetching Debian's {} kernel", kernel.series))?;
         let started = Instant::now();
         let mut attempt = 1;
@@ -150,25 +151,25 @@ pub fn run() -> Result<()> {
 
 /// apt with its own sources, lists and cache, so fetching kernels leaves the machine's apt
 /// state as it was.
-struct PrivateApt {
+pub struct PrivateApt {
     options: Vec<String>,
     debs: PathBuf,
 }
 
 impl PrivateApt {
-    fn new(cache: &Path) -> Result<PrivateApt> {
+    /// Packages of `architecture` (Debian's name: `amd64`, `arm64`) from `suites`.
+    pub fn new(cache: &Path, suites: &[&str], architecture: &str) -> Result<PrivateApt> {
         let root = cache.join("apt");
         for dir in ["lists/partial", "cache/archives/partial", "debs"] {
             std::fs::create_dir_all(root.join(dir))?;
         }
         let mirror = debian_mirror()?;
-        let sources: String = KERNELS
+        let sources: String = suites
             .iter()
-            .map(|kernel| {
+            .map(|suite| {
                 format!(
-                    "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} {} \
-                     main\n",
-                    kernel.suite
+                    "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} \
+                     {suite} main\n"
                 )
             })
             .collect();
@@ -181,7 +182,7 @@ impl PrivateApt {
                 "Dir::Etc::sourceparts=/nonexistent".into(),
                 format!("Dir::State::Lists={}", at("lists")),
                 format!("Dir::Cache={}", at("cache")),
-                "APT::Architecture=amd64".into(),
+                format!("APT::Architecture={architecture}"),
                 // Downloads land in our own directory, which the _apt user cannot write.
                 "APT::Sandbox::User=root".into(),
             ],
@@ -199,36 +200,65 @@ impl PrivateApt {
         command
     }
 
-    /// The newest unsigned cloud kernel of the series, downloaded and unpacked once.
-    fn kernel(&self, kernel: &Kernel) -> Result<PathBuf> {
+    /// The newest unsigned cloud kernel of `series` for `architecture` (`amd64`, `arm64`),
+    /// downloaded and unpacked once.
+    pub fn kernel(&self, series: &str, architecture: &str) -> Result<PathBuf> {
+        let flavour = format!("-cloud-{architecture}-unsigned");
         let output = self
             .command("apt-cache")
             .args([
                 "search",
                 "--names-only",
-                "^linux-image-.*-cloud-amd64-unsigned$",
+                &format!("^linux-image-.*{flavour}$"),
             ])
             .output()
             .context("running apt-cache")?;
-        let prefix = format!("linux-image-{}.", kernel.series);
+        let prefix = format!("linux-image-{series}.");
         let package = String::from_utf8_lossy(&output.stdout)
             .lines()
             .filter_map(|line| line.split_whitespace().next())
             .filter(|name| name.starts_with(&prefix))
             .max_by_key(|name| version_key(name))
             .map(str::to_string)
-            .ok_or_else(|| {
-                anyhow!(
-                    "no {prefix}*-cloud-amd64-unsigned package in {}",
-                    kernel.suite
-                )
-            })?;
-        let unpacked = self.debs.join(&package);
-        if !unpacked.join("boot").exists() {
+            .ok_or_else(|| anyhow!("no {prefix}*{flavour} package"))?;
+        let unpacked = self.unpack(&package)?;
+        std::fs::read_dir(unpacked.join("boot"))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .find(|path| {
+                path.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("vmlinuz-"))
+            })
+            .ok_or_else(|| anyhow!("{package} holds no /boot/vmlinuz-*"))
+    }
+
+    /// The newest version of `package` in this configuration's suites (apt-get download would
+    /// otherwise take the version this machine has installed, where it has one).
+    pub fn newest_version(&self, package: &str) -> Result<String> {
+        let output = self
+            .command("apt-cache")
+            .args(["madison", package])
+            .output()
+            .context("running apt-cache madison")?;
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| Some(line.split('|').nth(1)?.trim().to_string()))
+            .next()
+            .ok_or_else(|| anyhow!("no {package} package in the private apt sources"))
+    }
+
+    /// `package`'s files (`name` or `name=version`), downloaded and unpacked (once) into a
+    /// directory of their own.
+    pub fn unpack(&self, package: &str) -> Result<PathBuf> {
+        let name = package.split('=').next().unwrap_or(package);
+        let unpacked = self.debs.join(name);
+        // Written last: an interrupted unpacking is done again.
+        let done = unpacked.join(".unpacked");
+        if !done.exists() {
             // Not through `run_command`, which runs in the workspace: the package lands here.
             let status = self
                 .command("apt-get")
-                .args(["-q", "download", &package])
+                .args(["-q", "download", package])
                 .current_dir(&self.debs)
                 .status()
                 .context("running apt-get download")?;
@@ -238,21 +268,15 @@ impl PrivateApt {
             let deb = std::fs::read_dir(&self.debs)?
                 .filter_map(|entry| entry.ok().map(|e| e.path()))
                 .find(|path| {
-                    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                        n.starts_with(&format!("{package}_")) && n.ends_with(".deb")
-                    })
+                    path.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&format!("{name}_")) && n.ends_with(".deb"))
                 })
                 .ok_or_else(|| anyhow!("apt-get download left no {package} package"))?;
             run_command(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
+            std::fs::write(&done, "")?;
         }
-        std::fs::read_dir(unpacked.join("boot"))?
-            .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .find(|path| {
-                path.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("vmlinuz-"))
-            })
-            .ok_or_else(|| anyhow!("{package} holds no /boot/vmlinuz-*"))
+        Ok(unpacked)
     }
 }
 
@@ -360,21 +384,42 @@ fn shared_libraries(program: &Path) -> Result<Vec<PathBuf>> {
 
 /// Boots the kernel with the initramfs and returns everything the serial console printed.
 fn boot(vmlinuz: &Path, initrd: &Path) -> Result<String> {
-    let mut qemu = Command::new("qemu-system-x86_64")
-        .args(["-accel", "tcg", "-cpu", "qemu64", "-m", "2G", "-smp", "1"])
-        .args(["-nographic", "-no-reboot", "-kernel"])
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args(["-accel", "tcg", "-cpu", "qemu64"]).args([
+        "-append",
+        "console=ttyS0 panic=-1 quiet transparent_hugepage=never",
+    ]);
+    console_of(qemu, vmlinuz, initrd, BOOT_TIMEOUT)
+}
+
+/// Runs `qemu` (a qemu-system-* with its machine's options) on the kernel and initramfs, with one
+/// CPU and 2 GiB, until the guest powers off or `timeout` passes; returns everything the serial
+/// console printed.
+pub fn console_of(
+    mut qemu: Command,
+    vmlinuz: &Path,
+    initrd: &Path,
+    timeout: Duration,
+) -> Result<String> {
+    let program = qemu.get_program().to_string_lossy().into_owned();
+    let mut qemu = qemu
+        .args([
+            "-m",
+            "2G",
+            "-smp",
+            "1",
+            "-nographic",
+            "-no-reboot",
+            "-kernel",
+        ])
         .arg(vmlinuz)
         .arg("-initrd")
         .arg(initrd)
-        .args([
-            "-append",
-            "console=ttyS0 panic=-1 quiet transparent_hugepage=never",
-        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .context("starting qemu-system-x86_64")?;
+        .with_context(|| format!("starting {program}"))?;
     let mut stdout = qemu.stdout.take().expect("stdout is piped");
     let reader = std::thread::spawn(move || {
         let mut console = Vec::new();
@@ -383,7 +428,7 @@ fn boot(vmlinuz: &Path, initrd: &Path) -> Result<String> {
     });
     let started = Instant::now();
     while qemu.try_wait()?.is_none() {
-        if started.elapsed() > BOOT_TIMEOUT {
+        if started.elapsed() > timeout {
             qemu.kill()?;
             break;
         }
@@ -398,24 +443,24 @@ fn boot(vmlinuz: &Path, initrd: &Path) -> Result<String> {
 
 /// What the guest printed.
 #[derive(Default)]
-struct Guest {
-    release: Option<String>,
+pub struct Guest {
+    pub release: Option<String>,
     /// Step -> its JSON document, or the output of its failed command.
-    steps: BTreeMap<String, std::result::Result<Value, String>>,
+    pub steps: BTreeMap<String, std::result::Result<Value, String>>,
     /// Step -> the lines its workload printed (`cpu_split: ...`, `region ...`).
-    said: BTreeMap<String, Vec<String>>,
-    done: bool,
+    pub said: BTreeMap<String, Vec<String>>,
+    pub done: bool,
 }
 
 /// One answer checked.
-struct Check {
-    step: &'static str,
-    passed: bool,
-    said: String,
+pub struct Check {
+    pub step: &'static str,
+    pub passed: bool,
+    pub said: String,
 }
 
 impl Guest {
-    fn parse(console: &str) -> Guest {
+    pub fn parse(console: &str) -> Guest {
         let mut guest = Guest::default();
         let mut lines = console.lines();
         while let Some(line) = lines.next() {
@@ -502,7 +547,7 @@ fn check_list(list: &Value, _: &[String]) -> Result<String> {
 }
 
 /// Every fired sample is kept or counted lost, and none is lost.
-fn check_accounting(event: &Value, report: &Value) -> Result<()> {
+pub fn check_accounting(event: &Value, report: &Value) -> Result<()> {
     let fired = event["samples_fired"].as_u64().unwrap_or_default();
     let kept = event["samples"].as_u64().unwrap_or_default();
     let lost: Vec<String> = report["losses"]

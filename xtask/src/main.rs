@@ -1,8 +1,9 @@
-//! Project tasks: `cargo xtask setup | build | run | test | bench | kernels | manuals`.
+//! Project tasks: `cargo xtask setup | build | run | test | bench | kernels | arm-pmu | manuals`.
 //!
 //! Every task sets up what it needs first (idempotently, saying what it installs), so a fresh
 //! clone on a fresh machine needs nothing but these commands.
 
+mod arm_pmu;
 mod bench;
 mod kernels;
 mod setup;
@@ -27,7 +28,13 @@ enum Task {
     /// Install what building the eBPF side and running the tests need.
     Setup,
     /// Build the profiler (release) with its embedded eBPF program.
-    Build,
+    Build {
+        /// Cross-build for this architecture (the eBPF program is built for its kernels too):
+        /// `aarch64` installs Debian's aarch64 std and cross linker, and writes
+        /// target/aarch64-unknown-linux-gnu/release/profiler.
+        #[arg(long, value_enum)]
+        target: Option<CrossTarget>,
+    },
     /// Profile the bundled demo workload and print the report.
     Run {
         /// Extra arguments for `profiler record` (before `--`).
@@ -45,6 +52,10 @@ enum Task {
     /// Run the profiler on Debian's 5.10, 6.1 and 6.12 kernels under QEMU and check its
     /// answers (needs root: installs QEMU, fetches the kernels into target/kernels).
     Kernels,
+    /// Cross-build the profiler for aarch64 and check hardware-counter sampling and counting on
+    /// QEMU's emulated Arm PMU, instruction-exact (needs root: installs the cross toolchain and
+    /// QEMU, fetches Debian's arm64 kernel into target/arm-pmu).
+    ArmPmu,
     /// Write the man pages and the bash, zsh and fish completions, generated from the command
     /// line's definition: under target/manuals, or installed under PREFIX/share.
     Manuals {
@@ -53,6 +64,12 @@ enum Task {
         #[arg(long, value_name = "PREFIX")]
         prefix: Option<PathBuf>,
     },
+}
+
+/// An architecture `cargo xtask build --target` cross-builds for.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CrossTarget {
+    Aarch64,
 }
 
 fn main() -> ExitCode {
@@ -193,9 +210,16 @@ fn run(task: Task) -> Result<()> {
             setup::all(setup::Purpose::Build)?;
             manuals(prefix)
         }
-        Task::Build => {
+        Task::Build { target: None } => {
             setup::all(setup::Purpose::Build)?;
             build_release()
+        }
+        Task::Build {
+            target: Some(CrossTarget::Aarch64),
+        } => {
+            let profiler = arm_pmu::build_aarch64()?;
+            eprintln!("xtask: built {}", profiler.display());
+            Ok(())
         }
         Task::Run { args } => {
             setup::all(setup::Purpose::Build)?;
@@ -256,6 +280,7 @@ fn run(task: Task) -> Result<()> {
             setup::all(setup::Purpose::Build)?;
             kernels::run()
         }
+        Task::ArmPmu => arm_pmu::run(),
     }
 }
 

@@ -122,6 +122,41 @@ fn setup_ebpf_toolchain() -> Result<()> {
         .map_err(|missing| anyhow!("{missing}"))
 }
 
+/// What cross-building the profiler for aarch64 needs on an x86-64 Debian machine: Debian's
+/// `std` for aarch64 beside its rustc (a multiarch package: dpkg must know the arm64
+/// architecture first), the cross C compiler and libc to link with, and the eBPF toolchain.
+pub fn aarch64_cross_toolchain() -> Result<()> {
+    setup_ebpf_toolchain()?;
+    if !have_apt() {
+        bail!(
+            "cross-building for aarch64 needs a Rust std for aarch64-unknown-linux-gnu and an \
+             aarch64 C linker: `rustup target add aarch64-unknown-linux-gnu` and a \
+             gcc-aarch64-linux-gnu"
+        );
+    }
+    let foreign = Command::new("dpkg")
+        .arg("--print-foreign-architectures")
+        .output()
+        .context("running dpkg")?;
+    if !String::from_utf8_lossy(&foreign.stdout)
+        .split_whitespace()
+        .any(|arch| arch == "arm64")
+    {
+        if !is_root() {
+            bail!("Debian's std for aarch64 needs the arm64 architecture: dpkg --add-architecture arm64 (as root)");
+        }
+        eprintln!(
+            "xtask setup: adding the arm64 architecture to dpkg (for libstd-rust-web-dev:arm64)"
+        );
+        run_command(Command::new("dpkg").args(["--add-architecture", "arm64"]))?;
+    }
+    apt_install(&[
+        "gcc-aarch64-linux-gnu",
+        "libc6-dev-arm64-cross",
+        "libstd-rust-web-dev:arm64",
+    ])
+}
+
 pub fn all(purpose: Purpose) -> Result<()> {
     setup_ebpf_toolchain()?;
     if purpose == Purpose::Test && have_apt() {
@@ -144,6 +179,8 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "python3",
             // glibc's internal function names (memcpy's aliases), in its separate debug file.
             "libc6-dbg",
+            // systemd-analyze checks the agent's unit file (dist/profiler-agent.service).
+            "systemd",
         ])?;
     }
     Ok(())

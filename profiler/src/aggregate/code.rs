@@ -173,6 +173,12 @@ pub struct DecodedInstruction {
     pub text: String,
 }
 
+/// Whether [`disassemble`] reads code of a profile recorded on `architecture`: x86-64, or a
+/// profile from before files recorded their architecture (all x86-64).
+pub fn can_disassemble(architecture: &str) -> bool {
+    matches!(architecture, "x86_64" | "")
+}
+
 /// Decodes x86-64 code that starts at `address`.
 pub fn disassemble(bytes: &[u8], address: u64) -> Vec<DecodedInstruction> {
     let mut decoder = Decoder::with_ip(64, bytes, address, DecoderOptions::NONE);

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::profile::{EventIndex, Frame, FrameId, Profile};
 
 use super::{
-    code::{code_of, disassemble, function_file_offset},
+    code::{can_disassemble, code_of, disassemble, function_file_offset},
     filter::Selection,
     functions::FunctionName,
     latency::{LatencyAccumulator, LatencySummary},
@@ -28,6 +28,9 @@ pub enum CodeSource {
     /// Sampled instructions only: the module file was not readable at record time (or the
     /// profile comes from a source that does not capture code).
     NotCaptured,
+    /// Sampled instructions only: the code was captured, but the profile's architecture (not
+    /// x86-64) has no disassembler here.
+    NoDisassembler,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -134,11 +137,13 @@ pub fn function_details(
             .function_address
             .map_or(0, |start| frame.address.wrapping_sub(start))
     };
-    let code = code_of(profile, any_frame);
-    let source = match (code, any_frame.kernel) {
-        (Some(_), _) => CodeSource::Disassembled,
-        (None, true) => CodeSource::Kernel,
-        (None, false) => CodeSource::NotCaptured,
+    let captured = code_of(profile, any_frame);
+    let code = captured.filter(|_| can_disassemble(&profile.meta.architecture));
+    let source = match (captured, code, any_frame.kernel) {
+        (_, Some(_), _) => CodeSource::Disassembled,
+        (Some(_), None, _) => CodeSource::NoDisassembler,
+        (None, _, true) => CodeSource::Kernel,
+        (None, _, false) => CodeSource::NotCaptured,
     };
     let mut sites: BTreeMap<u64, Site> = BTreeMap::new();
     if let Some(code) = code {
@@ -420,6 +425,18 @@ mod tests {
                 (Some("src/app.rs"), 39, true, 10),
             ]
         );
+    }
+
+    #[test]
+    fn aarch64_code_is_not_decoded_as_x86() {
+        let mut profile = test_samples::profile();
+        profile.meta.architecture = "aarch64".into();
+        let details = details(&profile, 0, &compute());
+        assert_eq!(details.source, CodeSource::NoDisassembler);
+        let rows = instructions(&details);
+        let offsets: Vec<(u64, u64)> = rows.iter().map(|r| (r.offset, r.samples)).collect();
+        assert_eq!(offsets, [(0x4, 5), (0x90, 50), (0xa4, 10)]);
+        assert!(rows.iter().all(|r| r.text.is_none()));
     }
 
     #[test]

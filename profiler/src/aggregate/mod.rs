@@ -8,6 +8,7 @@ pub mod filter;
 pub mod functions;
 pub mod latency;
 pub mod module_file;
+pub mod offcpu;
 pub mod stack_quality;
 #[cfg(test)]
 pub mod test_samples;

@@ -4,8 +4,10 @@
 pub mod btf;
 pub mod counters;
 pub mod hardware;
+pub mod offcpu;
 pub mod program;
 pub mod raw;
 pub mod ring;
+pub mod session;
 pub mod sideband;
 pub mod stats;

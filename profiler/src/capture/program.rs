@@ -11,13 +11,17 @@ use aya::{
 };
 use perf_event::Counter;
 
-use super::ring::KernelRing;
+use super::{
+    offcpu::{size_maps as size_offcpu_maps, Attachment, OffCpuCapture},
+    ring::KernelRing,
+};
 use profiler_common::{
     capture::{
         CaptureConfig, DataLineKey, DataSourceKey, Fill, InstructionKey, LatencyKey,
         LineLatencyKey, RawDecoding, SampleStats, StackKey, CAPTURE_UNWIND_DWARF,
     },
     latency::LatencyBuckets,
+    offcpu::OffCpuConfig,
     stack::StackFrames,
 };
 
@@ -172,9 +176,11 @@ pub struct CaptureProgram {
     drain_requests: Option<RingBuf<MapData>>,
     /// With `--unwind dwarf`: the unwinder's program array, held open.
     _unwinder: Option<ProgramArray<MapData>>,
+    /// With `--off-cpu`: the scheduler-switch programs' maps.
+    pub offcpu: Option<OffCpuCapture>,
 }
 
-fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+pub(super) fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
     ebpf: &mut Ebpf,
     name: &str,
 ) -> Result<T> {
@@ -301,17 +307,22 @@ fn load_unwinder(ebpf: &mut Ebpf) -> Result<ProgramArray<MapData>> {
 }
 
 impl CaptureProgram {
-    /// Loads the program with its options; the verifier runs here.
+    /// Loads the program with its options, and with `offcpu` the scheduler-switch programs;
+    /// the verifier runs here.
     pub fn load(
         config: &CaptureConfig,
         raw: &RawDecoding,
         sizes: &MapSizes,
+        offcpu: Option<(OffCpuConfig, Attachment)>,
     ) -> Result<CaptureProgram> {
         lift_memlock_limit();
+        let offcpu_config = offcpu.map_or(OffCpuConfig::EMPTY, |(config, _)| config);
         let mut loader = EbpfLoader::new();
         loader
             .override_global("CAPTURE_CONFIG", config, true)
-            .override_global("RAW_DECODING", raw, true);
+            .override_global("RAW_DECODING", raw, true)
+            .override_global("OFFCPU_CONFIG", &offcpu_config, true);
+        size_offcpu_maps(&mut loader, offcpu.is_some());
         for generation in ["0", "1"] {
             let size = |name: &str| -> &'static str {
                 Box::leak(format!("{name}_{generation}").into_boxed_str())
@@ -345,6 +356,10 @@ impl CaptureProgram {
             0 => None,
             _ => Some(load_unwinder(&mut ebpf)?),
         };
+        let offcpu = match offcpu {
+            Some((_, attachment)) => Some(OffCpuCapture::load(&mut ebpf, attachment)?),
+            None => None,
+        };
         let generations = [
             take_generation(&mut ebpf, 0)?,
             take_generation(&mut ebpf, 1)?,
@@ -366,6 +381,7 @@ impl CaptureProgram {
             stack_copies: Some(take(&mut ebpf, "STACK_COPIES")?),
             drain_requests: Some(take(&mut ebpf, "DRAIN_REQUESTS")?),
             _unwinder: unwinder,
+            offcpu,
             ebpf,
         })
     }
@@ -385,6 +401,14 @@ impl CaptureProgram {
         counter
             .set_bpf(fd)
             .context("attaching the capture program to a perf event (PERF_EVENT_IOC_SET_BPF)")
+    }
+
+    /// Attaches the scheduler-switch programs (`--off-cpu`), once their scope is in place.
+    pub fn attach_offcpu(&mut self) -> Result<()> {
+        match &self.offcpu {
+            Some(offcpu) => offcpu.attach(&mut self.ebpf),
+            None => Ok(()),
+        }
     }
 
     /// Maps a perf event id to the index of its event, so samples are tagged with their event.

@@ -8,6 +8,7 @@ use std::{
     fs,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use anyhow::{Context, Result};
@@ -76,9 +77,12 @@ const MAX_OPEN_FILES: usize = 4096;
 /// The files of executable mappings, opened through the mapping process's root while it lives.
 /// A process in another mount namespace (a container) that exits before the report is still
 /// symbolized from these descriptors: its paths mean nothing on the host afterwards.
-#[derive(Debug, Default)]
+///
+/// Shared (`Arc`) with the windows that reference a file, so a window symbolized on another
+/// thread still reads it after the process and its table entry are gone.
+#[derive(Clone, Debug, Default)]
 pub struct MappedFiles {
-    by_identity: HashMap<FileIdentity, fs::File>,
+    by_identity: HashMap<FileIdentity, Arc<fs::File>>,
 }
 
 impl MappedFiles {
@@ -131,14 +135,16 @@ impl MappedFiles {
         let metadata = file.metadata().ok()?;
         let identity = (metadata.dev(), metadata.ino());
         if !self.by_identity.contains_key(&identity) && self.by_identity.len() < MAX_OPEN_FILES {
-            self.by_identity.insert(identity, file);
+            self.by_identity.insert(identity, Arc::new(file));
         }
         self.by_identity.contains_key(&identity).then_some(identity)
     }
 
     /// A path that reaches the opened file from this process, while the table lives.
     pub fn path(&self, identity: FileIdentity) -> Option<PathBuf> {
-        self.by_identity.get(&identity).map(descriptor_path)
+        self.by_identity
+            .get(&identity)
+            .map(|file| descriptor_path(file))
     }
 
     /// The opened file, to be read in bounded ranges, with the path of [`MappedFiles::path`].
@@ -167,12 +173,15 @@ pub struct ProcessInfo {
     pub exited: bool,
 }
 
-/// What the agent knows of every process it saw.
+/// What the agent knows of every process it saw (that has not exited before the last closed
+/// window: see [`ProcessTable::forget`]).
 #[derive(Debug, Default)]
 pub struct ProcessTable {
     pub processes: HashMap<u32, ProcessInfo>,
     /// Thread names by tid.
     pub threads: HashMap<u32, String>,
+    /// Threads that exited (not main threads), forgotten with the exited processes.
+    exited_threads: Vec<u32>,
     /// Side-band records the kernel dropped (its ring buffer was full).
     pub lost_records: u64,
     pub files: MappedFiles,
@@ -242,7 +251,7 @@ impl ProcessTable {
             mapping.build_id = mapping
                 .file
                 .and_then(|identity| self.files.by_identity.get(&identity))
-                .and_then(build_id_of);
+                .and_then(|file| build_id_of(file));
         }
     }
 
@@ -294,6 +303,7 @@ impl ProcessTable {
             },
             PerfRecord::Fork(fork) => Change::Fork(fork.pid, fork.ppid),
             PerfRecord::Exit(exit) if exit.pid == exit.tid => Change::Exit(exit.pid),
+            PerfRecord::Exit(exit) => Change::ThreadExit(exit.tid),
             PerfRecord::Lost(lost) => Change::Lost(lost.lost),
             _ => return None,
         })
@@ -310,6 +320,7 @@ impl ProcessTable {
             } => self.name_thread(pid, tid, name, exec),
             Change::Fork(pid, ppid) => self.fork(pid, ppid),
             Change::Exit(pid) => self.exit(pid),
+            Change::ThreadExit(tid) => self.exited_threads.push(tid),
             Change::Lost(records) => self.lost_records += records,
         }
     }
@@ -368,6 +379,57 @@ impl ProcessTable {
     /// A process exit (PERF_RECORD_EXIT of its main thread).
     pub fn exit(&mut self, pid: u32) {
         self.processes.entry(pid).or_default().exited = true;
+    }
+
+    /// The processes that exited.
+    pub fn exited(&self) -> Vec<u32> {
+        self.processes
+            .iter()
+            .filter(|(_, process)| process.exited)
+            .map(|(pid, _)| *pid)
+            .collect()
+    }
+
+    /// Drops the processes `pids` (exited, and their last samples taken into a window), the
+    /// threads that exited, and the files no process left maps: what the table holds follows
+    /// the processes alive, not every process ever seen.
+    pub fn forget(&mut self, pids: &[u32]) {
+        for pid in pids {
+            self.processes.remove(pid);
+            self.threads.remove(pid);
+        }
+        for tid in std::mem::take(&mut self.exited_threads) {
+            self.threads.remove(&tid);
+        }
+        let mapped: std::collections::HashSet<FileIdentity> = self
+            .processes
+            .values()
+            .flat_map(|process| process.mappings.iter().filter_map(|mapping| mapping.file))
+            .collect();
+        self.files
+            .by_identity
+            .retain(|identity, _| mapped.contains(identity));
+    }
+
+    /// A copy of what the table knows of `pids`: their mappings, thread names and the files
+    /// they map (shared, not reopened).
+    pub fn snapshot(&self, pids: &std::collections::BTreeSet<u32>) -> ProcessTable {
+        let processes: HashMap<u32, ProcessInfo> = pids
+            .iter()
+            .filter_map(|pid| Some((*pid, self.processes.get(pid)?.clone())))
+            .collect();
+        let by_identity = processes
+            .values()
+            .flat_map(|process| process.mappings.iter().filter_map(|mapping| mapping.file))
+            .filter_map(|identity| Some((identity, self.files.by_identity.get(&identity)?.clone())))
+            .collect();
+        ProcessTable {
+            processes,
+            threads: self.threads.clone(),
+            exited_threads: Vec::new(),
+            lost_records: self.lost_records,
+            files: MappedFiles { by_identity },
+        }
     }
 
     /// The newest mapping of `pid` that contains `address`.
@@ -439,6 +501,8 @@ enum Change {
     },
     Fork(u32, u32),
     Exit(u32),
+    /// A thread other than the main one exited.
+    ThreadExit(u32),
     Lost(u64),
 }
 

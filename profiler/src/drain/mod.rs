@@ -8,6 +8,7 @@
 
 mod batch;
 pub mod ibs;
+pub mod offcpu;
 pub mod stack_copy;
 pub mod stacks;
 
@@ -70,12 +71,26 @@ pub struct Drained {
     pub data_sources: HashMap<DataSourceKey, u64>,
     /// IBS samples, decoded from the registers the program streamed.
     pub ibs: HardwareAccumulator,
+    /// `--off-cpu`: blocked time by thread, stacks and state.
+    pub offcpu: offcpu::DrainedOffCpu,
 }
 
 impl Drained {
     /// Samples drained (each sample is in exactly one stack entry).
     pub fn sample_count(&self) -> u64 {
         self.stacks.values().flatten().sum()
+    }
+
+    /// The processes whose samples or code addresses this holds.
+    pub fn referenced_processes(&self) -> std::collections::BTreeSet<u32> {
+        let mut pids: std::collections::BTreeSet<u32> =
+            self.stacks.keys().map(|stack| stack.pid).collect();
+        pids.extend(self.instructions.keys().map(|key| key.pid));
+        pids.extend(self.data_lines.keys().map(|key| key.pid));
+        pids.extend(self.latencies.keys().map(|key| key.pid));
+        pids.extend(self.data_sources.keys().map(|key| key.pid));
+        pids.extend(self.ibs.code_addresses().map(|address| address.pid));
+        pids
     }
 }
 
@@ -94,6 +109,27 @@ pub struct Accounting {
 }
 
 impl Accounting {
+    /// What was counted since `earlier`, a reading of the same cumulative counters.
+    pub fn since(&self, earlier: &Accounting) -> Accounting {
+        let minus = |now: &[u64], then: &[u64]| -> Vec<u64> {
+            now.iter()
+                .enumerate()
+                .map(|(index, value)| value - then.get(index).copied().unwrap_or(0))
+                .collect()
+        };
+        let mut losses = self.losses;
+        for (loss, then) in losses.iter_mut().zip(earlier.losses) {
+            *loss -= then;
+        }
+        Accounting {
+            samples_fired: minus(&self.samples_fired, &earlier.samples_fired),
+            period_sums: minus(&self.period_sums, &earlier.period_sums),
+            event_counts: minus(&self.event_counts, &earlier.event_counts),
+            samples_filtered: self.samples_filtered - earlier.samples_filtered,
+            losses,
+        }
+    }
+
     /// Samples that fired and were lost whole (not in any map).
     pub fn samples_lost(&self) -> u64 {
         LossKind::ALL
@@ -146,16 +182,29 @@ impl Drainer {
         self.active = new;
         wait_until_left(program, old)?;
         let counts = drain_generation(&mut program.generations[old as usize], into)?;
+        let offcpu = match &mut program.offcpu {
+            Some(offcpu) => Some(offcpu::TakenGeneration::take(
+                &mut offcpu.generations[old as usize],
+            )?),
+            None => None,
+        };
         self.frames_map
             .stored_in_drained_generation(new_keys(program, old, Fill::StackFrames)?);
         let active = new_keys(program, new, Fill::StackFrames)?;
+        let referenced = counts
+            .iter()
+            .flat_map(|(key, _)| [key.user_stack, key.kernel_stack])
+            .chain(offcpu.iter().flat_map(|taken| taken.stack_hashes()));
         self.frames_map.read_new_stacks(
             &mut program.stack_frames,
-            &counts,
+            referenced,
             active,
             &mut into.stack_cache,
         )?;
         add_stack_counts(counts, into);
+        if let Some(taken) = offcpu {
+            taken.add_to(&into.stack_cache, &mut into.offcpu);
+        }
         // The drained generation starts empty again; nothing writes it until the next flip.
         let cpus = nr_cpus().map_err(|(what, e)| anyhow::anyhow!("counting CPUs ({what}): {e}"))?;
         for fill in Fill::ALL {

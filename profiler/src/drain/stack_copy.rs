@@ -89,7 +89,8 @@ fn unwind_record(
         UserRegisters {
             ip: header.ip,
             sp: header.sp,
-            bp: header.bp,
+            fp: header.fp,
+            link: header.link,
         },
         StackCopy {
             start: header.stack_start,

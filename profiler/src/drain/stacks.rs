@@ -19,10 +19,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use anyhow::{bail, Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use profiler_common::{
-    capture::StackKey,
-    stack::{StackFrames, LOST_STACK, NO_STACK},
-};
+use profiler_common::stack::{StackFrames, LOST_STACK, NO_STACK};
 
 use super::batch;
 
@@ -48,6 +45,20 @@ impl StackCache {
     /// Distinct stacks cached.
     pub fn distinct(&self) -> usize {
         self.frames.len()
+    }
+
+    /// The frames of `hashes` only (what one window references), with their ambiguity.
+    pub fn subset(&self, hashes: impl IntoIterator<Item = u64>) -> StackCache {
+        let mut subset = StackCache::default();
+        for hash in hashes {
+            if let Some(frames) = self.frames.get(&hash) {
+                subset.frames.insert(hash, frames.clone());
+            }
+            if self.ambiguous.contains(&hash) {
+                subset.ambiguous.insert(hash);
+            }
+        }
+        subset
     }
 
     fn contains(&self, hash: u64) -> bool {
@@ -135,18 +146,17 @@ impl FramesMap {
         self.entries(active) * 4 > self.capacity
     }
 
-    /// Brings the frames of every stack `counts` refer to into `cache`: reads those the cache
-    /// lacks, or takes the whole map (see the module documentation).
+    /// Brings the frames of every stack hash a drained generation refers to (`referenced`)
+    /// into `cache`: reads those the cache lacks, or takes the whole map (see the module
+    /// documentation).
     pub fn read_new_stacks(
         &mut self,
         map: &mut BpfHashMap<MapData, u64, StackFrames>,
-        counts: &[(StackKey, Vec<u64>)],
+        referenced: impl Iterator<Item = u64>,
         active: u64,
         cache: &mut StackCache,
     ) -> Result<()> {
-        let unseen: BTreeSet<u64> = counts
-            .iter()
-            .flat_map(|(key, _)| [key.user_stack, key.kernel_stack])
+        let unseen: BTreeSet<u64> = referenced
             .filter(|hash| *hash != NO_STACK && *hash != LOST_STACK && !cache.contains(*hash))
             .collect();
         let entries = self.entries(active);

@@ -253,6 +253,14 @@ impl PmuRegistry {
     pub fn has_hardware_pmu(&self) -> bool {
         self.pmus.values().any(|pmu| pmu.core)
     }
+
+    /// An Arm core PMU (`armv8_pmuv3_0`, `armv8_neoverse_n1`, `armv9_...`): the machine is an
+    /// Arm one, whose PMUs have no precise modes.
+    pub fn arm_core_pmu(&self) -> Option<&Pmu> {
+        self.pmus
+            .values()
+            .find(|pmu| pmu.core && pmu.name.starts_with("armv"))
+    }
 }
 
 fn read_pmu(name: &str, dir: &Path) -> io::Result<Pmu> {

@@ -543,6 +543,19 @@ pub fn parse_event(text: &str, pmus: &PmuRegistry) -> Result<EventSpec, EventErr
     if let Some(modifiers) = modifiers {
         apply_modifiers(text, modifiers, &mut resolved.attr)?;
     }
+    // Arm's kernel driver accepts precise_ip and ignores it: refused here, or the samples
+    // would skid while the report calls them precise.
+    if let Some(arm) = pmus.arm_core_pmu().filter(|_| resolved.attr.precise_ip > 0) {
+        return Err(EventError::Malformed {
+            text: text.to_string(),
+            reason: format!(
+                "precise sampling (:p) is x86's (Intel PEBS, AMD IBS); this machine's PMU ({}) \
+                 has no precise mode, so its samples skid: drop the p modifiers (Arm's \
+                 counterpart of precise sampling is SPE, the arm_spe PMU)",
+                arm.name
+            ),
+        });
+    }
     let (sampling, sampling_origin) = match resolved.meta.sampling(text)? {
         Some(sampling) => (sampling, SamplingOrigin::Spec),
         None => (resolved.default_sampling, SamplingOrigin::Default),
@@ -835,7 +848,7 @@ fn suggest_events(name: &str, pmus: &PmuRegistry) -> Vec<String> {
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::pmu::tests::fixture_registry;
+    use super::super::pmu::tests::{fixture_registry, sysfs_fixture};
     use super::*;
 
     fn parse(text: &str) -> Result<EventSpec, EventError> {
@@ -1029,6 +1042,34 @@ mod tests {
         assert!(err
             .to_string()
             .starts_with("nosuch: no such PMU on this machine (this machine has: amd_df"));
+    }
+
+    #[test]
+    fn precise_modifiers_are_refused_on_arm() {
+        let root = sysfs_fixture(&[
+            ("armv8_pmuv3_0/type", "8"),
+            ("armv8_pmuv3_0/cpus", "0"),
+            ("armv8_pmuv3_0/format/event", "config:0-15"),
+            ("armv8_pmuv3_0/events/inst_retired", "event=0x08"),
+            ("software/type", "1"),
+        ]);
+        let arm = PmuRegistry::from_sysfs(root.path()).unwrap();
+        for text in [
+            "cycles:p",
+            "instructions:ppp",
+            "armv8_pmuv3_0/inst_retired/pp",
+        ] {
+            let err = parse_event(text, &arm).unwrap_err().to_string();
+            assert!(
+                err.contains("precise sampling (:p) is x86's")
+                    && err.contains("(armv8_pmuv3_0) has no precise mode"),
+                "{text}: {err}"
+            );
+        }
+        let spec = parse_event("armv8_pmuv3_0/inst_retired/u", &arm).unwrap();
+        assert_eq!((spec.attr.config, spec.attr.precise_ip), (0x08, 0));
+        // x86 keeps its precise levels.
+        assert_eq!(parse("cycles:pp").unwrap().attr.precise_ip, 2);
     }
 
     #[test]

@@ -3,9 +3,12 @@
 
 use std::io::Write;
 
-use inferno::flamegraph::{color::MultiPalette, from_lines, Options, Palette};
+use inferno::flamegraph::{
+    color::{BasicPalette, MultiPalette},
+    from_lines, Options, Palette,
+};
 
-use super::{event_info, folded::folded_stacks, samples_of, ExportError};
+use super::{event_info, folded::folded_stacks, offcpu::OFF_CPU_EVENT, samples_of, ExportError};
 use crate::profile::{EventIndex, Profile};
 
 /// Writes the flame graph of `event` as an interactive SVG titled with the event and its sample
@@ -25,14 +28,21 @@ pub fn write_flamegraph(
     let samples: u64 = samples_of(profile, event).map(|s| s.count).sum();
 
     let mut options = Options::default();
-    options.title = format!("{}: {samples} samples", info.name);
+    if info.name == OFF_CPU_EVENT {
+        // Off-CPU flame graphs are blue, as Brendan Gregg draws them; widths are time blocked.
+        options.title = format!("off-CPU time: {:.3} s blocked", samples as f64 / 1e9);
+        options.count_name = "ns".into();
+        options.colors = Palette::Basic(BasicPalette::Io);
+    } else {
+        options.title = format!("{}: {samples} samples", info.name);
+        options.count_name = "samples".into();
+        // The java palette is the one that reads stackcollapse-perf's annotations: kernel
+        // frames orange, inlined frames aqua.
+        options.colors = Palette::Multi(MultiPalette::Java);
+    }
     if !profile.meta.target.is_empty() {
         options.subtitle = Some(profile.meta.target.clone());
     }
-    options.count_name = "samples".into();
-    // The java palette is the one that reads stackcollapse-perf's annotations: kernel frames
-    // orange, inlined frames aqua.
-    options.colors = Palette::Multi(MultiPalette::Java);
     // Colours from a hash of the name: the same function has the same colour in every graph.
     options.hash = true;
     from_lines(&mut options, lines.iter().map(String::as_str), out)?;

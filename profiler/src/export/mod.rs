@@ -11,8 +11,13 @@
 
 pub mod flamegraph;
 pub mod folded;
+pub mod offcpu;
+pub mod otlp;
 pub mod pprof;
+pub mod pyroscope;
+pub mod series;
 pub mod sink;
+pub mod upload;
 
 use std::fmt;
 use std::io;
@@ -34,6 +39,8 @@ pub enum ExportError {
         event: String,
     },
     Io(io::Error),
+    /// A backend could not be given a window, or refused it.
+    Upload(String),
 }
 
 impl fmt::Display for ExportError {
@@ -50,6 +57,7 @@ impl fmt::Display for ExportError {
                  with call stacks, and did the workload run long enough to be sampled?)"
             ),
             ExportError::Io(e) => write!(f, "cannot write the export: {e}"),
+            ExportError::Upload(why) => f.write_str(why),
         }
     }
 }

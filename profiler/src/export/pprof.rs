@@ -24,7 +24,8 @@
 //!   the file offset that makes pprof's address -> file offset translation exact. The range covers
 //!   only the sampled part of the module, not all of it.
 //! - `time_nanos`, `duration_nanos`, `period_type`/`period` from the first event, and comments
-//!   naming the profiler, host, kernel, target and every non-zero loss counter.
+//!   naming the profiler, host, kernel, target, the samples fired per event and every non-zero
+//!   loss counter.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -332,6 +333,14 @@ impl<'a> Builder<'a> {
             "profiler {} on {} (kernel {}): {}",
             meta.profiler_version, meta.hostname, meta.kernel_release, meta.target
         )];
+        // What the samples are out of: per event, the samples the kernel fired.
+        comments.extend(
+            profile
+                .events
+                .iter()
+                .zip(&profile.losses.samples_fired)
+                .map(|(event, fired)| format!("samples fired: {}: {fired}", event.name)),
+        );
         comments.extend(
             profile
                 .losses

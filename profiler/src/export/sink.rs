@@ -4,6 +4,7 @@
 
 use std::time::SystemTime;
 
+use super::upload::UploadCounts;
 use super::ExportError;
 use crate::profile::Profile;
 
@@ -25,4 +26,10 @@ pub trait WindowSink: Send {
     /// Exports one window. An error is counted and logged by the caller; the sink itself decides
     /// whether the window is kept to retry (spooled) or dropped.
     fn export(&mut self, window: &Window) -> Result<(), ExportError>;
+
+    /// Running totals of what an HTTP backend took, spooled, dropped and refused; `None` for
+    /// sinks that write locally.
+    fn delivery(&self) -> Option<UploadCounts> {
+        None
+    }
 }

@@ -194,6 +194,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
         },
         line_latency,
         function_aliases: table.aliases,
+        off_cpu: None,
     })
 }
 
@@ -338,7 +339,8 @@ impl UserStacks<'_> {
         let registers = UserRegisters {
             ip: register(PERF_REG_X86_IP)?,
             sp: register(PERF_REG_X86_SP)?,
-            bp: register(PERF_REG_X86_BP)?,
+            fp: register(PERF_REG_X86_BP)?,
+            link: 0,
         };
         let copied = usize::try_from(stack.dyn_size)
             .unwrap_or(usize::MAX)

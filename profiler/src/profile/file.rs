@@ -17,7 +17,8 @@
 //! `#[serde(skip)]`), then in format 2 the additions of format 2 (the per-data-line latency
 //! histograms), then in format 3 those of format 3 (the sampling counters' own event counts),
 //! then in format 4 those of format 4 (the other names of sampled functions), then in format 5
-//! the recording machine's architecture, serialized the same way. Older files end sooner and read with the later additions empty.
+//! the recording machine's architecture, then in format 6 the off-CPU profile (`record
+//! --off-cpu`), serialized the same way. Older files end sooner and read with the later additions empty.
 //!
 //! Why these encodings: postcard's wire format is specified and stable across its 1.x releases,
 //! compact (varints, no field names) and among the fastest serde formats to decode, which is what
@@ -36,12 +37,14 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::{EventIndex, FrameId, FunctionAliases, LineLatencyHistogram, Profile};
+use super::{
+    offcpu::OffCpuProfile, EventIndex, FrameId, FunctionAliases, LineLatencyHistogram, Profile,
+};
 use crate::output::Output;
 
 pub const MAGIC: [u8; 8] = *b"EBPFPROF";
 /// The format this profiler writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// The oldest format it reads.
 const OLDEST_FORMAT_VERSION: u32 = 1;
 
@@ -53,6 +56,8 @@ type Format3Additions = (Vec<u64>,);
 type Format4Additions = (Vec<FunctionAliases>,);
 /// What format 5 added after format 4's: the recording machine's architecture.
 type Format5Additions = (String,);
+/// What format 6 added after format 5's: off-CPU time (`record --off-cpu`).
+type Format6Additions = (Option<OffCpuProfile>,);
 /// perf.data files start with this.
 const PERF_DATA_MAGIC: [u8; 8] = *b"PERFILE2";
 const HEADER_LEN: usize = 32;
@@ -254,6 +259,7 @@ pub fn encode_profile(profile: &Profile) -> Result<Vec<u8>, ProfileFileError> {
         postcard::to_extend(&(&profile.function_aliases,), serialized).map_err(encode)?;
     let serialized =
         postcard::to_extend(&(&profile.meta.architecture,), serialized).map_err(encode)?;
+    let serialized = postcard::to_extend(&(&profile.off_cpu,), serialized).map_err(encode)?;
     frame_payload(&serialized)
 }
 
@@ -365,9 +371,10 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
         let (format_3, rest) = additions::<Format3Additions>(version, 3, rest)?;
         let (format_4, rest) = additions::<Format4Additions>(version, 4, rest)?;
         let (format_5, rest) = additions::<Format5Additions>(version, 5, rest)?;
-        Ok::<_, postcard::Error>(((format_2, format_3, format_4, format_5), rest))
+        let (format_6, rest) = additions::<Format6Additions>(version, 6, rest)?;
+        Ok::<_, postcard::Error>(((format_2, format_3, format_4, format_5, format_6), rest))
     };
-    let ((format_2, format_3, format_4, format_5), rest) = match decoded_additions(rest) {
+    let ((format_2, format_3, format_4, format_5, format_6), rest) = match decoded_additions(rest) {
         Ok(decoded) => decoded,
         Err(e) => return fail(Decode(e)),
     };
@@ -382,6 +389,9 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
     }
     if let Some((architecture,)) = format_5 {
         profile.meta.architecture = architecture;
+    }
+    if let Some((off_cpu,)) = format_6 {
+        profile.off_cpu = off_cpu;
     }
     if !rest.is_empty() {
         return fail(Inconsistent(format!(
@@ -438,6 +448,23 @@ fn check_references(profile: &Profile) -> Result<(), String> {
     }
     for (i, h) in profile.line_latency.iter().enumerate() {
         check("data-line latency histogram", i, h.event, &[])?;
+    }
+    let off_cpu = profile.off_cpu.iter().flat_map(|off_cpu| &off_cpu.blocks);
+    for (i, blocks) in off_cpu.enumerate() {
+        if let Some(id) = blocks.frames.iter().find(|&&id| id as usize >= frames) {
+            return Err(format!(
+                "off-CPU blocks {i} refer to frame {id}, but the profile has {frames} frame(s)"
+            ));
+        }
+        if let Some((bucket, _)) = blocks
+            .buckets
+            .iter()
+            .find(|(bucket, _)| usize::from(*bucket) >= profiler_common::latency::LATENCY_BUCKETS)
+        {
+            return Err(format!(
+                "off-CPU blocks {i} count in histogram bucket {bucket}, which does not exist"
+            ));
+        }
     }
     Ok(())
 }
@@ -608,13 +635,13 @@ mod tests {
         newer[8..12].copy_from_slice(&7u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "written by a newer profiler (format 7); this one reads format 5: \
+            "written by a newer profiler (format 7); this one reads format 6: \
              read it with a newer profiler"
         );
         newer[8..12].copy_from_slice(&0u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 5)"
+            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 6)"
         );
     }
 
@@ -850,6 +877,7 @@ mod written_formats {
             },
             line_latency: Vec::new(),
             function_aliases: Vec::new(),
+            off_cpu: None,
         }
     }
 
@@ -986,13 +1014,73 @@ mod written_formats {
         profile
     }
 
+    /// A file this profiler wrote in format 5, from [`profile_5`] (`encode_profile` as hex).
+    const FORMAT_5: [&str; 10] = [
+        "4542504650524f460500000028498f01ae010000000000004b0200000000000028b52ffd604b01250d00e6d65640406d",
+        "aa317348dcdcc3fe498acbf27dc3ca48ff0fd5c90e84226a869d35aaf64aa868282465811c2a179b655a3f6140dbd424",
+        "02da6a9b197ecbfef96b4b884c3249003f004900b9d3ac508f1600393788c8afed32e1d554bb132efe79777b2cd4ab0d",
+        "070a2c30367f4884905c5f6c3bece4ce08141f7b008813184a6cc8b03702cc0456d045332e149b70bfe8855e50fa62d0",
+        "abba728b5f3a34a5e512464988bdf788a4fe0f33644a5252879e295dca47d242dd39075e513fa7dcd2c9e706d93c77a0",
+        "7e7eb7cb6e55bb2a5e11b10293f3d8153a7c3e40c9051058d040c37662be9c386a50c21b554c0a7b843a840791f4d8ec",
+        "7dea17f760c202830da8b23995e243c38ff1186102ab378979fc6c25c156514f0944fde129188cb361add1cd7c9e01ed",
+        "8537db6ee6e870cd63a6c9d4ac03b4def5b2acc0c4e8a7a91d3347a51973872b0c9661191a4bebf0814f11fb0207923b",
+        "9753a623e52fe7031b004025e1cf7b708c71a4a64208f0c26c00f2000b2d10e0cf93e64cd456ab4537349a0483385570",
+        "7d8c5732da1e0b38b22d4cc908ccc90669be37d35140ed28518ba0b9730f",
+    ];
+
     #[test]
-    fn format_5_is_what_this_profiler_writes() {
-        let written = encode_profile(&profile_5()).unwrap();
-        assert_eq!(written[8..12], 5u32.to_le_bytes());
-        assert_eq!(decode_profile(&written).unwrap(), profile_5());
-        // The format 4 file has no architecture: it reads as unknown.
-        assert_eq!(decode_hex(&FORMAT_4).unwrap().meta.architecture, "");
+    fn format_5_file_still_reads() {
+        assert_reads(&FORMAT_5, profile_5(), 5);
+    }
+
+    /// [`profile_5`] with off-CPU time, which format 6 added.
+    fn profile_6() -> Profile {
+        let mut profile = profile_5();
+        profile.off_cpu = Some(OffCpuProfile {
+            attachment: "tp_btf/sched_switch".into(),
+            min_block_ns: 1000,
+            bucket_unit_ns: 1000,
+            counters: BTreeMap::from([("blocks with stacks".to_string(), 7)]),
+            blocks: vec![crate::profile::offcpu::OffCpuBlocks {
+                pid: 42,
+                tid: 43,
+                state: crate::profile::offcpu::OffCpuState::Uninterruptible,
+                frames: vec![0],
+                user_stack_lost: false,
+                kernel_stack_lost: true,
+                total_ns: 700_000_000,
+                count: 7,
+                max_ns: 100_000_000,
+                buckets: vec![(200, 7)],
+            }],
+        });
+        profile
+    }
+
+    #[test]
+    fn format_6_is_what_this_profiler_writes() {
+        let written = encode_profile(&profile_6()).unwrap();
+        assert_eq!(written[8..12], 6u32.to_le_bytes());
+        assert_eq!(decode_profile(&written).unwrap(), profile_6());
+        // The format 5 file has no off-CPU time.
+        assert_eq!(decode_hex(&FORMAT_5).unwrap().off_cpu, None);
+    }
+
+    #[test]
+    fn off_cpu_blocks_must_refer_to_frames_and_buckets_that_exist() {
+        let mut profile = profile_6();
+        profile.off_cpu.as_mut().unwrap().blocks[0].frames = vec![99];
+        let error = decode_profile(&encode_profile(&profile).unwrap()).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("off-CPU blocks 0 refer to frame 99"),
+            "{error}"
+        );
+        let mut profile = profile_6();
+        profile.off_cpu.as_mut().unwrap().blocks[0].buckets = vec![(4000, 1)];
+        let error = decode_profile(&encode_profile(&profile).unwrap()).unwrap_err();
+        assert!(error.to_string().contains("bucket 4000"), "{error}");
     }
 }
 

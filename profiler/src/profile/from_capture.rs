@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use profiler_common::{capture::LossKind, hw::data_src::DataSource, stack::LOST_STACK};
 
 use super::{
+    offcpu::{assemble_offcpu, below_scheduler},
     DataAccess, DataLineSample, EventInfo, FrameId, HardwareProfile, InstructionSample,
     LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats,
     ThreadInfo,
@@ -99,9 +100,19 @@ pub fn assemble(
     let cache = &drained.stack_cache;
     // Each distinct stack once: a kernel stack is the same code in every process, a user stack
     // the same code within one.
-    let kernel_stacks: BTreeSet<u64> = drained.stacks.keys().map(|s| s.kernel).collect();
-    let user_stacks: BTreeSet<(u32, u64)> =
-        drained.stacks.keys().map(|s| (s.pid, s.user)).collect();
+    let offcpu_keys = drained.offcpu.blocks.keys();
+    let kernel_stacks: BTreeSet<u64> = drained
+        .stacks
+        .keys()
+        .map(|s| s.kernel)
+        .chain(offcpu_keys.clone().map(|k| k.kernel_stack))
+        .collect();
+    let user_stacks: BTreeSet<(u32, u64)> = drained
+        .stacks
+        .keys()
+        .map(|s| (s.pid, s.user))
+        .chain(offcpu_keys.map(|k| (k.pid, k.user_stack)))
+        .collect();
     for hash in &kernel_stacks {
         addresses.extend(lookup_addresses(0, cache.frames(*hash)));
     }
@@ -167,6 +178,20 @@ pub fn assemble(
         })
         .collect();
     stacks.sort_by(|a, b| b.count.cmp(&a.count).then(a.frames.cmp(&b.frames)));
+    let off_cpu = drained.offcpu.attachment.map(|attachment| {
+        assemble_offcpu(
+            &drained.offcpu,
+            attachment,
+            drained.offcpu.min_block_ns,
+            |key| {
+                [
+                    below_scheduler(&kernel_frames[&key.kernel_stack], &table.frames),
+                    user_frames[&(key.pid, key.user_stack)].as_slice(),
+                ]
+                .concat()
+            },
+        )
+    });
 
     let instructions = drained
         .instructions
@@ -219,6 +244,13 @@ pub fn assemble(
         .stacks
         .keys()
         .map(|s| (s.pid, s.tid, s.cgroup))
+        .chain(
+            drained
+                .offcpu
+                .blocks
+                .keys()
+                .map(|k| (k.pid, k.tid, k.cgroup)),
+        )
         .collect();
     // A process is named after its main thread, which may have taken no sample of its own.
     let sampled_mains: BTreeSet<u32> = threads
@@ -286,6 +318,7 @@ pub fn assemble(
         },
         line_latency,
         function_aliases: table.aliases,
+        off_cpu,
     }
 }
 

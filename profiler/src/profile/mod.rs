@@ -4,5 +4,6 @@
 pub mod file;
 pub mod from_capture;
 mod model;
+pub mod offcpu;
 
 pub use model::*;

@@ -38,6 +38,9 @@ pub struct Profile {
     /// body from format 4 on.
     #[serde(skip)]
     pub function_aliases: Vec<FunctionAliases>,
+    /// `record --off-cpu`: where the threads waited. Appended after the body from format 6 on.
+    #[serde(skip)]
+    pub off_cpu: Option<super::offcpu::OffCpuProfile>,
 }
 
 /// Every name one function has in one module: symbols at one address, such as glibc's

@@ -31,6 +31,9 @@ struct JsonReport<'a> {
     meta: &'a ProfileMeta,
     events: Vec<JsonEvent>,
     losses: &'a BTreeMap<String, u64>,
+    /// `record --off-cpu`: where the threads waited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    off_cpu: Option<&'a crate::aggregate::offcpu::OffCpuReport>,
 }
 
 #[derive(Serialize)]
@@ -277,7 +280,8 @@ struct JsonDetails {
     #[serde(skip_serializing_if = "Option::is_none")]
     inlined_into: Option<String>,
     module: String,
-    /// `disassembled`, `kernel` (no code bytes) or `not-captured`.
+    /// `disassembled`, `kernel` (no code bytes), `not-captured` or `no-disassembler` (not
+    /// x86-64 code).
     code: &'static str,
     samples: u64,
     view_samples: u64,
@@ -525,6 +529,7 @@ fn details(details: &FunctionDetails) -> JsonDetails {
             CodeSource::Disassembled => "disassembled",
             CodeSource::Kernel => "kernel",
             CodeSource::NotCaptured => "not-captured",
+            CodeSource::NoDisassembler => "no-disassembler",
         },
         samples: details.samples,
         view_samples: details.event_samples,
@@ -674,5 +679,6 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
         meta: &profile.meta,
         events,
         losses: &profile.losses.counters,
+        off_cpu: report.off_cpu.as_ref(),
     })
 }

@@ -17,6 +17,7 @@ use crate::{
         filter::{select_events, Selection},
         functions::{find_function, FunctionName},
         latency::{distributions, Distribution, LineHistograms},
+        offcpu::{offcpu_report, OffCpuOptions, OffCpuReport},
         stack_quality::{stack_quality, StackQuality},
         views::{build_view, RowKey, View, ViewKind, ViewOptions},
     },
@@ -74,6 +75,8 @@ pub struct Report<'a> {
     pub profile: &'a Profile,
     pub args: &'a ViewArgs,
     pub sections: Vec<EventSection>,
+    /// `record --off-cpu`: where the threads waited.
+    pub off_cpu: Option<OffCpuReport>,
 }
 
 impl Report<'_> {
@@ -169,10 +172,19 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
             stacks: stack_quality(profile, event, &selection),
         });
     }
+    let off_cpu = profile.off_cpu.as_ref().map(|off_cpu| {
+        let options = OffCpuOptions {
+            rows: args.rows(),
+            histograms: args.histogram.is_some(),
+            function: args.function.as_deref(),
+        };
+        offcpu_report(profile, off_cpu, &selection, &options)
+    });
     Ok(Report {
         profile,
         args,
         sections,
+        off_cpu,
     })
 }
 

@@ -19,6 +19,8 @@ use crate::{
     profile::{module_basename, Profile},
 };
 
+mod offcpu;
+
 use super::{Content, EventSection, Report};
 
 /// The width of a classic terminal: rules never get longer than this.
@@ -288,6 +290,9 @@ pub fn render(report: &Report) -> String {
     );
     for section in &report.sections {
         render_section(report, section, width, &mut out);
+    }
+    if let Some(off_cpu) = &report.off_cpu {
+        offcpu::render_offcpu(off_cpu, width, &mut out);
     }
     render_accounting(profile, width, &mut out);
     out
@@ -737,6 +742,10 @@ fn render_details(details: &FunctionDetails, width: usize, out: &mut String) {
         }
         CodeSource::NotCaptured => {
             "code not captured (module unreadable at record time): sampled instructions only"
+        }
+        CodeSource::NoDisassembler => {
+            "no disassembler for this profile's architecture (x86-64 only): sampled \
+             instructions only"
         }
     };
     let _ = writeln!(out, "{INDENT}{source}");

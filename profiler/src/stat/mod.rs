@@ -23,8 +23,7 @@ use self::count::Count;
 use self::counters::{CountScope, CounterSet, Split, ThreadId};
 use crate::events::{parse_event_list, EventAttr, EventSpec, PmuRegistry, SystemFacts};
 use crate::launch::{
-    process_running, spawn_stopped, CommandEnd, Ending, Shutdown, Stop, StopSignals,
-    StoppedCommand, TargetSpec,
+    spawn_stopped, CommandEnd, Ending, Run, StopSignals, StoppedCommand, TargetSpec,
 };
 use crate::output::Checker;
 
@@ -189,7 +188,7 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
         per_thread: args.per_thread,
     };
 
-    let mut command: Option<StoppedCommand> = match &target {
+    let command: Option<StoppedCommand> = match &target {
         TargetSpec::Command(argv) => Some(spawn_stopped(argv)?),
         _ => None,
     };
@@ -199,42 +198,33 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
         _ => CountScope::System,
     };
     let mut counters = CounterSet::open(&specs, &scope, split, &facts)?;
+    let pids = match &target {
+        TargetSpec::Processes(pids) => pids.clone(),
+        _ => Vec::new(),
+    };
+    let mut run = Run::new(command, pids);
 
     let start = Instant::now();
-    match &mut command {
+    match &mut run.command {
         // Counters with enable_on_exec start when the command execs, which this releases.
         Some(stopped) => stopped.release()?,
         None => counters.enable()?,
     }
+    run.begin(duration);
     let mut ticker = tokio::time::interval(POLL_INTERVAL);
-    let mut shutdown = Shutdown::new(duration);
     let stop = loop {
-        let command_exit = async {
-            match &mut command {
-                Some(stopped) => stopped.child.wait().await,
-                None => std::future::pending().await,
-            }
-        };
-        // A stop to act on once the select's borrows are over.
-        let mut stop = None;
         tokio::select! {
             _ = ticker.tick() => {
                 counters.drain();
-                if let TargetSpec::Processes(pids) = &target {
-                    if !pids.iter().any(|&pid| process_running(pid)) {
-                        break Stop::TargetsExited;
-                    }
+                if let Some(stop) = run.targets_exited() {
+                    break stop;
                 }
             }
-            status = command_exit => {
-                break shutdown.command_exited(status.context("waiting for the command")?);
-            }
-            signal = shutdown.next_stop(&mut signals) => stop = Some(signal),
-        }
-        if let Some(signal) = stop {
             // A command asked to exit is counted until it does, as it is recorded.
-            if let Some(stop) = shutdown.stop(signal, command.as_mut()).await? {
-                break stop;
+            event = run.next(&mut signals) => {
+                if let Some(stop) = run.act(event).await? {
+                    break stop;
+                }
             }
         }
     };
@@ -251,7 +241,7 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
         elapsed,
         events,
         breakdown,
-        ending: shutdown.ending(stop),
+        ending: run.ending(stop),
         lost_thread_records: log.lost,
     };
 

@@ -12,7 +12,6 @@ use std::{
     sync::Arc,
 };
 
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Error as WalkError, ExplicitModuleSectionInfo, Module, Unwinder};
 use object::{Object, ObjectSection, ObjectSegment};
 use profiler_common::capture::LossKind;
@@ -26,12 +25,36 @@ const VDSO: &str = "[vdso]";
 /// Most frames a walk produces: deeper stacks end as [`StackEnd::TooDeep`].
 pub const MAX_FRAMES: usize = profiler_common::stack::MAX_STACK_DEPTH;
 
-/// The user registers the walk starts from (x86-64).
+/// The user registers the walk starts from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UserRegisters {
     pub ip: u64,
     pub sp: u64,
-    pub bp: u64,
+    /// The frame pointer (x86-64's rbp, aarch64's x29).
+    pub fp: u64,
+    /// aarch64's link register (x30), the return address of a frame that has not saved it yet;
+    /// unused on x86-64.
+    pub link: u64,
+}
+
+/// framehop's walker for the machine's architecture: the stacks are copied from its processes.
+#[cfg(target_arch = "x86_64")]
+mod native {
+    use framehop::x86_64::UnwindRegsX86_64;
+    pub use framehop::x86_64::{CacheX86_64 as Cache, UnwinderX86_64 as ArchUnwinder};
+
+    pub fn registers(user: &super::UserRegisters) -> UnwindRegsX86_64 {
+        UnwindRegsX86_64::new(user.ip, user.sp, user.fp)
+    }
+}
+#[cfg(target_arch = "aarch64")]
+mod native {
+    use framehop::aarch64::UnwindRegsAarch64;
+    pub use framehop::aarch64::{CacheAarch64 as Cache, UnwinderAarch64 as ArchUnwinder};
+
+    pub fn registers(user: &super::UserRegisters) -> UnwindRegsAarch64 {
+        UnwindRegsAarch64::new(user.link, user.sp, user.fp)
+    }
 }
 
 /// User stack bytes as the kernel copied them: `bytes` were at `start` in the thread's memory.
@@ -166,7 +189,7 @@ impl ModuleSections {
 struct ProcessModules {
     /// Identifies the mappings these modules were built from (see [`fingerprint`]).
     fingerprint: u64,
-    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    unwinder: native::ArchUnwinder<Arc<[u8]>>,
     /// Every executable mapping (with or without a file): return addresses must be in one.
     code: Vec<Range<u64>>,
     /// The first bytes of each module's entry point: a return there ends the stack.
@@ -191,7 +214,7 @@ pub struct CopyUnwinder {
     vdso: Option<Arc<ModuleSections>>,
     vdso_bytes: u64,
     processes: HashMap<u32, ProcessModules>,
-    cache: CacheX86_64,
+    cache: native::Cache,
 }
 
 impl Default for CopyUnwinder {
@@ -202,7 +225,7 @@ impl Default for CopyUnwinder {
             vdso: vdso_image.and_then(ModuleSections::read).map(Arc::new),
             vdso_bytes: vdso_image.map_or(0, |image| image.len() as u64),
             processes: HashMap::new(),
-            cache: CacheX86_64::new(),
+            cache: native::Cache::new(),
         }
     }
 }
@@ -252,7 +275,7 @@ impl CopyUnwinder {
         let mut read_stack = |address| stack.word(address).ok_or(());
         let mut walk = modules.unwinder.iter_frames(
             registers.ip,
-            UnwindRegsX86_64::new(registers.ip, registers.sp, registers.bp),
+            native::registers(&registers),
             &mut self.cache,
             &mut read_stack,
         );
@@ -296,7 +319,7 @@ impl CopyUnwinder {
             return;
         }
         let mappings = executable_mappings(table, pid);
-        let mut unwinder = UnwinderX86_64::new();
+        let mut unwinder = native::ArchUnwinder::new();
         let mut entries = Vec::new();
         for mapping in &mappings {
             let sections = match mapping.file {
@@ -425,7 +448,8 @@ mod tests {
             UserRegisters {
                 ip: 0x401000,
                 sp: 0x7ffd_0000_0000,
-                bp: 0x7ffd_0000_0010,
+                fp: 0x7ffd_0000_0010,
+                link: 0,
             },
             StackCopy {
                 start: 0x7ffd_0000_0000,

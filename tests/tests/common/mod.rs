@@ -338,3 +338,25 @@ pub fn system_user(name: &str) -> (u32, u32) {
     }
     (id("-u").unwrap(), id("-g").unwrap())
 }
+
+/// Google's pprof, built from Debian's packaged sources (cargo xtask setup installs them).
+pub fn google_pprof() -> PathBuf {
+    let binary = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/google-pprof");
+    if !binary.exists() {
+        let built = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg("github.com/google/pprof")
+            .env("GOPATH", "/usr/share/gocode")
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "-mod=mod")
+            .output()
+            .expect("go is installed (apt-get install golang-go golang-github-google-pprof-dev)");
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+    }
+    binary
+}

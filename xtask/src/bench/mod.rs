@@ -6,6 +6,7 @@
 //! Every measurement runs bare, ours, perf back to back, round after round, so the machine's
 //! noise of the moment hits all three alike; figures are medians with their range.
 
+mod agent_cost;
 mod machine;
 mod measure;
 mod phases;
@@ -120,6 +121,7 @@ pub struct Results {
     pub footprint: Vec<Footprint>,
     pub report_speed: Vec<ReportSpeed>,
     pub stack_quality: Vec<stack_quality::StackQualityRow>,
+    pub agent_cost: Vec<agent_cost::AgentCostRow>,
     /// In-kernel cost of unwinding by tables, per sample at 10 and 30 user frames.
     pub unwind_cost: unwind_cost::UnwindCost,
     /// Share of the machine's CPU time that other processes used while the bench ran.
@@ -287,6 +289,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let footprint = bench.footprints(threads)?;
     let report_speed = bench.report_speeds(threads, &trials)?;
     let stack_quality = stack_quality::measure(&bench_profiler, &work)?;
+    // The 30 s runs; the quick bench (CI) keeps the comparison at 10 s.
+    let agent_seconds = if settings.quick { 10 } else { 30 };
+    let agent_cost = agent_cost::measure(&bench_profiler, &release, &work, agent_seconds)?;
     let unwind_cost = unwind_cost::measure(&bench_profiler, &work, settings.repetitions)?;
     let other_processes_cpu_percent = CpuTimes::now()?.others_percent_since(&cpu_at_start);
     if other_processes_cpu_percent > NOISY_PERCENT {
@@ -309,6 +314,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         footprint,
         report_speed,
         stack_quality,
+        agent_cost,
         unwind_cost,
         other_processes_cpu_percent,
         perf_event_max_sample_rate_at_end: machine::read_number(MAX_SAMPLE_RATE)?,

@@ -320,11 +320,52 @@ fn stack_quality(out: &mut String, results: &Results, shorten: &Shorten) {
     }
 }
 
+fn agent_cost(out: &mut String, results: &Results, shorten: &Shorten) {
+    use super::agent_cost::{BUDGET_CPU_PERCENT_AT_99HZ, BUDGET_RSS_MIB_AT_99HZ};
+    let _ = writeln!(
+        out,
+        "\n## 8. Always-on cost\n\n`profiler agent` (system-wide, a window every 10 s, pprof \
+         files) against `perf record -a -g` over the same time, while a CPU loop and a stream \
+         of short processes run. CPU time and peak RSS of each tool's own process tree. Budget \
+         at 99 Hz: {BUDGET_CPU_PERCENT_AT_99HZ}% of one core and {BUDGET_RSS_MIB_AT_99HZ} MB; \
+         at 997 Hz: no more CPU or memory than perf.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| Tool | Rate Hz | Seconds | CPU s | % of a core | Peak RSS MiB | CPU vs perf | RSS vs perf | Command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    for row in &results.agent_cost {
+        let perf = results
+            .agent_cost
+            .iter()
+            .find(|other| other.rate_hz == row.rate_hz && other.tool != row.tool);
+        let versus =
+            |ours: f64, theirs: Option<f64>| match (row.tool.starts_with("profiler"), theirs) {
+                (true, Some(theirs)) if theirs > 0.0 => format!("×{:.2}", ours / theirs),
+                _ => "–".into(),
+            };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.2} | {:.2} | {:.1} | {} | {} | {} |",
+            row.tool,
+            row.rate_hz,
+            row.duration_s,
+            row.cpu_s,
+            row.cpu_percent_of_core,
+            row.max_rss_mib,
+            versus(row.cpu_s, perf.map(|p| p.cpu_s)),
+            versus(row.max_rss_mib, perf.map(|p| p.max_rss_mib)),
+            shorten.command(&row.command),
+        );
+    }
+}
+
 fn unwind_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     let cost = &results.unwind_cost;
     let _ = writeln!(
         out,
-        "\n## 8. In-kernel cost of unwinding\n\nRun time of our BPF program per sample (BPF \
+        "\n## 9. In-kernel cost of unwinding\n\nRun time of our BPF program per sample (BPF \
          run-time statistics, `record --stats`) on the tests' C workload built with `-O2 \
          -fomit-frame-pointer`, recursing to a fixed depth, median (min–max) over the rounds. \
          `--unwind fp` walks two frames there. Per unwound frame: the slope of `--unwind dwarf` \
@@ -461,6 +502,7 @@ pub fn markdown(results: &Results) -> String {
     in_kernel(&mut out, results, &shorten);
     footprint(&mut out, results, &shorten);
     stack_quality(&mut out, results, &shorten);
+    agent_cost(&mut out, results, &shorten);
     unwind_cost(&mut out, results, &shorten);
     commands(&mut out, results, &shorten);
     out

@@ -1,0 +1,192 @@
+//! Off-CPU time: what the scheduler-switch programs share with the agent. A thread in scope
+//! that leaves the CPU is remembered with its state and stacks; when it runs again, the time it
+//! was off the CPU is added to its (process, thread, stacks, state) key and to a log-linear
+//! histogram of block durations (the latency histogram's buckets, in microseconds).
+
+/// Why a thread was off the CPU, from its task state when it left.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BlockState {
+    /// Interruptible sleep (`S`): a timer, a pipe, a futex, a socket.
+    Sleeping = 0,
+    /// Uninterruptible sleep (`D`): disk I/O, page faults served from disk, some locks.
+    Uninterruptible = 1,
+    /// Still runnable when it left (preempted, or yielded): waiting in the run queue.
+    RunQueue = 2,
+    /// Stopped, traced, or another state.
+    Other = 3,
+}
+
+/// `TASK_INTERRUPTIBLE` in the kernel's task state bits.
+const TASK_INTERRUPTIBLE: u64 = 0x1;
+/// `TASK_UNINTERRUPTIBLE`.
+const TASK_UNINTERRUPTIBLE: u64 = 0x2;
+/// `TASK_DEAD` and the exit states: a task leaving the CPU for the last time.
+pub const TASK_DYING: u64 = 0x80 | 0x10 | 0x20;
+
+impl BlockState {
+    pub const COUNT: usize = 4;
+    pub const ALL: [BlockState; Self::COUNT] = [
+        BlockState::Sleeping,
+        BlockState::Uninterruptible,
+        BlockState::RunQueue,
+        BlockState::Other,
+    ];
+
+    /// The state of a task that leaves the CPU with task state `state`; `preempted` when the
+    /// scheduler took the CPU from it (its state then says nothing about waiting).
+    #[inline(always)]
+    pub fn of_task(preempted: bool, state: u64) -> BlockState {
+        if preempted || state == 0 {
+            BlockState::RunQueue
+        } else if state & TASK_UNINTERRUPTIBLE != 0 {
+            BlockState::Uninterruptible
+        } else if state & TASK_INTERRUPTIBLE != 0 {
+            BlockState::Sleeping
+        } else {
+            BlockState::Other
+        }
+    }
+
+    pub fn from_code(code: u32) -> BlockState {
+        Self::ALL
+            .get(code as usize)
+            .copied()
+            .unwrap_or(BlockState::Other)
+    }
+
+    /// The letter `ps` shows and what it means.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            BlockState::Sleeping => "S sleeping",
+            BlockState::Uninterruptible => "D uninterruptible (disk)",
+            BlockState::RunQueue => "R run queue (preempted)",
+            BlockState::Other => "other (stopped, traced)",
+        }
+    }
+}
+
+/// A thread off the CPU, remembered from the switch that took it off until the one that puts
+/// it back (the blocked-threads map, by thread id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Blocked {
+    pub start_ns: u64,
+    pub pid: u32,
+    /// A [`BlockState`].
+    pub state: u32,
+    pub user_stack: u64,
+    pub kernel_stack: u64,
+    pub cgroup: u64,
+}
+
+/// Key of the off-CPU maps: where a thread waited and why.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OffCpuKey {
+    pub pid: u32,
+    pub tid: u32,
+    /// A [`BlockState`].
+    pub state: u32,
+    pub _pad: u32,
+    /// `NO_STACK` for blocks shorter than `--off-cpu-min`, which are counted without stacks.
+    pub user_stack: u64,
+    pub kernel_stack: u64,
+    pub cgroup: u64,
+}
+
+/// Per-CPU value of the off-CPU map: blocks ended on that CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuStats {
+    pub total_ns: u64,
+    pub count: u64,
+    pub max_ns: u64,
+}
+
+impl OffCpuStats {
+    pub fn merge(&mut self, other: &OffCpuStats) {
+        self.total_ns += other.total_ns;
+        self.count += other.count;
+        self.max_ns = self.max_ns.max(other.max_ns);
+    }
+}
+
+/// Block durations are bucketed in this unit: the histogram's u32 range then covers 71 minutes.
+pub const HISTOGRAM_UNIT_NS: u64 = 1000;
+
+/// Options of the scheduler-switch programs, a read-only global set at load time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuConfig {
+    /// `OFFCPU_*` bits.
+    pub flags: u32,
+    /// `task_struct.pid` (the thread id), `.tgid` and the task state (`__state`, `state` before
+    /// 5.14), from BTF.
+    pub task_pid: u32,
+    pub task_tgid: u32,
+    pub task_state: u32,
+    /// Blocks shorter than this are counted without stacks.
+    pub min_block_ns: u64,
+}
+
+impl OffCpuConfig {
+    pub const EMPTY: OffCpuConfig = OffCpuConfig {
+        flags: 0,
+        task_pid: 0,
+        task_tgid: 0,
+        task_state: 0,
+        min_block_ns: 0,
+    };
+}
+
+/// Every thread but the idle tasks is in scope (`-a`); else the processes in the scope map and
+/// the processes they fork.
+pub const OFFCPU_ALL: u32 = 1 << 0;
+
+/// What the switch programs counted, indices of their counter array. Losses are `LossKind`s.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OffCpuCount {
+    /// Threads in scope that left the CPU and were remembered.
+    SwitchesOut = 0,
+    /// Blocks added with their stacks.
+    Blocks = 1,
+    /// Blocks shorter than `--off-cpu-min`, added without stacks.
+    ShortBlocks = 2,
+    /// Threads of the processes in scope that ran again without a remembered switch: off the
+    /// CPU since before the recording started, or their switch was lost (a `LossKind`).
+    Unmatched = 3,
+}
+
+impl OffCpuCount {
+    pub const COUNT: usize = 4;
+    pub const ALL: [OffCpuCount; Self::COUNT] = [
+        OffCpuCount::SwitchesOut,
+        OffCpuCount::Blocks,
+        OffCpuCount::ShortBlocks,
+        OffCpuCount::Unmatched,
+    ];
+
+    pub const fn describe(self) -> &'static str {
+        match self {
+            OffCpuCount::SwitchesOut => "switches off the CPU",
+            OffCpuCount::Blocks => "blocks with stacks",
+            OffCpuCount::ShortBlocks => "blocks shorter than --off-cpu-min (counted, no stacks)",
+            OffCpuCount::Unmatched => {
+                "switches onto the CPU with no remembered switch off (off the CPU since before the start)"
+            }
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: #[repr(C)] types with only integer fields and explicit padding: every bit pattern
+    // is valid and there are no uninitialized bytes.
+    unsafe impl aya::Pod for Blocked {}
+    unsafe impl aya::Pod for OffCpuKey {}
+    unsafe impl aya::Pod for OffCpuStats {}
+    unsafe impl aya::Pod for OffCpuConfig {}
+}

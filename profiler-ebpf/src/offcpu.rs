@@ -1,0 +1,344 @@
+//! Off-CPU time: programs on the scheduler's switch. When a thread in scope leaves the CPU they
+//! remember when, its state and its stacks (content-addressed, as the overflow samples'); when
+//! it runs again they add the time it was off to its (thread, stacks, state) key and to a
+//! histogram of block durations, in the generation the agent drains.
+//!
+//! Two attachments of the same logic, the agent picks one at load: the BTF-enabled
+//! `tp_btf/sched_switch` (task pointers, fields read at BTF offsets), and the classic
+//! `sched:sched_switch` tracepoint, whose record carries the pids and state itself (kernels or
+//! builds without BTF). Processes in scope fork into scope through `sched_process_fork`.
+
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
+        bpf_ktime_get_ns, bpf_probe_read_kernel,
+    },
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    programs::{BtfTracePointContext, TracePointContext},
+    EbpfContext,
+};
+use profiler_common::{
+    capture::{
+        CaptureConfig, LossKind, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID,
+        CAPTURE_KERNEL_STACKS, CAPTURE_USER_STACKS,
+    },
+    latency::LatencyBuckets,
+    offcpu::{
+        BlockState, Blocked, OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats,
+        HISTOGRAM_UNIT_NS, OFFCPU_ALL, TASK_DYING,
+    },
+    stack::{StackFrames, NO_STACK},
+};
+
+use super::{
+    add, bump, capture_stack_into, config, current_generation, lose, record_latency, stack_hash,
+    user_stack_losses, StackLosses, CGROUP_FILTER, INFLIGHT, SAMPLES_FILTERED,
+};
+
+/// Read-only options, set by the agent at load time.
+#[unsafe(no_mangle)]
+static OFFCPU_CONFIG: OffCpuConfig = OffCpuConfig::EMPTY;
+
+/// Thread id -> the block it is in, from its switch off the CPU to its switch back.
+#[map]
+static OFFCPU_BLOCKED: HashMap<u32, Blocked> = HashMap::with_max_entries(16384, 0);
+/// Process ids in scope (without `OFFCPU_ALL`): the command or `-p` processes and what they fork.
+#[map]
+static OFFCPU_SCOPE: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+#[map]
+static OFFCPU_STATS_0: PerCpuHashMap<OffCpuKey, OffCpuStats> =
+    PerCpuHashMap::with_max_entries(16384, 0);
+#[map]
+static OFFCPU_STATS_1: PerCpuHashMap<OffCpuKey, OffCpuStats> =
+    PerCpuHashMap::with_max_entries(16384, 0);
+/// Block durations in `HISTOGRAM_UNIT_NS` per key.
+#[map]
+static OFFCPU_HISTOGRAMS_0: PerCpuHashMap<OffCpuKey, LatencyBuckets> =
+    PerCpuHashMap::with_max_entries(4096, 0);
+#[map]
+static OFFCPU_HISTOGRAMS_1: PerCpuHashMap<OffCpuKey, LatencyBuckets> =
+    PerCpuHashMap::with_max_entries(4096, 0);
+/// `OffCpuCount` index -> count, per CPU.
+#[map]
+static OFFCPU_COUNTS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(OffCpuCount::COUNT as u32, 0);
+/// The frames buffer the switch programs capture into: an overflow sample (an NMI) may
+/// interrupt them, and it has its own.
+#[map]
+static OFFCPU_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn offcpu_config() -> OffCpuConfig {
+    // SAFETY: a plain read of our own read-only global; volatile so the compiler cannot fold
+    // the all-zero initializer that the agent overrides at load time.
+    unsafe { core::ptr::read_volatile(&OFFCPU_CONFIG) }
+}
+
+#[inline(always)]
+fn count(what: OffCpuCount) {
+    add(&OFFCPU_COUNTS, what as u32, 1);
+}
+
+/// A task field at a BTF offset (a `u32`: pids, and the low half of the task state).
+#[inline(always)]
+fn task_u32(task: u64, offset: u32) -> Option<u32> {
+    // SAFETY: kernel memory read through the checking helper, which fails cleanly.
+    unsafe { bpf_probe_read_kernel((task + u64::from(offset)) as *const u32) }.ok()
+}
+
+/// `tp_btf/sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)`.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn offcpu_switch(ctx: BtfTracePointContext) -> u32 {
+    let options = offcpu_config();
+    let preempt: u64 = ctx.arg(0);
+    let prev: u64 = ctx.arg(1);
+    let next: u64 = ctx.arg(2);
+    let state = task_u32(prev, options.task_state).unwrap_or(0);
+    let next_tid = task_u32(next, options.task_pid).unwrap_or(0);
+    // Only read to tell unmatched switches of processes in scope.
+    let next_pid = || task_u32(next, options.task_tgid).unwrap_or(0);
+    on_switch(
+        &ctx,
+        &options,
+        BlockState::of_task(preempt & 1 != 0, u64::from(state)),
+        u64::from(state) & TASK_DYING != 0,
+        next_tid,
+        next_pid,
+    );
+    0
+}
+
+/// The classic `sched:sched_switch` record (stable since Linux 4.x): `prev_state` is the
+/// reported state, `TASK_REPORT_MAX` (0x100) when preempted.
+const SWITCH_PREV_STATE: usize = 32;
+const SWITCH_NEXT_PID: usize = 56;
+const TASK_REPORT_MAX: u64 = 0x100;
+
+#[tracepoint(category = "sched", name = "sched_switch")]
+pub fn offcpu_switch_tracepoint(ctx: TracePointContext) -> u32 {
+    let options = offcpu_config();
+    // SAFETY: reads inside the tracepoint record through the checking helper.
+    let state: u64 = unsafe { ctx.read_at(SWITCH_PREV_STATE) }.unwrap_or(0);
+    // SAFETY: as above.
+    let next_tid: u32 = unsafe { ctx.read_at(SWITCH_NEXT_PID) }.unwrap_or(0);
+    on_switch(
+        &ctx,
+        &options,
+        BlockState::of_task(state & TASK_REPORT_MAX != 0, state & !TASK_REPORT_MAX),
+        state & TASK_DYING & !TASK_REPORT_MAX != 0,
+        next_tid,
+        // The record has no process id of the next task: no unmatched count.
+        || 0,
+    );
+    0
+}
+
+/// `tp_btf/sched_process_fork(struct task_struct *parent, struct task_struct *child)`.
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn offcpu_fork(ctx: BtfTracePointContext) -> u32 {
+    let options = offcpu_config();
+    let child: u64 = ctx.arg(1);
+    let pid = task_u32(child, options.task_tgid).unwrap_or(0);
+    follow_fork(&options, pid);
+    0
+}
+
+/// `sched:sched_process_fork`: `child_pid` (the new task's id) at 44.
+#[tracepoint(category = "sched", name = "sched_process_fork")]
+pub fn offcpu_fork_tracepoint(ctx: TracePointContext) -> u32 {
+    // SAFETY: a read inside the tracepoint record through the checking helper.
+    let child: u32 = unsafe { ctx.read_at(44) }.unwrap_or(0);
+    follow_fork(&offcpu_config(), child);
+    0
+}
+
+/// A process in scope forked `child` (a process, or a thread of its own): it is in scope too.
+#[inline(always)]
+fn follow_fork(options: &OffCpuConfig, child: u32) {
+    if options.flags & OFFCPU_ALL != 0 || child == 0 {
+        return;
+    }
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: only tested for presence.
+    if parent != child && unsafe { OFFCPU_SCOPE.get(&parent) }.is_some() {
+        let _ = OFFCPU_SCOPE.insert(&child, &1, 0);
+    }
+}
+
+/// Whether the current task (the one leaving the CPU) is in scope.
+#[inline(always)]
+fn in_scope(options: &OffCpuConfig, config: &CaptureConfig, pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: only tested for presence.
+    if options.flags & OFFCPU_ALL == 0 && unsafe { OFFCPU_SCOPE.get(&pid) }.is_none() {
+        return false;
+    }
+    if config.flags & CAPTURE_FILTER_UID != 0 && bpf_get_current_uid_gid() as u32 != config.uid {
+        add(&SAMPLES_FILTERED, 0, 1);
+        return false;
+    }
+    // SAFETY: a helper without arguments; the lookup is only tested for presence.
+    if config.flags & CAPTURE_FILTER_CGROUP != 0
+        && unsafe { CGROUP_FILTER.get(&bpf_get_current_cgroup_id()) }.is_none()
+    {
+        add(&SAMPLES_FILTERED, 0, 1);
+        return false;
+    }
+    true
+}
+
+/// One context switch: the block of `next_tid` ends, the current task's begins.
+#[inline(always)]
+fn on_switch(
+    ctx: &impl EbpfContext,
+    options: &OffCpuConfig,
+    state: BlockState,
+    dying: bool,
+    next_tid: u32,
+    next_pid: impl Fn() -> u32,
+) {
+    // SAFETY: helpers without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let config = config();
+    // Inside a generation, as an overflow sample: the agent drains the one left.
+    let mut generation = current_generation();
+    add(&INFLIGHT, generation, 1);
+    let current = current_generation();
+    if current != generation {
+        add(&INFLIGHT, generation, u64::MAX);
+        generation = current;
+        add(&INFLIGHT, generation, 1);
+    }
+    end_block(options, generation, now, next_tid, next_pid);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    if !dying && in_scope(options, &config, pid) {
+        begin_block(ctx, &config, generation, now, pid, pid_tgid as u32, state);
+    }
+    add(&INFLIGHT, generation, u64::MAX);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn begin_block(
+    ctx: &impl EbpfContext,
+    config: &CaptureConfig,
+    generation: u32,
+    now: u64,
+    pid: u32,
+    tid: u32,
+    state: BlockState,
+) {
+    let kernel_stack = if config.flags & CAPTURE_KERNEL_STACKS != 0 {
+        let losses = StackLosses {
+            collision: LossKind::KernelStackHashCollision,
+            full: LossKind::KernelStackFramesFull,
+            failed: LossKind::KernelStackFailed,
+        };
+        stack_hash(
+            capture_stack_into(ctx, &OFFCPU_SCRATCH, 0, losses.failed),
+            config,
+            generation,
+            &losses,
+        )
+    } else {
+        NO_STACK
+    };
+    // The user registers the task entered the kernel with: the kernel's frame-pointer walk
+    // starts from them.
+    let user_stack = if config.flags & CAPTURE_USER_STACKS != 0 {
+        let losses = user_stack_losses();
+        stack_hash(
+            capture_stack_into(ctx, &OFFCPU_SCRATCH, BPF_F_USER_STACK as u64, losses.failed),
+            config,
+            generation,
+            &losses,
+        )
+    } else {
+        NO_STACK
+    };
+    let blocked = Blocked {
+        start_ns: now,
+        pid,
+        state: state as u32,
+        user_stack,
+        kernel_stack,
+        // SAFETY: a helper without arguments.
+        cgroup: unsafe { bpf_get_current_cgroup_id() },
+    };
+    if OFFCPU_BLOCKED.insert(&tid, &blocked, 0).is_err() {
+        lose(LossKind::OffCpuBlockedFull);
+        return;
+    }
+    count(OffCpuCount::SwitchesOut);
+}
+
+#[inline(always)]
+fn end_block(
+    options: &OffCpuConfig,
+    generation: u32,
+    now: u64,
+    tid: u32,
+    pid: impl Fn() -> u32,
+) {
+    // SAFETY: the value is copied out at once.
+    let Some(blocked) = (unsafe { OFFCPU_BLOCKED.get(&tid) }).copied() else {
+        let pid = pid();
+        // SAFETY: only tested for presence.
+        if tid != 0 && pid != 0 && unsafe { OFFCPU_SCOPE.get(&pid) }.is_some() {
+            count(OffCpuCount::Unmatched);
+        }
+        return;
+    };
+    let _ = OFFCPU_BLOCKED.remove(&tid);
+    let blocked_ns = now.saturating_sub(blocked.start_ns);
+    let stacked = blocked_ns >= options.min_block_ns;
+    let key = OffCpuKey {
+        pid: blocked.pid,
+        tid,
+        state: blocked.state,
+        _pad: 0,
+        user_stack: if stacked { blocked.user_stack } else { NO_STACK },
+        kernel_stack: if stacked { blocked.kernel_stack } else { NO_STACK },
+        cgroup: blocked.cgroup,
+    };
+    count(if stacked {
+        OffCpuCount::Blocks
+    } else {
+        OffCpuCount::ShortBlocks
+    });
+    let (stats, histograms) = if generation == 0 {
+        (&OFFCPU_STATS_0, &OFFCPU_HISTOGRAMS_0)
+    } else {
+        (&OFFCPU_STATS_1, &OFFCPU_HISTOGRAMS_1)
+    };
+    let first = OffCpuStats {
+        total_ns: blocked_ns,
+        count: 1,
+        max_ns: blocked_ns,
+    };
+    bump(
+        stats,
+        &key,
+        &first,
+        |stats| {
+            stats.total_ns += blocked_ns;
+            stats.count += 1;
+            if blocked_ns > stats.max_ns {
+                stats.max_ns = blocked_ns;
+            }
+        },
+        LossKind::OffCpuFull,
+    );
+    // Zero-length blocks have no bucket of their own worth keeping: the unit's first bucket.
+    record_latency(
+        histograms,
+        &key,
+        blocked_ns / HISTOGRAM_UNIT_NS,
+        LossKind::OffCpuHistogramFull,
+    );
+}

@@ -1,0 +1,255 @@
+//! `record --off-cpu`: loading and attaching the scheduler-switch programs, putting the
+//! processes in scope into their scope map, and the maps the drain reads.
+//!
+//! The BTF-enabled `tp_btf/sched_switch` is cheapest (no tracepoint record is built) and is used
+//! where the kernel has BTF; elsewhere the classic `sched:sched_switch` tracepoint, whose record
+//! carries the pids and state itself.
+
+use anyhow::{anyhow, Context, Result};
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
+    programs::{BtfTracePoint, TracePoint},
+    Ebpf, EbpfLoader,
+};
+use profiler_common::{
+    latency::LatencyBuckets,
+    offcpu::{OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, OFFCPU_ALL},
+};
+
+use super::{btf::Btf, program::take};
+
+/// Entries of the blocked-threads map: threads in scope off the CPU at once.
+const BLOCKED_THREADS: u32 = 16384;
+/// Processes the scope map holds: the command's or `-p`'s, and what they fork.
+const SCOPE_PROCESSES: u32 = 16384;
+/// Distinct (thread, stacks, state) per generation.
+const KEYS: u32 = 16384;
+/// Histograms per generation (960 bytes per entry and CPU).
+const HISTOGRAMS: u32 = 1024;
+
+/// What `--off-cpu` asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuOptions {
+    /// `--off-cpu-min`: shorter blocks are counted without stacks.
+    pub min_block_ns: u64,
+}
+
+/// How the switch programs are attached, for the report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attachment {
+    BtfTracepoint,
+    Tracepoint,
+}
+
+impl Attachment {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Attachment::BtfTracepoint => "tp_btf/sched_switch",
+            Attachment::Tracepoint => "tracepoint sched:sched_switch",
+        }
+    }
+}
+
+/// The off-CPU maps of one generation.
+pub struct OffCpuMaps {
+    pub stats: PerCpuHashMap<MapData, OffCpuKey, OffCpuStats>,
+    pub histograms: PerCpuHashMap<MapData, OffCpuKey, LatencyBuckets>,
+}
+
+pub struct OffCpuCapture {
+    pub generations: [OffCpuMaps; 2],
+    pub counts: PerCpuArray<MapData, u64>,
+    scope: HashMap<MapData, u32, u8>,
+    pub attachment: Attachment,
+}
+
+/// The program's configuration for `options`: the task fields it reads, from the kernel's BTF
+/// (none: the classic tracepoint is used).
+pub fn offcpu_config(options: &OffCpuOptions, system_wide: bool) -> (OffCpuConfig, Attachment) {
+    let mut config = OffCpuConfig {
+        flags: if system_wide { OFFCPU_ALL } else { 0 },
+        min_block_ns: options.min_block_ns,
+        ..OffCpuConfig::EMPTY
+    };
+    let task = |btf: &Btf| {
+        let field = |name: &str| btf.member_offset("task_struct", name);
+        // `state` was renamed `__state` in Linux 5.14.
+        Some((
+            field("pid")?,
+            field("tgid")?,
+            field("__state").or_else(|| field("state"))?,
+        ))
+    };
+    let fields = Btf::from_sys_fs().ok().and_then(|btf| task(&btf));
+    match fields {
+        Some((pid, tgid, state)) if aya::Btf::from_sys_fs().is_ok() => {
+            config.task_pid = pid;
+            config.task_tgid = tgid;
+            config.task_state = state;
+            (config, Attachment::BtfTracepoint)
+        }
+        _ => (config, Attachment::Tracepoint),
+    }
+}
+
+/// Sizes the off-CPU maps: their defaults with `--off-cpu`, else the smallest the kernel takes.
+pub fn size_maps(loader: &mut EbpfLoader, enabled: bool) {
+    let size = |entries: u32| if enabled { entries } else { 1 };
+    loader
+        .map_max_entries("OFFCPU_BLOCKED", size(BLOCKED_THREADS))
+        .map_max_entries("OFFCPU_SCOPE", size(SCOPE_PROCESSES));
+    for generation in ["0", "1"] {
+        let name = |map: &str| -> &'static str {
+            Box::leak(format!("{map}_{generation}").into_boxed_str())
+        };
+        loader
+            .map_max_entries(name("OFFCPU_STATS"), size(KEYS))
+            .map_max_entries(name("OFFCPU_HISTOGRAMS"), size(HISTOGRAMS));
+    }
+}
+
+impl OffCpuCapture {
+    /// Loads the switch and fork programs for `attachment` and takes their maps; attached by
+    /// [`OffCpuCapture::attach`] once the scope is in place.
+    pub fn load(ebpf: &mut Ebpf, attachment: Attachment) -> Result<OffCpuCapture> {
+        let verifier = |e| anyhow!("the kernel verifier rejected the off-CPU program: {e:?}");
+        match attachment {
+            Attachment::BtfTracepoint => {
+                let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+                for (name, tracepoint) in [
+                    ("offcpu_switch", "sched_switch"),
+                    ("offcpu_fork", "sched_process_fork"),
+                ] {
+                    let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
+                    program.load(tracepoint, &btf).map_err(verifier)?;
+                }
+            }
+            Attachment::Tracepoint => {
+                for name in ["offcpu_switch_tracepoint", "offcpu_fork_tracepoint"] {
+                    let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
+                    program.load().map_err(verifier)?;
+                }
+            }
+        }
+        let generation = |ebpf: &mut Ebpf, index: usize| -> Result<OffCpuMaps> {
+            Ok(OffCpuMaps {
+                stats: take(ebpf, &format!("OFFCPU_STATS_{index}"))?,
+                histograms: take(ebpf, &format!("OFFCPU_HISTOGRAMS_{index}"))?,
+            })
+        };
+        Ok(OffCpuCapture {
+            generations: [generation(ebpf, 0)?, generation(ebpf, 1)?],
+            counts: take(ebpf, "OFFCPU_COUNTS")?,
+            scope: take(ebpf, "OFFCPU_SCOPE")?,
+            attachment,
+        })
+    }
+
+    /// Puts processes in scope (the command, `-p`); with `OFFCPU_ALL` every thread is.
+    pub fn add_to_scope(&mut self, pids: &[u32]) -> Result<()> {
+        for pid in pids {
+            self.scope
+                .insert(pid, 1, 0)
+                .context("filling the off-CPU scope map")?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the loaded programs: from here every switch is seen. The links live as long as
+    /// `ebpf`.
+    pub fn attach(&self, ebpf: &mut Ebpf) -> Result<()> {
+        let attaching = |what: &str| format!("attaching the off-CPU program to {what}");
+        match self.attachment {
+            Attachment::BtfTracepoint => {
+                for name in ["offcpu_fork", "offcpu_switch"] {
+                    let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
+                    program.attach().with_context(|| attaching(name))?;
+                }
+            }
+            Attachment::Tracepoint => {
+                for (name, tracepoint) in [
+                    ("offcpu_fork_tracepoint", "sched_process_fork"),
+                    ("offcpu_switch_tracepoint", "sched_switch"),
+                ] {
+                    let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
+                    program.attach("sched", tracepoint).with_context(|| {
+                        format!(
+                            "{} (the classic tracepoint needs tracefs, mounted at \
+                             /sys/kernel/tracing)",
+                            attaching(tracepoint)
+                        )
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The programs' counters, by `OffCpuCount` index.
+    pub fn read_counts(&self) -> Result<[u64; OffCpuCount::COUNT]> {
+        let mut counts = [0; OffCpuCount::COUNT];
+        for what in OffCpuCount::ALL {
+            counts[what as usize] = self
+                .counts
+                .get(&(what as u32), 0)
+                .context("reading the off-CPU counters")?
+                .iter()
+                .sum();
+        }
+        Ok(counts)
+    }
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| anyhow!("the capture program has no {name}"))
+}
+
+/// `--off-cpu-min`: nanoseconds, or a number with `ns`, `us`, `ms` or `s`.
+pub fn parse_block_time(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let scale = match unit.trim() {
+        "" | "ns" => 1.0,
+        "us" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}`: give nanoseconds, or a number with ns, us, ms or s \
+                 (e.g. 500us)"
+            ))
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a time: give e.g. 1000, 500us or 2ms"))?;
+    let nanoseconds = value * scale;
+    if !(nanoseconds.is_finite() && nanoseconds < u64::MAX as f64) {
+        return Err(format!("`{text}` is too long"));
+    }
+    Ok(nanoseconds.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_times_take_nanoseconds_or_a_unit() {
+        assert_eq!(parse_block_time("1500"), Ok(1500));
+        assert_eq!(parse_block_time("250ns"), Ok(250));
+        assert_eq!(parse_block_time("500us"), Ok(500_000));
+        assert_eq!(parse_block_time("2.5ms"), Ok(2_500_000));
+        assert_eq!(parse_block_time("1s"), Ok(1_000_000_000));
+        assert!(parse_block_time("3 minutes")
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert!(parse_block_time("ms")
+            .unwrap_err()
+            .contains("is not a time"));
+    }
+}

@@ -1,0 +1,533 @@
+//! One capture session, the same for `record` and `agent`: it opens the program, the counters
+//! and the side-band, ticks (side-band records, ring buffers, drains on schedule and early when
+//! any map fills) until the run stops, and closes windows: what was sampled since the last
+//! window, the accounting over it and the processes its samples reference. `record` is one
+//! window ([`CaptureSession::finish`], which drains what is left after the counters stop); the agent closes one per interval
+//! ([`CaptureSession::close_window`]).
+
+use std::time::{Duration, SystemTime};
+
+use anyhow::{anyhow, Context, Result};
+use profiler_common::capture::{
+    CaptureConfig, LossKind, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID,
+    CAPTURE_UNWIND_DWARF, MAX_EVENTS,
+};
+use tokio::time::{interval, Instant, Interval};
+
+use crate::{
+    capture::{
+        counters::{open_sampling_counters, EventCounter, Target},
+        hardware::{cpu_identity, raw_decoding, samples_latency},
+        offcpu::offcpu_config,
+        program::{CaptureProgram, Ring},
+        raw::RawStream,
+        sideband::{ProcessTable, Sideband},
+        stats::CaptureStats,
+    },
+    drain::{
+        ibs::IbsStream, read_accounting, stack_copy::StackCopyStream, Accounting, Drained, Drainer,
+    },
+    events::SystemFacts,
+    launch::{spawn_stopped, Run, Stop, StopSignals, TargetSpec},
+    profile::{CpuIdentity, EventInfo},
+    record::{
+        capture_config, check_privileges, enable_run_statistics, event_counts, event_info,
+        held_map_memory, profile_meta, target_description, Capture, RecordOptions,
+    },
+    unwind::loader::UnwindLoader,
+};
+
+/// How often the side-band records (new mappings, exec, exit) are read.
+const SIDEBAND_INTERVAL: Duration = Duration::from_millis(50);
+
+/// What one window of a capture holds, at address level: symbolized off the capture thread.
+pub struct WindowCapture {
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub drained: Drained,
+    /// The processes the window's samples reference, as they were when it closed.
+    pub processes: ProcessTable,
+    /// The samples fired, lost and filtered over the window.
+    pub accounting: Accounting,
+}
+
+pub struct CaptureSession {
+    config: CaptureConfig,
+    events: Vec<EventInfo>,
+    cpu: Option<CpuIdentity>,
+    program: CaptureProgram,
+    drainer: Drainer,
+    unwinder: Option<UnwindLoader>,
+    raw: Option<RawStream>,
+    ibs: Option<IbsStream>,
+    stack_copies: Option<StackCopyStream>,
+    sideband: Sideband,
+    counters: Vec<EventCounter>,
+    processes: ProcessTable,
+    drained: Drained,
+    run: Run,
+    /// `--duration`, counted from the start.
+    duration: Option<Duration>,
+    map_bytes: u64,
+    /// While held, the kernel counts the program's runs and run time (`--stats`).
+    _run_statistics: Option<std::os::fd::OwnedFd>,
+    start: SystemTime,
+    window_start: SystemTime,
+    /// The cumulative accounting when the last window closed.
+    closed: Accounting,
+    ticker: Interval,
+    sideband_ticker: Interval,
+}
+
+impl CaptureSession {
+    /// Loads the program, opens the side-band and the counters (a launched command is started,
+    /// stopped before its exec) and attaches them; nothing is sampled before
+    /// [`CaptureSession::start`].
+    pub fn open(options: &RecordOptions) -> Result<CaptureSession> {
+        if options.events.is_empty() || options.events.len() > MAX_EVENTS {
+            return Err(anyhow!("record takes 1 to {MAX_EVENTS} events"));
+        }
+        if options.events.len() > 1 && options.offsets.is_none() {
+            return Err(anyhow!(
+                "sampling several events at once needs kernel BTF (/sys/kernel/btf/vmlinux) to \
+                 tell their samples apart: sample one event per run on this kernel"
+            ));
+        }
+        for note in check_privileges(options)? {
+            eprintln!("note: {note}");
+        }
+        let config = capture_config(options);
+        let facts = SystemFacts::read(&options.pmus);
+        let run_statistics = options.stats.then(enable_run_statistics).flatten();
+        let cpu = cpu_identity();
+        let raw_decoding = raw_decoding(&options.events, cpu.as_ref());
+        let ibs_events = raw_decoding.ibs_events() != 0;
+        let sizes = options.sizes.fitted(
+            samples_latency(&options.events),
+            options.raw.is_some(),
+            ibs_events,
+            options.stack_copy_kib.is_some(),
+        );
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, e)| anyhow!("counting online CPUs ({what}): {e}"))?
+            .len();
+        let config = CaptureConfig {
+            drain_request_steps: sizes.drain_request_steps(cpus),
+            ..config
+        };
+        let offcpu = options
+            .off_cpu
+            .map(|off_cpu| offcpu_config(&off_cpu, options.target == TargetSpec::System));
+        let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes, offcpu)?;
+        let drainer = Drainer::new(&mut program, sizes)?;
+        program.filter_cgroups(&options.cgroups)?;
+        let unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
+            0 => None,
+            _ => Some(program.unwind_loader()?),
+        };
+        let map_bytes = held_map_memory();
+        let raw = match &options.raw {
+            Some(output) => Some(RawStream::create(
+                output,
+                program.take_ring(Ring::RawSamples)?,
+            )?),
+            None => None,
+        };
+        let ibs = match ibs_events {
+            true => Some(IbsStream::new(
+                program.take_ring(Ring::IbsSamples)?,
+                raw_decoding,
+            )?),
+            false => None,
+        };
+        let stack_copies = match options.stack_copy_kib {
+            Some(_) => Some(StackCopyStream::new(program.take_ring(Ring::StackCopies)?)?),
+            None => None,
+        };
+
+        let command = match &options.target {
+            TargetSpec::Command(argv) => Some(spawn_stopped(argv)?),
+            _ => None,
+        };
+        let (target, pids) = match (&options.target, &command) {
+            (TargetSpec::Command(_), Some(stopped)) => (Target::Command(stopped.pid()?), vec![]),
+            (TargetSpec::Processes(pids), _) => (Target::Processes(pids.clone()), pids.clone()),
+            _ => (Target::System, vec![]),
+        };
+        if let Some(offcpu) = &mut program.offcpu {
+            match &target {
+                Target::Command(pid) => offcpu.add_to_scope(&[*pid])?,
+                Target::Processes(pids) => offcpu.add_to_scope(pids)?,
+                Target::System => {}
+            }
+        }
+        program.attach_offcpu()?;
+        let sideband = Sideband::open(&target, &options.pmus, &facts)?;
+        let mut counters =
+            open_sampling_counters(&options.events, &target, options.stacks, &facts)?;
+        for counter in &mut counters {
+            program.attach(&mut counter.counter)?;
+            if config.flags & CAPTURE_EVENT_IDS != 0 {
+                program.register_event(counter.counter.id(), counter.event)?;
+            }
+        }
+        let now = SystemTime::now();
+        Ok(CaptureSession {
+            config,
+            events: options.events.iter().map(event_info).collect(),
+            cpu,
+            program,
+            drainer,
+            unwinder,
+            raw,
+            ibs,
+            stack_copies,
+            sideband,
+            counters,
+            processes: ProcessTable::default(),
+            drained: Drained::default(),
+            run: Run::new(command, pids),
+            duration: options.duration,
+            map_bytes,
+            _run_statistics: run_statistics,
+            start: now,
+            window_start: now,
+            closed: Accounting::default(),
+            ticker: interval(options.drain_interval),
+            sideband_ticker: interval(SIDEBAND_INTERVAL),
+        })
+    }
+
+    /// Starts sampling: releases the launched command (its counters start at its exec), or
+    /// reads the running processes and enables the counters.
+    pub async fn start(&mut self, target: &TargetSpec) -> Result<()> {
+        self.start = SystemTime::now();
+        self.window_start = self.start;
+        if let Some(stopped) = &mut self.run.command {
+            // Counters with enable_on_exec start when the command execs, which this releases.
+            stopped.release()?;
+        } else {
+            // The side-band first, then /proc: a process that starts or maps code in between
+            // is in both, and the table keeps one copy.
+            self.sideband.enable()?;
+            match target {
+                TargetSpec::Processes(pids) => pids
+                    .iter()
+                    .for_each(|pid| self.processes.scan_process(*pid)),
+                _ => self.processes.scan_all(),
+            }
+            self.sync_unwinder()?;
+            for counter in &mut self.counters {
+                counter.counter.enable()?;
+            }
+        }
+        self.run.begin(self.duration);
+        // The first tick of a tokio interval is immediate.
+        self.ticker.tick().await;
+        self.sideband_ticker.tick().await;
+        Ok(())
+    }
+
+    /// The events sampled, as reports describe them.
+    pub fn events(&self) -> &[EventInfo] {
+        &self.events
+    }
+
+    /// The CPU the samples were taken on (model, for hardware event names).
+    pub fn cpu(&self) -> Option<CpuIdentity> {
+        self.cpu.clone()
+    }
+
+    fn read_sideband(&mut self) {
+        self.sideband.read_into(&mut self.processes);
+    }
+
+    fn sync_unwinder(&mut self) -> Result<()> {
+        match &mut self.unwinder {
+            Some(unwinder) => unwinder.sync(&self.processes),
+            None => Ok(()),
+        }
+    }
+
+    /// Captures until `until` (then `Ok(None)`) or until the run stops (`Ok(Some(stop))`).
+    pub async fn run_until(
+        &mut self,
+        until: Option<Instant>,
+        signals: &mut StopSignals,
+    ) -> Result<Option<Stop>> {
+        loop {
+            if let Some(stop) = self.tick(until, signals).await? {
+                return Ok(Some(stop));
+            }
+            if until.is_some_and(|until| Instant::now() >= until) {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Waits for the next thing to do and does it; `Some(stop)` when the run stops.
+    async fn tick(
+        &mut self,
+        until: Option<Instant>,
+        signals: &mut StopSignals,
+    ) -> Result<Option<Stop>> {
+        let CaptureSession {
+            program,
+            drainer,
+            unwinder,
+            raw,
+            ibs,
+            stack_copies,
+            sideband,
+            processes,
+            drained,
+            run,
+            ticker,
+            sideband_ticker,
+            ..
+        } = self;
+        let raw_ready = async {
+            match raw {
+                Some(stream) => stream.readable().await,
+                None => std::future::pending().await,
+            }
+        };
+        let ibs_ready = async {
+            match ibs {
+                Some(stream) => stream.readable().await,
+                None => std::future::pending().await,
+            }
+        };
+        let stack_copies_ready = async {
+            match stack_copies {
+                Some(stream) => stream.readable().await,
+                None => std::future::pending().await,
+            }
+        };
+        let unwind_requested = async {
+            match unwinder {
+                Some(unwinder) => unwinder.requested().await,
+                None => std::future::pending().await,
+            }
+        };
+        let window_end = async {
+            match until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
+        /// What woke the session, acted on once the select's borrows are over.
+        enum Wake {
+            Sideband,
+            UnwindRequest(std::io::Result<()>),
+            DrainRequest(std::io::Result<()>),
+            Drain,
+            Raw(std::io::Result<()>),
+            Ibs(std::io::Result<()>),
+            StackCopies(std::io::Result<()>),
+            Run(crate::launch::RunEvent),
+            WindowEnd,
+        }
+        let wake = tokio::select! {
+            // Mappings are read often so their files are opened while short-lived processes
+            // live.
+            _ = sideband_ticker.tick() => Wake::Sideband,
+            requested = unwind_requested => Wake::UnwindRequest(requested),
+            requested = drainer.requested() => Wake::DrainRequest(requested),
+            _ = ticker.tick() => Wake::Drain,
+            ready = raw_ready => Wake::Raw(ready),
+            ready = ibs_ready => Wake::Ibs(ready),
+            ready = stack_copies_ready => Wake::StackCopies(ready),
+            event = run.next(signals) => Wake::Run(event),
+            _ = window_end => Wake::WindowEnd,
+        };
+        match wake {
+            Wake::Sideband => {
+                sideband.read_into(processes);
+                if let Some(unwinder) = unwinder {
+                    unwinder.sync(processes)?;
+                }
+                // The program wakes us only when the IBS ring is half full.
+                if let Some(stream) = ibs {
+                    stream.read_into(&mut drained.ibs)?;
+                }
+                // Unwound while the mappings just read are the processes' own.
+                if let Some(stream) = stack_copies {
+                    stream.read_into(processes, drained)?;
+                }
+                drainer.drain_if_filling(program, drained)?;
+                if let Some(stop) = run.targets_exited() {
+                    return Ok(Some(stop));
+                }
+            }
+            Wake::UnwindRequest(requested) => {
+                requested.context("waiting on the unwinder's requests")?;
+                sideband.read_into(processes);
+                if let Some(unwinder) = unwinder {
+                    unwinder.sync(processes)?;
+                }
+            }
+            Wake::DrainRequest(requested) => {
+                requested.context("waiting on the capture program's drain requests")?;
+                drainer.drain_if_filling(program, drained)?;
+            }
+            Wake::Drain => {
+                sideband.read_into(processes);
+                if let Some(unwinder) = unwinder {
+                    unwinder.sync(processes)?;
+                }
+                drainer.drain(program, drained)?;
+            }
+            Wake::Raw(ready) => {
+                ready.context("waiting on the raw sample ring buffer")?;
+                if let Some(stream) = raw {
+                    stream.write_ready()?;
+                }
+            }
+            Wake::Ibs(ready) => {
+                ready.context("waiting on the IBS ring buffer")?;
+                if let Some(stream) = ibs {
+                    stream.read_into(&mut drained.ibs)?;
+                }
+            }
+            Wake::StackCopies(ready) => {
+                ready.context("waiting on the stack-copy ring buffer")?;
+                sideband.read_into(processes);
+                if let Some(stream) = stack_copies {
+                    stream.read_into(processes, drained)?;
+                }
+            }
+            Wake::Run(event) => return run.act(event).await,
+            Wake::WindowEnd => {}
+        }
+        Ok(None)
+    }
+
+    /// The cumulative accounting: the program's counters, and the losses of the streams the
+    /// agent reads (stack copies, IBS registers).
+    fn accounting(&mut self) -> Result<Accounting> {
+        let mut accounting = read_accounting(&self.program, self.events.len())?;
+        // A filter drops samples of what the counters still count: their totals would not
+        // match.
+        if self.config.flags & (CAPTURE_FILTER_CGROUP | CAPTURE_FILTER_UID) == 0 {
+            accounting.event_counts = event_counts(&mut self.counters, self.events.len())?;
+        }
+        if let Some(stream) = &self.ibs {
+            accounting.losses[LossKind::IbsRegistersUnreadable as usize] += stream.unreadable();
+        }
+        if let Some(stream) = &self.stack_copies {
+            for (total, walks) in accounting.losses.iter_mut().zip(stream.losses()) {
+                *total += walks;
+            }
+        }
+        Ok(accounting)
+    }
+
+    /// Closes the window that began at the last close (or the start): drains it and hands over
+    /// its samples, the processes they reference and its accounting; processes that exited
+    /// before it closed are forgotten, since no later window can sample them.
+    pub fn close_window(&mut self) -> Result<WindowCapture> {
+        // Exits read before the drain: every sample of those processes is drained below.
+        self.read_sideband();
+        self.sync_unwinder()?;
+        let exited = self.processes.exited();
+        if let Some(stream) = &mut self.ibs {
+            stream.read_into(&mut self.drained.ibs)?;
+        }
+        if let Some(stream) = &mut self.stack_copies {
+            stream.read_into(&self.processes, &mut self.drained)?;
+        }
+        // Read before the generation flips: a sample fired after this read is counted in the
+        // next window, where its generation is drained. Only one fired between this read and
+        // the flip (microseconds apart) is drained here and counted in the next window.
+        let accounting = self.accounting()?;
+        self.drainer.drain(&mut self.program, &mut self.drained)?;
+        let end = SystemTime::now();
+        let start = self.window_start;
+        let (drained, accounting) = self.take_drained(accounting, end);
+        let processes = self.processes.snapshot(&drained.referenced_processes());
+        self.processes.forget(&exited);
+        Ok(WindowCapture {
+            start,
+            end,
+            drained,
+            processes,
+            accounting,
+        })
+    }
+
+    /// Moves what was drained since the last window into a window ending at `end`, with the
+    /// accounting over it (`accounting` is the cumulative one at its close).
+    fn take_drained(&mut self, accounting: Accounting, end: SystemTime) -> (Drained, Accounting) {
+        let mut drained = std::mem::take(&mut self.drained);
+        // The stack cache lives across windows: the window gets the frames it references.
+        self.drained.stack_cache = std::mem::take(&mut drained.stack_cache);
+        let stacks = drained
+            .stacks
+            .keys()
+            .flat_map(|stack| [stack.user, stack.kernel]);
+        drained.stack_cache = self.drained.stack_cache.subset(stacks);
+        let mut window = accounting.since(&self.closed);
+        // Agent-counted losses (stack hash collisions) are the window's own.
+        for (total, counted) in window.losses.iter_mut().zip(drained.losses) {
+            *total += counted;
+        }
+        self.closed = accounting;
+        self.window_start = end;
+        (drained, window)
+    }
+
+    /// Stops sampling and drains everything left: the last window, with the whole process
+    /// table (a recording's profile file keeps the code and data of every process in it).
+    pub fn finish(mut self, stop: Stop, options: &RecordOptions) -> Result<Capture> {
+        for counter in &mut self.counters {
+            counter.counter.disable()?;
+        }
+        self.sideband.disable()?;
+        let end = SystemTime::now();
+        self.read_sideband();
+        self.drainer
+            .drain_all(&mut self.program, &mut self.drained)?;
+        let mut failures = Vec::new();
+        if let Some(stream) = &mut self.raw {
+            failures.extend(stream.finish()?);
+        }
+        if let Some(stream) = &mut self.ibs {
+            stream.finish(&mut self.drained.ibs)?;
+        }
+        if let Some(stream) = &mut self.stack_copies {
+            stream.finish(&self.processes, &mut self.drained)?;
+        }
+        let accounting = self.accounting()?;
+        let (program_runs, program_run_time) = self.program.run_statistics()?;
+        let stats = CaptureStats {
+            program_runs,
+            program_run_time,
+            map_bytes: self.map_bytes,
+            drain_time: self.drainer.drain_time,
+            drains: self.drainer.drains,
+            stacks_cached: self.drained.stack_cache.distinct() as u64,
+            stacks_read: self.drainer.frames_map.read,
+            raw_samples_written: self.raw.as_ref().map_or(0, RawStream::written),
+            unwind: self.unwinder.as_ref().map(UnwindLoader::render_stats),
+        };
+        if let (Some(offcpu), Some(options)) = (&self.program.offcpu, &options.off_cpu) {
+            self.drained.offcpu.counts = offcpu.read_counts()?;
+            self.drained.offcpu.attachment = Some(offcpu.attachment.describe());
+            self.drained.offcpu.min_block_ns = options.min_block_ns;
+        }
+        let start = self.window_start;
+        let (drained, accounting) = self.take_drained(accounting, end);
+        Ok(Capture {
+            meta: profile_meta(target_description(options), start, end),
+            events: self.events,
+            drained,
+            processes: std::mem::take(&mut self.processes),
+            cpu: self.cpu,
+            accounting,
+            stats,
+            ending: self.run.ending(stop),
+            failures,
+        })
+    }
+}

@@ -1,0 +1,381 @@
+//! OpenTelemetry profiles over OTLP/HTTP: `POST <URL>/v1development/profiles` with a gzipped
+//! `ExportProfilesServiceRequest` protobuf (`application/x-protobuf`), the messages of
+//! opentelemetry-proto's `profiles/v1development` (proto 1.10/1.11, one wire format).
+//!
+//! One resource per process (attributes `service.name`, `host.name`, `process.pid`,
+//! `process.executable.name`, `container.id`, `container.runtime`, `k8s.pod.uid`,
+//! `systemd.unit`), one profile per event. A profile's samples count samples
+//! (`samples`/`count`); its period type is the event and its unit, with the events each sample
+//! stands for as the period when that is fixed. Stacks, locations, mappings and functions are
+//! the ones `export::pprof` builds for the series, moved into the request's shared dictionary,
+//! whose tables all start with the zero value as the protocol requires.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+
+use flate2::{write::GzEncoder, Compression};
+use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::profiles::v1development as otlp;
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use prost::Message;
+
+use super::pprof::{pprof_profile, proto as pprof};
+use super::series::{series_of, CgroupPaths, Series, ServiceName};
+use super::sink::{Window, WindowSink};
+use super::upload::{Endpoint, UploadCounts, Uploader};
+use super::ExportError;
+
+/// The profiles path below the collector's URL.
+const PROFILES_PATH: &str = "v1development/profiles";
+
+pub struct OtlpSink {
+    name: String,
+    service_name: ServiceName,
+    cgroups: CgroupPaths,
+    uploader: Uploader,
+}
+
+impl OtlpSink {
+    /// A sink sending to the OTLP/HTTP endpoint at `url` (`http://collector:4318`), spooling in
+    /// `spool_dir`.
+    pub fn new(
+        url: &str,
+        service_name: ServiceName,
+        spool_dir: &Path,
+        spool_bytes: u64,
+    ) -> Result<OtlpSink, ExportError> {
+        let endpoint = Endpoint {
+            url: format!("{}/{PROFILES_PATH}", url.trim_end_matches('/')),
+            headers: vec![
+                ("Content-Type", "application/x-protobuf".to_string()),
+                ("Content-Encoding", "gzip".to_string()),
+            ],
+        };
+        Ok(OtlpSink {
+            name: format!("--otlp {url}"),
+            service_name,
+            cgroups: CgroupPaths::new(),
+            uploader: Uploader::new(endpoint, spool_dir, spool_bytes)?,
+        })
+    }
+}
+
+impl WindowSink for OtlpSink {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn export(&mut self, window: &Window) -> Result<(), ExportError> {
+        self.cgroups.refresh_for(&window.profile);
+        let series = series_of(&window.profile, &self.service_name, &self.cgroups);
+        if series.is_empty() {
+            return Ok(());
+        }
+        let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
+        gzip.write_all(&export_request(&series).encode_to_vec())?;
+        self.uploader.send(gzip.finish()?)
+    }
+
+    fn delivery(&self) -> Option<UploadCounts> {
+        Some(self.uploader.counts)
+    }
+}
+
+/// The OTLP request for a window's series.
+pub fn export_request(series: &[Series]) -> ExportProfilesServiceRequest {
+    let mut dictionary = Dictionary::new();
+    let mut resources: Vec<otlp::ResourceProfiles> = Vec::new();
+    let mut resource_of_pid: HashMap<u32, usize> = HashMap::new();
+    for one in series {
+        let profile = dictionary.profile(&pprof_profile(&one.profile));
+        let index = *resource_of_pid.entry(one.labels.pid).or_insert_with(|| {
+            resources.push(otlp::ResourceProfiles {
+                resource: Some(resource(one)),
+                scope_profiles: vec![otlp::ScopeProfiles {
+                    scope: Some(InstrumentationScope {
+                        name: "profiler".into(),
+                        version: env!("CARGO_PKG_VERSION").into(),
+                        ..InstrumentationScope::default()
+                    }),
+                    ..otlp::ScopeProfiles::default()
+                }],
+                ..otlp::ResourceProfiles::default()
+            });
+            resources.len() - 1
+        });
+        resources[index].scope_profiles[0].profiles.push(profile);
+    }
+    ExportProfilesServiceRequest {
+        resource_profiles: resources,
+        dictionary: Some(dictionary.tables),
+    }
+}
+
+fn string_value(key: &str, value: impl Into<String>) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.into())),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+fn resource(series: &Series) -> Resource {
+    let labels = &series.labels;
+    let origin = &labels.origin;
+    let mut attributes = vec![
+        string_value("service.name", &labels.service_name),
+        string_value("host.name", &labels.host),
+        KeyValue {
+            key: "process.pid".into(),
+            value: Some(AnyValue {
+                value: Some(any_value::Value::IntValue(i64::from(labels.pid))),
+            }),
+            ..KeyValue::default()
+        },
+        string_value("process.executable.name", &labels.executable),
+    ];
+    let optional = [
+        ("container.id", origin.container_id.as_deref()),
+        ("container.runtime", origin.container_runtime),
+        ("k8s.pod.uid", origin.pod_uid.as_deref()),
+        ("systemd.unit", origin.systemd_unit.as_deref()),
+    ];
+    attributes.extend(
+        optional
+            .into_iter()
+            .filter_map(|(key, value)| Some(string_value(key, value?))),
+    );
+    Resource {
+        attributes,
+        ..Resource::default()
+    }
+}
+
+/// The request's shared tables, each starting with its zero value, and where each pprof
+/// profile's entries went.
+struct Dictionary {
+    tables: otlp::ProfilesDictionary,
+    strings: HashMap<String, i32>,
+    attributes: HashMap<(i32, String), i32>,
+    stacks: HashMap<Vec<i32>, i32>,
+}
+
+impl Dictionary {
+    fn new() -> Dictionary {
+        let mut dictionary = Dictionary {
+            tables: otlp::ProfilesDictionary {
+                mapping_table: vec![otlp::Mapping::default()],
+                location_table: vec![otlp::Location::default()],
+                function_table: vec![otlp::Function::default()],
+                link_table: vec![otlp::Link::default()],
+                attribute_table: vec![otlp::KeyValueAndUnit::default()],
+                stack_table: vec![otlp::Stack::default()],
+                string_table: Vec::new(),
+            },
+            strings: HashMap::new(),
+            attributes: HashMap::new(),
+            stacks: HashMap::new(),
+        };
+        dictionary.string("");
+        dictionary
+    }
+
+    fn string(&mut self, text: &str) -> i32 {
+        if let Some(&index) = self.strings.get(text) {
+            return index;
+        }
+        let index = self.tables.string_table.len() as i32;
+        self.tables.string_table.push(text.to_string());
+        self.strings.insert(text.to_string(), index);
+        index
+    }
+
+    /// A string-valued sample attribute (`thread.name`), or an integer one (`thread.id`).
+    fn attribute(&mut self, key: &str, value: any_value::Value) -> i32 {
+        let key_index = self.string(key);
+        let identity = (key_index, format!("{value:?}"));
+        if let Some(&index) = self.attributes.get(&identity) {
+            return index;
+        }
+        let index = self.tables.attribute_table.len() as i32;
+        self.tables.attribute_table.push(otlp::KeyValueAndUnit {
+            key_strindex: key_index,
+            value: Some(AnyValue { value: Some(value) }),
+            unit_strindex: 0,
+        });
+        self.attributes.insert(identity, index);
+        index
+    }
+
+    fn stack(&mut self, locations: Vec<i32>) -> i32 {
+        if let Some(&index) = self.stacks.get(&locations) {
+            return index;
+        }
+        let index = self.tables.stack_table.len() as i32;
+        self.tables.stack_table.push(otlp::Stack {
+            location_indices: locations.clone(),
+        });
+        self.stacks.insert(locations, index);
+        index
+    }
+
+    /// Moves a one-event pprof profile into the dictionary, as an OTLP profile.
+    fn profile(&mut self, pprof: &pprof::Profile) -> otlp::Profile {
+        let text = |index: i64| pprof.string_table[index as usize].as_str();
+        let mut mappings = HashMap::new();
+        for mapping in &pprof.mapping {
+            let filename = self.string(text(mapping.filename));
+            let mut attribute_indices = Vec::new();
+            if mapping.build_id != 0 {
+                let build_id = any_value::Value::StringValue(text(mapping.build_id).into());
+                attribute_indices.push(self.attribute("process.executable.build_id.gnu", build_id));
+            }
+            mappings.insert(mapping.id, self.tables.mapping_table.len() as i32);
+            self.tables.mapping_table.push(otlp::Mapping {
+                memory_start: mapping.memory_start,
+                memory_limit: mapping.memory_limit,
+                file_offset: mapping.file_offset,
+                filename_strindex: filename,
+                attribute_indices,
+            });
+        }
+        let mut functions = HashMap::new();
+        for function in &pprof.function {
+            let entry = otlp::Function {
+                name_strindex: self.string(text(function.name)),
+                system_name_strindex: self.string(text(function.system_name)),
+                filename_strindex: self.string(text(function.filename)),
+                start_line: function.start_line,
+            };
+            functions.insert(function.id, self.tables.function_table.len() as i32);
+            self.tables.function_table.push(entry);
+        }
+        let mut locations = HashMap::new();
+        for location in &pprof.location {
+            let entry = otlp::Location {
+                mapping_index: mappings.get(&location.mapping_id).copied().unwrap_or(0),
+                address: location.address,
+                lines: location
+                    .line
+                    .iter()
+                    .map(|line| otlp::Line {
+                        function_index: functions[&line.function_id],
+                        line: line.line,
+                        column: 0,
+                    })
+                    .collect(),
+                attribute_indices: Vec::new(),
+            };
+            locations.insert(location.id, self.tables.location_table.len() as i32);
+            self.tables.location_table.push(entry);
+        }
+        let samples = pprof
+            .sample
+            .iter()
+            .map(|sample| {
+                // pprof and OTLP both list a stack leaf first.
+                let stack = self.stack(sample.location_id.iter().map(|id| locations[id]).collect());
+                let attribute_indices = sample
+                    .label
+                    .iter()
+                    .filter_map(|label| {
+                        let (key, value) = match text(label.key) {
+                            "tid" => ("thread.id", any_value::Value::IntValue(label.num)),
+                            "thread_comm" => (
+                                "thread.name",
+                                any_value::Value::StringValue(text(label.str).into()),
+                            ),
+                            _ => return None,
+                        };
+                        Some(self.attribute(key, value))
+                    })
+                    .collect();
+                otlp::Sample {
+                    stack_index: stack,
+                    attribute_indices,
+                    link_index: 0,
+                    // The `_sample` column: the first of the event's columns.
+                    values: vec![sample.value[0]],
+                    timestamps_unix_nano: Vec::new(),
+                }
+            })
+            .collect();
+        let period_type = pprof.period_type.as_ref().map(|period| otlp::ValueType {
+            type_strindex: self.string(text(period.r#type)),
+            unit_strindex: self.string(text(period.unit)),
+        });
+        otlp::Profile {
+            sample_type: Some(otlp::ValueType {
+                type_strindex: self.string("samples"),
+                unit_strindex: self.string("count"),
+            }),
+            samples,
+            time_unix_nano: pprof.time_nanos as u64,
+            duration_nano: pprof.duration_nanos as u64,
+            period_type,
+            period: pprof.period,
+            profile_id: uuid::Uuid::new_v4().as_bytes().to_vec(),
+            ..otlp::Profile::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::test_profile;
+
+    #[test]
+    fn tables_start_with_the_zero_value_and_every_index_is_in_range() {
+        let profile = test_profile::profile();
+        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let request = export_request(&series);
+        let request = ExportProfilesServiceRequest::decode(&*request.encode_to_vec()).unwrap();
+        let tables = request.dictionary.as_ref().unwrap();
+        assert_eq!(tables.string_table[0], "");
+        assert_eq!(tables.mapping_table[0], otlp::Mapping::default());
+        assert_eq!(tables.location_table[0], otlp::Location::default());
+        assert_eq!(tables.function_table[0], otlp::Function::default());
+        assert_eq!(tables.stack_table[0], otlp::Stack::default());
+        let strings = tables.string_table.len() as i32;
+        for location in &tables.location_table[1..] {
+            assert!(location.mapping_index < tables.mapping_table.len() as i32);
+            for line in &location.lines {
+                let function = &tables.function_table[line.function_index as usize];
+                assert!(function.name_strindex > 0 && function.name_strindex < strings);
+            }
+        }
+        let resources = &request.resource_profiles;
+        assert_eq!(resources.len(), 1, "one process in the test profile");
+        let profiles = &resources[0].scope_profiles[0].profiles;
+        assert_eq!(
+            profiles.len(),
+            profile.events.len(),
+            "one profile per event"
+        );
+        for (otlp_profile, one) in profiles.iter().zip(&series) {
+            let total: i64 = otlp_profile.samples.iter().map(|s| s.values[0]).sum();
+            let expected: u64 = one.profile.stacks.iter().map(|s| s.count).sum();
+            assert_eq!(total as u64, expected);
+            assert_eq!(otlp_profile.profile_id.len(), 16);
+            // The leaf of every stack names a function.
+            for sample in &otlp_profile.samples {
+                let stack = &tables.stack_table[sample.stack_index as usize];
+                let leaf = &tables.location_table[stack.location_indices[0] as usize];
+                assert!(!leaf.lines.is_empty() || leaf.address != 0);
+            }
+        }
+        let names: Vec<&str> = tables
+            .function_table
+            .iter()
+            .map(|f| tables.string_table[f.name_strindex as usize].as_str())
+            .collect();
+        for expected in ["main", "run", "compute", "vec_sum"] {
+            assert!(names.contains(&expected), "{expected} in {names:?}");
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Grafana Pyroscope's push API: `POST <URL>/push.v1.PusherService/Push`, a Connect unary call
+//! carrying a gzipped `push.v1.PushRequest` protobuf (`Content-Type: application/proto`,
+//! `Content-Encoding: gzip`), as the `pyroscope` crate and Grafana Alloy send it.
+//!
+//! Each series is one process's samples of one event: its labels are `__name__` (the profile
+//! name: `process_cpu` for CPU clocks, as Pyroscope's own eBPF profiler names them, else the
+//! event), `service_name`, `host`, `pid`, `executable` and, where the cgroup path tells them,
+//! `container_id`, `container_runtime`, `pod_uid` and `systemd_unit`; its one sample is the
+//! series as a gzipped pprof (see `export::pprof`), named by a random UUID. The message types are
+//! written by hand after grafana/pyroscope `api/push/v1/push.proto` and `api/types/v1/types.proto`.
+
+use std::io::Write;
+use std::path::Path;
+
+use flate2::{write::GzEncoder, Compression};
+use prost::Message;
+
+use super::pprof::write_pprof;
+use super::series::{series_of, CgroupPaths, Series, SeriesLabels, ServiceName};
+use super::sink::{Window, WindowSink};
+use super::upload::{Endpoint, UploadCounts, Uploader};
+use super::ExportError;
+use crate::profile::EventInfo;
+
+pub mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PushRequest {
+        #[prost(message, repeated, tag = "1")]
+        pub series: Vec<RawProfileSeries>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RawProfileSeries {
+        #[prost(message, repeated, tag = "1")]
+        pub labels: Vec<LabelPair>,
+        #[prost(message, repeated, tag = "2")]
+        pub samples: Vec<RawSample>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RawSample {
+        /// A pprof profile, gzipped or not.
+        #[prost(bytes = "vec", tag = "1")]
+        pub raw_profile: Vec<u8>,
+        /// A UUID naming this profile.
+        #[prost(string, tag = "2")]
+        pub id: String,
+    }
+
+    #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, prost::Message)]
+    pub struct LabelPair {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(string, tag = "2")]
+        pub value: String,
+    }
+}
+
+/// The push path below the server's URL.
+const PUSH_PATH: &str = "push.v1.PusherService/Push";
+
+pub struct PyroscopeSink {
+    name: String,
+    service_name: ServiceName,
+    cgroups: CgroupPaths,
+    uploader: Uploader,
+}
+
+impl PyroscopeSink {
+    /// A sink pushing to the Pyroscope server at `url` (`http://host:4040`), spooling in
+    /// `spool_dir`. `X-Scope-OrgID` is sent when a tenant is given (multi-tenant servers).
+    pub fn new(
+        url: &str,
+        tenant: Option<&str>,
+        service_name: ServiceName,
+        spool_dir: &Path,
+        spool_bytes: u64,
+    ) -> Result<PyroscopeSink, ExportError> {
+        let mut headers = vec![
+            ("Content-Type", "application/proto".to_string()),
+            ("Content-Encoding", "gzip".to_string()),
+        ];
+        headers.extend(tenant.map(|tenant| ("X-Scope-OrgID", tenant.to_string())));
+        let endpoint = Endpoint {
+            url: format!("{}/{PUSH_PATH}", url.trim_end_matches('/')),
+            headers,
+        };
+        Ok(PyroscopeSink {
+            name: format!("--pyroscope {url}"),
+            service_name,
+            cgroups: CgroupPaths::new(),
+            uploader: Uploader::new(endpoint, spool_dir, spool_bytes)?,
+        })
+    }
+}
+
+impl WindowSink for PyroscopeSink {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn export(&mut self, window: &Window) -> Result<(), ExportError> {
+        self.cgroups.refresh_for(&window.profile);
+        let series = series_of(&window.profile, &self.service_name, &self.cgroups);
+        if series.is_empty() {
+            // Pyroscope refuses a request without profiles; an idle window has nothing to say.
+            return Ok(());
+        }
+        let request = push_request(&series)?;
+        let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
+        gzip.write_all(&request.encode_to_vec())?;
+        self.uploader.send(gzip.finish()?)
+    }
+
+    fn delivery(&self) -> Option<UploadCounts> {
+        Some(self.uploader.counts)
+    }
+}
+
+/// The push request for a window's series.
+pub fn push_request(series: &[Series]) -> Result<proto::PushRequest, ExportError> {
+    let series = series
+        .iter()
+        .map(|one| {
+            let mut raw_profile = Vec::new();
+            write_pprof(&one.profile, &mut raw_profile)?;
+            Ok(proto::RawProfileSeries {
+                labels: labels(&one.labels, &one.profile.events[0]),
+                samples: vec![proto::RawSample {
+                    raw_profile,
+                    id: uuid::Uuid::new_v4().to_string(),
+                }],
+            })
+        })
+        .collect::<Result<_, ExportError>>()?;
+    Ok(proto::PushRequest { series })
+}
+
+/// Pyroscope's name for what a profile measures: its eBPF profiler calls CPU time `process_cpu`;
+/// other events keep their name, in the label-value form Pyroscope's profile type ids allow.
+pub fn profile_name(event: &EventInfo) -> String {
+    let bare = event.name.split([':', '/']).next().unwrap_or(&event.name);
+    if matches!(bare, "cpu-clock" | "task-clock") {
+        return "process_cpu".to_string();
+    }
+    bare.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+fn labels(labels: &SeriesLabels, event: &EventInfo) -> Vec<proto::LabelPair> {
+    let origin = &labels.origin;
+    let mut pairs: Vec<proto::LabelPair> = [
+        ("__name__", Some(profile_name(event))),
+        ("service_name", Some(labels.service_name.clone())),
+        ("host", Some(labels.host.clone())),
+        ("pid", Some(labels.pid.to_string())),
+        ("executable", Some(labels.executable.clone())),
+        ("container_id", origin.container_id.clone()),
+        (
+            "container_runtime",
+            origin.container_runtime.map(str::to_string),
+        ),
+        ("pod_uid", origin.pod_uid.clone()),
+        ("systemd_unit", origin.systemd_unit.clone()),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| {
+        Some(proto::LabelPair {
+            name: name.to_string(),
+            value: value.filter(|v| !v.is_empty())?,
+        })
+    })
+    .collect();
+    pairs.sort();
+    pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::pprof::proto::Profile as Pprof;
+    use crate::export::test_profile;
+    use std::io::Read;
+
+    #[test]
+    fn each_series_is_labelled_and_carries_its_pprof() {
+        let profile = test_profile::profile();
+        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let request = push_request(&series).unwrap();
+        let decoded = proto::PushRequest::decode(&*request.encode_to_vec()).unwrap();
+        assert_eq!(decoded.series.len(), series.len());
+        for (pushed, one) in decoded.series.iter().zip(&series) {
+            let label = |name: &str| {
+                pushed
+                    .labels
+                    .iter()
+                    .find(|l| l.name == name)
+                    .map(|l| l.value.as_str())
+            };
+            assert_eq!(
+                label("__name__"),
+                Some(profile_name(&one.profile.events[0]).as_str())
+            );
+            assert_eq!(
+                label("service_name"),
+                Some(one.labels.service_name.as_str())
+            );
+            assert_eq!(label("pid"), Some(one.labels.pid.to_string().as_str()));
+            assert_eq!(label("host"), Some(profile.meta.hostname.as_str()));
+            assert_eq!(label("pod_uid"), None, "no empty labels");
+            let sample = &pushed.samples[0];
+            assert!(uuid::Uuid::parse_str(&sample.id).is_ok());
+            let mut pprof = Vec::new();
+            flate2::read::GzDecoder::new(&*sample.raw_profile)
+                .read_to_end(&mut pprof)
+                .unwrap();
+            let pprof = Pprof::decode(&*pprof).unwrap();
+            let total: i64 = pprof.sample.iter().map(|s| s.value[0]).sum();
+            let expected: u64 = one.profile.stacks.iter().map(|s| s.count).sum();
+            assert_eq!(total as u64, expected);
+        }
+    }
+
+    #[test]
+    fn cpu_clocks_are_process_cpu_and_other_events_keep_their_name() {
+        let event = |name: &str| EventInfo {
+            name: name.into(),
+            ..EventInfo::default()
+        };
+        assert_eq!(profile_name(&event("cpu-clock")), "process_cpu");
+        assert_eq!(profile_name(&event("task-clock:u")), "process_cpu");
+        assert_eq!(profile_name(&event("page-faults/period=1/")), "page_faults");
+        assert_eq!(profile_name(&event("cache-misses")), "cache_misses");
+    }
+}

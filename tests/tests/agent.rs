@@ -1,0 +1,289 @@
+//! `profiler agent`: a real agent profiles the whole system while a workload runs, writes a pprof
+//! file per window into `--output-dir`, and exports its last, partial window when SIGTERM stops
+//! it. Each file is read by Google's pprof and decoded here: windows follow one another without
+//! gap, the workload's functions are in the windows it ran in and not in those after it, and
+//! every sample the kernel fired is in its window's profile or counted there as lost.
+
+mod common;
+
+use std::{
+    io::Read as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use common::{
+    google_pprof, profiler_bin, require_root, temp_dir, wait_until_recording, workload, Running,
+};
+use profiler::export::pprof::proto;
+use profiler_common::capture::LossKind;
+use prost::Message as _;
+
+/// One window as its file holds it.
+struct WindowFile {
+    path: PathBuf,
+    profile: proto::Profile,
+}
+
+impl WindowFile {
+    fn read(path: &Path) -> WindowFile {
+        let mut bytes = Vec::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+            .read_to_end(&mut bytes)
+            .unwrap_or_else(|e| panic!("{} is not gzipped: {e}", path.display()));
+        let profile = proto::Profile::decode(bytes.as_slice())
+            .unwrap_or_else(|e| panic!("{} is no pprof profile: {e}", path.display()));
+        WindowFile {
+            path: path.to_path_buf(),
+            profile,
+        }
+    }
+
+    fn start_ns(&self) -> u64 {
+        self.profile.time_nanos as u64
+    }
+
+    fn end_ns(&self) -> u64 {
+        self.start_ns() + self.profile.duration_nanos as u64
+    }
+
+    fn comments(&self) -> Vec<&str> {
+        self.profile
+            .comment
+            .iter()
+            .map(|index| self.profile.string_table[*index as usize].as_str())
+            .collect()
+    }
+
+    /// The number after `prefix: ` among the comments, 0 when absent (non-zero counts only).
+    fn counted(&self, prefix: &str) -> u64 {
+        self.comments()
+            .iter()
+            .find_map(|comment| comment.strip_prefix(&format!("{prefix}: ")))
+            .map_or(0, |count| count.parse().unwrap())
+    }
+
+    /// Samples in the profile: the first value column counts them.
+    fn samples(&self) -> u64 {
+        self.profile
+            .sample
+            .iter()
+            .map(|sample| sample.value[0] as u64)
+            .sum()
+    }
+
+    fn names_function(&self, name: &str) -> bool {
+        self.profile
+            .function
+            .iter()
+            .any(|function| self.profile.string_table[function.name as usize] == name)
+    }
+}
+
+fn unix_ns(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+#[test]
+fn the_agent_exports_a_window_per_interval_until_sigterm() {
+    require_root();
+    let dir = temp_dir("agent-windows");
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args([
+                "agent",
+                "--interval",
+                "1",
+                "--log-level",
+                "debug",
+                "--output-dir",
+            ])
+            .arg(&dir)
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    // A window or two with no workload, then the workload, then windows without it again.
+    std::thread::sleep(Duration::from_millis(1500));
+    let workload_start = unix_ns(SystemTime::now());
+    let mut cpu_split = Running::spawn(
+        Command::new(workload("cpu_split"))
+            .arg("8000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(cpu_split.wait_at_most(Duration::from_secs(60)).success());
+    let workload_end = unix_ns(SystemTime::now());
+    std::thread::sleep(Duration::from_millis(2500));
+    let signalled = Instant::now();
+    let signal_time = unix_ns(SystemTime::now());
+    agent.signal(libc::SIGTERM);
+    let output = agent.output_at_most(Duration::from_secs(30));
+    let exit_took = signalled.elapsed();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{log}");
+    assert!(
+        exit_took < Duration::from_secs(2),
+        "took {exit_took:?} to exit:\n{log}"
+    );
+    assert!(
+        log.contains("received SIGTERM: exported the last window"),
+        "{log}"
+    );
+
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    paths.sort();
+    let windows: Vec<WindowFile> = paths.iter().map(|path| WindowFile::read(path)).collect();
+    assert!(windows.len() >= 5, "{} windows:\n{log}", windows.len());
+
+    for window in &windows {
+        // Google's own reader takes every file.
+        let read = Command::new(google_pprof())
+            .args(["-raw"])
+            .arg(&window.path)
+            .output()
+            .unwrap();
+        assert!(
+            read.status.success(),
+            "pprof cannot read {}: {}",
+            window.path.display(),
+            String::from_utf8_lossy(&read.stderr)
+        );
+        // Every sample fired is in the window or counted there as lost.
+        let fired = window.counted("samples fired: cpu-clock");
+        let lost: u64 = LossKind::ALL
+            .iter()
+            .filter(|kind| kind.loses_sample())
+            .map(|kind| window.counted(kind.describe()))
+            .sum();
+        assert!(
+            fired > 0,
+            "{}: {:?}",
+            window.path.display(),
+            window.comments()
+        );
+        assert_eq!(
+            fired,
+            window.samples() + lost,
+            "{}: {:?}",
+            window.path.display(),
+            window.comments()
+        );
+    }
+    // One window begins where the one before ended.
+    for pair in windows.windows(2) {
+        assert_eq!(
+            pair[0].end_ns(),
+            pair[1].start_ns(),
+            "{}",
+            pair[1].path.display()
+        );
+        assert!(pair[0].profile.duration_nanos < 2_000_000_000);
+    }
+    // The last window is the partial one SIGTERM cut short: it reaches the signal.
+    let last = windows.last().unwrap();
+    assert!(last.end_ns() + 100_000_000 >= signal_time, "{log}");
+
+    // The workload is in the windows it filled, and in none after it ended.
+    let during: Vec<&WindowFile> = windows
+        .iter()
+        .filter(|w| w.start_ns() >= workload_start && w.end_ns() <= workload_end)
+        .collect();
+    assert!(!during.is_empty(), "the workload ran for whole windows");
+    for window in during {
+        assert!(
+            window.names_function("cpu_split::heavy_work"),
+            "{}",
+            window.path.display()
+        );
+    }
+    let after: Vec<&WindowFile> = windows
+        .iter()
+        .filter(|w| w.start_ns() > workload_end + 200_000_000)
+        .collect();
+    assert!(!after.is_empty());
+    for window in after {
+        assert!(
+            !window.names_function("cpu_split::heavy_work"),
+            "{}",
+            window.path.display()
+        );
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn old_windows_are_removed_to_stay_within_max_disk() {
+    require_root();
+    let dir = temp_dir("agent-max-disk");
+    std::fs::write(dir.join("keep.txt"), b"not a profile").unwrap();
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args([
+                "agent",
+                "--interval",
+                "0.3",
+                "--max-disk",
+                "20K",
+                "--output-dir",
+            ])
+            .arg(&dir)
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    std::thread::sleep(Duration::from_secs(4));
+    agent.signal(libc::SIGTERM);
+    let output = agent.output_at_most(Duration::from_secs(30));
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{log}");
+    let exported = log.matches("exported to --output-dir").count();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert!(names.contains(&"keep.txt".to_string()), "{names:?}");
+    let profiles: Vec<&String> = names.iter().filter(|n| n.ends_with(".pb.gz")).collect();
+    let bytes: u64 = profiles
+        .iter()
+        .map(|name| std::fs::metadata(dir.join(name)).unwrap().len())
+        .sum();
+    assert!(
+        exported > profiles.len(),
+        "{exported} exported, {profiles:?} kept:\n{log}"
+    );
+    // Within the budget, or only the newest when it alone is larger.
+    assert!(
+        bytes <= 20 * 1024 || profiles.len() == 1,
+        "{bytes} bytes in {profiles:?}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn the_agent_needs_somewhere_to_export() {
+    let output = Command::new(profiler_bin())
+        .args(["agent", "--interval", "1"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("nowhere to export the profiles: give --output-dir DIR"),
+        "{stderr}"
+    );
+    let missing = Command::new(profiler_bin())
+        .args(["agent", "--output-dir", "/nonexistent/profiles"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        !missing.status.success()
+            && stderr.contains("/nonexistent")
+            && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+}

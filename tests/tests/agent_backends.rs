@@ -1,0 +1,207 @@
+//! `profiler agent --pyroscope URL --otlp URL`: a real agent exports every window to the strict
+//! receiver (tests/receiver) while a workload runs; the receiver goes away for a few windows and
+//! comes back, and the windows it missed arrive from the spool. Its Prometheus metrics say the
+//! same as its log.
+
+mod common;
+mod receiver;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{profiler_bin, wait_until_recording, workload, Running};
+use receiver::Receiver;
+
+/// `name{labels} value` lines of a scrape whose name and labels contain every part of `parts`.
+fn metric(scrape: &str, name: &str, parts: &[&str]) -> f64 {
+    scrape
+        .lines()
+        .filter(|line| {
+            line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
+        })
+        .filter(|line| parts.iter().all(|part| line.contains(part)))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+fn scrape(addr: &str) -> String {
+    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+    agent
+        .get(format!("http://{addr}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
+
+#[test]
+fn every_window_reaches_pyroscope_and_otlp_even_across_a_backend_outage() {
+    let mut receiver = Receiver::start(0);
+    let spool = tempfile::tempdir().unwrap();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args([
+                "agent",
+                "--interval",
+                "1",
+                "--service-name",
+                "=bench-service",
+            ])
+            .args(["--pyroscope", &receiver.url(), "--otlp", &receiver.url()])
+            .arg("--spool-dir")
+            .arg(spool.path())
+            .args(["--metrics-addr", &metrics_addr])
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let mut cpu_split = Running::spawn(
+        Command::new(workload("cpu_split"))
+            .arg("12000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    // The backends go away for about two windows.
+    receiver.stop();
+    std::thread::sleep(Duration::from_millis(2200));
+    let receiver = receiver.restart();
+    assert!(cpu_split.wait_at_most(Duration::from_secs(90)).success());
+    // Past the retry backoff (1 s, then 2 s), the spooled windows go with the next ones.
+    std::thread::sleep(Duration::from_millis(4500));
+    let scraped = scrape(&metrics_addr);
+    agent.signal(libc::SIGTERM);
+    let output = agent.output_at_most(Duration::from_secs(30));
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{log}");
+    assert!(
+        receiver.refusals().is_empty(),
+        "refused: {:?}",
+        receiver.refusals()
+    );
+
+    // Every window with samples reached both backends, none twice: windows are told apart by
+    // their start time.
+    let windows = log.matches("exported to --pyroscope").count();
+    assert!(windows >= 8, "{log}");
+    let mut pushed_windows: Vec<i64> = receiver
+        .pushes()
+        .iter()
+        .map(|push| push[0].profile.time_nanos)
+        .collect();
+    let pushes = pushed_windows.len();
+    pushed_windows.sort_unstable();
+    pushed_windows.dedup();
+    assert_eq!(pushed_windows.len(), pushes, "a window pushed twice");
+    let otlp_windows = receiver.otlp().len();
+    // A window without any sample sends nothing; the machine is never idle for a whole second
+    // while the workload runs, so at most the windows outside it may be empty.
+    assert!(
+        pushes + 3 >= windows,
+        "{pushes} pushes for {windows} windows\n{log}"
+    );
+    assert_eq!(otlp_windows, pushes, "OTLP got what Pyroscope got");
+
+    // The workload is there, named by the service rule, with its functions.
+    let workload_series: Vec<_> = receiver
+        .pushes()
+        .into_iter()
+        .flatten()
+        .filter(|series| series.label("executable") == Some("cpu_split"))
+        .collect();
+    assert!(
+        workload_series.len() >= 5,
+        "{} windows",
+        workload_series.len()
+    );
+    for series in &workload_series {
+        assert_eq!(series.label("service_name"), Some("bench-service"));
+        assert_eq!(series.label("__name__"), Some("process_cpu"));
+    }
+    let names_heavy = workload_series.iter().any(|series| {
+        series
+            .profile
+            .string_table
+            .iter()
+            .any(|name| name.contains("heavy_work"))
+    });
+    assert!(names_heavy);
+
+    // The metrics, scraped before the end, agree: windows delivered, some spooled, none lost.
+    let backend = format!("--pyroscope {}", receiver.url());
+    assert!(
+        metric(
+            &scraped,
+            "profiler_backend_windows_total",
+            &[&backend, "\"delivered\""]
+        ) >= 5.0,
+        "{scraped}"
+    );
+    assert!(
+        metric(
+            &scraped,
+            "profiler_backend_windows_total",
+            &[&backend, "\"spooled\""]
+        ) >= 1.0,
+        "{scraped}"
+    );
+    assert_eq!(
+        metric(
+            &scraped,
+            "profiler_backend_windows_total",
+            &[&backend, "\"dropped\""]
+        ),
+        0.0
+    );
+    assert!(metric(&scraped, "profiler_samples_fired_total", &["cpu-clock"]) > 0.0);
+    assert!(metric(&scraped, "profiler_resident_memory_bytes", &[]) > 1e6);
+}
+
+#[test]
+fn a_backend_url_without_a_scheme_is_refused_before_profiling() {
+    let output = Command::new(profiler_bin())
+        .args(["agent", "--pyroscope", "localhost:4040"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--pyroscope localhost:4040: give the backend's http:// or https:// URL"),
+        "{stderr}"
+    );
+}
+
+/// The shipped unit file passes `systemd-analyze verify` without a warning, run on the profiler
+/// the tests built (systemd checks that the program exists and every key is known).
+#[test]
+fn the_systemd_unit_verifies() {
+    let unit = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/profiler-agent.service"),
+    )
+    .unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/profiler agent "));
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("profiler-agent.service");
+    let bin = profiler_bin();
+    std::fs::write(
+        &copy,
+        unit.replace("/usr/local/bin/profiler", bin.to_str().unwrap()),
+    )
+    .unwrap();
+    let verified = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&copy)
+        .output()
+        .expect("systemd-analyze runs (apt-get install systemd)");
+    let said = String::from_utf8_lossy(&verified.stderr);
+    assert!(
+        verified.status.success() && said.trim().is_empty(),
+        "{said}"
+    );
+}
