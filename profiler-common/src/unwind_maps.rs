@@ -21,6 +21,17 @@ pub const MAX_UNWIND_FRAMES: usize = 126;
 /// lives at address 0, and reports name it `[truncated]`.
 pub const TRUNCATED_FRAME: u64 = 0;
 
+/// The frame that ends a user stack walked by frame pointers alone where unwinding by tables or
+/// from a stack copy was asked for (a process sampled before the agent loaded its mappings, a
+/// stack that could not be copied): no code lives at address 1, and reports name it
+/// `[frame pointers only]` and count such stacks apart.
+pub const FRAME_POINTERS_ONLY_FRAME: u64 = 1;
+
+/// Whether a frame is one of the markers above rather than code.
+pub const fn is_marker_frame(address: u64) -> bool {
+    address == TRUNCATED_FRAME || address == FRAME_POINTERS_ONLY_FRAME
+}
+
 /// One executable mapping of a process.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

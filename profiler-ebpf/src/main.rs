@@ -47,8 +47,8 @@ use profiler_common::{
     },
     unwind::{find_row_by, step, CfaRule, Caller, Registers, StepEnd, UnwindRow},
     unwind_maps::{
-        use_stamp, ProcessMappings, UnwindCount, MAX_UNWIND_FRAMES, TABLE_NOT_LOADED,
-        TRUNCATED_FRAME,
+        use_stamp, ProcessMappings, UnwindCount, FRAME_POINTERS_ONLY_FRAME, MAX_UNWIND_FRAMES,
+        TABLE_NOT_LOADED, TRUNCATED_FRAME,
     },
 };
 
@@ -307,12 +307,12 @@ fn capture(ctx: &PerfEventContext) {
         && copy_stacks(ctx, &config, pid, tid, cgroup, event);
     let user_stack = if !copied && config.flags & CAPTURE_USER_STACKS != 0 {
         let losses = user_stack_losses();
-        stack_hash(
-            capture_stack(ctx, BPF_F_USER_STACK as u64, losses.failed),
-            &config,
-            generation,
-            &losses,
-        )
+        let mut captured = capture_stack(ctx, BPF_F_USER_STACK as u64, losses.failed);
+        // Tables or a copy were asked for: say that this stack had neither.
+        if config.flags & (CAPTURE_UNWIND_DWARF | CAPTURE_STACK_COPY) != 0 {
+            captured = captured.map(|stack| stack.map(mark_frame_pointers_only));
+        }
+        stack_hash(captured, &config, generation, &losses)
     } else {
         NO_STACK
     };
@@ -706,6 +706,27 @@ fn capture_stack_into(
         (*buffer).depth = depth;
         Ok(Some(&*buffer))
     }
+}
+
+/// Ends this CPU's frames buffer, which holds `stack`, in `FRAME_POINTERS_ONLY_FRAME` (in place
+/// of its last frame when it is full).
+#[inline(always)]
+fn mark_frame_pointers_only(stack: &'static StackFrames) -> &'static StackFrames {
+    let Some(buffer) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return stack;
+    };
+    // SAFETY: this CPU's frames buffer, which `stack` points to; programs do not nest on one
+    // CPU.
+    let buffer = unsafe { &mut *buffer };
+    let mut depth = buffer.depth as usize;
+    if depth >= MAX_STACK_DEPTH {
+        depth = MAX_STACK_DEPTH - 1;
+    }
+    if let Some(slot) = buffer.frames.get_mut(depth) {
+        *slot = FRAME_POINTERS_ONLY_FRAME;
+        buffer.depth = depth as u64 + 1;
+    }
+    buffer
 }
 
 /// Interns the frames buffer `frames` into the stack-frames map: the stack's hash, or

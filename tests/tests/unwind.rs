@@ -6,7 +6,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{c_workload::build_no_frame_pointers, profiler, record_to, temp_dir, workload};
+use common::{
+    c_workload::{build_dlopened_library, build_no_frame_pointers},
+    profiler, record_to, report_json, temp_dir, workload,
+};
 
 /// The C workload's "mix" mode, built without frame pointers.
 fn build_workload(dir: &Path) -> PathBuf {
@@ -70,7 +73,7 @@ fn unwinder_counts(stderr: &str) -> Vec<u64> {
 fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers() {
     let dir = temp_dir("unwind-dwarf");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("dwarf", &dir, &binary, &["2000", "mix"]);
+    let (stacks, stderr) = record("dwarf", &dir, &binary, &["3000", "mix"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let counts = unwinder_counts(&stderr);
@@ -111,13 +114,82 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
         stacks.iter().all(|(stack, _)| !stack.contains("[unknown]")),
         "a garbage frame in a dwarf walk"
     );
+    // The samples taken before the process was loaded, walked by frame pointers, say so: in
+    // their stacks and in the report's count.
+    let marked: u64 = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains(";[frame pointers only];"))
+        .map(|(_, n)| n)
+        .sum();
+    let report = report_json(&dir.join("recording.prof"), &[]);
+    let counted = &report["events"][0]["user_stacks"]["frame_pointers_only"];
+    assert_eq!(
+        (marked, counted.as_u64()),
+        (counts[2], Some(counts[2])),
+        "frame-pointer-only stacks marked and counted, against the walker's count\n{stderr}"
+    );
+}
+
+#[test]
+fn a_library_loaded_with_dlopen_mid_run_is_unwound_from_its_first_samples() {
+    // The program sorts for 2 s, then loads a library built without frame pointers and runs in
+    // it for 2 s: the walker meets addresses no published mapping holds and asks the agent,
+    // which loads the library's table within a sample or two.
+    let dir = temp_dir("unwind-dlopen");
+    let binary = build_workload(&dir);
+    let library = build_dlopened_library(&dir);
+    let (stacks, stderr) = record(
+        "dwarf",
+        &dir,
+        &binary,
+        &["4000", "dlopen", library.to_str().unwrap()],
+    );
+    let in_library: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| stack.contains("library_leaf"))
+        .collect();
+    let total: u64 = in_library.iter().map(|(_, n)| n).sum();
+    let whole: u64 = in_library
+        .iter()
+        .filter(|(stack, _)| {
+            stack.contains(";_start;__libc_start_main_impl;__libc_start_call_main;main;library_work;library_leaf")
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        total > 500,
+        "too few samples in the library: {total}\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.99 * total as f64,
+        "{whole} of {total} samples in the dlopen'ed library carry main <- library_work\n{stderr}"
+    );
+    // Before the library, the program's own chains are whole too.
+    let (sorted, sorted_whole) = stacks
+        .iter()
+        .filter(|(stack, _)| stack.ends_with(";compare_records;record_key"))
+        .fold((0, 0), |(all, whole), (stack, n)| {
+            (
+                all + n,
+                whole
+                    + if stack.contains(";main;sort_records;") {
+                        *n
+                    } else {
+                        0
+                    },
+            )
+        });
+    assert!(
+        sorted > 100 && sorted_whole as f64 >= 0.99 * sorted as f64,
+        "{sorted_whole} of {sorted} record_key samples reach main through qsort\n{stderr}"
+    );
 }
 
 #[test]
 fn frame_pointer_walks_stop_at_the_first_frameless_function() {
     let dir = temp_dir("unwind-fp");
     let binary = build_workload(&dir);
-    let (stacks, stderr) = record("fp", &dir, &binary, &["2000", "mix"]);
+    let (stacks, stderr) = record("fp", &dir, &binary, &["3000", "mix"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
     assert!(total > 1000, "too few samples: {total}\n{stderr}");
     let reached: u64 = stacks
@@ -133,15 +205,16 @@ fn frame_pointer_walks_stop_at_the_first_frameless_function() {
         !stderr.contains("user stacks unwound:"),
         "--unwind fp loads no tables\n{stderr}"
     );
+    // Frame pointers were asked for: no stack is marked as falling back to them.
+    assert!(
+        stderr.contains(", 0 by frame pointers only, "),
+        "--unwind fp stacks counted as a fallback\n{stderr}"
+    );
 }
 
-#[test]
-fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
-    // A Rust binary linked with its text segment starting mid-page (file offset and address
-    // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 8
-    // frames a run.
-    let dir = temp_dir("unwind-deep");
-    let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), &["20000"]);
+/// deep_stack's samples in its leaf, and those whose stack holds the whole chain from `_start`
+/// through `deep_stack::main` and frame_01..frame_60 to the leaf.
+fn sixty_frames_whole(stacks: &[(String, u64)]) -> (u64, u64) {
     let chain: Vec<String> = (1..=60)
         .map(|i| format!("deep_stack::frame_{i:02}"))
         .collect();
@@ -160,6 +233,59 @@ fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
         })
         .map(|(_, n)| n)
         .sum();
+    (total, whole)
+}
+
+#[test]
+fn rust_code_built_without_frame_pointers_is_unwound_whole_and_frame_pointers_are_not() {
+    // deep_stack built here by rustc with frame pointers off (the workspace builds it with
+    // them): 60 frames between main and the leaf that only unwind tables describe.
+    let dir = temp_dir("unwind-rust-no-fp");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/deep_stack.rs");
+    let binary = dir.join("deep_stack");
+    common::run_checked(
+        "rustc",
+        &[
+            "--edition",
+            "2021",
+            "-C",
+            "opt-level=3",
+            "-C",
+            "force-frame-pointers=no",
+            "-C",
+            "debuginfo=1",
+            "-o",
+            binary.to_str().unwrap(),
+            source.to_str().unwrap(),
+        ],
+    );
+    let (stacks, stderr) = record("dwarf", &dir, &binary, &["15000"]);
+    let (total, whole) = sixty_frames_whole(&stacks);
+    assert!(
+        total > 500,
+        "too few samples in leaf_work: {total}\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.99 * total as f64,
+        "{whole} of {total} leaf samples carry _start, deep_stack::main and frame_01..frame_60\n{stderr}"
+    );
+    // The same program by frame pointers: none of it.
+    let (stacks, stderr) = record("fp", &dir, &binary, &["5000"]);
+    let (total, whole) = sixty_frames_whole(&stacks);
+    assert!(
+        total > 100 && whole == 0,
+        "{whole} of {total} leaf samples whole by frame pointers: is it built without them?\n{stderr}"
+    );
+}
+
+#[test]
+fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
+    // A Rust binary linked with its text segment starting mid-page (file offset and address
+    // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 8
+    // frames a run.
+    let dir = temp_dir("unwind-deep");
+    let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), &["20000"]);
+    let (total, whole) = sixty_frames_whole(&stacks);
     assert!(
         total > 500,
         "too few samples in leaf_work: {total}\n{stderr}"
@@ -240,12 +366,13 @@ fn debian_xz_stacks_reach_its_entry_point() {
 fn debian_python_stacks_reach_main() {
     let dir = temp_dir("unwind-python");
     let script = dir.join("work.py");
+    // 2 s of CPU time, however busy the machine is.
     std::fs::write(
         &script,
         "import time, json\n\
-         end = time.time() + 2\n\
+         end = time.process_time() + 2\n\
          data = [{'k': i, 'v': str(i) * 3} for i in range(2000)]\n\
-         while time.time() < end:\n    \
+         while time.process_time() < end:\n    \
              sorted(json.loads(json.dumps(data)), key=lambda d: d['v'])\n",
     )
     .unwrap();

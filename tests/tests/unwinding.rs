@@ -336,8 +336,13 @@ fn dwarf_recordings_of_debians_xz_python3_and_sqlite3_are_unwound_to_main_like_p
 
 /// `profiler record --unwind copy -F 999 ARGS -o DIR/live.prof -- COMMAND`, read back.
 fn record_copy(dir: &Path, args: &[&str], command: &[&str]) -> Profile {
+    record_live(dir, "copy", args, command)
+}
+
+/// `profiler record --unwind UNWIND -F 999 ARGS -o DIR/live.prof -- COMMAND`, read back.
+fn record_live(dir: &Path, unwind: &str, args: &[&str], command: &[&str]) -> Profile {
     let file = dir.join("live.prof");
-    let mut options = vec!["--unwind", "copy", "-F", "999"];
+    let mut options = vec!["--unwind", unwind, "-F", "999"];
     options.extend_from_slice(args);
     common::record_to(&file, &options, command);
     read_profile(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
@@ -422,6 +427,63 @@ fn unwind_copy_recording_of_code_without_frame_pointers_matches_perf_dwarf_by_fu
             theirs * 100.0
         );
     }
+}
+
+/// Samples per distinct user call chain, as function names, leaf first, a recursion's levels
+/// as one (how deep qsort's merge sort is at a sample is chance, not unwinding).
+fn function_chains(profile: &Profile) -> BTreeMap<Vec<String>, u64> {
+    let mut chains = BTreeMap::new();
+    for stack in &profile.stacks {
+        let mut names = user_functions(profile, stack);
+        names.dedup();
+        if !names.is_empty() {
+            *chains.entry(names).or_default() += stack.count;
+        }
+    }
+    chains
+}
+
+/// The share of `ours`'s samples whose whole function chain `theirs` also has.
+fn share_in_chains_of(
+    ours: &BTreeMap<Vec<String>, u64>,
+    theirs: &BTreeMap<Vec<String>, u64>,
+) -> f64 {
+    let total: u64 = ours.values().sum();
+    let shared: u64 = ours
+        .iter()
+        .filter(|(chain, _)| theirs.contains_key(*chain))
+        .map(|(_, n)| n)
+        .sum();
+    shared as f64 / total.max(1) as f64
+}
+
+#[test]
+fn unwind_dwarf_recording_has_the_call_chains_perf_dwarf_finds_function_by_function() {
+    // Two runs of the program (ours, perf's) take different samples, but the code paths they
+    // sample are the same few: at least 98% of each tool's samples have a whole user call chain,
+    // function by function from the leaf to the root, that the other tool also found.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    let command = [binary.to_str().unwrap(), "2000"];
+    let ours = function_chains(&record_live(dir.path(), "dwarf", &[], &command));
+    let perf = function_chains(&import(&perf_record_dwarf(dir.path(), &command)));
+    let total: u64 = ours.values().sum();
+    assert!(total >= 500, "{total} samples");
+    let (ours_in_perf, perf_in_ours) = (
+        share_in_chains_of(&ours, &perf),
+        share_in_chains_of(&perf, &ours),
+    );
+    let first_unmatched = ours
+        .iter()
+        .filter(|(chain, _)| !perf.contains_key(*chain))
+        .max_by_key(|(_, n)| **n);
+    assert!(
+        ours_in_perf >= 0.98 && perf_in_ours >= 0.98,
+        "{:.1}% of our samples have a chain perf found, {:.1}% of perf's one we found; our most \
+         frequent chain perf lacks: {first_unmatched:?}",
+        ours_in_perf * 100.0,
+        perf_in_ours * 100.0
+    );
 }
 
 #[test]

@@ -3,7 +3,10 @@
 //! mean depth. A profile whose stacks stop at the leaf (frame-pointer walks through code built
 //! without frame pointers) says so here instead of showing a confident but wrong call graph.
 
-use crate::profile::{EventIndex, Profile};
+use crate::{
+    profile::{EventIndex, Profile},
+    symbolize::FRAME_POINTERS_ONLY_FUNCTION,
+};
 
 use super::filter::Selection;
 
@@ -31,6 +34,9 @@ pub struct StackQuality {
     pub complete: u64,
     /// Samples whose user stack could not be read at all.
     pub lost: u64,
+    /// Samples whose user stack was walked by frame pointers alone where tables or a stack
+    /// copy were asked for (complete or not).
+    pub frame_pointers_only: u64,
     /// Mean number of user frames of the samples with a user stack.
     pub mean_user_depth: f64,
 }
@@ -58,12 +64,18 @@ pub fn stack_quality(profile: &Profile, event: EventIndex, selection: &Selection
         .iter()
         .filter(|s| s.event == event && selection.thread(s.pid, s.tid))
     {
-        let user: Vec<_> = stack
+        let mut user: Vec<_> = stack
             .frames
             .iter()
             .map(|id| &profile.frames[*id as usize])
             .filter(|frame| !frame.kernel)
             .collect();
+        // The marker is no frame of the program.
+        let marked = user.len();
+        user.retain(|frame| frame.function.as_deref() != Some(FRAME_POINTERS_ONLY_FUNCTION));
+        if user.len() < marked {
+            quality.frame_pointers_only += stack.count;
+        }
         if stack.user_stack_lost {
             quality.user_samples += stack.count;
             quality.lost += stack.count;
@@ -94,7 +106,11 @@ pub fn stack_quality(profile: &Profile, event: EventIndex, selection: &Selection
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{aggregate::filter::SampleFilter, export::test_profile};
+    use crate::{
+        aggregate::filter::SampleFilter,
+        export::test_profile,
+        profile::{Frame, FrameId, StackSample},
+    };
 
     #[test]
     fn stacks_reaching_main_are_complete_and_lost_ones_counted_apart() {
@@ -109,5 +125,31 @@ mod tests {
         assert_eq!(quality.incomplete(), 10);
         // (45 x 3 + 15 x 3 + 25 x 2 + 10 x 2) user frames over 95 samples.
         assert!((quality.mean_user_depth - 250.0 / 95.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn stacks_walked_by_frame_pointers_only_are_counted_and_their_marker_is_no_frame() {
+        let mut profile = test_profile::profile();
+        let marker = profile.frames.len() as FrameId;
+        profile.frames.push(Frame {
+            function: Some(FRAME_POINTERS_ONLY_FUNCTION.into()),
+            ..Frame::default()
+        });
+        // 20 samples of main <- run, walked by frame pointers: complete, 2 frames deep.
+        profile.stacks.push(StackSample {
+            pid: 100,
+            tid: 100,
+            event: 0,
+            frames: vec![test_profile::RUN, test_profile::MAIN, marker],
+            count: 20,
+            ..StackSample::default()
+        });
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let quality = stack_quality(&profile, 0, &selection);
+        assert_eq!(quality.user_samples, 120);
+        assert_eq!(quality.frame_pointers_only, 20);
+        assert_eq!(quality.complete, 105);
+        assert!((quality.mean_user_depth - 290.0 / 115.0).abs() < 1e-9);
     }
 }

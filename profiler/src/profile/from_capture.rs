@@ -32,11 +32,11 @@ fn stats(s: &profiler_common::capture::SampleStats) -> Stats {
 }
 
 /// Stack addresses as looked up: the leaf as sampled, callers one byte before their return
-/// address (inside the call instruction).
+/// address (inside the call instruction), the unwinder's marker frames as they are.
 pub fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
     ips.iter().enumerate().map(move |(depth, ip)| CodeAddress {
         pid,
-        address: if depth == 0 {
+        address: if depth == 0 || profiler_common::unwind_maps::is_marker_frame(*ip) {
             *ip
         } else {
             ip.saturating_sub(1)

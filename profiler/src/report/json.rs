@@ -78,6 +78,8 @@ struct JsonStackQuality {
     /// Reaching `_start`, `main` or a thread start.
     complete: u64,
     incomplete: u64,
+    /// Walked by frame pointers alone where tables or a stack copy were asked for.
+    frame_pointers_only: u64,
     lost: u64,
     complete_percent: f64,
     mean_depth: f64,
@@ -655,6 +657,7 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
                     samples: section.stacks.user_samples,
                     complete: section.stacks.complete,
                     incomplete: section.stacks.incomplete(),
+                    frame_pointers_only: section.stacks.frame_pointers_only,
                     lost: section.stacks.lost,
                     complete_percent: section.stacks.complete_percent(),
                     mean_depth: section.stacks.mean_user_depth,

@@ -18,7 +18,7 @@ use blazesym::symbolize::{
     Input, Sym, Symbolized, Symbolizer,
 };
 
-use profiler_common::unwind_maps::TRUNCATED_FRAME;
+use profiler_common::unwind_maps::{FRAME_POINTERS_ONLY_FRAME, TRUNCATED_FRAME};
 
 use crate::{
     capture::sideband::ProcessTable,
@@ -27,6 +27,9 @@ use crate::{
 
 /// What a stack the unwinder could not finish ends in (its `TRUNCATED_FRAME`).
 pub const TRUNCATED_FUNCTION: &str = "[truncated]";
+/// What a stack walked by frame pointers alone ends in, where tables or a stack copy were asked
+/// for (its `FRAME_POINTERS_ONLY_FRAME`).
+pub const FRAME_POINTERS_ONLY_FUNCTION: &str = "[frame pointers only]";
 
 pub use profiler_common::capture::KERNEL_SPACE_START;
 
@@ -151,9 +154,14 @@ impl<'a> FrameTable<'a> {
                 kernel.push(address);
                 continue;
             }
-            if address.address == TRUNCATED_FRAME {
+            let marker = match address.address {
+                TRUNCATED_FRAME => Some(TRUNCATED_FUNCTION),
+                FRAME_POINTERS_ONLY_FRAME => Some(FRAME_POINTERS_ONLY_FUNCTION),
+                _ => None,
+            };
+            if let Some(marker) = marker {
                 let id = self.intern(Frame {
-                    function: Some(TRUNCATED_FUNCTION.to_string()),
+                    function: Some(marker.to_string()),
                     ..Frame::default()
                 });
                 self.resolved.insert(address, id);

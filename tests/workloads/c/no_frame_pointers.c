@@ -4,12 +4,18 @@
  * <- sort_records <- main), a second thread copies blocks with memcpy (copy_blocks <-
  * copier_main <- start_thread). Runs for argv[1] milliseconds of wall time. With argv[2]
  * "deep", main instead calls descend 24 levels deep, each level holding 1 KiB of stack, and
- * spins in record_key at the bottom: a stack of about 25 KiB. With argv[2] "clock", main only
+ * spins in record_key at the bottom: a stack of about 25 KiB, 30 user frames from _start to
+ * record_key (argv[3], at least 7, sets that number; the bench measures unwinding at 10 and
+ * 30). With argv[2] "clock", main only
  * reads the clock, in the vDSO. With argv[2] "mix", two threads each recurse through frameless
  * functions (recurse <- work), sort through glibc's qsort (leaf_mix <- compare_ints <- qsort
  * internals <- sort_some <- work) and copy with memcpy (copy_some <- work), under a profiling
- * timer whose signal handler does work too (so samples land above a signal frame). */
+ * timer whose signal handler does work too (so samples land above a signal frame). With argv[2]
+ * "dlopen", main sorts for the first half of the time, then loads the library argv[3]
+ * (tests/workloads/c/dlopened.c) with dlopen and runs its library_work for the rest. */
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,7 +169,30 @@ int main(int argc, char **argv)
 {
     deadline = now() + (argc > 1 ? atoi(argv[1]) : 1000) / 1000.0;
     if (argc > 2 && strcmp(argv[2], "deep") == 0) {
-        sink = descend(24);
+        /* _start, __libc_start_main, __libc_start_call_main, main, descend(n)..descend(0),
+         * record_key: n + 6 frames. */
+        int frames = argc > 3 ? atoi(argv[3]) : 30;
+        sink = descend(frames > 6 ? frames - 6 : 0);
+        return 0;
+    }
+    if (argc > 3 && strcmp(argv[2], "dlopen") == 0) {
+        double end = deadline;
+        deadline = (now() + end) / 2;
+        static unsigned long records[RECORDS];
+        while (now() < deadline) {
+            for (size_t i = 0; i < RECORDS; i++)
+                records[i] = record_key(&records[(i + 1) % RECORDS]) + i;
+            sort_records(records, RECORDS);
+        }
+        void *library = dlopen(argv[3], RTLD_NOW);
+        unsigned long (*work)(double, double (*)(void)) =
+            library ? (unsigned long (*)(double, double (*)(void)))dlsym(library, "library_work")
+                    : NULL;
+        if (!work) {
+            fprintf(stderr, "no_frame_pointers: %s\n", dlerror());
+            return 1;
+        }
+        sink = work(end, now);
         return 0;
     }
     if (argc > 2 && strcmp(argv[2], "mix") == 0) {

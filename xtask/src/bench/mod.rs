@@ -15,6 +15,7 @@ mod render;
 mod stack_quality;
 mod summary;
 mod tools;
+mod unwind_cost;
 mod workloads;
 
 use std::path::{Path, PathBuf};
@@ -121,6 +122,8 @@ pub struct Results {
     pub report_speed: Vec<ReportSpeed>,
     pub stack_quality: Vec<stack_quality::StackQualityRow>,
     pub agent_cost: Vec<agent_cost::AgentCostRow>,
+    /// In-kernel cost of unwinding by tables, per sample at 10 and 30 user frames.
+    pub unwind_cost: unwind_cost::UnwindCost,
     /// Share of the machine's CPU time that other processes used while the bench ran.
     pub other_processes_cpu_percent: f64,
     pub perf_event_max_sample_rate_at_end: u64,
@@ -189,6 +192,9 @@ fn check(results: &Results) -> Result<()> {
         .all(|cost| cost.ns_per_sample.is_none())
     {
         problems.push("no in-kernel cost was measured".into());
+    }
+    if results.unwind_cost.ns_per_frame.is_none() {
+        problems.push("the in-kernel cost of unwinding was not measured".into());
     }
     if results
         .footprint
@@ -286,6 +292,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // The 30 s runs; the quick bench (CI) keeps the comparison at 10 s.
     let agent_seconds = if settings.quick { 10 } else { 30 };
     let agent_cost = agent_cost::measure(&bench_profiler, &release, &work, agent_seconds)?;
+    let unwind_cost = unwind_cost::measure(&bench_profiler, &work, settings.repetitions)?;
     let other_processes_cpu_percent = CpuTimes::now()?.others_percent_since(&cpu_at_start);
     if other_processes_cpu_percent > NOISY_PERCENT {
         bench.note(format!(
@@ -308,6 +315,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         report_speed,
         stack_quality,
         agent_cost,
+        unwind_cost,
         other_processes_cpu_percent,
         perf_event_max_sample_rate_at_end: machine::read_number(MAX_SAMPLE_RATE)?,
         trials,

@@ -361,6 +361,46 @@ fn agent_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     }
 }
 
+fn unwind_cost(out: &mut String, results: &Results, shorten: &Shorten) {
+    let cost = &results.unwind_cost;
+    let _ = writeln!(
+        out,
+        "\n## 9. In-kernel cost of unwinding\n\nRun time of our BPF program per sample (BPF \
+         run-time statistics, `record --stats`) on the tests' C workload built with `-O2 \
+         -fomit-frame-pointer`, recursing to a fixed depth, median (min–max) over the rounds. \
+         `--unwind fp` walks two frames there. Per unwound frame: the slope of `--unwind dwarf` \
+         between the two depths.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| User frames | --unwind dwarf ns/sample | --unwind fp ns/sample | Command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|");
+    for row in &cost.rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            row.user_frames,
+            spread(row.dwarf_ns_per_sample, 0),
+            spread(row.fp_ns_per_sample, 0),
+            shorten.command(&row.dwarf_command),
+        );
+    }
+    let per_frame = match cost.ns_per_frame {
+        Some(ns) => format!(
+            "{ns:.0} ns per unwound frame, {} the budget of {:.0} ns",
+            if ns <= cost.budget_ns_per_frame {
+                "within"
+            } else {
+                "over"
+            },
+            cost.budget_ns_per_frame
+        ),
+        None => "not measured".into(),
+    };
+    let _ = writeln!(out, "\n{per_frame}.");
+}
+
 fn in_kernel(out: &mut String, results: &Results, shorten: &Shorten) {
     let _ = writeln!(
         out,
@@ -463,6 +503,7 @@ pub fn markdown(results: &Results) -> String {
     footprint(&mut out, results, &shorten);
     stack_quality(&mut out, results, &shorten);
     agent_cost(&mut out, results, &shorten);
+    unwind_cost(&mut out, results, &shorten);
     commands(&mut out, results, &shorten);
     out
 }
