@@ -396,3 +396,87 @@ fn per_thread_blocked_time_matches_perf_sched_on_the_same_run() {
         "the two most blocked threads: ours {ours:?}, perf's {theirs:?}"
     );
 }
+
+#[test]
+fn histograms_and_exports_carry_off_cpu_time() {
+    let file = temp_dir("off-cpu-exports").join("off_cpu.prof");
+    let dir = disk_dir("off-cpu-exports");
+    let bin = workload("off_cpu");
+    let output = profiler(&[
+        "record",
+        "--off-cpu",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        dir.to_str().unwrap(),
+    ]);
+    let measured = Measured::parse(&String::from_utf8_lossy(&output.stdout));
+    let sleeper = "off_cpu::offcpu_sleeper";
+
+    // `--histogram --function`: the durations of the blocks through the function, all 10 in
+    // the buckets around 100 ms.
+    let report = report_json(&file, &["--histogram", "--function", sleeper]);
+    let distributions = report["off_cpu"]["distributions"].as_array().unwrap();
+    assert_eq!(distributions.len(), 1, "{distributions:?}");
+    let distribution = &distributions[0];
+    assert_eq!(distribution["function"], sleeper);
+    assert_eq!(distribution["blocks"], 10);
+    let buckets = distribution["buckets"].as_array().unwrap();
+    let counted: u64 = buckets.iter().map(|b| number(b, "blocks")).sum();
+    assert_eq!(counted, 10);
+    for bucket in buckets {
+        assert!(
+            number(bucket, "from_ns") <= 110_000_000 && number(bucket, "to_ns") >= 95_000_000,
+            "a 100 ms sleep outside 95..110 ms: {bucket}"
+        );
+    }
+
+    // Folded stacks of the off-cpu event, weighted in nanoseconds.
+    let folded = file.with_extension("folded");
+    let flamegraph = file.with_extension("svg");
+    profiler(&[
+        "report",
+        "-i",
+        file.to_str().unwrap(),
+        "--only-event",
+        "off-cpu",
+        "--folded",
+        folded.to_str().unwrap(),
+        "--flamegraph",
+        flamegraph.to_str().unwrap(),
+    ]);
+    let folded = std::fs::read_to_string(folded).unwrap();
+    let slept: u64 = folded
+        .lines()
+        .filter(|line| line.contains(sleeper))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        within(slept, measured.total("sleep"), 0.05),
+        "folded: {slept} ns under {sleeper}, the workload slept {} ns",
+        measured.total("sleep")
+    );
+    let svg = std::fs::read_to_string(flamegraph).unwrap();
+    assert!(svg.contains("off-CPU time: "), "the flame graph's title");
+    assert!(svg.contains(" ns, "), "frames are weighted in nanoseconds");
+
+    // pprof: the off-CPU event's values are nanoseconds.
+    let profile = profiler::profile::file::read_profile(&file).unwrap();
+    let with = profiler::export::offcpu::with_off_cpu_event(&profile);
+    let pprof = profiler::export::pprof::pprof_profile(&with);
+    let types: Vec<(String, String)> = pprof
+        .sample_type
+        .iter()
+        .map(|t| {
+            (
+                pprof.string_table[t.r#type as usize].clone(),
+                pprof.string_table[t.unit as usize].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        types.contains(&("off-cpu_event".to_string(), "nanoseconds".to_string())),
+        "{types:?}"
+    );
+}
