@@ -480,3 +480,113 @@ fn histograms_and_exports_carry_off_cpu_time() {
         "{types:?}"
     );
 }
+
+/// The off-CPU threads of a report: (pid, comm, blocked ns).
+fn blocked_threads(off_cpu: &Value) -> Vec<(u64, String, u64)> {
+    rows(off_cpu, "by_thread")
+        .iter()
+        .map(|row| {
+            let name = row["name"].as_str().unwrap();
+            let comm = name.rsplit_once(' ').map_or(name, |(comm, _)| comm);
+            (
+                number(row, "pid"),
+                comm.to_string(),
+                number(row, "total_ns"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn scope_follows_the_command_and_its_children_only() {
+    // An unrelated process waits at the same time; it is not in scope.
+    let mut outsider = std::process::Command::new("sleep")
+        .arg("3")
+        .spawn()
+        .unwrap();
+    let file = temp_dir("off-cpu-scope").join("scope.prof");
+    profiler(&[
+        "record",
+        "--off-cpu",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.3; sleep 0.2",
+    ]);
+    outsider.kill().unwrap();
+    outsider.wait().unwrap();
+    let off_cpu = report_json(&file, &[])["off_cpu"].clone();
+    let threads = blocked_threads(&off_cpu);
+    assert!(
+        threads
+            .iter()
+            .all(|(pid, _, _)| *pid != u64::from(outsider.id())),
+        "the outsider is out of scope: {threads:?}"
+    );
+    // The shell's children were forked after the start: in scope, each asleep for its time.
+    let mut sleeps: Vec<u64> = threads
+        .iter()
+        .filter(|(_, comm, _)| comm == "sleep")
+        .map(|(_, _, ns)| *ns)
+        .collect();
+    sleeps.sort_unstable();
+    assert_eq!(sleeps.len(), 2, "{threads:?}");
+    assert!(within(sleeps[0], 200_000_000, 0.05), "{sleeps:?}");
+    assert!(within(sleeps[1], 300_000_000, 0.05), "{sleeps:?}");
+    // The shell waited for them.
+    let shell: u64 = threads
+        .iter()
+        .filter(|(_, comm, _)| comm == "sh")
+        .map(|(_, _, ns)| *ns)
+        .sum();
+    assert!(shell >= 450_000_000, "{threads:?}");
+}
+
+#[test]
+fn a_running_process_is_in_scope_with_what_it_forks() {
+    let mut shell = std::process::Command::new("sh")
+        .args(["-c", "while true; do sleep 0.05; done"])
+        .spawn()
+        .unwrap();
+    let pid = shell.id().to_string();
+    let file = temp_dir("off-cpu-pid").join("pid.prof");
+    profiler(&[
+        "record",
+        "--off-cpu",
+        "-p",
+        &pid,
+        "--duration",
+        "1",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    shell.kill().unwrap();
+    shell.wait().unwrap();
+    let off_cpu = report_json(&file, &[])["off_cpu"].clone();
+    let threads = blocked_threads(&off_cpu);
+    let children: Vec<&(u64, String, u64)> = threads
+        .iter()
+        .filter(|(_, comm, _)| comm == "sleep")
+        .collect();
+    assert!(
+        children.len() >= 10,
+        "the shell's sleeps, forked while recorded, are in scope: {threads:?}"
+    );
+    // The last one may still be asleep when the recording ends.
+    let short = children
+        .iter()
+        .filter(|(child, _, ns)| {
+            assert_ne!(child.to_string(), pid);
+            !within(*ns, 50_000_000, 0.2)
+        })
+        .count();
+    assert!(short <= 1, "50 ms sleeps: {children:?}");
+    assert!(
+        threads
+            .iter()
+            .all(|(p, comm, _)| p.to_string() == pid || comm == "sleep"),
+        "nothing else: {threads:?}"
+    );
+}
