@@ -72,25 +72,54 @@ fn disk_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// Records the workload with `options`; its measurements and the report's off-CPU part.
-fn record(name: &str, options: &[&str]) -> (Measured, Value) {
+/// `profiler record --off-cpu OPTIONS -o FILE -- off_cpu DIR`: the arguments, and the file.
+fn record_args(name: &str, options: &[&str]) -> (Vec<String>, PathBuf) {
     let file = temp_dir(name).join("off_cpu.prof");
     let dir = disk_dir(name);
-    let mut args = vec!["record", "--off-cpu", "-o", file.to_str().unwrap()];
-    args.extend_from_slice(options);
     let bin = workload("off_cpu");
-    args.extend_from_slice(&["--", bin.to_str().unwrap(), dir.to_str().unwrap()]);
-    let output = profiler(&args);
+    let mut args: Vec<String> = ["record", "--off-cpu", "-o", file.to_str().unwrap()]
+        .iter()
+        .chain(options)
+        .map(|arg| arg.to_string())
+        .collect();
+    args.extend(["--".to_string(), path(&bin), path(&dir)]);
+    (args, file)
+}
+
+fn path(path: &std::path::Path) -> String {
+    path.to_str().unwrap().to_string()
+}
+
+/// What the workload printed about itself.
+fn measured(output: &std::process::Output) -> Measured {
     let measured = Measured::parse(&String::from_utf8_lossy(&output.stdout));
     assert_eq!(
         measured.threads.len(),
         6,
         "the workload's threads: {measured:?}"
     );
-    let report = report_json(&file, &[]);
+    measured
+}
+
+/// The off-CPU part of the report of `file`.
+fn off_cpu_report(file: &std::path::Path, options: &[&str]) -> Value {
+    let report = report_json(file, options);
     let off_cpu = report["off_cpu"].clone();
     assert!(off_cpu.is_object(), "no off_cpu in the report: {report}");
-    (measured, off_cpu)
+    off_cpu
+}
+
+/// Records the workload with `options`: its measurements, the profile file.
+fn record_file(name: &str, options: &[&str]) -> (Measured, PathBuf) {
+    let (args, file) = record_args(name, options);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    (measured(&profiler(&args)), file)
+}
+
+/// Records the workload with `options`; its measurements and the report's off-CPU part.
+fn record(name: &str, options: &[&str]) -> (Measured, Value) {
+    let (measured, file) = record_file(name, options);
+    (measured, off_cpu_report(&file, &[]))
 }
 
 fn rows<'a>(off_cpu: &'a Value, view: &str) -> &'a Vec<Value> {
@@ -316,31 +345,20 @@ fn perf_sched_off_cpu(data: &std::path::Path) -> HashMap<(u64, String), u64> {
 #[test]
 fn per_thread_blocked_time_matches_perf_sched_on_the_same_run() {
     common::require_root();
-    let file = temp_dir("off-cpu-perf-sched").join("off_cpu.prof");
-    let data = temp_dir("off-cpu-perf-sched").join("sched.data");
-    let dir = disk_dir("off-cpu-perf-sched");
-    let profiler = common::profiler_bin();
-    let bin = workload("off_cpu");
+    let (args, file) = record_args("off-cpu-perf-sched", &[]);
+    let data = file.with_file_name("sched.data");
+    let profiler = path(&common::profiler_bin());
     // perf's scheduler tracepoints and the profiler's programs watch the same run.
-    let output = common::run_checked(
-        "perf",
-        &[
-            "sched",
-            "record",
-            "-o",
-            data.to_str().unwrap(),
-            "--",
-            profiler.to_str().unwrap(),
-            "record",
-            "--off-cpu",
-            "-o",
-            file.to_str().unwrap(),
-            "--",
-            bin.to_str().unwrap(),
-            dir.to_str().unwrap(),
-        ],
-    );
-    let measured = Measured::parse(&String::from_utf8_lossy(&output.stdout));
+    let mut perf = vec![
+        "sched",
+        "record",
+        "-o",
+        data.to_str().unwrap(),
+        "--",
+        &profiler,
+    ];
+    perf.extend(args.iter().map(String::as_str));
+    let measured = measured(&common::run_checked("perf", &perf));
     let reference = perf_sched_off_cpu(&data);
     let perf_total = |tid: u64| -> u64 {
         reference
@@ -349,7 +367,7 @@ fn per_thread_blocked_time_matches_perf_sched_on_the_same_run() {
             .map(|(_, ns)| ns)
             .sum()
     };
-    let off_cpu = report_json(&file, &[])["off_cpu"].clone();
+    let off_cpu = off_cpu_report(&file, &[]);
     let mut ours: Vec<(u64, u64)> = Vec::new();
     for (name, (tid, _)) in &measured.threads {
         let row = rows(&off_cpu, "wall_clock")
@@ -399,25 +417,13 @@ fn per_thread_blocked_time_matches_perf_sched_on_the_same_run() {
 
 #[test]
 fn histograms_and_exports_carry_off_cpu_time() {
-    let file = temp_dir("off-cpu-exports").join("off_cpu.prof");
-    let dir = disk_dir("off-cpu-exports");
-    let bin = workload("off_cpu");
-    let output = profiler(&[
-        "record",
-        "--off-cpu",
-        "-o",
-        file.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-        dir.to_str().unwrap(),
-    ]);
-    let measured = Measured::parse(&String::from_utf8_lossy(&output.stdout));
+    let (measured, file) = record_file("off-cpu-exports", &[]);
     let sleeper = "off_cpu::offcpu_sleeper";
 
     // `--histogram --function`: the durations of the blocks through the function, all 10 in
     // the buckets around 100 ms.
-    let report = report_json(&file, &["--histogram", "--function", sleeper]);
-    let distributions = report["off_cpu"]["distributions"].as_array().unwrap();
+    let off_cpu = off_cpu_report(&file, &["--histogram", "--function", sleeper]);
+    let distributions = off_cpu["distributions"].as_array().unwrap();
     assert_eq!(distributions.len(), 1, "{distributions:?}");
     let distribution = &distributions[0];
     assert_eq!(distribution["function"], sleeper);
