@@ -143,6 +143,9 @@ impl OffCpuConfig {
 /// Every thread but the idle tasks is in scope (`-a`); else the processes in the scope map and
 /// the processes they fork.
 pub const OFFCPU_ALL: u32 = 1 << 0;
+/// User stacks are walked by the DWARF unwinder (`tp_btf` only: its tail calls need a program
+/// of the same type), frame pointers where it cannot.
+pub const OFFCPU_DWARF: u32 = 1 << 1;
 
 /// What the switch programs counted, indices of their counter array. Losses are `LossKind`s.
 #[repr(u32)]

@@ -15,7 +15,7 @@ use aya_ebpf::{
         bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, ProgramArray},
     programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
@@ -27,15 +27,17 @@ use profiler_common::{
     latency::LatencyBuckets,
     offcpu::{
         BlockState, Blocked, OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats,
-        HISTOGRAM_UNIT_NS, OFFCPU_ALL, TASK_DYING,
+        HISTOGRAM_UNIT_NS, OFFCPU_ALL, OFFCPU_DWARF, TASK_DYING,
     },
     stack::{StackFrames, NO_STACK},
 };
 
 use super::{
-    add, bump, capture_stack_into, config, current_generation, lose, record_latency, stack_hash,
-    user_stack_losses, StackLosses, CGROUP_FILTER, INFLIGHT, SAMPLES_FILTERED,
+    add, bump, capture_stack_into, config, continue_walk, count_unwind, current_generation, lose,
+    record_latency, request_mappings, saved_user_registers, stack_hash, user_stack_losses,
+    StackLosses, WalkState, CGROUP_FILTER, INFLIGHT, SAMPLES_FILTERED, UNWIND_PROCESSES,
 };
+use profiler_common::unwind_maps::UnwindCount;
 
 /// Read-only options, set by the agent at load time.
 #[unsafe(no_mangle)]
@@ -68,6 +70,24 @@ static OFFCPU_COUNTS: PerCpuArray<u64> =
 /// interrupt them, and it has its own.
 #[map]
 static OFFCPU_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
+
+/// A block whose user stack the unwinder is walking, between its tail calls.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PendingBlock {
+    blocked: Blocked,
+    tid: u32,
+    /// The generation the switch entered (`INFLIGHT`), left when the block is remembered.
+    generation: u32,
+}
+
+#[map]
+static OFFCPU_PENDING: PerCpuArray<PendingBlock> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static OFFCPU_WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+/// Index 0: `offcpu_unwind`, which walks a user stack a few frames a run and tail-calls itself.
+#[map]
+static OFFCPU_UNWINDER: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 #[inline(always)]
 fn offcpu_config() -> OffCpuConfig {
@@ -217,7 +237,8 @@ fn on_switch(
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     if !dying && in_scope(options, &config, pid) {
-        begin_block(ctx, &config, generation, now, pid, pid_tgid as u32, state);
+        // Returns only when the unwinder did not take the block over (it leaves the generation).
+        begin_block(ctx, options, &config, generation, now, pid, pid_tgid as u32, state);
     }
     add(&INFLIGHT, generation, u64::MAX);
 }
@@ -226,6 +247,7 @@ fn on_switch(
 #[allow(clippy::too_many_arguments)]
 fn begin_block(
     ctx: &impl EbpfContext,
+    options: &OffCpuConfig,
     config: &CaptureConfig,
     generation: u32,
     now: u64,
@@ -248,33 +270,99 @@ fn begin_block(
     } else {
         NO_STACK
     };
-    // The user registers the task entered the kernel with: the kernel's frame-pointer walk
-    // starts from them.
-    let user_stack = if config.flags & CAPTURE_USER_STACKS != 0 {
-        let losses = user_stack_losses();
-        stack_hash(
-            capture_stack_into(ctx, &OFFCPU_SCRATCH, BPF_F_USER_STACK as u64, losses.failed),
-            config,
-            generation,
-            &losses,
-        )
-    } else {
-        NO_STACK
-    };
-    let blocked = Blocked {
+    let mut blocked = Blocked {
         start_ns: now,
         pid,
         state: state as u32,
-        user_stack,
+        user_stack: NO_STACK,
         kernel_stack,
         // SAFETY: a helper without arguments.
         cgroup: unsafe { bpf_get_current_cgroup_id() },
     };
-    if OFFCPU_BLOCKED.insert(&tid, &blocked, 0).is_err() {
+    if config.flags & CAPTURE_USER_STACKS != 0 {
+        if options.flags & OFFCPU_DWARF != 0 {
+            hand_to_unwinder(ctx, &blocked, tid, generation);
+        }
+        // The kernel's frame-pointer walk, from the user registers the task entered the kernel
+        // with.
+        let losses = user_stack_losses();
+        blocked.user_stack = stack_hash(
+            capture_stack_into(ctx, &OFFCPU_SCRATCH, BPF_F_USER_STACK as u64, losses.failed),
+            config,
+            generation,
+            &losses,
+        );
+    }
+    remember(tid, &blocked);
+}
+
+/// Remembers a thread's block until it runs again.
+#[inline(always)]
+fn remember(tid: u32, blocked: &Blocked) {
+    if OFFCPU_BLOCKED.insert(&tid, blocked, 0).is_err() {
         lose(LossKind::OffCpuBlockedFull);
         return;
     }
     count(OffCpuCount::SwitchesOut);
+}
+
+/// Hands the block to the unwinder program, which remembers it with its user stack; returns
+/// only when it cannot take it (a kernel thread, a process whose mappings the agent has not
+/// loaded yet, a failed tail call): frame pointers then.
+#[inline(always)]
+fn hand_to_unwinder(ctx: &impl EbpfContext, blocked: &Blocked, tid: u32, generation: u32) {
+    let Some(registers) = saved_user_registers() else {
+        return;
+    };
+    // SAFETY: only tested for presence.
+    if unsafe { UNWIND_PROCESSES.get(&blocked.pid) }.is_none() {
+        count_unwind(UnwindCount::ProcessUnknown);
+        request_mappings(blocked.pid);
+        return;
+    }
+    let (Some(pending), Some(walk)) = (OFFCPU_PENDING.get_ptr_mut(0), OFFCPU_WALK.get_ptr_mut(0))
+    else {
+        return;
+    };
+    // SAFETY: this CPU's slots; the switch programs do not nest on one CPU.
+    unsafe {
+        *pending = PendingBlock {
+            blocked: *blocked,
+            tid,
+            generation,
+        };
+        // The resume address of a system call is an instruction of the caller's own code.
+        *walk = WalkState {
+            frame: registers,
+            interrupted: 1,
+            depth: 0,
+        };
+        OFFCPU_UNWINDER.tail_call(ctx, 0);
+    }
+}
+
+/// Walks the pending block's user stack a few frames a run, then remembers the block with it.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn offcpu_unwind(ctx: BtfTracePointContext) -> u32 {
+    let Some(pending) = OFFCPU_PENDING.get(0) else {
+        return 0;
+    };
+    let mut pending = *pending;
+    let config = config();
+    if let Some(user_stack) = continue_walk(
+        &ctx,
+        &OFFCPU_UNWINDER,
+        &config,
+        pending.blocked.pid,
+        pending.generation,
+        &OFFCPU_WALK,
+        &OFFCPU_SCRATCH,
+    ) {
+        pending.blocked.user_stack = user_stack;
+        remember(pending.tid, &pending.blocked);
+    }
+    add(&INFLIGHT, pending.generation & 1, u64::MAX);
+    0
 }
 
 #[inline(always)]

@@ -195,6 +195,14 @@ fn blocked_time_per_stack_matches_what_the_workload_measured() {
         );
         assert!(number(row, "max_ns") >= p50);
     }
+    // User stacks are walked by the DWARF unwinder: `nap`, which calls the C library's
+    // `nanosleep` (no frame pointer), is in them; a frame-pointer walk skips it. The first
+    // sleep may come before the agent has loaded the process's unwind tables.
+    let napped = function(&off_cpu, "nap").map_or(0, |row| number(row, "total_ns"));
+    assert!(
+        napped as f64 >= 0.8 * measured.total("sleep") as f64,
+        "{napped} ns under nap: {off_cpu:#}"
+    );
     // The waits' states: asleep in a timer, a pipe and a futex; on the disk reading the file.
     for name in ["offcpu_sleeper", "offcpu_pipe_reader", "offcpu_hold"] {
         assert_eq!(states_through(&off_cpu, name), ["sleeping"], "{name}");
