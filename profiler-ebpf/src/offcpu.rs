@@ -27,7 +27,7 @@ use profiler_common::{
     latency::LatencyBuckets,
     offcpu::{
         BlockState, Blocked, OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats,
-        HISTOGRAM_UNIT_NS, OFFCPU_ALL, OFFCPU_DWARF, TASK_DYING,
+        HISTOGRAM_UNIT_NS, OFFCPU_ALL, OFFCPU_DWARF,
     },
     stack::{StackFrames, NO_STACK},
 };
@@ -123,7 +123,6 @@ pub fn offcpu_switch(ctx: BtfTracePointContext) -> u32 {
         &ctx,
         &options,
         BlockState::of_task(preempt & 1 != 0, u64::from(state)),
-        u64::from(state) & TASK_DYING != 0,
         next_tid,
         next_pid,
     );
@@ -131,10 +130,9 @@ pub fn offcpu_switch(ctx: BtfTracePointContext) -> u32 {
 }
 
 /// The classic `sched:sched_switch` record (stable since Linux 4.x): `prev_state` is the
-/// reported state, `TASK_REPORT_MAX` (0x100) when preempted.
+/// reported state.
 const SWITCH_PREV_STATE: usize = 32;
 const SWITCH_NEXT_PID: usize = 56;
-const TASK_REPORT_MAX: u64 = 0x100;
 
 #[tracepoint(category = "sched", name = "sched_switch")]
 pub fn offcpu_switch_tracepoint(ctx: TracePointContext) -> u32 {
@@ -146,8 +144,7 @@ pub fn offcpu_switch_tracepoint(ctx: TracePointContext) -> u32 {
     on_switch(
         &ctx,
         &options,
-        BlockState::of_task(state & TASK_REPORT_MAX != 0, state & !TASK_REPORT_MAX),
-        state & TASK_DYING & !TASK_REPORT_MAX != 0,
+        BlockState::of_reported(state),
         next_tid,
         // The record has no process id of the next task: no unmatched count.
         || 0,
@@ -211,13 +208,13 @@ fn in_scope(options: &OffCpuConfig, config: &CaptureConfig, pid: u32) -> bool {
     true
 }
 
-/// One context switch: the block of `next_tid` ends, the current task's begins.
+/// One context switch: the block of `next_tid` ends, the current task's begins (`state`:
+/// `None` when it leaves for the last time).
 #[inline(always)]
 fn on_switch(
     ctx: &impl EbpfContext,
     options: &OffCpuConfig,
-    state: BlockState,
-    dying: bool,
+    state: Option<BlockState>,
     next_tid: u32,
     next_pid: impl Fn() -> u32,
 ) {
@@ -236,9 +233,12 @@ fn on_switch(
     end_block(options, generation, now, next_tid, next_pid);
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
-    if !dying && in_scope(options, &config, pid) {
-        // Returns only when the unwinder did not take the block over (it leaves the generation).
-        begin_block(ctx, options, &config, generation, now, pid, pid_tgid as u32, state);
+    if let Some(state) = state {
+        if in_scope(options, &config, pid) {
+            // Returns only when the unwinder did not take the block over (it leaves the
+            // generation).
+            begin_block(ctx, options, &config, generation, now, pid, pid_tgid as u32, state);
+        }
     }
     add(&INFLIGHT, generation, u64::MAX);
 }
