@@ -13,7 +13,7 @@ pub enum BlockState {
     Uninterruptible = 1,
     /// Still runnable when it left (preempted, or yielded): waiting in the run queue.
     RunQueue = 2,
-    /// Stopped, traced, or another state.
+    /// An idle kernel thread, stopped, traced, or another state.
     Other = 3,
 }
 
@@ -21,8 +21,17 @@ pub enum BlockState {
 const TASK_INTERRUPTIBLE: u64 = 0x1;
 /// `TASK_UNINTERRUPTIBLE`.
 const TASK_UNINTERRUPTIBLE: u64 = 0x2;
-/// `TASK_DEAD` and the exit states: a task leaving the CPU for the last time.
-pub const TASK_DYING: u64 = 0x80 | 0x10 | 0x20;
+/// `TASK_DEAD`: a task leaving the CPU for the last time.
+const TASK_DEAD: u64 = 0x80;
+/// `TASK_NOLOAD`: with `TASK_UNINTERRUPTIBLE`, `TASK_IDLE`, an idle kernel thread, not a wait
+/// on the disk (`ps` shows `I`).
+const TASK_NOLOAD: u64 = 0x400;
+/// The classic tracepoint's `prev_state` when the task was preempted (`TASK_REPORT_MAX`).
+const REPORTED_PREEMPTED: u64 = 0x100;
+/// The classic tracepoint's `prev_state` of an idle kernel thread (`TASK_REPORT_IDLE`).
+const REPORTED_IDLE: u64 = 0x80;
+/// The classic tracepoint's `prev_state` of an exiting task (`EXIT_DEAD`, `EXIT_ZOMBIE`).
+const REPORTED_EXITING: u64 = 0x10 | 0x20;
 
 impl BlockState {
     pub const COUNT: usize = 4;
@@ -33,18 +42,38 @@ impl BlockState {
         BlockState::Other,
     ];
 
-    /// The state of a task that leaves the CPU with task state `state`; `preempted` when the
-    /// scheduler took the CPU from it (its state then says nothing about waiting).
+    /// The state of a task that leaves the CPU with task state `state` (`task_struct.__state`);
+    /// `preempted` when the scheduler took the CPU from it (its state then says nothing about
+    /// waiting). `None` for a task leaving for the last time.
     #[inline(always)]
-    pub fn of_task(preempted: bool, state: u64) -> BlockState {
-        if preempted || state == 0 {
+    pub fn of_task(preempted: bool, state: u64) -> Option<BlockState> {
+        Some(if preempted || state == 0 {
             BlockState::RunQueue
+        } else if state & TASK_DEAD != 0 {
+            return None;
+        } else if state & TASK_NOLOAD != 0 {
+            BlockState::Other
         } else if state & TASK_UNINTERRUPTIBLE != 0 {
             BlockState::Uninterruptible
         } else if state & TASK_INTERRUPTIBLE != 0 {
             BlockState::Sleeping
         } else {
             BlockState::Other
+        })
+    }
+
+    /// The same from the classic `sched:sched_switch` record's `prev_state`, which reports one
+    /// state bit, or `TASK_REPORT_MAX` when preempted.
+    #[inline(always)]
+    pub fn of_reported(state: u64) -> Option<BlockState> {
+        if state & REPORTED_PREEMPTED != 0 {
+            Some(BlockState::RunQueue)
+        } else if state & REPORTED_EXITING != 0 {
+            None
+        } else if state & REPORTED_IDLE != 0 {
+            Some(BlockState::Other)
+        } else {
+            BlockState::of_task(false, state)
         }
     }
 
@@ -61,7 +90,7 @@ impl BlockState {
             BlockState::Sleeping => "S sleeping",
             BlockState::Uninterruptible => "D uninterruptible (disk)",
             BlockState::RunQueue => "R run queue (preempted)",
-            BlockState::Other => "other (stopped, traced)",
+            BlockState::Other => "other (idle kernel thread, stopped, traced)",
         }
     }
 }
@@ -143,6 +172,9 @@ impl OffCpuConfig {
 /// Every thread but the idle tasks is in scope (`-a`); else the processes in the scope map and
 /// the processes they fork.
 pub const OFFCPU_ALL: u32 = 1 << 0;
+/// User stacks are walked by the DWARF unwinder (`tp_btf` only: its tail calls need a program
+/// of the same type), frame pointers where it cannot.
+pub const OFFCPU_DWARF: u32 = 1 << 1;
 
 /// What the switch programs counted, indices of their counter array. Losses are `LossKind`s.
 #[repr(u32)]
@@ -177,6 +209,45 @@ impl OffCpuCount {
                 "switches onto the CPU with no remembered switch off (off the CPU since before the start)"
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_states_tell_why_a_thread_left_the_cpu() {
+        assert_eq!(BlockState::of_task(false, 0x1), Some(BlockState::Sleeping));
+        assert_eq!(
+            BlockState::of_task(false, 0x2),
+            Some(BlockState::Uninterruptible)
+        );
+        // TASK_KILLABLE (TASK_WAKEKILL | TASK_UNINTERRUPTIBLE) waits like D.
+        assert_eq!(
+            BlockState::of_task(false, 0x102),
+            Some(BlockState::Uninterruptible)
+        );
+        // TASK_IDLE (TASK_NOLOAD | TASK_UNINTERRUPTIBLE) is an idle kernel thread.
+        assert_eq!(BlockState::of_task(false, 0x402), Some(BlockState::Other));
+        assert_eq!(BlockState::of_task(false, 0x0), Some(BlockState::RunQueue));
+        assert_eq!(BlockState::of_task(true, 0x1), Some(BlockState::RunQueue));
+        assert_eq!(BlockState::of_task(false, 0x4), Some(BlockState::Other));
+        assert_eq!(BlockState::of_task(false, 0x80), None);
+    }
+
+    #[test]
+    fn reported_states_of_the_classic_tracepoint_read_the_same() {
+        assert_eq!(BlockState::of_reported(0x1), Some(BlockState::Sleeping));
+        assert_eq!(
+            BlockState::of_reported(0x2),
+            Some(BlockState::Uninterruptible)
+        );
+        assert_eq!(BlockState::of_reported(0x100), Some(BlockState::RunQueue));
+        assert_eq!(BlockState::of_reported(0x0), Some(BlockState::RunQueue));
+        assert_eq!(BlockState::of_reported(0x80), Some(BlockState::Other));
+        assert_eq!(BlockState::of_reported(0x10), None);
+        assert_eq!(BlockState::of_reported(0x20), None);
     }
 }
 

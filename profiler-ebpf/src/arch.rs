@@ -130,6 +130,13 @@ pub fn user_frame(ctx: &PerfEventContext) -> Option<UserFrame> {
     if target::is_user(sampled, from_context)? {
         return target::frame(sampled, from_context);
     }
+    saved_user_frame()
+}
+
+/// The user registers the current task saved on entering the kernel; `None` for a kernel
+/// thread.
+#[inline(always)]
+pub fn saved_user_frame() -> Option<UserFrame> {
     // SAFETY: helpers on the current task, which the kernel keeps alive while the program runs;
     // its saved `pt_regs` start with the `bpf_user_pt_regs_t` layout and are read through the
     // checking helper.

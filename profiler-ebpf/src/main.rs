@@ -925,40 +925,69 @@ fn request_mappings(pid: u32) {
 /// in a new run of itself, or counts the sample once the walk has ended.
 #[perf_event]
 pub fn unwind_user(ctx: PerfEventContext) -> u32 {
-    let (Some(pending), Some(state), Some(buffer)) = (
-        PENDING_SAMPLE.get(0),
-        WALK_STATE.get_ptr_mut(0),
-        STACK_SCRATCH.get_ptr_mut(0),
-    ) else {
+    let Some(pending) = PENDING_SAMPLE.get(0) else {
         return 0;
     };
     let sample = *pending;
     let config = config();
+    let walked = continue_walk(
+        &ctx,
+        &UNWINDER,
+        &config,
+        sample.pid,
+        sample.generation,
+        &WALK_STATE,
+        &STACK_SCRATCH,
+    );
+    if let Some(user_stack) = walked {
+        finish_sample(&ctx, &config, &sample, user_stack, false);
+    }
+    0
+}
+
+/// One run of an unwinder program (`programs[0]`, a program of `ctx`'s type) on process
+/// `pid`'s stack, whose walk is in `walk` and whose frames so far are in `scratch`: walks up to
+/// `FRAMES_PER_CALL` more frames and goes on in a new run of the program, or, once the walk has
+/// ended, interns the stack and returns its hash.
+#[inline(always)]
+fn continue_walk(
+    ctx: &impl EbpfContext,
+    programs: &ProgramArray,
+    config: &CaptureConfig,
+    pid: u32,
+    generation: u32,
+    walk: &'static PerCpuArray<WalkState>,
+    scratch: &'static PerCpuArray<StackFrames>,
+) -> Option<u64> {
+    let (Some(state), Some(buffer)) = (walk.get_ptr_mut(0), scratch.get_ptr_mut(0)) else {
+        return None;
+    };
     // SAFETY: this CPU's slots; programs do not nest on one CPU.
     let (state, stack) = unsafe { (&mut *state, &mut *buffer) };
-    let end = match unsafe { UNWIND_PROCESSES.get(&sample.pid) } {
+    // SAFETY: the value is only read.
+    let end = match unsafe { UNWIND_PROCESSES.get(&pid) } {
         Some(process) => walk_frames(process, state, stack),
         None => Some(WalkEnd::Truncated(UnwindCount::TruncatedNoCaller)),
     };
     let end = match end {
         Some(end) => end,
         None if (state.depth as usize) < MAX_UNWIND_FRAMES => {
-            // SAFETY: a tail call to our own program; it returns only on failure.
-            unsafe { UNWINDER.tail_call(&ctx, 0) };
+            // SAFETY: a tail call to the unwinder program; it returns only on failure.
+            unsafe { programs.tail_call(ctx, 0) };
             WalkEnd::Truncated(UnwindCount::TruncatedDepth)
         }
         None => WalkEnd::Truncated(UnwindCount::TruncatedDepth),
     };
     let mut depth = state.depth as usize;
     if state.met_unloaded_table != 0 && state.may_request != 0 {
-        request_mappings(sample.pid);
+        request_mappings(pid);
     }
     match end {
         WalkEnd::Complete => count_unwind(UnwindCount::Complete),
         WalkEnd::Truncated(reason) => {
             count_unwind(reason);
             if reason == UnwindCount::TruncatedOutsideMappings {
-                request_mappings(sample.pid);
+                request_mappings(pid);
             }
             if depth >= MAX_STACK_DEPTH {
                 depth = MAX_STACK_DEPTH - 1;
@@ -972,9 +1001,7 @@ pub fn unwind_user(ctx: PerfEventContext) -> u32 {
     stack.depth = depth as u64;
     count_unwind(UnwindCount::Walked);
     let losses = user_stack_losses();
-    let user_stack = intern_frames(&config, sample.generation & 1, stack, &losses);
-    finish_sample(&ctx, &config, &sample, user_stack, false);
-    0
+    Some(intern_frames(config, generation & 1, stack, &losses))
 }
 
 /// Records and steps up to `FRAMES_PER_CALL` frames; how the walk ended, `None` while it goes on.

@@ -15,7 +15,7 @@ use aya_ebpf::{
         bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, PerCpuArray, PerCpuHashMap, ProgramArray},
     programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
@@ -27,15 +27,17 @@ use profiler_common::{
     latency::LatencyBuckets,
     offcpu::{
         BlockState, Blocked, OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats,
-        HISTOGRAM_UNIT_NS, OFFCPU_ALL, TASK_DYING,
+        HISTOGRAM_UNIT_NS, OFFCPU_ALL, OFFCPU_DWARF,
     },
     stack::{StackFrames, NO_STACK},
 };
 
 use super::{
-    add, bump, capture_stack_into, config, current_generation, lose, record_latency, stack_hash,
-    user_stack_losses, StackLosses, CGROUP_FILTER, INFLIGHT, SAMPLES_FILTERED,
+    add, bump, capture_stack_into, config, continue_walk, count_unwind, current_generation, lose,
+    record_latency, request_mappings, arch, stack_hash, user_stack_losses,
+    StackLosses, WalkState, CGROUP_FILTER, INFLIGHT, SAMPLES_FILTERED, UNWIND_PROCESSES,
 };
+use profiler_common::unwind_maps::UnwindCount;
 
 /// Read-only options, set by the agent at load time.
 #[unsafe(no_mangle)]
@@ -68,6 +70,24 @@ static OFFCPU_COUNTS: PerCpuArray<u64> =
 /// interrupt them, and it has its own.
 #[map]
 static OFFCPU_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
+
+/// A block whose user stack the unwinder is walking, between its tail calls.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PendingBlock {
+    blocked: Blocked,
+    tid: u32,
+    /// The generation the switch entered (`INFLIGHT`), left when the block is remembered.
+    generation: u32,
+}
+
+#[map]
+static OFFCPU_PENDING: PerCpuArray<PendingBlock> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static OFFCPU_WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+/// Index 0: `offcpu_unwind`, which walks a user stack a few frames a run and tail-calls itself.
+#[map]
+static OFFCPU_UNWINDER: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 #[inline(always)]
 fn offcpu_config() -> OffCpuConfig {
@@ -103,7 +123,6 @@ pub fn offcpu_switch(ctx: BtfTracePointContext) -> u32 {
         &ctx,
         &options,
         BlockState::of_task(preempt & 1 != 0, u64::from(state)),
-        u64::from(state) & TASK_DYING != 0,
         next_tid,
         next_pid,
     );
@@ -111,10 +130,9 @@ pub fn offcpu_switch(ctx: BtfTracePointContext) -> u32 {
 }
 
 /// The classic `sched:sched_switch` record (stable since Linux 4.x): `prev_state` is the
-/// reported state, `TASK_REPORT_MAX` (0x100) when preempted.
+/// reported state.
 const SWITCH_PREV_STATE: usize = 32;
 const SWITCH_NEXT_PID: usize = 56;
-const TASK_REPORT_MAX: u64 = 0x100;
 
 #[tracepoint(category = "sched", name = "sched_switch")]
 pub fn offcpu_switch_tracepoint(ctx: TracePointContext) -> u32 {
@@ -126,8 +144,7 @@ pub fn offcpu_switch_tracepoint(ctx: TracePointContext) -> u32 {
     on_switch(
         &ctx,
         &options,
-        BlockState::of_task(state & TASK_REPORT_MAX != 0, state & !TASK_REPORT_MAX),
-        state & TASK_DYING & !TASK_REPORT_MAX != 0,
+        BlockState::of_reported(state),
         next_tid,
         // The record has no process id of the next task: no unmatched count.
         || 0,
@@ -191,13 +208,13 @@ fn in_scope(options: &OffCpuConfig, config: &CaptureConfig, pid: u32) -> bool {
     true
 }
 
-/// One context switch: the block of `next_tid` ends, the current task's begins.
+/// One context switch: the block of `next_tid` ends, the current task's begins (`state`:
+/// `None` when it leaves for the last time).
 #[inline(always)]
 fn on_switch(
     ctx: &impl EbpfContext,
     options: &OffCpuConfig,
-    state: BlockState,
-    dying: bool,
+    state: Option<BlockState>,
     next_tid: u32,
     next_pid: impl Fn() -> u32,
 ) {
@@ -216,8 +233,12 @@ fn on_switch(
     end_block(options, generation, now, next_tid, next_pid);
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
-    if !dying && in_scope(options, &config, pid) {
-        begin_block(ctx, &config, generation, now, pid, pid_tgid as u32, state);
+    if let Some(state) = state {
+        if in_scope(options, &config, pid) {
+            // Returns only when the unwinder did not take the block over (it leaves the
+            // generation).
+            begin_block(ctx, options, &config, generation, now, pid, pid_tgid as u32, state);
+        }
     }
     add(&INFLIGHT, generation, u64::MAX);
 }
@@ -226,6 +247,7 @@ fn on_switch(
 #[allow(clippy::too_many_arguments)]
 fn begin_block(
     ctx: &impl EbpfContext,
+    options: &OffCpuConfig,
     config: &CaptureConfig,
     generation: u32,
     now: u64,
@@ -248,33 +270,103 @@ fn begin_block(
     } else {
         NO_STACK
     };
-    // The user registers the task entered the kernel with: the kernel's frame-pointer walk
-    // starts from them.
-    let user_stack = if config.flags & CAPTURE_USER_STACKS != 0 {
-        let losses = user_stack_losses();
-        stack_hash(
-            capture_stack_into(ctx, &OFFCPU_SCRATCH, BPF_F_USER_STACK as u64, losses.failed),
-            config,
-            generation,
-            &losses,
-        )
-    } else {
-        NO_STACK
-    };
-    let blocked = Blocked {
+    let mut blocked = Blocked {
         start_ns: now,
         pid,
         state: state as u32,
-        user_stack,
+        user_stack: NO_STACK,
         kernel_stack,
         // SAFETY: a helper without arguments.
         cgroup: unsafe { bpf_get_current_cgroup_id() },
     };
-    if OFFCPU_BLOCKED.insert(&tid, &blocked, 0).is_err() {
+    if config.flags & CAPTURE_USER_STACKS != 0 {
+        if options.flags & OFFCPU_DWARF != 0 {
+            hand_to_unwinder(ctx, &blocked, tid, generation);
+        }
+        // The kernel's frame-pointer walk, from the user registers the task entered the kernel
+        // with.
+        let losses = user_stack_losses();
+        blocked.user_stack = stack_hash(
+            capture_stack_into(ctx, &OFFCPU_SCRATCH, BPF_F_USER_STACK as u64, losses.failed),
+            config,
+            generation,
+            &losses,
+        );
+    }
+    remember(tid, &blocked);
+}
+
+/// Remembers a thread's block until it runs again.
+#[inline(always)]
+fn remember(tid: u32, blocked: &Blocked) {
+    if OFFCPU_BLOCKED.insert(&tid, blocked, 0).is_err() {
         lose(LossKind::OffCpuBlockedFull);
         return;
     }
     count(OffCpuCount::SwitchesOut);
+}
+
+/// Hands the block to the unwinder program, which remembers it with its user stack; returns
+/// only when it cannot take it (a kernel thread, a process whose mappings the agent has not
+/// loaded yet, a failed tail call): frame pointers then.
+#[inline(always)]
+fn hand_to_unwinder(ctx: &impl EbpfContext, blocked: &Blocked, tid: u32, generation: u32) {
+    let Some(arch::UserFrame { regs: registers, .. }) = arch::saved_user_frame() else {
+        return;
+    };
+    // SAFETY: only tested for presence.
+    if unsafe { UNWIND_PROCESSES.get(&blocked.pid) }.is_none() {
+        count_unwind(UnwindCount::ProcessUnknown);
+        request_mappings(blocked.pid);
+        return;
+    }
+    let (Some(pending), Some(walk)) = (OFFCPU_PENDING.get_ptr_mut(0), OFFCPU_WALK.get_ptr_mut(0))
+    else {
+        return;
+    };
+    // SAFETY: this CPU's slots; the switch programs do not nest on one CPU.
+    unsafe {
+        *pending = PendingBlock {
+            blocked: *blocked,
+            tid,
+            generation,
+        };
+        // The resume address of a system call is an instruction of the caller's own code.
+        // Table requests and use stamps are left to the samples' walks, which see the
+        // processes that run; a blocked thread's walk only uses the tables loaded for them.
+        *walk = WalkState {
+            frame: registers,
+            interrupted: 1,
+            depth: 0,
+            may_request: 0,
+            met_unloaded_table: 0,
+        };
+        OFFCPU_UNWINDER.tail_call(ctx, 0);
+    }
+}
+
+/// Walks the pending block's user stack a few frames a run, then remembers the block with it.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn offcpu_unwind(ctx: BtfTracePointContext) -> u32 {
+    let Some(pending) = OFFCPU_PENDING.get(0) else {
+        return 0;
+    };
+    let mut pending = *pending;
+    let config = config();
+    if let Some(user_stack) = continue_walk(
+        &ctx,
+        &OFFCPU_UNWINDER,
+        &config,
+        pending.blocked.pid,
+        pending.generation,
+        &OFFCPU_WALK,
+        &OFFCPU_SCRATCH,
+    ) {
+        pending.blocked.user_stack = user_stack;
+        remember(pending.tid, &pending.blocked);
+    }
+    add(&INFLIGHT, pending.generation & 1, u64::MAX);
+    0
 }
 
 #[inline(always)]

@@ -72,25 +72,54 @@ fn disk_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// Records the workload with `options`; its measurements and the report's off-CPU part.
-fn record(name: &str, options: &[&str]) -> (Measured, Value) {
+/// `profiler record --off-cpu OPTIONS -o FILE -- off_cpu DIR`: the arguments, and the file.
+fn record_args(name: &str, options: &[&str]) -> (Vec<String>, PathBuf) {
     let file = temp_dir(name).join("off_cpu.prof");
     let dir = disk_dir(name);
-    let mut args = vec!["record", "--off-cpu", "-o", file.to_str().unwrap()];
-    args.extend_from_slice(options);
     let bin = workload("off_cpu");
-    args.extend_from_slice(&["--", bin.to_str().unwrap(), dir.to_str().unwrap()]);
-    let output = profiler(&args);
+    let mut args: Vec<String> = ["record", "--off-cpu", "-o", file.to_str().unwrap()]
+        .iter()
+        .chain(options)
+        .map(|arg| arg.to_string())
+        .collect();
+    args.extend(["--".to_string(), path(&bin), path(&dir)]);
+    (args, file)
+}
+
+fn path(path: &std::path::Path) -> String {
+    path.to_str().unwrap().to_string()
+}
+
+/// What the workload printed about itself.
+fn measured(output: &std::process::Output) -> Measured {
     let measured = Measured::parse(&String::from_utf8_lossy(&output.stdout));
     assert_eq!(
         measured.threads.len(),
         6,
         "the workload's threads: {measured:?}"
     );
-    let report = report_json(&file, &[]);
+    measured
+}
+
+/// The off-CPU part of the report of `file`.
+fn off_cpu_report(file: &std::path::Path, options: &[&str]) -> Value {
+    let report = report_json(file, options);
     let off_cpu = report["off_cpu"].clone();
     assert!(off_cpu.is_object(), "no off_cpu in the report: {report}");
-    (measured, off_cpu)
+    off_cpu
+}
+
+/// Records the workload with `options`: its measurements, the profile file.
+fn record_file(name: &str, options: &[&str]) -> (Measured, PathBuf) {
+    let (args, file) = record_args(name, options);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    (measured(&profiler(&args)), file)
+}
+
+/// Records the workload with `options`; its measurements and the report's off-CPU part.
+fn record(name: &str, options: &[&str]) -> (Measured, Value) {
+    let (measured, file) = record_file(name, options);
+    (measured, off_cpu_report(&file, &[]))
 }
 
 fn rows<'a>(off_cpu: &'a Value, view: &str) -> &'a Vec<Value> {
@@ -166,6 +195,14 @@ fn blocked_time_per_stack_matches_what_the_workload_measured() {
         );
         assert!(number(row, "max_ns") >= p50);
     }
+    // User stacks are walked by the DWARF unwinder: `nap`, which calls the C library's
+    // `nanosleep` (no frame pointer), is in them; a frame-pointer walk skips it. The first
+    // sleep may come before the agent has loaded the process's unwind tables.
+    let napped = function(&off_cpu, "nap").map_or(0, |row| number(row, "total_ns"));
+    assert!(
+        napped as f64 >= 0.8 * measured.total("sleep") as f64,
+        "{napped} ns under nap: {off_cpu:#}"
+    );
     // The waits' states: asleep in a timer, a pipe and a futex; on the disk reading the file.
     for name in ["offcpu_sleeper", "offcpu_pipe_reader", "offcpu_hold"] {
         assert_eq!(states_through(&off_cpu, name), ["sleeping"], "{name}");
@@ -316,31 +353,20 @@ fn perf_sched_off_cpu(data: &std::path::Path) -> HashMap<(u64, String), u64> {
 #[test]
 fn per_thread_blocked_time_matches_perf_sched_on_the_same_run() {
     common::require_root();
-    let file = temp_dir("off-cpu-perf-sched").join("off_cpu.prof");
-    let data = temp_dir("off-cpu-perf-sched").join("sched.data");
-    let dir = disk_dir("off-cpu-perf-sched");
-    let profiler = common::profiler_bin();
-    let bin = workload("off_cpu");
+    let (args, file) = record_args("off-cpu-perf-sched", &[]);
+    let data = file.with_file_name("sched.data");
+    let profiler = path(&common::profiler_bin());
     // perf's scheduler tracepoints and the profiler's programs watch the same run.
-    let output = common::run_checked(
-        "perf",
-        &[
-            "sched",
-            "record",
-            "-o",
-            data.to_str().unwrap(),
-            "--",
-            profiler.to_str().unwrap(),
-            "record",
-            "--off-cpu",
-            "-o",
-            file.to_str().unwrap(),
-            "--",
-            bin.to_str().unwrap(),
-            dir.to_str().unwrap(),
-        ],
-    );
-    let measured = Measured::parse(&String::from_utf8_lossy(&output.stdout));
+    let mut perf = vec![
+        "sched",
+        "record",
+        "-o",
+        data.to_str().unwrap(),
+        "--",
+        &profiler,
+    ];
+    perf.extend(args.iter().map(String::as_str));
+    let measured = measured(&common::run_checked("perf", &perf));
     let reference = perf_sched_off_cpu(&data);
     let perf_total = |tid: u64| -> u64 {
         reference
@@ -349,7 +375,7 @@ fn per_thread_blocked_time_matches_perf_sched_on_the_same_run() {
             .map(|(_, ns)| ns)
             .sum()
     };
-    let off_cpu = report_json(&file, &[])["off_cpu"].clone();
+    let off_cpu = off_cpu_report(&file, &[]);
     let mut ours: Vec<(u64, u64)> = Vec::new();
     for (name, (tid, _)) in &measured.threads {
         let row = rows(&off_cpu, "wall_clock")
@@ -394,5 +420,187 @@ fn per_thread_blocked_time_matches_perf_sched_on_the_same_run() {
     assert_eq!(
         a, b,
         "the two most blocked threads: ours {ours:?}, perf's {theirs:?}"
+    );
+}
+
+#[test]
+fn histograms_and_exports_carry_off_cpu_time() {
+    let (measured, file) = record_file("off-cpu-exports", &[]);
+    let sleeper = "off_cpu::offcpu_sleeper";
+
+    // `--histogram --function`: the durations of the blocks through the function, all 10 in
+    // the buckets around 100 ms.
+    let off_cpu = off_cpu_report(&file, &["--histogram", "--function", sleeper]);
+    let distributions = off_cpu["distributions"].as_array().unwrap();
+    assert_eq!(distributions.len(), 1, "{distributions:?}");
+    let distribution = &distributions[0];
+    assert_eq!(distribution["function"], sleeper);
+    assert_eq!(distribution["blocks"], 10);
+    let buckets = distribution["buckets"].as_array().unwrap();
+    let counted: u64 = buckets.iter().map(|b| number(b, "blocks")).sum();
+    assert_eq!(counted, 10);
+    for bucket in buckets {
+        assert!(
+            number(bucket, "from_ns") <= 110_000_000 && number(bucket, "to_ns") >= 95_000_000,
+            "a 100 ms sleep outside 95..110 ms: {bucket}"
+        );
+    }
+
+    // Folded stacks of the off-cpu event, weighted in nanoseconds.
+    let folded = file.with_extension("folded");
+    let flamegraph = file.with_extension("svg");
+    profiler(&[
+        "report",
+        "-i",
+        file.to_str().unwrap(),
+        "--only-event",
+        "off-cpu",
+        "--folded",
+        folded.to_str().unwrap(),
+        "--flamegraph",
+        flamegraph.to_str().unwrap(),
+    ]);
+    let folded = std::fs::read_to_string(folded).unwrap();
+    let slept: u64 = folded
+        .lines()
+        .filter(|line| line.contains(sleeper))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        within(slept, measured.total("sleep"), 0.05),
+        "folded: {slept} ns under {sleeper}, the workload slept {} ns",
+        measured.total("sleep")
+    );
+    let svg = std::fs::read_to_string(flamegraph).unwrap();
+    assert!(svg.contains("off-CPU time: "), "the flame graph's title");
+    assert!(svg.contains(" ns, "), "frames are weighted in nanoseconds");
+
+    // pprof: the off-CPU event's values are nanoseconds.
+    let profile = profiler::profile::file::read_profile(&file).unwrap();
+    let with = profiler::export::offcpu::with_off_cpu_event(&profile);
+    let pprof = profiler::export::pprof::pprof_profile(&with);
+    let types: Vec<(String, String)> = pprof
+        .sample_type
+        .iter()
+        .map(|t| {
+            (
+                pprof.string_table[t.r#type as usize].clone(),
+                pprof.string_table[t.unit as usize].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        types.contains(&("off-cpu_event".to_string(), "nanoseconds".to_string())),
+        "{types:?}"
+    );
+}
+
+/// The off-CPU threads of a report: (pid, comm, blocked ns).
+fn blocked_threads(off_cpu: &Value) -> Vec<(u64, String, u64)> {
+    rows(off_cpu, "by_thread")
+        .iter()
+        .map(|row| {
+            let name = row["name"].as_str().unwrap();
+            let comm = name.rsplit_once(' ').map_or(name, |(comm, _)| comm);
+            (
+                number(row, "pid"),
+                comm.to_string(),
+                number(row, "total_ns"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn scope_follows_the_command_and_its_children_only() {
+    // An unrelated process waits at the same time; it is not in scope.
+    let mut outsider = std::process::Command::new("sleep")
+        .arg("3")
+        .spawn()
+        .unwrap();
+    let file = temp_dir("off-cpu-scope").join("scope.prof");
+    profiler(&[
+        "record",
+        "--off-cpu",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.3; sleep 0.2",
+    ]);
+    outsider.kill().unwrap();
+    outsider.wait().unwrap();
+    let off_cpu = report_json(&file, &[])["off_cpu"].clone();
+    let threads = blocked_threads(&off_cpu);
+    assert!(
+        threads
+            .iter()
+            .all(|(pid, _, _)| *pid != u64::from(outsider.id())),
+        "the outsider is out of scope: {threads:?}"
+    );
+    // The shell's children were forked after the start: in scope, each asleep for its time.
+    let mut sleeps: Vec<u64> = threads
+        .iter()
+        .filter(|(_, comm, _)| comm == "sleep")
+        .map(|(_, _, ns)| *ns)
+        .collect();
+    sleeps.sort_unstable();
+    assert_eq!(sleeps.len(), 2, "{threads:?}");
+    assert!(within(sleeps[0], 200_000_000, 0.05), "{sleeps:?}");
+    assert!(within(sleeps[1], 300_000_000, 0.05), "{sleeps:?}");
+    // The shell waited for them.
+    let shell: u64 = threads
+        .iter()
+        .filter(|(_, comm, _)| comm == "sh")
+        .map(|(_, _, ns)| *ns)
+        .sum();
+    assert!(shell >= 450_000_000, "{threads:?}");
+}
+
+#[test]
+fn a_running_process_is_in_scope_with_what_it_forks() {
+    let mut shell = std::process::Command::new("sh")
+        .args(["-c", "while true; do sleep 0.05; done"])
+        .spawn()
+        .unwrap();
+    let pid = shell.id().to_string();
+    let file = temp_dir("off-cpu-pid").join("pid.prof");
+    profiler(&[
+        "record",
+        "--off-cpu",
+        "-p",
+        &pid,
+        "--duration",
+        "1",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    shell.kill().unwrap();
+    shell.wait().unwrap();
+    let off_cpu = report_json(&file, &[])["off_cpu"].clone();
+    let threads = blocked_threads(&off_cpu);
+    let children: Vec<&(u64, String, u64)> = threads
+        .iter()
+        .filter(|(_, comm, _)| comm == "sleep")
+        .collect();
+    assert!(
+        children.len() >= 10,
+        "the shell's sleeps, forked while recorded, are in scope: {threads:?}"
+    );
+    // The last one may still be asleep when the recording ends.
+    let short = children
+        .iter()
+        .filter(|(child, _, ns)| {
+            assert_ne!(child.to_string(), pid);
+            !within(*ns, 50_000_000, 0.2)
+        })
+        .count();
+    assert!(short <= 1, "50 ms sleeps: {children:?}");
+    assert!(
+        threads
+            .iter()
+            .all(|(p, comm, _)| p.to_string() == pid || comm == "sleep"),
+        "nothing else: {threads:?}"
     );
 }

@@ -170,6 +170,20 @@ fn functions(profile: &Profile, blocks: &OffCpuBlocks) -> Vec<String> {
         .collect()
 }
 
+/// Whether off-CPU blocks of `profile` have `function` on their stacks.
+pub fn waited_in(profile: &Profile, function: &str) -> bool {
+    profile
+        .off_cpu
+        .iter()
+        .flat_map(|off_cpu| &off_cpu.blocks)
+        .any(|blocks| {
+            blocks
+                .frames
+                .iter()
+                .any(|id| profile.frames[*id as usize].display_name() == function)
+        })
+}
+
 /// Rows of the groups `key` puts the blocks in, heaviest first, at most `rows`.
 fn rows_by<K: Ord + Clone>(
     selected: &[&OffCpuBlocks],

@@ -7,13 +7,13 @@
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, ProgramArray},
     programs::{BtfTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
 use profiler_common::{
     latency::LatencyBuckets,
-    offcpu::{OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, OFFCPU_ALL},
+    offcpu::{OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, OFFCPU_ALL, OFFCPU_DWARF},
 };
 
 use super::{btf::Btf, program::take};
@@ -61,11 +61,19 @@ pub struct OffCpuCapture {
     pub counts: PerCpuArray<MapData, u64>,
     scope: HashMap<MapData, u32, u8>,
     pub attachment: Attachment,
+    /// With `OFFCPU_DWARF`: the unwinder's program array, held open (the kernel empties a
+    /// program array when its last user-space reference closes).
+    _unwinder: Option<ProgramArray<MapData>>,
 }
 
 /// The program's configuration for `options`: the task fields it reads, from the kernel's BTF
-/// (none: the classic tracepoint is used).
-pub fn offcpu_config(options: &OffCpuOptions, system_wide: bool) -> (OffCpuConfig, Attachment) {
+/// (none: the classic tracepoint is used), and with `dwarf` user stacks walked by the DWARF
+/// unwinder where it can take them (`tp_btf`).
+pub fn offcpu_config(
+    options: &OffCpuOptions,
+    system_wide: bool,
+    dwarf: bool,
+) -> (OffCpuConfig, Attachment) {
     let mut config = OffCpuConfig {
         flags: if system_wide { OFFCPU_ALL } else { 0 },
         min_block_ns: options.min_block_ns,
@@ -86,6 +94,9 @@ pub fn offcpu_config(options: &OffCpuOptions, system_wide: bool) -> (OffCpuConfi
             config.task_pid = pid;
             config.task_tgid = tgid;
             config.task_state = state;
+            if dwarf {
+                config.flags |= OFFCPU_DWARF;
+            }
             (config, Attachment::BtfTracepoint)
         }
         _ => (config, Attachment::Tracepoint),
@@ -111,8 +122,13 @@ pub fn size_maps(loader: &mut EbpfLoader, enabled: bool) {
 impl OffCpuCapture {
     /// Loads the switch and fork programs for `attachment` and takes their maps; attached by
     /// [`OffCpuCapture::attach`] once the scope is in place.
-    pub fn load(ebpf: &mut Ebpf, attachment: Attachment) -> Result<OffCpuCapture> {
+    pub fn load(
+        ebpf: &mut Ebpf,
+        config: &OffCpuConfig,
+        attachment: Attachment,
+    ) -> Result<OffCpuCapture> {
         let verifier = |e| anyhow!("the kernel verifier rejected the off-CPU program: {e:?}");
+        let mut unwinder = None;
         match attachment {
             Attachment::BtfTracepoint => {
                 let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
@@ -122,6 +138,16 @@ impl OffCpuCapture {
                 ] {
                     let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
                     program.load(tracepoint, &btf).map_err(verifier)?;
+                }
+                if config.flags & OFFCPU_DWARF != 0 {
+                    let program: &mut BtfTracePoint = program(ebpf, "offcpu_unwind")?.try_into()?;
+                    program.load("sched_switch", &btf).map_err(verifier)?;
+                    let fd = program.fd()?.try_clone()?;
+                    let mut programs: ProgramArray<MapData> = take(ebpf, "OFFCPU_UNWINDER")?;
+                    programs
+                        .set(0, &fd, 0)
+                        .context("putting the off-CPU unwinder into its program array")?;
+                    unwinder = Some(programs);
                 }
             }
             Attachment::Tracepoint => {
@@ -142,6 +168,7 @@ impl OffCpuCapture {
             counts: take(ebpf, "OFFCPU_COUNTS")?,
             scope: take(ebpf, "OFFCPU_SCOPE")?,
             attachment,
+            _unwinder: unwinder,
         })
     }
 

@@ -357,7 +357,9 @@ impl CaptureProgram {
             _ => Some(load_unwinder(&mut ebpf)?),
         };
         let offcpu = match offcpu {
-            Some((_, attachment)) => Some(OffCpuCapture::load(&mut ebpf, attachment)?),
+            Some((config, attachment)) => {
+                Some(OffCpuCapture::load(&mut ebpf, &config, attachment)?)
+            }
             None => None,
         };
         let generations = [

@@ -115,9 +115,13 @@ impl CaptureSession {
             drain_request_steps: sizes.drain_request_steps(cpus),
             ..config
         };
-        let offcpu = options
-            .off_cpu
-            .map(|off_cpu| offcpu_config(&off_cpu, options.target == TargetSpec::System));
+        let offcpu = options.off_cpu.map(|off_cpu| {
+            offcpu_config(
+                &off_cpu,
+                options.target == TargetSpec::System,
+                config.flags & CAPTURE_UNWIND_DWARF != 0,
+            )
+        });
         let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes, offcpu)?;
         let drainer = Drainer::new(&mut program, sizes)?;
         program.filter_cgroups(&options.cgroups)?;

@@ -25,7 +25,7 @@ pub enum OffCpuState {
     Uninterruptible,
     /// Preempted while runnable: time in the run queue.
     RunQueue,
-    /// Stopped, traced.
+    /// An idle kernel thread, stopped, traced.
     Other,
 }
 

@@ -17,7 +17,7 @@ use crate::{
         filter::{select_events, Selection},
         functions::{find_function, FunctionName},
         latency::{distributions, Distribution, LineHistograms},
-        offcpu::{offcpu_report, OffCpuOptions, OffCpuReport},
+        offcpu::{offcpu_report, waited_in, OffCpuOptions, OffCpuReport},
         stack_quality::{stack_quality, StackQuality},
         views::{build_view, RowKey, View, ViewKind, ViewOptions},
     },
@@ -104,7 +104,19 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
             .map(|name| find_function(profile, &selection, name))
             .transpose()
     };
-    let details_of = named(&args.function)?;
+    // A function that only waited (`--histogram --function NAME` of off-CPU time) has no
+    // on-CPU details to show.
+    let details_of = match named(&args.function) {
+        Err(_)
+            if args
+                .function
+                .as_deref()
+                .is_some_and(|name| waited_in(profile, name)) =>
+        {
+            None
+        }
+        named => named?,
+    };
     let graph_of = match (named(&args.callers)?, named(&args.callees)?) {
         (Some(function), _) => Some((function, Direction::Callers)),
         (None, Some(function)) => Some((function, Direction::Callees)),
