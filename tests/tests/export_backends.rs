@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime};
 use common::{google_pprof, profiler, temp_dir, workload};
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::profiles::v1development as otlp;
-use profiler::export::otlp::OtlpSink;
-use profiler::export::pyroscope::PyroscopeSink;
+use profiler::export::otlp::otlp_sink;
+use profiler::export::pyroscope::pyroscope_sink;
 use profiler::export::series::ServiceName;
 use profiler::export::sink::{Window, WindowSink};
 use profiler::profile::{file::read_profile, Profile};
@@ -414,7 +414,7 @@ fn recorded_windows_reach_pyroscope_whole_through_a_backend_that_fails_and_retur
     let window = recorded_window(0);
     let spool = tempfile::tempdir().unwrap();
     let mut receiver = Receiver::start(0);
-    let mut sink = PyroscopeSink::new(
+    let mut sink = pyroscope_sink(
         &receiver.url(),
         None,
         ServiceName::parse("=checkout").unwrap(),
@@ -496,8 +496,7 @@ fn recorded_windows_reach_an_otlp_endpoint_whole() {
     let window = recorded_window(1);
     let spool = tempfile::tempdir().unwrap();
     let receiver = Receiver::start(0);
-    let mut sink =
-        OtlpSink::new(&receiver.url(), ServiceName::Auto, spool.path(), 64 << 20).unwrap();
+    let mut sink = otlp_sink(&receiver.url(), ServiceName::Auto, spool.path(), 64 << 20).unwrap();
     sink.export(&window).unwrap();
     let exports = receiver.otlp();
     assert_eq!(exports.len(), 1, "refused: {:?}", receiver.refusals());

@@ -28,8 +28,8 @@ use crate::{
     commands::{capture_options, target_of},
     export::upload::UploadCounts,
     export::{
-        otlp::OtlpSink,
-        pyroscope::PyroscopeSink,
+        otlp::otlp_sink,
+        pyroscope::pyroscope_sink,
         series::ServiceName,
         sink::{Window, WindowSink},
     },
@@ -140,7 +140,7 @@ impl AgentArgs {
             )?));
         }
         if let Some(url) = &self.pyroscope {
-            sinks.push(Box::new(PyroscopeSink::new(
+            sinks.push(Box::new(pyroscope_sink(
                 backend_url("--pyroscope", url)?,
                 self.pyroscope_tenant.as_deref(),
                 self.service_name.clone(),
@@ -149,7 +149,7 @@ impl AgentArgs {
             )?));
         }
         if let Some(url) = &self.otlp {
-            sinks.push(Box::new(OtlpSink::new(
+            sinks.push(Box::new(otlp_sink(
                 backend_url("--otlp", url)?,
                 self.service_name.clone(),
                 &self.spool_dir.join("otlp"),

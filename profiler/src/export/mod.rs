@@ -9,6 +9,7 @@
 //! directly: a profile built by the recorder or read by `profile::file` refers only to frames and
 //! events it holds.
 
+pub mod backend;
 pub mod flamegraph;
 pub mod folded;
 pub mod offcpu;

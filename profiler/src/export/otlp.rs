@@ -11,80 +11,44 @@
 //! whose tables all start with the zero value as the protocol requires.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 
-use flate2::{write::GzEncoder, Compression};
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::profiles::v1development as otlp;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
+use super::backend::BackendSink;
 use super::pprof::{pprof_profile, proto as pprof};
-use super::series::{series_of, CgroupPaths, Series, ServiceName};
-use super::sink::{Window, WindowSink};
-use super::upload::{Endpoint, UploadCounts, Uploader};
+use super::series::{Series, ServiceName};
+use super::upload::{Endpoint, Uploader};
 use super::ExportError;
 
 /// The profiles path below the collector's URL.
 const PROFILES_PATH: &str = "v1development/profiles";
 
-pub struct OtlpSink {
-    name: String,
+/// The sink sending to the OTLP/HTTP endpoint at `url` (`http://collector:4318`), spooling in
+/// `spool_dir`.
+pub fn otlp_sink(
+    url: &str,
     service_name: ServiceName,
-    cgroups: CgroupPaths,
-    uploader: Uploader,
-}
-
-impl OtlpSink {
-    /// A sink sending to the OTLP/HTTP endpoint at `url` (`http://collector:4318`), spooling in
-    /// `spool_dir`.
-    pub fn new(
-        url: &str,
-        service_name: ServiceName,
-        spool_dir: &Path,
-        spool_bytes: u64,
-    ) -> Result<OtlpSink, ExportError> {
-        let endpoint = Endpoint {
-            url: format!("{}/{PROFILES_PATH}", url.trim_end_matches('/')),
-            headers: vec![
-                ("Content-Type", "application/x-protobuf".to_string()),
-                ("Content-Encoding", "gzip".to_string()),
-            ],
-        };
-        Ok(OtlpSink {
-            name: format!("--otlp {url}"),
-            service_name,
-            cgroups: CgroupPaths::new(),
-            uploader: Uploader::new(endpoint, spool_dir, spool_bytes)?,
-        })
-    }
-}
-
-impl WindowSink for OtlpSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn export(&mut self, window: &Window) -> Result<(), ExportError> {
-        self.cgroups.refresh_for(&window.profile);
-        let series = series_of(&window.profile, &self.service_name, &self.cgroups);
-        if series.is_empty() {
-            return Ok(());
-        }
-        let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
-        gzip.write_all(&export_request(&series).encode_to_vec())?;
-        self.uploader.send(gzip.finish()?)
-    }
-
-    fn delivery(&self) -> Option<UploadCounts> {
-        Some(self.uploader.counts)
-    }
-
-    fn finish(&mut self) -> Result<(), ExportError> {
-        self.uploader.flush()
-    }
+    spool_dir: &Path,
+    spool_bytes: u64,
+) -> Result<BackendSink, ExportError> {
+    let endpoint = Endpoint {
+        url: format!("{}/{PROFILES_PATH}", url.trim_end_matches('/')),
+        headers: vec![
+            ("Content-Type", "application/x-protobuf".to_string()),
+            ("Content-Encoding", "gzip".to_string()),
+        ],
+    };
+    Ok(BackendSink::new(
+        format!("--otlp {url}"),
+        service_name,
+        |series| Ok(export_request(series).encode_to_vec()),
+        Uploader::new(endpoint, spool_dir, spool_bytes)?,
+    ))
 }
 
 /// The OTLP request for a window's series.
@@ -331,6 +295,7 @@ impl Dictionary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::series::{series_of, CgroupPaths};
     use crate::export::test_profile;
 
     #[test]

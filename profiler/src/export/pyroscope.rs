@@ -9,16 +9,14 @@
 //! series as a gzipped pprof (see `export::pprof`), named by a random UUID. The message types are
 //! written by hand after grafana/pyroscope `api/push/v1/push.proto` and `api/types/v1/types.proto`.
 
-use std::io::Write;
 use std::path::Path;
 
-use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
+use super::backend::BackendSink;
 use super::pprof::write_pprof;
-use super::series::{series_of, CgroupPaths, Series, SeriesLabels, ServiceName};
-use super::sink::{Window, WindowSink};
-use super::upload::{Endpoint, UploadCounts, Uploader};
+use super::series::{Series, SeriesLabels, ServiceName};
+use super::upload::{Endpoint, Uploader};
 use super::ExportError;
 use crate::profile::EventInfo;
 
@@ -59,66 +57,30 @@ pub mod proto {
 /// The push path below the server's URL.
 const PUSH_PATH: &str = "push.v1.PusherService/Push";
 
-pub struct PyroscopeSink {
-    name: String,
+/// The sink pushing to the Pyroscope server at `url` (`http://host:4040`), spooling in
+/// `spool_dir`. `X-Scope-OrgID` is sent when a tenant is given (multi-tenant servers).
+pub fn pyroscope_sink(
+    url: &str,
+    tenant: Option<&str>,
     service_name: ServiceName,
-    cgroups: CgroupPaths,
-    uploader: Uploader,
-}
-
-impl PyroscopeSink {
-    /// A sink pushing to the Pyroscope server at `url` (`http://host:4040`), spooling in
-    /// `spool_dir`. `X-Scope-OrgID` is sent when a tenant is given (multi-tenant servers).
-    pub fn new(
-        url: &str,
-        tenant: Option<&str>,
-        service_name: ServiceName,
-        spool_dir: &Path,
-        spool_bytes: u64,
-    ) -> Result<PyroscopeSink, ExportError> {
-        let mut headers = vec![
-            ("Content-Type", "application/proto".to_string()),
-            ("Content-Encoding", "gzip".to_string()),
-        ];
-        headers.extend(tenant.map(|tenant| ("X-Scope-OrgID", tenant.to_string())));
-        let endpoint = Endpoint {
-            url: format!("{}/{PUSH_PATH}", url.trim_end_matches('/')),
-            headers,
-        };
-        Ok(PyroscopeSink {
-            name: format!("--pyroscope {url}"),
-            service_name,
-            cgroups: CgroupPaths::new(),
-            uploader: Uploader::new(endpoint, spool_dir, spool_bytes)?,
-        })
-    }
-}
-
-impl WindowSink for PyroscopeSink {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn export(&mut self, window: &Window) -> Result<(), ExportError> {
-        self.cgroups.refresh_for(&window.profile);
-        let series = series_of(&window.profile, &self.service_name, &self.cgroups);
-        if series.is_empty() {
-            // Pyroscope refuses a request without profiles; an idle window has nothing to say.
-            return Ok(());
-        }
-        let request = push_request(&series)?;
-        let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
-        gzip.write_all(&request.encode_to_vec())?;
-        self.uploader.send(gzip.finish()?)
-    }
-
-    fn delivery(&self) -> Option<UploadCounts> {
-        Some(self.uploader.counts)
-    }
-
-    fn finish(&mut self) -> Result<(), ExportError> {
-        self.uploader.flush()
-    }
+    spool_dir: &Path,
+    spool_bytes: u64,
+) -> Result<BackendSink, ExportError> {
+    let mut headers = vec![
+        ("Content-Type", "application/proto".to_string()),
+        ("Content-Encoding", "gzip".to_string()),
+    ];
+    headers.extend(tenant.map(|tenant| ("X-Scope-OrgID", tenant.to_string())));
+    let endpoint = Endpoint {
+        url: format!("{}/{PUSH_PATH}", url.trim_end_matches('/')),
+        headers,
+    };
+    Ok(BackendSink::new(
+        format!("--pyroscope {url}"),
+        service_name,
+        |series| Ok(push_request(series)?.encode_to_vec()),
+        Uploader::new(endpoint, spool_dir, spool_bytes)?,
+    ))
 }
 
 /// The push request for a window's series.
@@ -184,6 +146,7 @@ fn labels(labels: &SeriesLabels, event: &EventInfo) -> Vec<proto::LabelPair> {
 mod tests {
     use super::*;
     use crate::export::pprof::proto::Profile as Pprof;
+    use crate::export::series::{series_of, CgroupPaths};
     use crate::export::test_profile;
     use std::io::Read;
 

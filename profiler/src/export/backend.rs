@@ -1,0 +1,67 @@
+//! A backend the agent sends windows to over HTTP (Pyroscope, an OTLP endpoint): each window is
+//! cut into series, encoded in the backend's format, gzipped, and handed to an [`Uploader`],
+//! which delivers it or keeps it in its spool.
+
+use std::io::Write;
+
+use flate2::{write::GzEncoder, Compression};
+
+use super::series::{series_of, CgroupPaths, Series, ServiceName};
+use super::sink::{Window, WindowSink};
+use super::upload::{UploadCounts, Uploader};
+use super::ExportError;
+
+/// Encodes a window's series as one request body, before compression.
+pub type Encode = fn(&[Series]) -> Result<Vec<u8>, ExportError>;
+
+pub struct BackendSink {
+    name: String,
+    service_name: ServiceName,
+    cgroups: CgroupPaths,
+    encode: Encode,
+    uploader: Uploader,
+}
+
+impl BackendSink {
+    /// `name` is the backend as the user gave it (`--pyroscope URL`).
+    pub fn new(
+        name: String,
+        service_name: ServiceName,
+        encode: Encode,
+        uploader: Uploader,
+    ) -> BackendSink {
+        BackendSink {
+            name,
+            service_name,
+            cgroups: CgroupPaths::new(),
+            encode,
+            uploader,
+        }
+    }
+}
+
+impl WindowSink for BackendSink {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn export(&mut self, window: &Window) -> Result<(), ExportError> {
+        self.cgroups.refresh_for(&window.profile);
+        let series = series_of(&window.profile, &self.service_name, &self.cgroups);
+        if series.is_empty() {
+            // Backends refuse a request without profiles; an idle window has nothing to say.
+            return Ok(());
+        }
+        let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
+        gzip.write_all(&(self.encode)(&series)?)?;
+        self.uploader.send(gzip.finish()?)
+    }
+
+    fn delivery(&self) -> Option<UploadCounts> {
+        Some(self.uploader.counts)
+    }
+
+    fn finish(&mut self) -> Result<(), ExportError> {
+        self.uploader.flush()
+    }
+}
