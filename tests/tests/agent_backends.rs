@@ -63,14 +63,14 @@ fn every_window_reaches_pyroscope_and_otlp_even_across_a_backend_outage() {
     wait_until_recording(agent.id());
     let mut cpu_split = Running::spawn(
         Command::new(workload("cpu_split"))
-            .arg("12000")
+            .arg("24000")
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(4500));
     // The backends go away for about two windows.
     receiver.stop();
-    std::thread::sleep(Duration::from_millis(2200));
+    std::thread::sleep(Duration::from_millis(4200));
     let receiver = receiver.restart();
     assert!(cpu_split.wait_at_most(Duration::from_secs(90)).success());
     // Past the retry backoff (1 s, then 2 s), the spooled windows go with the next ones.
@@ -89,7 +89,7 @@ fn every_window_reaches_pyroscope_and_otlp_even_across_a_backend_outage() {
     // Every window with samples reached both backends, none twice: windows are told apart by
     // their start time.
     let windows = log.matches("exported to --pyroscope").count();
-    assert!(windows >= 8, "{log}");
+    assert!(windows >= 6, "{log}");
     let mut pushed_windows: Vec<i64> = receiver
         .pushes()
         .iter()
@@ -100,7 +100,7 @@ fn every_window_reaches_pyroscope_and_otlp_even_across_a_backend_outage() {
     pushed_windows.dedup();
     assert_eq!(pushed_windows.len(), pushes, "a window pushed twice");
     let otlp_windows = receiver.otlp().len();
-    // A window without any sample sends nothing; the machine is never idle for a whole second
+    // A window without any sample sends nothing; the machine is never idle for two seconds
     // while the workload runs, so at most the windows outside it may be empty.
     assert!(
         pushes + 3 >= windows,

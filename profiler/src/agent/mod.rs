@@ -359,6 +359,18 @@ impl Windows {
         })
     }
 
+    /// Hands over the last window, waiting for room: capture is over, so waiting costs nothing
+    /// and dropping it would lose the partial window the agent promises to export.
+    fn send_last(&mut self, capture: WindowCapture) -> Result<()> {
+        let sequence = self.next;
+        self.next += 1;
+        self.sender
+            .as_ref()
+            .expect("windows are sent before the end")
+            .send(ClosedWindow { sequence, capture })
+            .map_err(|_| anyhow!("the export thread ended"))
+    }
+
     fn send(&mut self, capture: WindowCapture) -> Result<()> {
         let sequence = self.next;
         self.next += 1;
@@ -460,7 +472,7 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
         windows.send(session.close_window()?)?;
     };
     let last = session.finish(stop, &options)?;
-    windows.send(WindowCapture::from(last))?;
+    windows.send_last(WindowCapture::from(last))?;
     windows.finish()?;
     let how = match stop {
         Stop::Signal(signal) => format!("received {}", signal_name(signal)),
