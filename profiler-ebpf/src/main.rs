@@ -867,6 +867,24 @@ static UNWINDER: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// Frames one run of `unwind_user` walks; its tail calls reach `MAX_UNWIND_FRAMES`.
 const FRAMES_PER_CALL: usize = 8;
 
+/// Stamps the process as walked now, for the agent's choice of tables to evict (written once
+/// a period, not on every walk); true the first time in a period, when the walk may ask the
+/// agent for a table it meets unloaded.
+#[inline(always)]
+fn stamp_use(process: *mut ProcessMappings) -> bool {
+    // SAFETY: helper without preconditions.
+    let now = use_stamp(unsafe { bpf_ktime_get_ns() });
+    // SAFETY: a map value the kernel keeps alive while the program runs; a racing write from
+    // another CPU writes a stamp as recent.
+    unsafe {
+        let fresh = (*process).last_used != now;
+        if fresh {
+            (*process).last_used = now;
+        }
+        fresh
+    }
+}
+
 /// Hands the sample to the unwinder's programs, which count it; returns only when they cannot
 /// take it (the agent has not loaded the process's mappings yet, a kernel thread, the tail call
 /// failed): the sample goes on with the kernel's frame-pointer walk then.
@@ -880,19 +898,7 @@ fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
         request_mappings(sample.pid);
         return;
     };
-    // When the process was last sampled, for the agent's choice of tables to evict; written
-    // once a period, not on every sample.
-    // SAFETY: helper without preconditions.
-    let now = use_stamp(unsafe { bpf_ktime_get_ns() });
-    // SAFETY: a map value the kernel keeps alive while the program runs; a racing write from
-    // another CPU writes a stamp as recent.
-    let fresh = unsafe {
-        let fresh = (*process).last_used != now;
-        if fresh {
-            (*process).last_used = now;
-        }
-        fresh
-    };
+    let fresh = stamp_use(process);
     let (Some(pending), Some(state)) = (PENDING_SAMPLE.get_ptr_mut(0), WALK_STATE.get_ptr_mut(0))
     else {
         return;

@@ -34,7 +34,7 @@ use profiler_common::{
 
 use super::{
     add, bump, capture_stack_into, config, continue_walk, count_unwind, current_generation, lose,
-    record_latency, request_mappings, arch, stack_hash, user_stack_losses,
+    record_latency, request_mappings, arch, stack_hash, stamp_use, user_stack_losses,
     StackLosses, WalkState, CGROUP_FILTER, INFLIGHT, SAMPLES_FILTERED, UNWIND_PROCESSES,
 };
 use profiler_common::unwind_maps::UnwindCount;
@@ -314,12 +314,14 @@ fn hand_to_unwinder(ctx: &impl EbpfContext, blocked: &Blocked, tid: u32, generat
     let Some(arch::UserFrame { regs: registers, .. }) = arch::saved_user_frame() else {
         return;
     };
-    // SAFETY: only tested for presence.
-    if unsafe { UNWIND_PROCESSES.get(&blocked.pid) }.is_none() {
+    let Some(process) = UNWIND_PROCESSES.get_ptr_mut(&blocked.pid) else {
         count_unwind(UnwindCount::ProcessUnknown);
         request_mappings(blocked.pid);
         return;
-    }
+    };
+    // A thread that mostly waits is rarely sampled on the CPU: its own walks must ask for the
+    // tables they meet unloaded.
+    let fresh = stamp_use(process);
     let (Some(pending), Some(walk)) = (OFFCPU_PENDING.get_ptr_mut(0), OFFCPU_WALK.get_ptr_mut(0))
     else {
         return;
@@ -332,13 +334,11 @@ fn hand_to_unwinder(ctx: &impl EbpfContext, blocked: &Blocked, tid: u32, generat
             generation,
         };
         // The resume address of a system call is an instruction of the caller's own code.
-        // Table requests and use stamps are left to the samples' walks, which see the
-        // processes that run; a blocked thread's walk only uses the tables loaded for them.
         *walk = WalkState {
             frame: registers,
             interrupted: 1,
             depth: 0,
-            may_request: 0,
+            may_request: u64::from(fresh),
             met_unloaded_table: 0,
         };
         OFFCPU_UNWINDER.tail_call(ctx, 0);

@@ -400,8 +400,10 @@ fn system_wide_runs_end_on_duration_and_on_sigterm_with_everything_recorded() {
 fn record_p_stops_when_every_process_has_exited() {
     let dir = temp_dir("pids-exit");
     let cpu_split = workload("cpu_split");
-    let mut first = Running::spawn(Command::new(&cpu_split).arg("2000").stderr(Stdio::null()));
-    let mut second = Running::spawn(Command::new(&cpu_split).arg("5000").stderr(Stdio::null()));
+    // Long enough to outlast the profiler's start on a loaded machine: a pid that exits first
+    // is refused.
+    let mut first = Running::spawn(Command::new(&cpu_split).arg("6000").stderr(Stdio::null()));
+    let mut second = Running::spawn(Command::new(&cpu_split).arg("12000").stderr(Stdio::null()));
     let pids = format!("{},{}", first.id(), second.id());
     let file = dir.join("pids.prof");
     let mut profiler = Running::spawn(

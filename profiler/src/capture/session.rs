@@ -466,10 +466,13 @@ impl CaptureSession {
         let mut drained = std::mem::take(&mut self.drained);
         // The stack cache lives across windows: the window gets the frames it references.
         self.drained.stack_cache = std::mem::take(&mut drained.stack_cache);
+        // Off-CPU blocks carry stacks of their own, often never sampled on the CPU.
+        let blocked = drained.offcpu.blocks.keys();
         let stacks = drained
             .stacks
             .keys()
-            .flat_map(|stack| [stack.user, stack.kernel]);
+            .flat_map(|stack| [stack.user, stack.kernel])
+            .chain(blocked.flat_map(|key| [key.user_stack, key.kernel_stack]));
         drained.stack_cache = self.drained.stack_cache.subset(stacks);
         let mut window = accounting.since(&self.closed);
         // Agent-counted losses (stack hash collisions) are the window's own.

@@ -90,6 +90,7 @@ impl Drained {
         pids.extend(self.latencies.keys().map(|key| key.pid));
         pids.extend(self.data_sources.keys().map(|key| key.pid));
         pids.extend(self.ibs.code_addresses().map(|address| address.pid));
+        pids.extend(self.offcpu.blocks.keys().map(|key| key.pid));
         pids
     }
 }
