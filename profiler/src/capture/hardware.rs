@@ -1,8 +1,8 @@
 //! Opening hardware sampling events so the kernel delivers what precise samplers measure: the
 //! `sample_type` of each kind of sampler ([`hardware_sample_type`]), the adjustments an event
 //! needs before it is opened ([`prepare_sampled_event`]: IBS periods in sixteens, PEBS memory
-//! events made precise, clock periods raised to the kernel timer's floor, ARM SPE refused), and what the capture program needs to decode IBS
-//! registers itself ([`raw_decoding`], [`cpu_identity`]).
+//! events made precise, clock periods raised to the kernel timer's floor), and what the capture
+//! program needs to decode IBS registers itself ([`raw_decoding`], [`cpu_identity`]).
 //!
 //! The event terms themselves (`ibs_op/cnt_ctl=1,l3missonly=1/`, `cpu/mem-loads,ldlat=50/`) are
 //! resolved against the PMU's sysfs type and format files by `events::spec`.
@@ -95,22 +95,9 @@ fn names_event(spec: &EventSpec, event: &str) -> bool {
 
 /// Adjusts `spec` to what its sampler accepts (the PMU, or the kernel's clock timer); returns a
 /// notice for each change, for the user, so the periods reports multiply by are the ones the
-/// kernel used. Refuses samplers this profiler cannot read.
+/// kernel used. Refuses periods the sampler cannot count (ARM SPE is refused earlier, when its
+/// event is parsed).
 pub fn prepare_sampled_event(spec: &mut EventSpec) -> Result<Vec<String>, EventError> {
-    if spec
-        .pmu
-        .as_deref()
-        .is_some_and(|pmu| pmu.starts_with("arm_spe"))
-    {
-        return Err(EventError::Unavailable {
-            event: spec.text.clone(),
-            reason: "ARM SPE is not supported: it delivers its samples through the AUX trace \
-                     buffer, which this profiler does not read. Record with `perf mem record` \
-                     and analyse with `perf mem report`, or sample a core event such as \
-                     `cycles` here"
-                .to_string(),
-        });
-    }
     let mut notes = Vec::new();
     if let Some(note) = clock_timer_floor(spec) {
         notes.push(note);
@@ -295,7 +282,7 @@ mod tests {
     use crate::events::pmu::tests::sysfs_fixture;
     use crate::events::{parse_event, PmuRegistry};
 
-    /// An AMD Zen 5 machine's IBS PMUs beside an Intel-like core PMU, and an ARM SPE PMU.
+    /// An AMD Zen 5 machine's IBS PMUs beside an Intel-like core PMU.
     fn registry() -> PmuRegistry {
         let root = sysfs_fixture(&[
             ("cpu/type", "4"),
@@ -312,8 +299,6 @@ mod tests {
             ("ibs_fetch/type", "12"),
             ("ibs_fetch/format/rand_en", "config:57"),
             ("ibs_fetch/format/l3missonly", "config:59"),
-            ("arm_spe_0/type", "13"),
-            ("arm_spe_0/format/ts_enable", "config:0"),
             ("software/type", "1"),
         ]);
         PmuRegistry::from_sysfs(root.path()).expect("fixture parses")
@@ -489,14 +474,6 @@ mod tests {
         // A precise level the user chose is kept.
         let (chosen, notes) = prepared("cpu/mem-loads/p");
         assert_eq!((chosen.attr.precise_ip, notes.len()), (1, 0));
-    }
-
-    #[test]
-    fn arm_spe_is_refused_with_what_to_use_instead() {
-        let mut spe = spec("arm_spe_0//");
-        let err = prepare_sampled_event(&mut spe).unwrap_err().to_string();
-        assert!(err.contains("ARM SPE is not supported"), "{err}");
-        assert!(err.contains("perf mem record"), "{err}");
     }
 
     #[test]
