@@ -5,13 +5,18 @@
 //! - `pipe-reader`: blocks reading a pipe in `offcpu_pipe_reader` that `pipe-writer` feeds one
 //!   byte every 50 ms, 20 times;
 //! - `locker-0`, `locker-1`: contend a mutex in `offcpu_locker`, each holding it 20 ms at a
-//!   time (asleep in `offcpu_hold`), 12 times each;
-//! - `disk-reader`: writes a 64 MiB file, drops it from the page cache and reads it back in
+//!   time (asleep in `offcpu_hold`), 12 times each, yielding the CPU after each hold;
+//! - `disk-reader`: writes a 256 MiB file, drops it from the page cache and reads it back in
 //!   `offcpu_disk_reader` (uninterruptible disk waits).
 //!
-//! Each thread measures its own waits and prints, on standard output, one line per kind of
-//! wait: `wait KIND tid TID count N total_ns T p50_ns P max_ns M`, and one line for its
-//! lifetime: `thread NAME tid TID wall_ns W`.
+//! Each thread measures its own waits and lifetime; the main thread prints them, on standard
+//! output, once every thread has ended: one line per kind of wait, `wait KIND tid TID count N
+//! total_ns T p50_ns P max_ns M`, and one per thread, `thread NAME tid TID wall_ns W`. (A
+//! thread that printed itself would wait on standard output's lock outside its measured life.)
+//!
+//! The threads start after a settling sleep of the main thread: a profiler loads a new
+//! process's unwind tables after its first samples or blocks, and until then walks its user
+//! stacks by frame pointers; the measured waits are walked with the tables.
 
 use std::{
     fs::File,
@@ -43,36 +48,36 @@ impl Waits {
         result
     }
 
-    fn print(mut self, tid: i32) {
+    fn line(mut self, tid: i32) -> String {
         self.durations.sort_unstable();
         let n = self.durations.len();
-        println!(
-            "wait {} tid {tid} count {n} total_ns {} p50_ns {} max_ns {}",
+        format!(
+            "wait {} tid {tid} count {n} total_ns {} p50_ns {} max_ns {}\n",
             self.kind,
             self.durations.iter().sum::<u64>(),
             self.durations[(n - 1) / 2],
             self.durations[n - 1]
-        );
+        )
     }
 }
 
-/// Runs `body` on a thread named `name`, printing its lifetime and waits.
+/// Runs `body` on a thread named `name`; the thread returns the lines of its waits and
+/// lifetime.
 fn spawn(
     name: &'static str,
     body: impl FnOnce() -> Vec<Waits> + Send + 'static,
-) -> std::thread::JoinHandle<()> {
+) -> std::thread::JoinHandle<String> {
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
             let started = Instant::now();
             let waits = body();
-            let wall = started.elapsed().as_nanos();
             // SAFETY: gettid has no preconditions.
             let tid = unsafe { libc::gettid() };
-            for waits in waits {
-                waits.print(tid);
-            }
-            println!("thread {name} tid {tid} wall_ns {wall}");
+            let mut lines: String = waits.into_iter().map(|waits| waits.line(tid)).collect();
+            let wall = started.elapsed().as_nanos();
+            lines.push_str(&format!("thread {name} tid {tid} wall_ns {wall}\n"));
+            lines
         })
         .expect("a thread starts")
 }
@@ -131,15 +136,17 @@ fn offcpu_hold() {
 fn offcpu_locker(lock: &Mutex<u64>) -> Vec<Waits> {
     let mut waits = Waits::new("lock");
     let mut holds = Waits::new("hold");
+    let mut yields = Waits::new("yield");
     for _ in 0..12 {
         let mut guard = waits.time(|| lock.lock().expect("not poisoned"));
         holds.time(offcpu_hold);
         *guard += 1;
         drop(guard);
-        // Leaves the other thread time to take the lock: the mutex is not fair.
-        std::thread::yield_now();
+        // Leaves the other thread time to take the lock: the mutex is not fair. On a loaded
+        // machine the yield waits for the CPU.
+        yields.time(std::thread::yield_now);
     }
-    vec![waits, holds]
+    vec![waits, holds, yields]
 }
 
 #[inline(never)]
@@ -147,7 +154,9 @@ fn offcpu_disk_reader(path: std::path::PathBuf) -> Vec<Waits> {
     const MIB: usize = 1 << 20;
     let chunk = vec![0x5au8; MIB];
     let mut file = File::create(&path).expect("the file is created");
-    for _ in 0..64 {
+    // Large enough that the thread lives a few hundred ms: its start and exit (where a loaded
+    // machine may keep it waiting outside its measured life) are a small part of it.
+    for _ in 0..256 {
         file.write_all(&chunk).expect("the file is written");
     }
     file.sync_all().expect("the file reaches the disk");
@@ -172,6 +181,7 @@ fn main() {
     let (reader, writer) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
     let lock: &'static Mutex<u64> = Box::leak(Box::new(Mutex::new(0)));
     let path = std::path::Path::new(&dir).join(format!("off_cpu.{}", std::process::id()));
+    nap(Duration::from_millis(150));
     let threads = [
         spawn("sleeper", offcpu_sleeper),
         spawn("pipe-reader", move || offcpu_pipe_reader(reader)),
@@ -180,7 +190,9 @@ fn main() {
         spawn("locker-1", move || offcpu_locker(lock)),
         spawn("disk-reader", move || offcpu_disk_reader(path)),
     ];
-    for thread in threads {
-        thread.join().expect("the thread finishes");
-    }
+    let lines: Vec<String> = threads
+        .into_iter()
+        .map(|thread| thread.join().expect("the thread finishes"))
+        .collect();
+    print!("{}", lines.concat());
 }

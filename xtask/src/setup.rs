@@ -181,6 +181,8 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "libc6-dbg",
             // systemd-analyze checks the agent's unit file (dist/profiler-agent.service).
             "systemd",
+            // The off-CPU tests' independent reference (bcc's tools need kernel headers).
+            "bpftrace",
         ])?;
     }
     Ok(())

@@ -162,6 +162,16 @@ impl EventScale {
                 return EventScale::Counted { events, samples };
             }
         }
+        EventScale::per_thread(profile, event)
+    }
+
+    /// The scale for one thread's samples: its period where it is fixed. The counted mean is
+    /// right for a whole event but not for one thread: it spreads over every sample the time
+    /// of threads that never ran a whole period, so a busy thread's estimate would hold its
+    /// idle neighbours' remainders; with the period, a thread is off by less than one period.
+    pub fn per_thread(profile: &Profile, event: EventIndex) -> EventScale {
+        let index = event as usize;
+        let losses = &profile.losses;
         if let Some(period) = profile.events.get(index).and_then(|e| e.period) {
             return EventScale::Period(period);
         }

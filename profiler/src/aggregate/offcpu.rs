@@ -368,8 +368,8 @@ fn distribution(
     }
 }
 
-/// Each thread's on-CPU time (its samples of the clock event, scaled), off-CPU time by state,
-/// and their sum.
+/// Each thread's on-CPU time (its samples of the clock event times the period: within one
+/// period of the truth), off-CPU time by state, and their sum.
 fn wall_clock(
     profile: &Profile,
     selected: &[&OffCpuBlocks],
@@ -394,7 +394,7 @@ fn wall_clock(
     for thread in samples.keys() {
         off.entry(*thread).or_default();
     }
-    let scale = clock.map(|clock| EventScale::of(profile, clock));
+    let scale = clock.map(|clock| EventScale::per_thread(profile, clock));
     let mut rows: Vec<WallRow> = off
         .into_iter()
         .map(|((pid, tid), states)| {

@@ -217,7 +217,7 @@ impl CaptureSession {
             match target {
                 TargetSpec::Processes(pids) => pids
                     .iter()
-                    .for_each(|pid| self.processes.scan_process(*pid)),
+                    .for_each(|pid| self.processes.scan_process_tree(*pid)),
                 _ => self.processes.scan_all(),
             }
             self.sync_unwinder()?;

@@ -252,6 +252,28 @@ impl ProcessTable {
         );
     }
 
+    /// Records a running process and, from /proc, the processes it forked that still run:
+    /// they are in scope when they were forked after the capture programs were attached, which
+    /// may be before the side-band that would name them was enabled.
+    pub fn scan_process_tree(&mut self, pid: u32) {
+        let mut pending = vec![pid];
+        while let Some(pid) = pending.pop() {
+            if self.processes.contains_key(&pid) {
+                continue;
+            }
+            self.scan_process(pid);
+            for tid in threads_of(pid).unwrap_or_default() {
+                let children = fs::read_to_string(format!("/proc/{pid}/task/{tid}/children"));
+                pending.extend(
+                    children
+                        .unwrap_or_default()
+                        .split_whitespace()
+                        .filter_map(|child| child.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+
     /// Opens an executable mapping's file as the side-band reports it (see [`MappedFiles::open`]),
     /// and reads its build ID from it when the kernel did not send one.
     fn open_mapped_file(&mut self, pid: u32, mapping: &mut Mapping, inode: Option<FileInode>) {

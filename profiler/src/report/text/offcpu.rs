@@ -150,7 +150,7 @@ pub fn render_offcpu(report: &OffCpuReport, width: usize, out: &mut String) {
 
 fn render_wall_clock(report: &OffCpuReport, width: usize, out: &mut String) {
     let scaled = match &report.clock_event {
-        Some(event) => format!("on-CPU = {event} samples scaled to time"),
+        Some(event) => format!("on-CPU = {event} samples x period, within a period a thread"),
         None => "no clock event recorded: on-CPU time unknown".to_string(),
     };
     let _ = writeln!(out, "\nWall clock by thread ({scaled}):");
