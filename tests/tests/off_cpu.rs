@@ -324,23 +324,7 @@ fn the_minimum_takes_units_and_says_what_it_cannot_read() {
 /// threads whose parent is the program it runs (the profiler, so: the workload). A thread's
 /// block runs from its switch off the CPU to its next switch onto it, under the state and the
 /// kernel stack it left with, as bcc's `offcputime` sums them.
-const BPFTRACE_OFF_CPU: &str = r#"
-tracepoint:sched:sched_switch
-/(uint32)curtask->real_parent->tgid == (uint32)cpid/
-{
-  @since[args->prev_pid] = nsecs;
-  @state[args->prev_pid] = args->prev_state;
-  @stack[args->prev_pid] = kstack;
-}
-tracepoint:sched:sched_switch
-/@since[args->next_pid]/
-{
-  $tid = args->next_pid;
-  @off[$tid, @state[$tid], @stack[$tid]] = sum(nsecs - @since[$tid]);
-  delete(@since[$tid]);
-}
-END { clear(@since); clear(@state); clear(@stack); }
-"#;
+const BPFTRACE_OFF_CPU: &str = include_str!("../reference/offcputime.bt");
 
 /// One block total of the reference: thread, state, kernel stack (function names, leaf first,
 /// from the scheduler down).

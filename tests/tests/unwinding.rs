@@ -557,9 +557,10 @@ fn a_stack_deeper_than_the_copy_is_cut_short_and_counted_and_a_larger_copy_reach
         .get("user stacks cut short: walk reached the end of the stack copy")
         .copied()
         .unwrap_or(0);
+    // A sample of the start-up, before the recursion, may be whole: none of the deep ones.
     let (_, complete) = samples_reaching_a_root(&short);
     assert!(
-        total >= 100 && cut * 100 >= total * 95 && complete == 0,
+        total >= 100 && cut * 100 >= total * 95 && complete * 100 <= total,
         "{cut} of {total} stacks counted as cut short, {complete} complete: {:?}",
         short.losses.counters
     );

@@ -9,6 +9,7 @@
 mod agent_cost;
 mod machine;
 mod measure;
+mod off_cpu_cost;
 mod phases;
 mod plot;
 mod render;
@@ -124,6 +125,8 @@ pub struct Results {
     pub agent_cost: Vec<agent_cost::AgentCostRow>,
     /// In-kernel cost of unwinding by tables, per sample at 10 and 30 user frames.
     pub unwind_cost: unwind_cost::UnwindCost,
+    /// A context-switch storm bare, under `record --off-cpu` and under bpftrace.
+    pub off_cpu_cost: Vec<off_cpu_cost::OffCpuCostRow>,
     /// Share of the machine's CPU time that other processes used while the bench ran.
     pub other_processes_cpu_percent: f64,
     pub perf_event_max_sample_rate_at_end: u64,
@@ -293,6 +296,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let agent_seconds = if settings.quick { 10 } else { 30 };
     let agent_cost = agent_cost::measure(&bench_profiler, &release, &work, agent_seconds)?;
     let unwind_cost = unwind_cost::measure(&bench_profiler, &work, settings.repetitions)?;
+    let off_cpu_cost = off_cpu_cost::measure(
+        &bench_profiler,
+        &release,
+        &work,
+        settings.repetitions.max(3),
+    )?;
     let other_processes_cpu_percent = CpuTimes::now()?.others_percent_since(&cpu_at_start);
     if other_processes_cpu_percent > NOISY_PERCENT {
         bench.note(format!(
@@ -316,6 +325,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         stack_quality,
         agent_cost,
         unwind_cost,
+        off_cpu_cost,
         other_processes_cpu_percent,
         perf_event_max_sample_rate_at_end: machine::read_number(MAX_SAMPLE_RATE)?,
         trials,

@@ -401,6 +401,49 @@ fn unwind_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     let _ = writeln!(out, "\n{per_frame}.");
 }
 
+fn off_cpu_cost(out: &mut String, results: &Results, shorten: &Shorten) {
+    let _ = writeln!(
+        out,
+        "\n## 10. Off-CPU cost\n\nThe tests' `switch_storm` (pipe ping-pong between two threads, \
+         then four workers on a condition variable; each run under `run_timed`) bare, under \
+         `record --off-cpu` and under the bpftrace reference of the off-CPU tests, which keeps \
+         per-thread maps in the kernel as we do. The workload's own time for its switches and \
+         its CPU time, median (min–max) over the rounds; the slowdown against the bare runs, \
+         ours against the reference's. Target: ours no more than the reference's.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| Run | Workload s | Workload CPU s | Slowdown | Slowdown vs bpftrace | Command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    let rows = &results.off_cpu_cost;
+    let bare = rows.iter().find(|row| row.tool == "bare");
+    let reference = rows.iter().find(|row| row.tool.starts_with("bpftrace"));
+    let overhead = |row: &super::off_cpu_cost::OffCpuCostRow| {
+        bare.filter(|bare| bare.tool != row.tool)
+            .and_then(|bare| row.overhead_percent(bare))
+    };
+    for row in rows {
+        let slowdown = overhead(row).map_or("–".into(), |percent| format!("{percent:+.1}%"));
+        let versus = match (
+            row.tool.starts_with("profiler"),
+            overhead(row),
+            reference.and_then(overhead),
+        ) {
+            (true, Some(ours), Some(theirs)) if theirs > 0.0 => format!("×{:.2}", ours / theirs),
+            _ => "–".into(),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {slowdown} | {versus} | {} |",
+            row.tool,
+            spread(row.elapsed_s, 3),
+            spread(row.workload_cpu_s, 3),
+            shorten.command(&row.command),
+        );
+    }
+}
+
 fn in_kernel(out: &mut String, results: &Results, shorten: &Shorten) {
     let _ = writeln!(
         out,
@@ -504,6 +547,7 @@ pub fn markdown(results: &Results) -> String {
     stack_quality(&mut out, results, &shorten);
     agent_cost(&mut out, results, &shorten);
     unwind_cost(&mut out, results, &shorten);
+    off_cpu_cost(&mut out, results, &shorten);
     commands(&mut out, results, &shorten);
     out
 }
