@@ -54,15 +54,70 @@ impl ArenaSpace {
         (0..=victims.len()).find(|&n| self.first_fit(len, &victims[..n]).is_some())
     }
 
-    /// Free rows, counting the tables at `freed` as gone.
-    pub fn free_rows_without(&self, freed: &[u32]) -> u64 {
-        let kept: u64 = self
+    /// Where `len` rows can go once the tables at `freed` are gone, moving tables aside where
+    /// the free rows are split: the run's start and the moves (old start, new place), each
+    /// table moved to free rows outside the run (its old rows stay readable until it is
+    /// repointed). Tables at `pinned` do not move. `None` when no run can be cleared.
+    pub fn room_for(&self, len: u32, freed: &[u32], pinned: &[u32]) -> Option<RoomPlan> {
+        let mut space = ArenaSpace {
+            capacity: self.capacity,
+            used: self.used.clone(),
+        };
+        freed.iter().for_each(|start| space.free(*start));
+        if let Some(start) = space.first_fit(len, &[]) {
+            return Some(RoomPlan {
+                start,
+                moves: Vec::new(),
+            });
+        }
+        // Runs starting where free rows start: each run's tables move out, the fewest rows
+        // moved first.
+        let starts =
+            std::iter::once(0).chain(space.used.iter().map(|(&start, &used)| start + used));
+        let mut plans: Vec<RoomPlan> = starts
+            .filter_map(|start| space.clear_run(start, len, pinned))
+            .collect();
+        plans.sort_by_key(|plan| {
+            plan.moves
+                .iter()
+                .map(|(_, to)| u64::from(to.len))
+                .sum::<u64>()
+        });
+        plans.into_iter().next()
+    }
+
+    /// Clears `start..start + len` by moving its tables to free rows outside it.
+    fn clear_run(&self, start: u32, len: u32, pinned: &[u32]) -> Option<RoomPlan> {
+        let end = start.checked_add(len).filter(|&end| end <= self.capacity)?;
+        let inside: Vec<(u32, u32)> = self
             .used
-            .iter()
-            .filter(|(start, _)| !freed.contains(start))
-            .map(|(_, &len)| u64::from(len))
-            .sum();
-        u64::from(self.capacity) - kept
+            .range(..end)
+            .filter(|(&table, &used)| table + used > start)
+            .map(|(&table, &used)| (table, used))
+            .collect();
+        if inside.iter().any(|(table, _)| pinned.contains(table)) {
+            return None;
+        }
+        let mut space = ArenaSpace {
+            capacity: self.capacity,
+            used: self.used.clone(),
+        };
+        inside.iter().for_each(|(table, _)| space.free(*table));
+        space.used.insert(start, len);
+        // The largest first, while the free rows are least split.
+        let mut moving = inside.clone();
+        moving.sort_by_key(|&(table, used)| (std::cmp::Reverse(used), table));
+        let mut moves = Vec::new();
+        for (table, used) in moving {
+            let to = space.allocate(used)?;
+            moves.push((table, to));
+        }
+        Some(RoomPlan { start, moves })
+    }
+
+    /// Takes the rows at `placed`, chosen by a [`RoomPlan`].
+    pub fn take(&mut self, placed: Placed) {
+        self.used.insert(placed.start, placed.len);
     }
 
     /// The lowest start of `len` free rows, counting the tables at `freed` as gone.
@@ -80,6 +135,13 @@ impl ArenaSpace {
         (u64::from(self.capacity).saturating_sub(free_from) >= u64::from(len))
             .then_some(free_from as u32)
     }
+}
+
+/// How to make a free run: the tables to move, each to a new place outside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoomPlan {
+    pub start: u32,
+    pub moves: Vec<(u32, Placed)>,
 }
 
 /// How recently a placed table was used: by the process that used it last.
@@ -149,7 +211,52 @@ mod tests {
         assert_eq!(space.victims_needed(101, &[0, 25, 50, 75]), None);
         // 75 rows free once 0, 50 and 75 go, but split around the table at 25.
         assert_eq!(space.victims_needed(60, &[0, 50, 75]), None);
-        assert_eq!(space.free_rows_without(&[0, 50, 75]), 75);
+        // Moving the table at 25 aside joins them.
+        let plan = space.room_for(60, &[0, 50, 75], &[]).unwrap();
+        assert_eq!(plan.moves.len(), 1);
+        assert_eq!(plan.moves[0].0, 25);
+        assert_eq!(space.room_for(60, &[0, 50, 75], &[25]), None);
+    }
+
+    #[test]
+    fn split_free_rows_are_joined_by_moving_tables_out_of_one_run() {
+        // 100 rows: tables at 0..20, 30..50 (pinned), 60..70; free: 20..30, 50..60, 70..100.
+        let mut space = ArenaSpace::new(100);
+        for (start, len) in [(0, 20), (30, 20), (60, 10)] {
+            space.used.insert(start, len);
+        }
+        assert_eq!(space.first_fit(35, &[]), None);
+        // 35 rows: the run from 50 holds only the 10-row table, which moves to 20.
+        let plan = space.room_for(35, &[], &[30]).unwrap();
+        assert_eq!(plan.start, 50);
+        assert_eq!(plan.moves, [(60, Placed { start: 20, len: 10 })]);
+        // With the table at 0 freed, the pinned table still splits the free rows: the run
+        // from 50 is cleared, its table moved to 0.
+        let plan = space.room_for(45, &[0], &[30]).unwrap();
+        assert_eq!(plan.start, 50);
+        assert_eq!(plan.moves, [(60, Placed { start: 0, len: 10 })]);
+        // Already free: no moves.
+        assert_eq!(space.room_for(10, &[], &[]).unwrap().moves, []);
+        // More than the free and movable rows: no plan.
+        assert_eq!(space.room_for(61, &[], &[30]), None);
+        // Nothing overlaps afterwards: the tables that stay, the run, the moved tables.
+        let plan = space.room_for(50, &[], &[]).unwrap();
+        let moved: Vec<u32> = plan.moves.iter().map(|(old, _)| *old).collect();
+        let mut ranges: Vec<(u32, u32)> = space
+            .used
+            .iter()
+            .filter(|(start, _)| !moved.contains(start))
+            .map(|(&start, &len)| (start, start + len))
+            .collect();
+        ranges.push((plan.start, plan.start + 50));
+        ranges.extend(
+            plan.moves
+                .iter()
+                .map(|(_, to)| (to.start, to.start + to.len)),
+        );
+        ranges.sort_unstable();
+        assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "{ranges:?}");
+        assert!(ranges.last().unwrap().1 <= 100);
     }
 
     #[test]

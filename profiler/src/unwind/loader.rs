@@ -433,13 +433,23 @@ impl UnwindLoader {
             .map(|(start, stamp)| (start, stamp.map_or(TableUse::Unmapped, TableUse::LastUsed)))
             .collect();
         let order = eviction_order(&tables, needer, now);
-        let needed = match self.space.victims_needed(len, &order) {
-            Some(needed) => needed,
-            // The tables that stay split the free rows: with them all gone and the rest moved
-            // down, the free rows are one run.
-            None if self.space.free_rows_without(&order) >= u64::from(len) => order.len(),
-            None => return Ok(false),
+        // The fewest victims after which the rows fit, other tables moved aside where the free
+        // rows are split (the process's own tables, at `keep`, stay): nothing is evicted when
+        // even all of them would not make room, so that no table goes for nothing.
+        // More victims never make less room: the fewest is found by bisection, each try
+        // planning over every run (a system-wide agent places hundreds of tables).
+        let room = |n: usize| self.space.room_for(len, &order[..n], keep);
+        let Some(mut plan) = room(order.len()) else {
+            return Ok(false);
         };
+        let (mut fewest, mut needed) = (0, order.len());
+        while fewest < needed {
+            let middle = (fewest + needed) / 2;
+            match room(middle) {
+                Some(found) => (needed, plan) = (middle, found),
+                None => fewest = middle + 1,
+            }
+        }
         for &start in &order[..needed] {
             self.repoint(start, None)?;
             match tables.contains(&(start, TableUse::Unmapped)) {
@@ -447,40 +457,20 @@ impl UnwindLoader {
                 false => self.evicted.idle += 1,
             }
         }
-        if self.space.victims_needed(len, &[]).is_none() {
-            self.compact(keep)?;
-        }
-        Ok(self.space.victims_needed(len, &[]).is_some())
-    }
-
-    /// Moves tables down into lower free rows, the highest first, so that the free rows gather
-    /// at the top; the tables at `keep` stay.
-    fn compact(&mut self, keep: &[u32]) -> Result<()> {
-        let mut tables: Vec<Placed> = self
-            .placed
-            .values()
-            .filter(|placed| !keep.contains(&placed.start))
-            .copied()
-            .collect();
-        tables.sort_by_key(|placed| std::cmp::Reverse(placed.start));
-        for old in tables {
-            let Some(new) = self.space.allocate(old.len) else {
-                continue;
-            };
-            if new.start > old.start {
-                self.space.free(new.start);
-                continue;
+        for (old, to) in plan.moves {
+            // The new rows first; the old ones stay until no published mapping names them.
+            let rows = self.rows.read(Placed {
+                start: old,
+                len: to.len,
+            });
+            if !self.rows.write(to.start, &rows) {
+                return Ok(false);
             }
-            // The old rows stay until no published mapping names them.
-            let rows = self.rows.read(old);
-            if !self.rows.write(new.start, &rows) {
-                self.space.free(new.start);
-                continue;
-            }
-            self.repoint(old.start, Some(new))?;
+            self.space.take(to);
+            self.repoint(old, Some(to))?;
             self.moved += 1;
         }
-        Ok(())
+        Ok(self.space.victims_needed(len, &[]).is_some())
     }
 
     /// Frees the table at `start`, its rows now at `moved` (already written), else evicted:
