@@ -889,8 +889,45 @@ fn load(dir: &Path, cache_file: &Path, key: &TableKey) -> Result<Option<UnwindTa
         bail!("{} bytes, more than any table needs", metadata.len());
     }
     let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    file.take(metadata.len()).read_to_end(&mut bytes)?;
-    decode_table(&bytes, key).map(Some)
+    (&file).take(metadata.len()).read_to_end(&mut bytes)?;
+    let table = decode_table(&bytes, key)?;
+    // The modification time is the last use: pruning goes by it. Failing only costs the
+    // table its place in that order.
+    let _ = file.set_modified(std::time::SystemTime::now());
+    Ok(Some(table))
+}
+
+/// What the cache directory holds at most: every build of every program a machine runs would
+/// otherwise stay there (an agent's directory grew to 1.6 GB in a day of test runs).
+const MAX_CACHE_BYTES: u64 = 256 << 20;
+
+/// Removes the least recently used tables of `dir` until they take at most three quarters of
+/// `limit`, once they take more than `limit`: only the directory's own regular `.unwind`
+/// files, never through a link.
+fn prune(dir: &Path, limit: u64) -> Result<()> {
+    let mut tables: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let metadata = entry.metadata()?;
+        if metadata.file_type().is_file() && path.extension().is_some_and(|e| e == "unwind") {
+            tables.push((metadata.modified()?, metadata.len(), path));
+        }
+    }
+    let mut total: u64 = tables.iter().map(|(_, len, _)| len).sum();
+    if total <= limit {
+        return Ok(());
+    }
+    tables.sort();
+    for (_, len, path) in tables {
+        if total <= limit / 4 * 3 {
+            break;
+        }
+        std::fs::remove_file(&path)
+            .with_context(|| format!("pruning the unwind-table cache: {}", path.display()))?;
+        total -= len;
+    }
+    Ok(())
 }
 
 /// Writes `table` into the cache directory (created private to this user).
@@ -909,7 +946,8 @@ fn store(dir: &Path, key: &TableKey, table: &UnwindTable) -> Result<()> {
     let bytes = encode_table(key, table);
     Checker::default()
         .check("unwind-table cache", &dir.join(key.file_name()))?
-        .write(|out| Ok(out.write_all(&bytes)?))
+        .write(|out| Ok(out.write_all(&bytes)?))?;
+    prune(dir, MAX_CACHE_BYTES)
 }
 
 #[cfg(test)]
