@@ -103,19 +103,31 @@ pub fn run() -> Result<()> {
             .with_context(|| format!("fetching Debian's {} kernel", kernel.series))?;
         let started = Instant::now();
         let mut attempt = 1;
-        let (guest, log) = loop {
+        let (guest, log, checks) = loop {
             let console = boot(&vmlinuz, &initrd)?;
             let log = cache.join(format!("console-{}-{attempt}.log", kernel.series));
             std::fs::write(&log, &console)?;
             let guest = Guest::parse(&console);
+            let checks = guest.checks();
             // Debian's 6.12 sometimes oopses under QEMU's TCG while booting, before or while
-            // the steps run (seen in add_sysfs_param and kmem_cache_alloc): boot again, and
-            // keep the console of every attempt.
-            if guest.done || !console.contains("Kernel panic") || attempt == BOOT_ATTEMPTS {
-                break (guest, log);
+            // the steps run (seen in add_sysfs_param and kmem_cache_alloc); and the sampled
+            // split, against the workload's own clock, once came 7 points off on one boot of a
+            // loaded host and within 2 on the others. Either: boot again, keep the console of
+            // every attempt; a check that fails on every boot fails.
+            let panicked = !guest.done && console.contains("Kernel panic");
+            let split_failed = checks
+                .iter()
+                .all(|check| check.passed || check.step == "split")
+                && checks.iter().any(|check| !check.passed);
+            if !(panicked || split_failed) || attempt == BOOT_ATTEMPTS {
+                break (guest, log, checks);
             }
+            let why = match checks.iter().find(|check| !check.passed) {
+                Some(check) if !panicked => format!("{}: {}", check.step, check.said),
+                _ => "panicked".to_string(),
+            };
             eprintln!(
-                "xtask: kernel {} panicked (console in {}): booting it again",
+                "xtask: kernel {} {why} (console in {}): booting it again",
                 kernel.series,
                 log.display()
             );
@@ -128,7 +140,7 @@ pub fn run() -> Result<()> {
             started.elapsed().as_secs_f64(),
             log.display()
         );
-        for check in guest.checks() {
+        for check in checks {
             let mark = if check.passed { "ok  " } else { "FAIL" };
             println!(
                 "{mark} {:<5} {:<7} {}",
