@@ -185,10 +185,13 @@ pub enum LossKind {
     /// `--off-cpu`: the off-CPU histogram map was full: the block is counted without its
     /// duration in the histograms.
     OffCpuHistogramFull = 25,
+    /// `--off-cpu`: a thread left the CPU while its last block was still remembered: the
+    /// switch back onto the CPU that ends a block was not seen, and that block is lost.
+    OffCpuSwitchInMissed = 26,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 26;
+    pub const COUNT: usize = 27;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
@@ -216,6 +219,7 @@ impl LossKind {
         LossKind::OffCpuBlockedFull,
         LossKind::OffCpuFull,
         LossKind::OffCpuHistogramFull,
+        LossKind::OffCpuSwitchInMissed,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
@@ -264,6 +268,9 @@ impl LossKind {
             LossKind::OffCpuBlockedFull => "off-CPU blocks lost: blocked-threads map full",
             LossKind::OffCpuFull => "off-CPU blocks lost: off-CPU map full",
             LossKind::OffCpuHistogramFull => "off-CPU histograms: map full",
+            LossKind::OffCpuSwitchInMissed => {
+                "off-CPU blocks lost: the switch back onto the CPU was not seen"
+            }
         }
     }
 }

@@ -9,7 +9,7 @@
 //! builds without BTF). Processes in scope fork into scope through `sched_process_fork`.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
         bpf_ktime_get_ns, bpf_probe_read_kernel,
@@ -33,7 +33,7 @@ use profiler_common::{
 };
 
 use super::{
-    add, bump, capture_stack_into, config, continue_walk, count_unwind, current_generation, lose,
+    add, bump, capture_stack_into, config, continue_walk, count_unwind, current_generation, lose, EEXIST,
     record_latency, request_mappings, arch, stack_hash, stamp_use, user_stack_losses,
     StackLosses, WalkState, CGROUP_FILTER, INFLIGHT, SAMPLES_FILTERED, UNWIND_PROCESSES,
 };
@@ -296,12 +296,23 @@ fn begin_block(
     remember(tid, &blocked);
 }
 
-/// Remembers a thread's block until it runs again.
+/// Remembers a thread's block until it runs again. A block still remembered is one whose end
+/// was never seen: it is replaced, and counted lost.
 #[inline(always)]
 fn remember(tid: u32, blocked: &Blocked) {
-    if OFFCPU_BLOCKED.insert(&tid, blocked, 0).is_err() {
-        lose(LossKind::OffCpuBlockedFull);
-        return;
+    match OFFCPU_BLOCKED.insert(&tid, blocked, BPF_NOEXIST as u64) {
+        Ok(()) => {}
+        Err(e) if -i64::from(e) == EEXIST => {
+            lose(LossKind::OffCpuSwitchInMissed);
+            if OFFCPU_BLOCKED.insert(&tid, blocked, 0).is_err() {
+                lose(LossKind::OffCpuBlockedFull);
+                return;
+            }
+        }
+        Err(_) => {
+            lose(LossKind::OffCpuBlockedFull);
+            return;
+        }
     }
     count(OffCpuCount::SwitchesOut);
 }
