@@ -7,18 +7,17 @@
 mod common;
 
 use std::{
-    io::Read as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use common::{
-    google_pprof, profiler_bin, require_root, temp_dir, wait_until_recording, workload, Running,
+    google_pprof, profiler_bin, read_pprof, require_root, temp_dir, wait_until_recording, workload,
+    Running,
 };
 use profiler::export::pprof::proto;
 use profiler_common::capture::LossKind;
-use prost::Message as _;
 
 /// One window as its file holds it.
 struct WindowFile {
@@ -28,15 +27,9 @@ struct WindowFile {
 
 impl WindowFile {
     fn read(path: &Path) -> WindowFile {
-        let mut bytes = Vec::new();
-        flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
-            .read_to_end(&mut bytes)
-            .unwrap_or_else(|e| panic!("{} is not gzipped: {e}", path.display()));
-        let profile = proto::Profile::decode(bytes.as_slice())
-            .unwrap_or_else(|e| panic!("{} is no pprof profile: {e}", path.display()));
         WindowFile {
             path: path.to_path_buf(),
-            profile,
+            profile: read_pprof(path),
         }
     }
 

@@ -4,9 +4,17 @@
 
 mod common;
 
-use std::{collections::HashMap, path::PathBuf};
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::Duration,
+};
 
-use common::{profiler, report_json, temp_dir, workload};
+use common::{
+    profiler, profiler_bin, read_pprof, report_json, temp_dir, wait_until_recording, workload,
+    Running,
+};
 use serde_json::Value;
 
 /// What the workload measured: per wait kind and thread, and each thread's lifetime.
@@ -685,4 +693,94 @@ fn a_running_process_is_in_scope_with_what_it_forks() {
             .all(|(p, comm, _)| p.to_string() == pid || comm == "sleep" || comm == "sh"),
         "nothing else: {threads:?}"
     );
+}
+
+/// Nanoseconds of a pprof profile's `column` in samples whose stack passes through `function`.
+fn pprof_total_through(
+    profile: &profiler::export::pprof::proto::Profile,
+    column: usize,
+    function: &str,
+) -> u64 {
+    let text = |index: i64| profile.string_table[index as usize].as_str();
+    let names: HashMap<u64, &str> = profile
+        .function
+        .iter()
+        .map(|f| (f.id, text(f.name)))
+        .collect();
+    let passes: HashMap<u64, bool> = profile
+        .location
+        .iter()
+        .map(|location| {
+            let through = location
+                .line
+                .iter()
+                .any(|line| names[&line.function_id].ends_with(function));
+            (location.id, through)
+        })
+        .collect();
+    profile
+        .sample
+        .iter()
+        .filter(|sample| sample.location_id.iter().any(|id| passes[id]))
+        .map(|sample| sample.value[column] as u64)
+        .sum()
+}
+
+#[test]
+fn the_agent_exports_off_cpu_time_per_window() {
+    // The workload starts after the agent has attached: its shell forks a sleep, then execs it.
+    let dir = disk_dir("agent-off-cpu");
+    let mut target = Running::spawn(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "sleep 2; exec {} {}",
+                path(&workload("off_cpu")),
+                path(&dir)
+            ))
+            .stdout(Stdio::piped()),
+    );
+    let windows = temp_dir("agent-off-cpu-windows");
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "--off-cpu", "--interval", "1", "-p"])
+            .arg(target.id().to_string())
+            .arg("--output-dir")
+            .arg(&windows)
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let measured = measured(&target.output_at_most(Duration::from_secs(60)));
+    let output = agent.output_at_most(Duration::from_secs(30));
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{log}");
+    assert!(log.contains(" s off-CPU exported to --output-dir"), "{log}");
+
+    // Summed over the windows, the nanoseconds blocked under each waiting function are what
+    // the workload measured.
+    let mut sums: HashMap<&str, u64> = HashMap::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&windows).unwrap() {
+        let profile = read_pprof(&entry.unwrap().path());
+        files += 1;
+        let text = |index: i64| profile.string_table[index as usize].as_str();
+        let column = profile
+            .sample_type
+            .iter()
+            .position(|t| text(t.r#type) == "off-cpu_event")
+            .expect("an off-CPU value column in every window");
+        assert_eq!(text(profile.sample_type[column].unit), "nanoseconds");
+        for function in ["offcpu_sleeper", "offcpu_pipe_reader"] {
+            *sums.entry(function).or_default() += pprof_total_through(&profile, column, function);
+        }
+    }
+    assert!(files >= 3, "{files} windows:\n{log}");
+    for (function, kind) in [("offcpu_sleeper", "sleep"), ("offcpu_pipe_reader", "pipe")] {
+        assert!(
+            within(sums[function], measured.total(kind), 0.05),
+            "{function}: {} ns in the windows, the workload measured {} ns\n{log}",
+            sums[function],
+            measured.total(kind)
+        );
+    }
 }

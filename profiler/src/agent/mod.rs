@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context, Result};
 use blazesym::symbolize::Symbolizer;
-use profiler_common::capture::LossKind;
+use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 
 use self::log::{log, LogLevel};
 use crate::{
@@ -28,6 +28,7 @@ use crate::{
     commands::{capture_options, target_of},
     export::upload::UploadCounts,
     export::{
+        offcpu::add_off_cpu_event,
         otlp::otlp_sink,
         pyroscope::pyroscope_sink,
         series::ServiceName,
@@ -195,6 +196,8 @@ impl Exporter {
             Some(symbolizer),
         );
         profile.hardware.cpu = self.cpu.clone();
+        // Off-CPU time goes to the backends as a profile type of its own: nanoseconds blocked.
+        add_off_cpu_event(&mut profile);
         if !kernel_addresses_shown() {
             hide_kernel_addresses(&mut profile);
         }
@@ -213,7 +216,18 @@ impl Exporter {
             let lost = capture.accounting.samples_lost();
             self.count_samples(&capture);
             let profile = self.profile(capture, &symbolizer);
-            let samples: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
+            // Sampled events only: the off-CPU "event" counts nanoseconds.
+            let sampled = self.events.len() as u32;
+            let samples: u64 = profile
+                .stacks
+                .iter()
+                .filter(|stack| stack.event < sampled)
+                .map(|stack| stack.count)
+                .sum();
+            let off_cpu = profile.off_cpu.as_ref().map_or(String::new(), |off_cpu| {
+                let blocked: u64 = off_cpu.blocks.iter().map(|blocks| blocks.total_ns).sum();
+                format!(", {:.3} s off-CPU", blocked as f64 / 1e9)
+            });
             let window = Window {
                 sequence,
                 start,
@@ -236,8 +250,8 @@ impl Exporter {
                     Ok(()) => log(
                         LogLevel::Info,
                         format!(
-                            "window {sequence}: {samples} samples ({fired} fired, {lost} lost) \
-                             exported to {}",
+                            "window {sequence}: {samples} samples ({fired} fired, {lost} lost)\
+                             {off_cpu} exported to {}",
                             sink.name()
                         ),
                     ),
@@ -289,6 +303,17 @@ impl Exporter {
                     "Samples, or parts of samples, lost, by cause.",
                     &[("cause", kind.describe())],
                     lost as f64,
+                );
+            }
+        }
+        let off_cpu = &capture.drained.offcpu;
+        if off_cpu.attachment.is_some() {
+            for what in OffCpuCount::ALL {
+                metrics.add(
+                    "profiler_off_cpu_total",
+                    "What the off-CPU switch programs counted (losses are in profiler_losses_total).",
+                    &[("what", what.describe())],
+                    off_cpu.counts[what as usize] as f64,
                 );
             }
         }

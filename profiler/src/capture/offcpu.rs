@@ -61,6 +61,8 @@ pub struct OffCpuCapture {
     pub counts: PerCpuArray<MapData, u64>,
     scope: HashMap<MapData, u32, u8>,
     pub attachment: Attachment,
+    /// `--off-cpu-min`, in nanoseconds.
+    pub min_block_ns: u64,
     /// With `OFFCPU_DWARF`: the unwinder's program array, held open (the kernel empties a
     /// program array when its last user-space reference closes).
     _unwinder: Option<ProgramArray<MapData>>,
@@ -168,6 +170,7 @@ impl OffCpuCapture {
             counts: take(ebpf, "OFFCPU_COUNTS")?,
             scope: take(ebpf, "OFFCPU_SCOPE")?,
             attachment,
+            min_block_ns: config.min_block_ns,
             _unwinder: unwinder,
         })
     }

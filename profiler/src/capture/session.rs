@@ -8,9 +8,12 @@
 use std::time::{Duration, SystemTime};
 
 use anyhow::{anyhow, Context, Result};
-use profiler_common::capture::{
-    CaptureConfig, LossKind, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID,
-    CAPTURE_UNWIND_DWARF, MAX_EVENTS,
+use profiler_common::{
+    capture::{
+        CaptureConfig, LossKind, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID,
+        CAPTURE_UNWIND_DWARF, MAX_EVENTS,
+    },
+    offcpu::OffCpuCount,
 };
 use tokio::time::{interval, Instant, Interval};
 
@@ -75,6 +78,8 @@ pub struct CaptureSession {
     window_start: SystemTime,
     /// The cumulative accounting when the last window closed.
     closed: Accounting,
+    /// The switch programs' cumulative counters when the last window closed.
+    off_cpu_closed: [u64; OffCpuCount::COUNT],
     ticker: Interval,
     sideband_ticker: Interval,
 }
@@ -197,6 +202,7 @@ impl CaptureSession {
             start: now,
             window_start: now,
             closed: Accounting::default(),
+            off_cpu_closed: [0; OffCpuCount::COUNT],
             ticker: interval(options.drain_interval),
             sideband_ticker: interval(SIDEBAND_INTERVAL),
         })
@@ -445,6 +451,7 @@ impl CaptureSession {
         // next window, where its generation is drained. Only one fired between this read and
         // the flip (microseconds apart) is drained here and counted in the next window.
         let accounting = self.accounting()?;
+        self.close_off_cpu()?;
         self.drainer.drain(&mut self.program, &mut self.drained)?;
         let end = SystemTime::now();
         let start = self.window_start;
@@ -458,6 +465,28 @@ impl CaptureSession {
             processes,
             accounting,
         })
+    }
+
+    /// The off-CPU side of the window closing now: the switch programs' counters since the last
+    /// close (read with the accounting, before the drain), and how the switches were seen.
+    fn close_off_cpu(&mut self) -> Result<()> {
+        let Some(offcpu) = &self.program.offcpu else {
+            return Ok(());
+        };
+        let counts = offcpu.read_counts()?;
+        let window = &mut self.drained.offcpu;
+        for ((count, total), closed) in window
+            .counts
+            .iter_mut()
+            .zip(counts)
+            .zip(self.off_cpu_closed)
+        {
+            *count = total - closed;
+        }
+        self.off_cpu_closed = counts;
+        window.attachment = Some(offcpu.attachment.describe());
+        window.min_block_ns = offcpu.min_block_ns;
+        Ok(())
     }
 
     /// Moves what was drained since the last window into a window ending at `end`, with the
@@ -518,11 +547,7 @@ impl CaptureSession {
             raw_samples_written: self.raw.as_ref().map_or(0, RawStream::written),
             unwind: self.unwinder.as_ref().map(UnwindLoader::render_stats),
         };
-        if let (Some(offcpu), Some(options)) = (&self.program.offcpu, &options.off_cpu) {
-            self.drained.offcpu.counts = offcpu.read_counts()?;
-            self.drained.offcpu.attachment = Some(offcpu.attachment.describe());
-            self.drained.offcpu.min_block_ns = options.min_block_ns;
-        }
+        self.close_off_cpu()?;
         let start = self.window_start;
         let (drained, accounting) = self.take_drained(accounting, end);
         Ok(Capture {

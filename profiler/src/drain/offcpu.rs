@@ -24,7 +24,7 @@ pub struct DrainedBlocks {
 #[derive(Debug, Default)]
 pub struct DrainedOffCpu {
     pub blocks: HashMap<OffCpuKey, DrainedBlocks>,
-    /// The programs' counters, by `OffCpuCount` index (read once, at the end).
+    /// The programs' counters over the window, by `OffCpuCount` index.
     pub counts: [u64; OffCpuCount::COUNT],
     /// How the switches were seen: `None` when off-CPU time was not recorded.
     pub attachment: Option<&'static str>,

@@ -11,10 +11,19 @@ pub const OFF_CPU_EVENT: &str = "off-cpu";
 
 /// `profile` with its off-CPU blocks as the last event; itself when it has none.
 pub fn with_off_cpu_event(profile: &Profile) -> Cow<'_, Profile> {
-    let Some(off_cpu) = &profile.off_cpu else {
+    if profile.off_cpu.is_none() {
         return Cow::Borrowed(profile);
-    };
+    }
     let mut with = profile.clone();
+    add_off_cpu_event(&mut with);
+    Cow::Owned(with)
+}
+
+/// Adds the off-CPU blocks of `with`, if it has any, as its last event.
+pub fn add_off_cpu_event(with: &mut Profile) {
+    let Some(off_cpu) = &with.off_cpu else {
+        return;
+    };
     let event = with.events.len() as u32;
     with.events.push(EventInfo {
         name: OFF_CPU_EVENT.to_string(),
@@ -54,5 +63,4 @@ pub fn with_off_cpu_event(profile: &Profile) -> Cow<'_, Profile> {
                 per_cpu: Vec::new(),
             }),
     );
-    Cow::Owned(with)
 }

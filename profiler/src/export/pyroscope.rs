@@ -199,5 +199,7 @@ mod tests {
         assert_eq!(profile_name(&event("task-clock:u")), "process_cpu");
         assert_eq!(profile_name(&event("page-faults/period=1/")), "page_faults");
         assert_eq!(profile_name(&event("cache-misses")), "cache_misses");
+        // The agent's off-CPU time is a profile type of its own.
+        assert_eq!(profile_name(&event("off-cpu")), "off_cpu");
     }
 }

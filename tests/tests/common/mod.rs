@@ -360,3 +360,15 @@ pub fn google_pprof() -> PathBuf {
     }
     binary
 }
+
+/// A gzipped pprof file, decoded.
+pub fn read_pprof(path: &std::path::Path) -> profiler::export::pprof::proto::Profile {
+    use prost::Message as _;
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+        .read_to_end(&mut bytes)
+        .unwrap_or_else(|e| panic!("{} is not gzipped: {e}", path.display()));
+    profiler::export::pprof::proto::Profile::decode(bytes.as_slice())
+        .unwrap_or_else(|e| panic!("{} is no pprof profile: {e}", path.display()))
+}
