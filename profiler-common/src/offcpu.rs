@@ -107,9 +107,38 @@ pub struct Blocked {
     pub user_stack: u64,
     pub kernel_stack: u64,
     pub cgroup: u64,
+    /// With `--wakers`: who woke the thread, as it did ([`Waker::NONE`] until then).
+    pub waker: Waker,
 }
 
-/// Key of the off-CPU maps: where a thread waited and why.
+/// The task that woke a blocked thread (`--wakers`): its thread and its stacks when it did.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Waker {
+    /// 1 when a wake-up was seen; 0 when not (a preempted thread is not woken, and a wake-up
+    /// may race with the switch that takes the thread off).
+    pub seen: u32,
+    pub _pad: u32,
+    /// The task current when the wake-up was made: 0 for the idle task, which wakes threads
+    /// only from interrupts.
+    pub pid: u32,
+    pub tid: u32,
+    pub user_stack: u64,
+    pub kernel_stack: u64,
+}
+
+impl Waker {
+    pub const NONE: Waker = Waker {
+        seen: 0,
+        _pad: 0,
+        pid: 0,
+        tid: 0,
+        user_stack: 0,
+        kernel_stack: 0,
+    };
+}
+
+/// Key of the off-CPU maps: where a thread waited, why, and with `--wakers` who woke it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OffCpuKey {
@@ -122,6 +151,20 @@ pub struct OffCpuKey {
     pub user_stack: u64,
     pub kernel_stack: u64,
     pub cgroup: u64,
+    /// [`Waker::NONE`] without `--wakers`, and for blocks counted without stacks.
+    pub waker: Waker,
+}
+
+impl OffCpuKey {
+    /// The hashes of the stacks the key holds: the blocked thread's and its waker's.
+    pub fn stack_hashes(&self) -> [u64; 4] {
+        [
+            self.user_stack,
+            self.kernel_stack,
+            self.waker.user_stack,
+            self.waker.kernel_stack,
+        ]
+    }
 }
 
 /// Per-CPU value of the off-CPU map: blocks ended on that CPU.
@@ -172,6 +215,8 @@ impl OffCpuConfig {
 /// Every thread but the idle tasks is in scope (`-a`); else the processes in the scope map and
 /// the processes they fork.
 pub const OFFCPU_ALL: u32 = 1 << 0;
+/// Blocked threads' wakers are kept (`--wakers`): the `sched_waking` program is attached.
+pub const OFFCPU_WAKERS: u32 = 1 << 2;
 /// User stacks are walked by the DWARF unwinder (`tp_btf` only: its tail calls need a program
 /// of the same type), frame pointers where it cannot.
 pub const OFFCPU_DWARF: u32 = 1 << 1;

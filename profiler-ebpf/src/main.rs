@@ -246,6 +246,27 @@ fn current_generation() -> u32 {
     }
 }
 
+/// Enters the current generation, checking it did not flip in between: the agent waits for
+/// `INFLIGHT` of the old generation to reach zero before draining it. Left by
+/// [`leave_generation`].
+#[inline(always)]
+fn enter_generation() -> u32 {
+    let mut generation = current_generation();
+    add(&INFLIGHT, generation, 1);
+    let now = current_generation();
+    if now != generation {
+        leave_generation(generation);
+        generation = now;
+        add(&INFLIGHT, generation, 1);
+    }
+    generation
+}
+
+#[inline(always)]
+fn leave_generation(generation: u32) {
+    add(&INFLIGHT, generation & 1, u64::MAX);
+}
+
 fn capture(ctx: &PerfEventContext) {
     let config = config();
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -277,16 +298,7 @@ fn capture(ctx: &PerfEventContext) {
     // SAFETY: the kernel rewrites this context read into a load of the sample's period.
     add(&PERIOD_SUMS, event, unsafe { (*ctx.ctx).sample_period });
 
-    // Enter the current generation, then check it did not flip in between: the agent waits for
-    // INFLIGHT of the old generation to reach zero before draining it.
-    let mut generation = current_generation();
-    add(&INFLIGHT, generation, 1);
-    let now = current_generation();
-    if now != generation {
-        add(&INFLIGHT, generation, u64::MAX);
-        generation = now;
-        add(&INFLIGHT, generation, 1);
-    }
+    let generation = enter_generation();
     let sample = Sample {
         pid,
         tid,
@@ -376,7 +388,7 @@ fn finish_sample(
         user_stack,
         copied,
     );
-    add(&INFLIGHT, generation, u64::MAX);
+    leave_generation(generation);
 }
 
 #[inline(always)]

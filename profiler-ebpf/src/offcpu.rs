@@ -26,16 +26,17 @@ use profiler_common::{
     },
     latency::LatencyBuckets,
     offcpu::{
-        BlockState, Blocked, OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats,
+        BlockState, Blocked, OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, Waker,
         HISTOGRAM_UNIT_NS, OFFCPU_ALL, OFFCPU_DWARF,
     },
     stack::{StackFrames, NO_STACK},
 };
 
 use super::{
-    add, bump, capture_stack_into, config, continue_walk, count_unwind, current_generation, lose, EEXIST,
-    record_latency, request_mappings, arch, stack_hash, stamp_use, user_stack_losses,
-    StackLosses, WalkState, CGROUP_FILTER, INFLIGHT, SAMPLES_FILTERED, UNWIND_PROCESSES,
+    add, arch, bump, capture_stack_into, config, continue_walk, count_unwind, enter_generation,
+    leave_generation, lose, record_latency, request_mappings, stack_hash, stamp_use,
+    user_stack_losses, StackLosses, WalkState, CGROUP_FILTER, EEXIST, SAMPLES_FILTERED,
+    UNWIND_PROCESSES,
 };
 use profiler_common::unwind_maps::UnwindCount;
 
@@ -66,8 +67,9 @@ static OFFCPU_HISTOGRAMS_1: PerCpuHashMap<OffCpuKey, LatencyBuckets> =
 #[map]
 static OFFCPU_COUNTS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(OffCpuCount::COUNT as u32, 0);
-/// The frames buffer the switch programs capture into: an overflow sample (an NMI) may
-/// interrupt them, and it has its own.
+/// The frames buffer the switch and wake-up programs capture into: an overflow sample (an NMI)
+/// may interrupt them, and it has its own; a switch runs with interrupts off, so a wake-up in
+/// an interrupt never interrupts one.
 #[map]
 static OFFCPU_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
 
@@ -222,14 +224,7 @@ fn on_switch(
     let now = unsafe { bpf_ktime_get_ns() };
     let config = config();
     // Inside a generation, as an overflow sample: the agent drains the one left.
-    let mut generation = current_generation();
-    add(&INFLIGHT, generation, 1);
-    let current = current_generation();
-    if current != generation {
-        add(&INFLIGHT, generation, u64::MAX);
-        generation = current;
-        add(&INFLIGHT, generation, 1);
-    }
+    let generation = enter_generation();
     end_block(options, generation, now, next_tid, next_pid);
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
@@ -240,7 +235,7 @@ fn on_switch(
             begin_block(ctx, options, &config, generation, now, pid, pid_tgid as u32, state);
         }
     }
-    add(&INFLIGHT, generation, u64::MAX);
+    leave_generation(generation);
 }
 
 #[inline(always)]
@@ -255,21 +250,7 @@ fn begin_block(
     tid: u32,
     state: BlockState,
 ) {
-    let kernel_stack = if config.flags & CAPTURE_KERNEL_STACKS != 0 {
-        let losses = StackLosses {
-            collision: LossKind::KernelStackHashCollision,
-            full: LossKind::KernelStackFramesFull,
-            failed: LossKind::KernelStackFailed,
-        };
-        stack_hash(
-            capture_stack_into(ctx, &OFFCPU_SCRATCH, 0, losses.failed),
-            config,
-            generation,
-            &losses,
-        )
-    } else {
-        NO_STACK
-    };
+    let kernel_stack = kernel_stack(ctx, config, generation);
     let mut blocked = Blocked {
         start_ns: now,
         pid,
@@ -278,22 +259,100 @@ fn begin_block(
         kernel_stack,
         // SAFETY: a helper without arguments.
         cgroup: unsafe { bpf_get_current_cgroup_id() },
+        waker: Waker::NONE,
     };
     if config.flags & CAPTURE_USER_STACKS != 0 {
         if options.flags & OFFCPU_DWARF != 0 {
             hand_to_unwinder(ctx, &blocked, tid, generation);
         }
-        // The kernel's frame-pointer walk, from the user registers the task entered the kernel
-        // with.
-        let losses = user_stack_losses();
-        blocked.user_stack = stack_hash(
-            capture_stack_into(ctx, &OFFCPU_SCRATCH, BPF_F_USER_STACK as u64, losses.failed),
-            config,
-            generation,
-            &losses,
-        );
+        blocked.user_stack = frame_pointer_user_stack(ctx, config, generation);
     }
     remember(tid, &blocked);
+}
+
+/// The current task's kernel stack, content-addressed; `NO_STACK` when not collected.
+#[inline(always)]
+fn kernel_stack(ctx: &impl EbpfContext, config: &CaptureConfig, generation: u32) -> u64 {
+    if config.flags & CAPTURE_KERNEL_STACKS == 0 {
+        return NO_STACK;
+    }
+    let losses = StackLosses {
+        collision: LossKind::KernelStackHashCollision,
+        full: LossKind::KernelStackFramesFull,
+        failed: LossKind::KernelStackFailed,
+    };
+    stack_hash(
+        capture_stack_into(ctx, &OFFCPU_SCRATCH, 0, losses.failed),
+        config,
+        generation,
+        &losses,
+    )
+}
+
+/// The current task's user stack by the kernel's frame-pointer walk, from the user registers
+/// the task entered the kernel with, content-addressed.
+#[inline(always)]
+fn frame_pointer_user_stack(ctx: &impl EbpfContext, config: &CaptureConfig, generation: u32) -> u64 {
+    let losses = user_stack_losses();
+    stack_hash(
+        capture_stack_into(ctx, &OFFCPU_SCRATCH, BPF_F_USER_STACK as u64, losses.failed),
+        config,
+        generation,
+        &losses,
+    )
+}
+
+/// `tp_btf/sched_waking(struct task_struct *p)`, in the waker's context.
+#[btf_tracepoint(function = "sched_waking")]
+pub fn offcpu_waking(ctx: BtfTracePointContext) -> u32 {
+    let wakee: u64 = ctx.arg(0);
+    let tid = task_u32(wakee, offcpu_config().task_pid).unwrap_or(0);
+    note_waker(&ctx, tid);
+    0
+}
+
+/// The classic `sched:sched_waking` record: the woken task's `pid` at 24, after its `comm`.
+const WAKING_PID: usize = 24;
+
+#[tracepoint(category = "sched", name = "sched_waking")]
+pub fn offcpu_waking_tracepoint(ctx: TracePointContext) -> u32 {
+    // SAFETY: a read inside the tracepoint record through the checking helper.
+    let tid: u32 = unsafe { ctx.read_at(WAKING_PID) }.unwrap_or(0);
+    note_waker(&ctx, tid);
+    0
+}
+
+/// `--wakers`: the current task is waking thread `tid`; if that thread's block is remembered
+/// (it is in scope, off the CPU), the block keeps who woke it and the waker's stacks. A wake-up
+/// from an interrupt (a timer's expiry) has the interrupted task as its waker, with the
+/// interrupt's kernel stack.
+#[inline(always)]
+fn note_waker(ctx: &impl EbpfContext, tid: u32) {
+    if tid == 0 {
+        return;
+    }
+    let Some(blocked) = OFFCPU_BLOCKED.get_ptr_mut(&tid) else {
+        return;
+    };
+    let config = config();
+    let generation = enter_generation();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let waker = Waker {
+        seen: 1,
+        _pad: 0,
+        pid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        user_stack: if config.flags & CAPTURE_USER_STACKS != 0 {
+            frame_pointer_user_stack(ctx, &config, generation)
+        } else {
+            NO_STACK
+        },
+        kernel_stack: kernel_stack(ctx, &config, generation),
+    };
+    // SAFETY: the thread's own entry, written only here and at its switches, which a wake-up
+    // of it precedes.
+    unsafe { (*blocked).waker = waker };
+    leave_generation(generation);
 }
 
 /// Remembers a thread's block until it runs again. A block still remembered is one whose end
@@ -376,7 +435,7 @@ pub fn offcpu_unwind(ctx: BtfTracePointContext) -> u32 {
         pending.blocked.user_stack = user_stack;
         remember(pending.tid, &pending.blocked);
     }
-    add(&INFLIGHT, pending.generation & 1, u64::MAX);
+    leave_generation(pending.generation);
     0
 }
 
@@ -408,6 +467,7 @@ fn end_block(
         user_stack: if stacked { blocked.user_stack } else { NO_STACK },
         kernel_stack: if stacked { blocked.kernel_stack } else { NO_STACK },
         cgroup: blocked.cgroup,
+        waker: if stacked { blocked.waker } else { Waker::NONE },
     };
     count(if stacked {
         OffCpuCount::Blocks

@@ -171,6 +171,10 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "TIME", requires = "off_cpu",
           value_parser = crate::capture::offcpu::parse_block_time)]
     pub off_cpu_min: Option<u64>,
+    /// With `--off-cpu`: also keep who woke each blocked thread, with the waker's kernel stack
+    /// and its user stack by frame pointers (bcc's offwaketime).
+    #[arg(long, requires = "off_cpu")]
+    pub wakers: bool,
 }
 
 /// How much larger than `--ring-buffer-kib` the stack-copy ring is.

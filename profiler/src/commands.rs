@@ -243,6 +243,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
         record_args: false,
         off_cpu: args.off_cpu.then(|| OffCpuOptions {
             min_block_ns: args.off_cpu_min.unwrap_or(0),
+            wakers: args.wakers,
         }),
     })
 }

@@ -234,6 +234,10 @@ fn blocked_time_per_stack_matches_what_the_workload_measured() {
         disk.iter().any(|state| state == "uninterruptible"),
         "reading a file out of the page cache waits on the disk: {disk:?}"
     );
+    assert!(
+        off_cpu["by_waker"].is_null(),
+        "wakers only with --wakers: {off_cpu:#}"
+    );
     let reader = rows(&off_cpu, "wall_clock")
         .iter()
         .find(|row| row["comm"] == "disk-reader")
@@ -509,6 +513,73 @@ fn blocked_time_matches_bpftrace_on_the_same_run() {
             *matched || number(row, "total_ns") < TOP_NS,
             "a stack bpftrace did not see: {row}"
         );
+    }
+}
+
+/// Blocked time of the waker rows of `thread` woken by `waker` (a thread name, or
+/// `[interrupt]`), whose waker stacks pass through `through`; and their block count.
+fn woken(off_cpu: &Value, thread: &str, waker: &str, through: &str) -> (u64, u64) {
+    rows(off_cpu, "by_waker")
+        .iter()
+        .filter(|row| {
+            row["thread"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{thread} "))
+                && (row["waker"] == waker
+                    || row["waker"]
+                        .as_str()
+                        .unwrap()
+                        .starts_with(&format!("{waker} ")))
+                && row["waker_frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|frame| frame.as_str().unwrap().contains(through))
+        })
+        .fold((0, 0), |(total, blocks), row| {
+            (
+                total + number(row, "total_ns"),
+                blocks + number(row, "blocks"),
+            )
+        })
+}
+
+#[test]
+fn wakers_name_who_ended_each_wait() {
+    let (measured, off_cpu) = record("off-cpu-wakers", &["--wakers"]);
+    // The pipe reader is woken by the writer's write, in the writer's own code; the sleeper by
+    // its timer's interrupt; each locker by the other's unlock.
+    let (piped, pipe_blocks) = woken(&off_cpu, "pipe-reader", "pipe-writer", "offcpu_pipe_writer");
+    assert!(
+        within(piped, measured.total("pipe"), 0.05),
+        "{piped} ns of the reader's waits ended by the writer, the workload measured {}: {:#}",
+        measured.total("pipe"),
+        off_cpu["by_waker"]
+    );
+    assert_eq!(pipe_blocks, 20, "{:#}", off_cpu["by_waker"]);
+    let (slept, sleeps) = woken(&off_cpu, "sleeper", "[interrupt]", "hrtimer_wakeup");
+    assert!(
+        within(slept, measured.total("sleep"), 0.05),
+        "{slept} ns of the sleeper's waits ended by its timer, the workload measured {}: {:#}",
+        measured.total("sleep"),
+        off_cpu["by_waker"]
+    );
+    assert_eq!(sleeps, 10);
+    for (locker, other) in [("locker-0", "locker-1"), ("locker-1", "locker-0")] {
+        let (_, unlocks) = woken(&off_cpu, locker, other, "futex_wake");
+        assert!(
+            unlocks > 0,
+            "{locker} never woken by {other}: {:#}",
+            off_cpu["by_waker"]
+        );
+    }
+    // The interrupted thread is no waker: an interrupt's frames end at its entry.
+    for row in rows(&off_cpu, "by_waker") {
+        if row["waker"] == "[interrupt]" {
+            let last = row["waker_frames"].as_array().unwrap().last().unwrap();
+            assert!(last.as_str().unwrap().starts_with("asm_"), "{row}");
+        }
     }
 }
 

@@ -99,6 +99,27 @@ pub struct OffCpuRow {
     pub time: BlockedTime,
 }
 
+/// A row of the waker view (`--wakers`): blocks of one thread with one stack that one thread's
+/// stack ended.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WakerRow {
+    /// The blocked thread (`name pid/tid`).
+    pub thread: String,
+    pub pid: u32,
+    pub tid: u32,
+    pub state: &'static str,
+    /// The innermost user function of the blocked stack (its kernel one when it has none).
+    pub blocked_in: String,
+    /// The waker's thread (`name pid/tid`), or `[interrupt]`.
+    pub waker: String,
+    pub waker_pid: u32,
+    pub waker_tid: u32,
+    /// The waker's frames, leaf first (kernel from the wake-up out, then user).
+    pub waker_frames: Vec<String>,
+    pub total_ns: u64,
+    pub blocks: u64,
+}
+
 /// A thread's time: on the CPU (its samples of a clock event scaled to time), off it (by state).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WallRow {
@@ -143,6 +164,9 @@ pub struct OffCpuReport {
     /// Inclusive: each block counts for every function on its stack.
     pub by_function: Vec<OffCpuRow>,
     pub by_stack: Vec<OffCpuRow>,
+    /// `--wakers`: heaviest first; empty without.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_waker: Vec<WakerRow>,
     /// The clock event the on-CPU time is scaled from, when there is one.
     pub clock_event: Option<String>,
     pub wall_clock: Vec<WallRow>,
@@ -287,16 +311,8 @@ pub fn offcpu_report(
                 .iter()
                 .map(|id| profile.frames[*id as usize].display_name())
                 .collect();
-            // The innermost user function says most about a wait; the kernel's names the how.
-            let name = frames
-                .iter()
-                .find(|id| !profile.frames[**id as usize].kernel)
-                .or(frames.first())
-                .map_or("[no stack]".to_string(), |id| {
-                    profile.frames[*id as usize].display_name()
-                });
             OffCpuRow {
-                name,
+                name: innermost_user_function(profile, frames),
                 pid: None,
                 tid: None,
                 state: Some(state.name()),
@@ -305,6 +321,41 @@ pub fn offcpu_report(
             }
         },
     );
+    let by_waker = off_cpu
+        .wakers
+        .iter()
+        .filter(|woken| selection.thread(woken.pid, woken.tid))
+        .take(rows)
+        .map(|woken| WakerRow {
+            thread: format!(
+                "{} {}/{}",
+                selection.thread_name(woken.pid, woken.tid),
+                woken.pid,
+                woken.tid
+            ),
+            pid: woken.pid,
+            tid: woken.tid,
+            state: woken.state.name(),
+            blocked_in: innermost_user_function(profile, &woken.frames),
+            waker: match woken.waker_pid {
+                0 => "[interrupt]".to_string(),
+                pid => format!(
+                    "{} {pid}/{}",
+                    selection.thread_name(pid, woken.waker_tid),
+                    woken.waker_tid
+                ),
+            },
+            waker_pid: woken.waker_pid,
+            waker_tid: woken.waker_tid,
+            waker_frames: woken
+                .waker_frames
+                .iter()
+                .map(|id| profile.frames[*id as usize].display_name())
+                .collect(),
+            total_ns: woken.total_ns,
+            blocks: woken.count,
+        })
+        .collect();
     let distributions = options.histograms.then(|| {
         let wanted: Vec<String> = match options.function {
             Some(function) => vec![function.to_string()],
@@ -324,11 +375,24 @@ pub fn offcpu_report(
         by_thread,
         by_function,
         by_stack,
+        by_waker,
         clock_event: clock.map(|event| profile.events[event as usize].name.clone()),
         wall_clock: wall_clock(profile, &selected, selection, clock),
         distributions,
         counters: off_cpu.counters.clone(),
     }
+}
+
+/// The innermost user function of a blocked stack: it says most about a wait, the kernel's
+/// names the how (the innermost kernel function for a stack without user frames).
+fn innermost_user_function(profile: &Profile, frames: &[crate::profile::FrameId]) -> String {
+    frames
+        .iter()
+        .find(|id| !profile.frames[**id as usize].kernel)
+        .or(frames.first())
+        .map_or("[no stack]".to_string(), |id| {
+            profile.frames[*id as usize].display_name()
+        })
 }
 
 /// The distribution of the blocks whose stacks pass through `function`.

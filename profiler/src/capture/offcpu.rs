@@ -13,7 +13,9 @@ use aya::{
 };
 use profiler_common::{
     latency::LatencyBuckets,
-    offcpu::{OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, OFFCPU_ALL, OFFCPU_DWARF},
+    offcpu::{
+        OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, OFFCPU_ALL, OFFCPU_DWARF, OFFCPU_WAKERS,
+    },
 };
 
 use super::{btf::Btf, program::take};
@@ -32,6 +34,8 @@ const HISTOGRAMS: u32 = 1024;
 pub struct OffCpuOptions {
     /// `--off-cpu-min`: shorter blocks are counted without stacks.
     pub min_block_ns: u64,
+    /// `--wakers`: keep who woke each blocked thread, with its stacks.
+    pub wakers: bool,
 }
 
 /// How the switch programs are attached, for the report.
@@ -63,6 +67,8 @@ pub struct OffCpuCapture {
     pub attachment: Attachment,
     /// `--off-cpu-min`, in nanoseconds.
     pub min_block_ns: u64,
+    /// `--wakers`: the wake-up program is loaded.
+    wakers: bool,
     /// With `OFFCPU_DWARF`: the unwinder's program array, held open (the kernel empties a
     /// program array when its last user-space reference closes).
     _unwinder: Option<ProgramArray<MapData>>,
@@ -77,7 +83,8 @@ pub fn offcpu_config(
     dwarf: bool,
 ) -> (OffCpuConfig, Attachment) {
     let mut config = OffCpuConfig {
-        flags: if system_wide { OFFCPU_ALL } else { 0 },
+        flags: if system_wide { OFFCPU_ALL } else { 0 }
+            | if options.wakers { OFFCPU_WAKERS } else { 0 },
         min_block_ns: options.min_block_ns,
         ..OffCpuConfig::EMPTY
     };
@@ -134,10 +141,7 @@ impl OffCpuCapture {
         match attachment {
             Attachment::BtfTracepoint => {
                 let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
-                for (name, tracepoint) in [
-                    ("offcpu_switch", "sched_switch"),
-                    ("offcpu_fork", "sched_process_fork"),
-                ] {
+                for (name, tracepoint) in btf_programs(config.flags & OFFCPU_WAKERS != 0) {
                     let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
                     program.load(tracepoint, &btf).map_err(verifier)?;
                 }
@@ -153,7 +157,7 @@ impl OffCpuCapture {
                 }
             }
             Attachment::Tracepoint => {
-                for name in ["offcpu_switch_tracepoint", "offcpu_fork_tracepoint"] {
+                for (name, _) in tracepoint_programs(config.flags & OFFCPU_WAKERS != 0) {
                     let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
                     program.load().map_err(verifier)?;
                 }
@@ -171,6 +175,7 @@ impl OffCpuCapture {
             scope: take(ebpf, "OFFCPU_SCOPE")?,
             attachment,
             min_block_ns: config.min_block_ns,
+            wakers: config.flags & OFFCPU_WAKERS != 0,
             _unwinder: unwinder,
         })
     }
@@ -191,16 +196,13 @@ impl OffCpuCapture {
         let attaching = |what: &str| format!("attaching the off-CPU program to {what}");
         match self.attachment {
             Attachment::BtfTracepoint => {
-                for name in ["offcpu_fork", "offcpu_switch"] {
+                for (name, _) in btf_programs(self.wakers) {
                     let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
                     program.attach().with_context(|| attaching(name))?;
                 }
             }
             Attachment::Tracepoint => {
-                for (name, tracepoint) in [
-                    ("offcpu_fork_tracepoint", "sched_process_fork"),
-                    ("offcpu_switch_tracepoint", "sched_switch"),
-                ] {
+                for (name, tracepoint) in tracepoint_programs(self.wakers) {
                     let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
                     program.attach("sched", tracepoint).with_context(|| {
                         format!(
@@ -228,6 +230,28 @@ impl OffCpuCapture {
         }
         Ok(counts)
     }
+}
+
+/// The `tp_btf` programs (with `wakers`, the wake-up one) and their tracepoints, in the order they are attached:
+/// forks first, so no thread forked into scope runs unseen; wake-ups before the switches, so
+/// every remembered block can learn its waker.
+fn btf_programs(wakers: bool) -> Vec<(&'static str, &'static str)> {
+    let mut programs = vec![("offcpu_fork", "sched_process_fork")];
+    if wakers {
+        programs.push(("offcpu_waking", "sched_waking"));
+    }
+    programs.push(("offcpu_switch", "sched_switch"));
+    programs
+}
+
+/// The same with the classic tracepoints.
+fn tracepoint_programs(wakers: bool) -> Vec<(&'static str, &'static str)> {
+    let mut programs = vec![("offcpu_fork_tracepoint", "sched_process_fork")];
+    if wakers {
+        programs.push(("offcpu_waking_tracepoint", "sched_waking"));
+    }
+    programs.push(("offcpu_switch_tracepoint", "sched_switch"));
+    programs
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {

@@ -13,7 +13,7 @@ use profiler_common::{
         CaptureConfig, LossKind, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID,
         CAPTURE_UNWIND_DWARF, MAX_EVENTS,
     },
-    offcpu::OffCpuCount,
+    offcpu::{OffCpuCount, OffCpuKey},
 };
 use tokio::time::{interval, Instant, Interval};
 
@@ -454,6 +454,7 @@ impl CaptureSession {
         self.close_off_cpu()?;
         self.drainer.drain(&mut self.program, &mut self.drained)?;
         let end = SystemTime::now();
+        self.learn_wakers();
         let start = self.window_start;
         let (drained, accounting) = self.take_drained(accounting, end);
         let processes = self.processes.snapshot(&drained.referenced_processes());
@@ -465,6 +466,22 @@ impl CaptureSession {
             processes,
             accounting,
         })
+    }
+
+    /// `--wakers`: a waker outside the scope is in no side-band record; read from /proc while
+    /// it may still run, so that its name and its user stack's code are known.
+    fn learn_wakers(&mut self) {
+        let wakers: std::collections::BTreeSet<u32> = self
+            .drained
+            .offcpu
+            .blocks
+            .keys()
+            .map(|key| key.waker.pid)
+            .filter(|pid| *pid != 0 && !self.processes.knows(*pid))
+            .collect();
+        for pid in wakers {
+            self.processes.scan_process(pid);
+        }
     }
 
     /// The off-CPU side of the window closing now: the switch programs' counters since the last
@@ -501,7 +518,7 @@ impl CaptureSession {
             .stacks
             .keys()
             .flat_map(|stack| [stack.user, stack.kernel])
-            .chain(blocked.flat_map(|key| [key.user_stack, key.kernel_stack]));
+            .chain(blocked.flat_map(OffCpuKey::stack_hashes));
         drained.stack_cache = self.drained.stack_cache.subset(stacks);
         let mut window = accounting.since(&self.closed);
         // Agent-counted losses (stack hash collisions) are the window's own.
@@ -548,6 +565,7 @@ impl CaptureSession {
             unwind: self.unwinder.as_ref().map(UnwindLoader::render_stats),
         };
         self.close_off_cpu()?;
+        self.learn_wakers();
         let start = self.window_start;
         let (drained, accounting) = self.take_drained(accounting, end);
         Ok(Capture {

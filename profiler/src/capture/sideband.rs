@@ -225,6 +225,11 @@ fn read_comm(path: &str) -> Option<String> {
 }
 
 impl ProcessTable {
+    /// Whether the table holds `pid`.
+    pub fn knows(&self, pid: u32) -> bool {
+        self.processes.contains_key(&pid)
+    }
+
     /// Records a running process from /proc: name, threads and mappings.
     pub fn scan_process(&mut self, pid: u32) {
         let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
@@ -258,7 +263,7 @@ impl ProcessTable {
     pub fn scan_process_tree(&mut self, pid: u32) {
         let mut pending = vec![pid];
         while let Some(pid) = pending.pop() {
-            if self.processes.contains_key(&pid) {
+            if self.knows(pid) {
                 continue;
             }
             self.scan_process(pid);

@@ -91,6 +91,8 @@ impl Drained {
         pids.extend(self.data_sources.keys().map(|key| key.pid));
         pids.extend(self.ibs.code_addresses().map(|address| address.pid));
         pids.extend(self.offcpu.blocks.keys().map(|key| key.pid));
+        let wakers = self.offcpu.blocks.keys().map(|key| key.waker.pid);
+        pids.extend(wakers.filter(|pid| *pid != 0));
         pids
     }
 }

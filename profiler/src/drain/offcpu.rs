@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use anyhow::Result;
 use profiler_common::{
     latency::LATENCY_BUCKETS,
-    offcpu::{OffCpuCount, OffCpuKey, OffCpuStats},
+    offcpu::{OffCpuCount, OffCpuKey, OffCpuStats, Waker},
 };
 
 use super::{stacks::StackCache, take_all};
@@ -48,9 +48,7 @@ impl TakenGeneration {
 
     /// The stack hashes the entries refer to.
     pub fn stack_hashes(&self) -> impl Iterator<Item = u64> + '_ {
-        self.stats
-            .iter()
-            .flat_map(|(key, _)| [key.user_stack, key.kernel_stack])
+        self.stats.iter().flat_map(|(key, _)| key.stack_hashes())
     }
 
     /// Adds the entries, whose stacks are in `cache` now, to `into`.
@@ -58,6 +56,11 @@ impl TakenGeneration {
         let resolved = |key: OffCpuKey| OffCpuKey {
             user_stack: cache.resolve(key.user_stack),
             kernel_stack: cache.resolve(key.kernel_stack),
+            waker: Waker {
+                user_stack: cache.resolve(key.waker.user_stack),
+                kernel_stack: cache.resolve(key.waker.kernel_stack),
+                ..key.waker
+            },
             ..key
         };
         fn entry(

@@ -18,7 +18,8 @@
 //! histograms), then in format 3 those of format 3 (the sampling counters' own event counts),
 //! then in format 4 those of format 4 (the other names of sampled functions), then in format 5
 //! the recording machine's architecture, then in format 6 the off-CPU profile (`record
-//! --off-cpu`), serialized the same way. Older files end sooner and read with the later additions empty.
+//! --off-cpu`), then in format 7 its blocks by waker (`--wakers`), serialized the same way.
+//! Older files end sooner and read with the later additions empty.
 //!
 //! Why these encodings: postcard's wire format is specified and stable across its 1.x releases,
 //! compact (varints, no field names) and among the fastest serde formats to decode, which is what
@@ -38,13 +39,14 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::{
-    offcpu::OffCpuProfile, EventIndex, FrameId, FunctionAliases, LineLatencyHistogram, Profile,
+    offcpu::{OffCpuProfile, WokenBlocks},
+    EventIndex, FrameId, FunctionAliases, LineLatencyHistogram, Profile,
 };
 use crate::output::Output;
 
 pub const MAGIC: [u8; 8] = *b"EBPFPROF";
 /// The format this profiler writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// The oldest format it reads.
 const OLDEST_FORMAT_VERSION: u32 = 1;
 
@@ -58,6 +60,8 @@ type Format4Additions = (Vec<FunctionAliases>,);
 type Format5Additions = (String,);
 /// What format 6 added after format 5's: off-CPU time (`record --off-cpu`).
 type Format6Additions = (Option<OffCpuProfile>,);
+/// What format 7 added after format 6's: the off-CPU blocks by waker (`--wakers`).
+type Format7Additions = (Vec<WokenBlocks>,);
 /// perf.data files start with this.
 const PERF_DATA_MAGIC: [u8; 8] = *b"PERFILE2";
 const HEADER_LEN: usize = 32;
@@ -260,6 +264,11 @@ pub fn encode_profile(profile: &Profile) -> Result<Vec<u8>, ProfileFileError> {
     let serialized =
         postcard::to_extend(&(&profile.meta.architecture,), serialized).map_err(encode)?;
     let serialized = postcard::to_extend(&(&profile.off_cpu,), serialized).map_err(encode)?;
+    let wakers = profile
+        .off_cpu
+        .as_ref()
+        .map_or(&[][..], |off_cpu| &off_cpu.wakers);
+    let serialized = postcard::to_extend(&(wakers,), serialized).map_err(encode)?;
     frame_payload(&serialized)
 }
 
@@ -372,12 +381,15 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
         let (format_4, rest) = additions::<Format4Additions>(version, 4, rest)?;
         let (format_5, rest) = additions::<Format5Additions>(version, 5, rest)?;
         let (format_6, rest) = additions::<Format6Additions>(version, 6, rest)?;
-        Ok::<_, postcard::Error>(((format_2, format_3, format_4, format_5, format_6), rest))
+        let (format_7, rest) = additions::<Format7Additions>(version, 7, rest)?;
+        let formats = (format_2, format_3, format_4, format_5, format_6, format_7);
+        Ok::<_, postcard::Error>((formats, rest))
     };
-    let ((format_2, format_3, format_4, format_5, format_6), rest) = match decoded_additions(rest) {
-        Ok(decoded) => decoded,
-        Err(e) => return fail(Decode(e)),
-    };
+    let ((format_2, format_3, format_4, format_5, format_6, format_7), rest) =
+        match decoded_additions(rest) {
+            Ok(decoded) => decoded,
+            Err(e) => return fail(Decode(e)),
+        };
     if let Some((line_latency,)) = format_2 {
         profile.line_latency = line_latency;
     }
@@ -392,6 +404,9 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
     }
     if let Some((off_cpu,)) = format_6 {
         profile.off_cpu = off_cpu;
+    }
+    if let (Some((wakers,)), Some(off_cpu)) = (format_7, &mut profile.off_cpu) {
+        off_cpu.wakers = wakers;
     }
     if !rest.is_empty() {
         return fail(Inconsistent(format!(
@@ -448,6 +463,15 @@ fn check_references(profile: &Profile) -> Result<(), String> {
     }
     for (i, h) in profile.line_latency.iter().enumerate() {
         check("data-line latency histogram", i, h.event, &[])?;
+    }
+    let wakers = profile.off_cpu.iter().flat_map(|off_cpu| &off_cpu.wakers);
+    for (i, woken) in wakers.enumerate() {
+        let referenced = woken.frames.iter().chain(&woken.waker_frames);
+        if let Some(id) = referenced.clone().find(|&&id| id as usize >= frames) {
+            return Err(format!(
+                "off-CPU wakers {i} refer to frame {id}, but the profile has {frames} frame(s)"
+            ));
+        }
     }
     let off_cpu = profile.off_cpu.iter().flat_map(|off_cpu| &off_cpu.blocks);
     for (i, blocks) in off_cpu.enumerate() {
@@ -632,16 +656,16 @@ mod tests {
         );
 
         let mut newer = encode_profile(&test_profile::profile()).unwrap();
-        newer[8..12].copy_from_slice(&7u32.to_le_bytes());
+        newer[8..12].copy_from_slice(&8u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "written by a newer profiler (format 7); this one reads format 6: \
+            "written by a newer profiler (format 8); this one reads format 7: \
              read it with a newer profiler"
         );
         newer[8..12].copy_from_slice(&0u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 6)"
+            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 7)"
         );
     }
 
@@ -1053,17 +1077,63 @@ mod written_formats {
                 max_ns: 100_000_000,
                 buckets: vec![(200, 7)],
             }],
+            wakers: Vec::new(),
         });
         profile
     }
 
+    /// [`profile_6`] written by the format 6 writer.
+    const FORMAT_6: [&str; 11] = [
+        "4542504650524f4606000000bd0fe651e3010000000000008f0200000000000028b52ffd608f01cd0e00869a6243208d",
+        "566340506056db449c70f6356e4200998d6431a44d24021073a433b5ff44f0dda51829524949b518f125c48f74418cff",
+        "721f1f7e98afd6ba135ef1559e8895490654004a005300bf1d66bb8dc32aae29b942cc5d642e2f8c49f748c9afc51ef2",
+        "668bbb9f8b8be0eda20df58ae3c1028b8cd0a311242acff7b320f6728b0814229b008713164864b8b07782ce34561266",
+        "6970acece21db338162605ffbeb2631a3770d26129daeac36e3a4f0a7416bf29df6f04b7acb9c58fb944e7e6988c950f",
+        "7b6f9349fd28948462e6a42e4514f3395fe786bae5de78758e9eb9b52ea77b24f4108f390a65e85181ca107f5527d332",
+        "0dd0c5e10fc129885d4183ca2d9c67a865ce7fd2532f644f38393d80950728c0c0c186c53abc9e2e3732e4ad1554c236",
+        "a11e01429d21a1bd4ffde21b4c5068c0216942a752886078f528bf429cec4a3b94f0b0bfa15eb3a7f167ca1f56fc3801",
+        "af2935c5b31a7fb2d65dcfe6ab4373daa807bc937996dcb67a3d22782083e4d5ba1b7ae06f0b4b0de4d93490d18217d4",
+        "340334b3c46cd91d00480bda946b284065e6cf7b708c71a4a64208f0c26c00f2000b2d10e0cf93e64cd456ab4537349a",
+        "04833855707d8c5732da1e0b38b22d4cc908ccc90669be37d35140ed28518ba0b9730f",
+    ];
+
     #[test]
-    fn format_6_is_what_this_profiler_writes() {
-        let written = encode_profile(&profile_6()).unwrap();
-        assert_eq!(written[8..12], 6u32.to_le_bytes());
-        assert_eq!(decode_profile(&written).unwrap(), profile_6());
+    fn format_6_file_still_reads() {
+        assert_reads(&FORMAT_6, profile_6(), 6);
         // The format 5 file has no off-CPU time.
         assert_eq!(decode_hex(&FORMAT_5).unwrap().off_cpu, None);
+    }
+
+    /// [`profile_6`] with the blocks by waker, which format 7 added.
+    fn profile_7() -> Profile {
+        let mut profile = profile_6();
+        let off_cpu = profile.off_cpu.as_mut().unwrap();
+        off_cpu.wakers = vec![WokenBlocks {
+            pid: 42,
+            tid: 43,
+            state: crate::profile::offcpu::OffCpuState::Uninterruptible,
+            frames: vec![0],
+            waker_pid: 7,
+            waker_tid: 8,
+            waker_frames: vec![0, 0],
+            total_ns: 600_000_000,
+            count: 6,
+        }];
+        profile
+    }
+
+    #[test]
+    fn format_7_is_what_this_profiler_writes() {
+        let written = encode_profile(&profile_7()).unwrap();
+        assert_eq!(written[8..12], 7u32.to_le_bytes());
+        assert_eq!(decode_profile(&written).unwrap(), profile_7());
+        // The format 6 file has no wakers.
+        assert!(decode_hex(&FORMAT_6)
+            .unwrap()
+            .off_cpu
+            .unwrap()
+            .wakers
+            .is_empty());
     }
 
     #[test]
@@ -1081,6 +1151,15 @@ mod written_formats {
         profile.off_cpu.as_mut().unwrap().blocks[0].buckets = vec![(4000, 1)];
         let error = decode_profile(&encode_profile(&profile).unwrap()).unwrap_err();
         assert!(error.to_string().contains("bucket 4000"), "{error}");
+        let mut profile = profile_7();
+        profile.off_cpu.as_mut().unwrap().wakers[0].waker_frames = vec![0, 98];
+        let error = decode_profile(&encode_profile(&profile).unwrap()).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("off-CPU wakers 0 refer to frame 98"),
+            "{error}"
+        );
     }
 }
 

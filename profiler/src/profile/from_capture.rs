@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use profiler_common::{capture::LossKind, hw::data_src::DataSource, stack::LOST_STACK};
 
 use super::{
-    offcpu::{assemble_offcpu, below_scheduler},
+    offcpu::{assemble_offcpu, below_scheduler, waker_frames},
     DataAccess, DataLineSample, EventInfo, FrameId, HardwareProfile, InstructionSample,
     LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats,
     ThreadInfo,
@@ -118,12 +118,14 @@ pub fn assemble_with(
         .keys()
         .map(|s| s.kernel)
         .chain(offcpu_keys.clone().map(|k| k.kernel_stack))
+        .chain(offcpu_keys.clone().map(|k| k.waker.kernel_stack))
         .collect();
     let user_stacks: BTreeSet<(u32, u64)> = drained
         .stacks
         .keys()
         .map(|s| (s.pid, s.user))
-        .chain(offcpu_keys.map(|k| (k.pid, k.user_stack)))
+        .chain(offcpu_keys.clone().map(|k| (k.pid, k.user_stack)))
+        .chain(offcpu_keys.map(|k| (k.waker.pid, k.waker.user_stack)))
         .collect();
     for hash in &kernel_stacks {
         addresses.extend(lookup_addresses(0, cache.frames(*hash)));
@@ -202,6 +204,14 @@ pub fn assemble_with(
                 ]
                 .concat()
             },
+            |key| {
+                waker_frames(
+                    &kernel_frames[&key.waker.kernel_stack],
+                    &user_frames[&(key.waker.pid, key.waker.user_stack)],
+                    &table.frames,
+                    key.waker.pid == 0,
+                )
+            },
         )
     });
 
@@ -264,6 +274,16 @@ pub fn assemble_with(
                 .map(|k| (k.pid, k.tid, k.cgroup)),
         )
         .collect();
+    // Wakers are named too: outside the scope they have no key of their own (nor a cgroup).
+    let known: BTreeSet<(u32, u32)> = threads.iter().map(|&(pid, tid, _)| (pid, tid)).collect();
+    let wakers: BTreeSet<(u32, u32)> = drained
+        .offcpu
+        .blocks
+        .keys()
+        .map(|k| (k.waker.pid, k.waker.tid))
+        .filter(|waker| waker.0 != 0 && !known.contains(waker))
+        .collect();
+    threads.extend(wakers.into_iter().map(|(pid, tid)| (pid, tid, 0)));
     // A process is named after its main thread, which may have taken no sample of its own.
     let sampled_mains: BTreeSet<u32> = threads
         .iter()

@@ -134,6 +134,7 @@ pub fn render_offcpu(report: &OffCpuReport, width: usize, out: &mut String) {
             wrapped(out, width, &format!("{INDENT}{INDENT}"), &frames);
         }
     }
+    render_wakers(report, width, out);
     render_wall_clock(report, width, out);
     if let Some(distributions) = &report.distributions {
         for distribution in distributions {
@@ -146,6 +147,31 @@ pub fn render_offcpu(report: &OffCpuReport, width: usize, out: &mut String) {
         .map(|(what, count)| format!("{what}: {count}"))
         .collect();
     wrapped(out, width, "\nOff-CPU accounting: ", &counters);
+}
+
+/// `--wakers`: who ended the blocks, with the waker's stack.
+fn render_wakers(report: &OffCpuReport, width: usize, out: &mut String) {
+    if report.by_waker.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nBy waker:");
+    for row in &report.by_waker {
+        let line = format!(
+            "{INDENT}{} in {} blocks ({}): {} in {}, woken by {}",
+            duration(row.total_ns),
+            count(row.blocks),
+            row.state,
+            row.thread,
+            row.blocked_in,
+            row.waker
+        );
+        let _ = writeln!(out, "{}", fit(&line, width, Shorten::KeepStart));
+        if row.waker_frames.is_empty() {
+            let _ = writeln!(out, "{INDENT}{INDENT}[waker's stack not captured]");
+        } else {
+            wrapped(out, width, &format!("{INDENT}{INDENT}"), &row.waker_frames);
+        }
+    }
 }
 
 fn render_wall_clock(report: &OffCpuReport, width: usize, out: &mut String) {
