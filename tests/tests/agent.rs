@@ -280,3 +280,21 @@ fn the_agent_needs_somewhere_to_export() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_agent_says_wakers_are_for_record() {
+    let dir = temp_dir("agent-wakers");
+    let output = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "--off-cpu", "--wakers", "--output-dir"])
+            .arg(&dir)
+            .stderr(Stdio::piped()),
+    )
+    .output_at_most(Duration::from_secs(10));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--wakers is a view of `record`'s report"),
+        "{stderr}"
+    );
+}

@@ -79,12 +79,13 @@ step() {
     else
         echo "@@FAILED $name"; cat /tmp/$name.log
     fi
-    grep -h '^cpu_split:\|^region ' /tmp/$name.log | sed "s/^/@@SAID $name /"
+    grep -h '^cpu_split:\|^region \|^wait ' /tmp/$name.log | sed "s/^/@@SAID $name /"
 }
 step list /tmp/list.json sh -c './profiler list --json > /tmp/list.json'
 step split /tmp/split.json ./profiler record -e cpu-clock -F 999 --json /tmp/split.json -- ./cpu_split @ROUNDS@
 step faults /tmp/faults.json sh -c './profiler record -e page-faults -c 1 -o /tmp/faults.prof -- ./page_toucher @PAGES@ && ./profiler report -i /tmp/faults.prof --by dcache-line --top 0 --json > /tmp/faults.json'
 step stat /tmp/stat.json ./profiler stat -e page-faults,task-clock --json -o /tmp/stat.json -- ./page_toucher @PAGES@
+step offcpu /tmp/offcpu.json ./profiler record --off-cpu --wakers --top 0 --json /tmp/offcpu.json -- ./off_cpu /tmp
 echo "@@DONE"
 poweroff -f
 "#;
@@ -342,7 +343,7 @@ fn build_initramfs(root: &Path) -> Result<PathBuf> {
     }
     std::fs::copy("/bin/busybox", root.join("bin/busybox")).context("copying busybox")?;
     let release = target_dir().join("release");
-    for program in ["profiler", "cpu_split", "page_toucher"] {
+    for program in ["profiler", "cpu_split", "page_toucher", "off_cpu"] {
         let copy = root.join("work").join(program);
         if program == "profiler" {
             // Its debug information is most of its size; the workloads keep their symbols.
@@ -524,6 +525,7 @@ impl Guest {
             ("split", check_split),
             ("faults", check_faults),
             ("stat", check_stat),
+            ("offcpu", check_off_cpu),
         ] {
             let said = self.said.get(step).map(Vec::as_slice).unwrap_or_default();
             let result = match self.steps.get(step) {
@@ -677,6 +679,66 @@ fn check_stat(report: &Value, said: &[String]) -> Result<String> {
         bail!("page-faults {faults} for {pages} touched pages, task-clock {task_clock} ns");
     }
     Ok(format!("page-faults {faults} for {pages} touched pages"))
+}
+
+/// How far blocked time under a function may be from what the workload measured.
+const OFF_CPU_TOLERANCE: f64 = 0.05;
+
+/// `record --off-cpu --wakers` of off_cpu: the blocked time under the sleeper's and the pipe
+/// reader's functions is what they measured (`wait KIND tid T count N total_ns NS ...`), and
+/// the pipe reader's waits were ended by the pipe writer.
+fn check_off_cpu(report: &Value, said: &[String]) -> Result<String> {
+    check_accounting(&report["events"][0], report)?;
+    let off_cpu = &report["off_cpu"];
+    let measured = |kind: &str| -> Result<u64> {
+        said.iter()
+            .filter_map(|line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                (words.get(1) == Some(&kind)).then(|| words.get(7)?.parse::<u64>().ok())?
+            })
+            .next()
+            .ok_or_else(|| anyhow!("off_cpu printed no {kind} waits"))
+    };
+    let blocked_under = |function: &str| -> u64 {
+        off_cpu["by_function"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|row| row["name"] == format!("off_cpu::{function}").as_str())
+            .filter_map(|row| row["total_ns"].as_u64())
+            .sum()
+    };
+    let mut said_back = Vec::new();
+    for (function, kind) in [("offcpu_sleeper", "sleep"), ("offcpu_pipe_reader", "pipe")] {
+        let (blocked, waited) = (blocked_under(function), measured(kind)?);
+        if (blocked as f64 - waited as f64).abs() > OFF_CPU_TOLERANCE * waited as f64 {
+            bail!("{blocked} ns blocked under {function}, the workload measured {waited} ns");
+        }
+        said_back.push(format!("{function} {:.3} s", blocked as f64 / 1e9));
+    }
+    let woken_by_writer = off_cpu["by_waker"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|row| {
+            row["thread"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("pipe-reader "))
+                && row["waker"]
+                    .as_str()
+                    .is_some_and(|w| w.starts_with("pipe-writer "))
+        });
+    if !woken_by_writer {
+        bail!(
+            "no pipe-reader wait woken by pipe-writer: {}",
+            off_cpu["by_waker"]
+        );
+    }
+    Ok(format!(
+        "{} as measured ({}), reader woken by the writer",
+        said_back.join(", "),
+        off_cpu["attachment"].as_str().unwrap_or_default()
+    ))
 }
 
 #[cfg(test)]

@@ -452,6 +452,12 @@ fn next_boundary(
 pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
     let mut signals = StopSignals::catch()?;
     log::set_level(args.log_level);
+    if args.sampling.wakers {
+        bail!(
+            "--wakers is a view of `record`'s report: the agent exports off-CPU time \
+             (--off-cpu) without its wakers"
+        );
+    }
     let sinks = args.sinks()?;
     let metrics = Arc::new(Metrics::default());
     if let Some(addr) = &args.metrics_addr {

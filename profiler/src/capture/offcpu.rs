@@ -141,7 +141,7 @@ impl OffCpuCapture {
         match attachment {
             Attachment::BtfTracepoint => {
                 let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
-                for (name, tracepoint) in btf_programs(config.flags & OFFCPU_WAKERS != 0) {
+                for (name, tracepoint) in programs(attachment, config.flags & OFFCPU_WAKERS != 0) {
                     let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
                     program.load(tracepoint, &btf).map_err(verifier)?;
                 }
@@ -157,7 +157,7 @@ impl OffCpuCapture {
                 }
             }
             Attachment::Tracepoint => {
-                for (name, _) in tracepoint_programs(config.flags & OFFCPU_WAKERS != 0) {
+                for (name, _) in programs(attachment, config.flags & OFFCPU_WAKERS != 0) {
                     let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
                     program.load().map_err(verifier)?;
                 }
@@ -196,13 +196,13 @@ impl OffCpuCapture {
         let attaching = |what: &str| format!("attaching the off-CPU program to {what}");
         match self.attachment {
             Attachment::BtfTracepoint => {
-                for (name, _) in btf_programs(self.wakers) {
+                for (name, _) in programs(self.attachment, self.wakers) {
                     let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
                     program.attach().with_context(|| attaching(name))?;
                 }
             }
             Attachment::Tracepoint => {
-                for (name, tracepoint) in tracepoint_programs(self.wakers) {
+                for (name, tracepoint) in programs(self.attachment, self.wakers) {
                     let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
                     program.attach("sched", tracepoint).with_context(|| {
                         format!(
@@ -232,25 +232,32 @@ impl OffCpuCapture {
     }
 }
 
-/// The `tp_btf` programs (with `wakers`, the wake-up one) and their tracepoints, in the order they are attached:
-/// forks first, so no thread forked into scope runs unseen; wake-ups before the switches, so
-/// every remembered block can learn its waker.
-fn btf_programs(wakers: bool) -> Vec<(&'static str, &'static str)> {
-    let mut programs = vec![("offcpu_fork", "sched_process_fork")];
+/// The programs of `attachment` (with `wakers`, the wake-up one) and their tracepoints, in the
+/// order they are attached: forks first, so no thread forked into scope runs unseen; wake-ups
+/// before the switches, so every remembered block can learn its waker.
+fn programs(attachment: Attachment, wakers: bool) -> Vec<(&'static str, &'static str)> {
+    let named =
+        |btf: &'static str, classic: &'static str, tracepoint: &'static str| match attachment {
+            Attachment::BtfTracepoint => (btf, tracepoint),
+            Attachment::Tracepoint => (classic, tracepoint),
+        };
+    let mut programs = vec![named(
+        "offcpu_fork",
+        "offcpu_fork_tracepoint",
+        "sched_process_fork",
+    )];
     if wakers {
-        programs.push(("offcpu_waking", "sched_waking"));
+        programs.push(named(
+            "offcpu_waking",
+            "offcpu_waking_tracepoint",
+            "sched_waking",
+        ));
     }
-    programs.push(("offcpu_switch", "sched_switch"));
-    programs
-}
-
-/// The same with the classic tracepoints.
-fn tracepoint_programs(wakers: bool) -> Vec<(&'static str, &'static str)> {
-    let mut programs = vec![("offcpu_fork_tracepoint", "sched_process_fork")];
-    if wakers {
-        programs.push(("offcpu_waking_tracepoint", "sched_waking"));
-    }
-    programs.push(("offcpu_switch_tracepoint", "sched_switch"));
+    programs.push(named(
+        "offcpu_switch",
+        "offcpu_switch_tracepoint",
+        "sched_switch",
+    ));
     programs
 }
 
