@@ -176,7 +176,7 @@ impl ProgramTime {
     }
 }
 
-/// Every loaded BPF program's runs, from `bpftool prog show --json`.
+/// The loaded BPF programs' runs, from `bpftool prog show --json`.
 fn loaded_programs() -> Result<BTreeMap<u64, ProgramRuns>> {
     let output = std::process::Command::new("bpftool")
         .args(["prog", "show", "--json"])
@@ -185,11 +185,14 @@ fn loaded_programs() -> Result<BTreeMap<u64, ProgramRuns>> {
     parse_programs(&String::from_utf8_lossy(&output.stdout))
 }
 
+/// The programs of the list but those on perf events: `record --off-cpu` also samples the
+/// CPU, which the references do not.
 fn parse_programs(json: &str) -> Result<BTreeMap<u64, ProgramRuns>> {
     let programs: Vec<serde_json::Value> =
         serde_json::from_str(json).context("bpftool's program list is not JSON")?;
     Ok(programs
         .iter()
+        .filter(|program| program["type"] != "perf_event")
         .filter_map(|program| {
             let runs = ProgramRuns {
                 runs: program["run_cnt"].as_u64().unwrap_or(0),
@@ -254,7 +257,8 @@ mod tests {
         let programs = parse_programs(
             r#"[{"id":7,"name":"offcpu_switch","run_time_ns":3000,"run_cnt":10},
                 {"id":8,"name":"offcpu_fork","run_time_ns":500,"run_cnt":2},
-                {"id":9,"name":"other"}]"#,
+                {"id":9,"name":"other"},
+                {"id":10,"type":"perf_event","name":"on_overflow","run_cnt":99}]"#,
         )
         .unwrap();
         assert_eq!(
