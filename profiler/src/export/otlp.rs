@@ -5,7 +5,8 @@
 //! One resource per process (attributes `service.name`, `host.name`, `process.pid`,
 //! `process.executable.name`, `container.id`, `container.runtime`, `k8s.pod.uid`,
 //! `systemd.unit`), one profile per event. A profile's samples count samples
-//! (`samples`/`count`); its period type is the event and its unit, with the events each sample
+//! (`samples`/`count`), or nanoseconds blocked for off-CPU time (`off-cpu`/`nanoseconds`); its
+//! period type is the event and its unit, with the events each sample
 //! stands for as the period when that is fixed. Stacks, locations, mappings and functions are
 //! the ones `export::pprof` builds for the series, moved into the request's shared dictionary,
 //! whose tables all start with the zero value as the protocol requires.
@@ -20,6 +21,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
 use super::backend::BackendSink;
+use super::offcpu::OFF_CPU_EVENT;
 use super::pprof::{pprof_profile, proto as pprof};
 use super::series::{Series, ServiceName};
 use super::upload::{Endpoint, Uploader};
@@ -276,10 +278,19 @@ impl Dictionary {
             type_strindex: self.string(text(period.r#type)),
             unit_strindex: self.string(text(period.unit)),
         });
+        // Off-CPU "samples" are nanoseconds blocked (`export::offcpu`): their values say so.
+        let off_cpu = pprof
+            .period_type
+            .as_ref()
+            .is_some_and(|period| text(period.r#type) == OFF_CPU_EVENT);
+        let (value_type, value_unit) = match off_cpu {
+            true => (OFF_CPU_EVENT, "nanoseconds"),
+            false => ("samples", "count"),
+        };
         otlp::Profile {
             sample_type: Some(otlp::ValueType {
-                type_strindex: self.string("samples"),
-                unit_strindex: self.string("count"),
+                type_strindex: self.string(value_type),
+                unit_strindex: self.string(value_unit),
             }),
             samples,
             time_unix_nano: pprof.time_nanos as u64,
@@ -346,5 +357,54 @@ mod tests {
         for expected in ["main", "run", "compute", "vec_sum"] {
             assert!(names.contains(&expected), "{expected} in {names:?}");
         }
+    }
+
+    #[test]
+    fn off_cpu_time_is_a_profile_of_nanoseconds() {
+        let mut profile = test_profile::profile();
+        profile.off_cpu = Some(crate::profile::offcpu::OffCpuProfile {
+            blocks: vec![crate::profile::offcpu::OffCpuBlocks {
+                pid: profile.stacks[0].pid,
+                tid: profile.stacks[0].tid,
+                frames: profile.stacks[0].frames.clone(),
+                total_ns: 250_000_000,
+                count: 5,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        crate::export::offcpu::add_off_cpu_event(&mut profile);
+        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let request = export_request(&series);
+        let tables = request.dictionary.as_ref().unwrap();
+        let text = |index: i32| tables.string_table[index as usize].as_str();
+        let profiles = &request.resource_profiles[0].scope_profiles[0].profiles;
+        let off_cpu = profiles
+            .iter()
+            .find(|p| {
+                p.period_type
+                    .as_ref()
+                    .is_some_and(|t| text(t.type_strindex) == "off-cpu")
+            })
+            .expect("an off-CPU profile");
+        let sample_type = off_cpu.sample_type.as_ref().unwrap();
+        assert_eq!(
+            (
+                text(sample_type.type_strindex),
+                text(sample_type.unit_strindex)
+            ),
+            ("off-cpu", "nanoseconds")
+        );
+        let blocked: i64 = off_cpu.samples.iter().map(|s| s.values[0]).sum();
+        assert_eq!(blocked, 250_000_000);
+        // The sampled events' profiles still count samples.
+        let sampled = profiles
+            .iter()
+            .find(|p| !std::ptr::eq(*p, off_cpu))
+            .unwrap();
+        assert_eq!(
+            text(sampled.sample_type.as_ref().unwrap().unit_strindex),
+            "count"
+        );
     }
 }
