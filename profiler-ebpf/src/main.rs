@@ -902,22 +902,48 @@ fn stamp_use(process: *mut ProcessMappings) -> bool {
 /// failed): the sample goes on with the kernel's frame-pointer walk then.
 #[inline(always)]
 fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
-    let Some(arch::UserFrame { regs: registers, .. }) = arch::user_frame(ctx) else {
+    let Some(arch::UserFrame { regs, .. }) = arch::user_frame(ctx) else {
         return;
     };
-    let Some(process) = UNWIND_PROCESSES.get_ptr_mut(&sample.pid) else {
+    start_walk(
+        ctx,
+        regs,
+        sample.pid,
+        (&PENDING_SAMPLE, *sample),
+        &WALK_STATE,
+        &UNWINDER,
+    );
+}
+
+/// Starts the table walk of `pid`'s user stack at `registers`: stores `pending` (what the walk
+/// is for) and the walk's state in this CPU's slots, then tail-calls the walker in `unwinder`.
+/// Returns only when the walk cannot start (the agent has not loaded the process's mappings
+/// yet, which it is asked to; the tail call failed).
+#[inline(always)]
+fn start_walk<P: Copy + 'static>(
+    ctx: &impl EbpfContext,
+    registers: Registers,
+    pid: u32,
+    (slot, pending): (&PerCpuArray<P>, P),
+    walk: &PerCpuArray<WalkState>,
+    unwinder: &ProgramArray,
+) {
+    let Some(process) = UNWIND_PROCESSES.get_ptr_mut(&pid) else {
         count_unwind(UnwindCount::ProcessUnknown);
-        request_mappings(sample.pid);
+        request_mappings(pid);
         return;
     };
+    // A thread that is rarely sampled (one that mostly waits) must ask for the tables its own
+    // walks meet unloaded.
     let fresh = stamp_use(process);
-    let (Some(pending), Some(state)) = (PENDING_SAMPLE.get_ptr_mut(0), WALK_STATE.get_ptr_mut(0))
-    else {
+    let (Some(stored), Some(state)) = (slot.get_ptr_mut(0), walk.get_ptr_mut(0)) else {
         return;
     };
-    // SAFETY: this CPU's slots; programs do not nest on one CPU.
+    // SAFETY: this CPU's slots; the programs sharing them do not nest on one CPU.
     unsafe {
-        *pending = *sample;
+        *stored = pending;
+        // The first address is the interrupted instruction, or the resume address of a system
+        // call: an instruction of the caller's own code either way.
         *state = WalkState {
             frame: registers,
             interrupted: 1,
@@ -925,7 +951,7 @@ fn hand_to_unwinder(ctx: &PerfEventContext, sample: &Sample) {
             may_request: u64::from(fresh),
             met_unloaded_table: 0,
         };
-        UNWINDER.tail_call(ctx, 0);
+        unwinder.tail_call(ctx, 0);
     }
 }
 

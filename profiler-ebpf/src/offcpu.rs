@@ -33,12 +33,10 @@ use profiler_common::{
 };
 
 use super::{
-    add, arch, bump, capture_stack_into, config, continue_walk, count_unwind, enter_generation,
-    leave_generation, lose, record_latency, request_mappings, stack_hash, stamp_use,
-    user_stack_losses, StackLosses, WalkState, CGROUP_FILTER, EEXIST, SAMPLES_FILTERED,
-    UNWIND_PROCESSES,
+    add, arch, bump, capture_stack_into, config, continue_walk, enter_generation,
+    leave_generation, lose, record_latency, stack_hash, start_walk, user_stack_losses,
+    StackLosses, WalkState, CGROUP_FILTER, EEXIST, SAMPLES_FILTERED,
 };
-use profiler_common::unwind_maps::UnwindCount;
 
 /// Read-only options, set by the agent at load time.
 #[unsafe(no_mangle)]
@@ -381,38 +379,22 @@ fn remember(tid: u32, blocked: &Blocked) {
 /// loaded yet, a failed tail call): frame pointers then.
 #[inline(always)]
 fn hand_to_unwinder(ctx: &impl EbpfContext, blocked: &Blocked, tid: u32, generation: u32) {
-    let Some(arch::UserFrame { regs: registers, .. }) = arch::saved_user_frame() else {
+    let Some(arch::UserFrame { regs, .. }) = arch::saved_user_frame() else {
         return;
     };
-    let Some(process) = UNWIND_PROCESSES.get_ptr_mut(&blocked.pid) else {
-        count_unwind(UnwindCount::ProcessUnknown);
-        request_mappings(blocked.pid);
-        return;
+    let pending = PendingBlock {
+        blocked: *blocked,
+        tid,
+        generation,
     };
-    // A thread that mostly waits is rarely sampled on the CPU: its own walks must ask for the
-    // tables they meet unloaded.
-    let fresh = stamp_use(process);
-    let (Some(pending), Some(walk)) = (OFFCPU_PENDING.get_ptr_mut(0), OFFCPU_WALK.get_ptr_mut(0))
-    else {
-        return;
-    };
-    // SAFETY: this CPU's slots; the switch programs do not nest on one CPU.
-    unsafe {
-        *pending = PendingBlock {
-            blocked: *blocked,
-            tid,
-            generation,
-        };
-        // The resume address of a system call is an instruction of the caller's own code.
-        *walk = WalkState {
-            frame: registers,
-            interrupted: 1,
-            depth: 0,
-            may_request: u64::from(fresh),
-            met_unloaded_table: 0,
-        };
-        OFFCPU_UNWINDER.tail_call(ctx, 0);
-    }
+    start_walk(
+        ctx,
+        regs,
+        blocked.pid,
+        (&OFFCPU_PENDING, pending),
+        &OFFCPU_WALK,
+        &OFFCPU_UNWINDER,
+    );
 }
 
 /// Walks the pending block's user stack a few frames a run, then remembers the block with it.
