@@ -584,6 +584,44 @@ fn wakers_name_who_ended_each_wait() {
 }
 
 #[test]
+fn without_kernel_btf_the_classic_tracepoints_give_the_same_answer() {
+    // A kernel built without BTF, as far as the profiler can tell: its own mount namespace
+    // with an empty /sys/kernel/btf.
+    let (args, file) = record_args("off-cpu-no-btf", &["--wakers"]);
+    let mut command = vec![
+        "mount -t tmpfs none /sys/kernel/btf && exec \"$0\" \"$@\"".to_string(),
+        path(&common::profiler_bin()),
+    ];
+    command.extend(args);
+    let output = Command::new("unshare")
+        .args(["-m", "sh", "-c"])
+        .args(&command)
+        .output()
+        .expect("unshare runs (util-linux)");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("kernel BTF not found"), "{stderr}");
+    let measured = measured(&output);
+    let off_cpu = off_cpu_report(&file, &[]);
+    assert_eq!(off_cpu["attachment"], "tracepoint sched:sched_switch");
+    for (name, kind) in [("offcpu_sleeper", "sleep"), ("offcpu_pipe_reader", "pipe")] {
+        let blocked = function(&off_cpu, name).map_or(0, |row| number(row, "total_ns"));
+        assert!(
+            within(blocked, measured.total(kind), 0.05),
+            "{name}: {blocked} ns blocked, the workload measured {}",
+            measured.total(kind)
+        );
+    }
+    // The classic sched_waking tracepoint names the wakers as the BTF one does.
+    let (piped, _) = woken(&off_cpu, "pipe-reader", "pipe-writer", "offcpu_pipe_writer");
+    assert!(
+        within(piped, measured.total("pipe"), 0.05),
+        "{piped} ns of the reader's waits ended by the writer: {:#}",
+        off_cpu["by_waker"]
+    );
+}
+
+#[test]
 fn histograms_and_exports_carry_off_cpu_time() {
     let (measured, file) = record_file("off-cpu-exports", &[]);
     let sleeper = "off_cpu::offcpu_sleeper";
