@@ -883,7 +883,8 @@ fn the_agent_exports_off_cpu_time_per_window() {
             *sums.entry(function).or_default() += pprof_total_through(&profile, column, function);
         }
     }
-    assert!(files >= 3, "{files} windows:\n{log}");
+    // The workload's 2-3 s span windows of 1 s (how many depends on the agent's start-up).
+    assert!(files >= 2, "{files} windows:\n{log}");
     for (function, kind) in [("offcpu_sleeper", "sleep"), ("offcpu_pipe_reader", "pipe")] {
         assert!(
             within(sums[function], measured.total(kind), 0.05),

@@ -279,10 +279,11 @@ fn check_clock(event: &str) {
         std::fs::remove_dir_all(&dir).ok();
     }
     // -c 1: the kernel's timer fires at most every 10 us. The profile says so and estimates
-    // with 10 us. At that rate the timer misses ticks while a sample is handled and the
-    // handling is charged to the task, as with perf (whose -c 10000 took 18% more samples than
-    // the CPU time over 10 us here, and we 13% fewer): not within 2%, but not the 10,000x too
-    // low of a period of 1.
+    // with 10 us. At that rate the timer is saturated: it misses ticks while a sample is
+    // handled, and the handling, not charged to the workload's own CPU clock, stretches the
+    // run it fires in (perf's -c 10000 took 18% more samples than the CPU time over 10 us
+    // here; ours ranged from 0.6 to 2.6 times it over 18 runs of two builds with the same
+    // per-sample cost). Not within 2%, but not the 10,000x too low of a period of 1.
     let dir = temp_dir("periods-clock-floor");
     let floor = record(&["-e", event, "-c", "1"], &SPIN, &dir);
     assert_eq!(floor.period, Some(10_000), "{event} -c 1");
@@ -293,7 +294,7 @@ fn check_clock(event: &str) {
     );
     let estimate = floor.estimate.unwrap();
     assert!(
-        estimate > exact as f64 * 0.5 && estimate < exact as f64 * 1.5,
+        estimate > exact as f64 * 0.25 && estimate < exact as f64 * 4.0,
         "{event} -c 1: estimate {estimate} ns of {exact} ns"
     );
     std::fs::remove_dir_all(&dir).ok();

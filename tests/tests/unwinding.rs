@@ -564,9 +564,16 @@ fn a_stack_deeper_than_the_copy_is_cut_short_and_counted_and_a_larger_copy_reach
         "{cut} of {total} stacks counted as cut short, {complete} complete: {:?}",
         short.losses.counters
     );
-    // What was walked is kept: the leaf and the levels the copy held.
-    let partial = samples_with_chain(&short, &["record_key", "descend", "descend"]);
+    // What was walked is kept: the leaf and the levels the copy held. (The leaf is record_key,
+    // or, in 5-7% of samples, descend's own loop or the clock it reads: all walk through
+    // descend's levels.)
+    let partial = samples_with_chain(&short, &["descend", "descend"]);
     assert!(partial * 100 >= total * 95, "{partial} of {total}");
+    let in_record_key = samples_with_chain(&short, &["record_key", "descend", "descend"]);
+    assert!(
+        in_record_key * 100 >= total * 80,
+        "{in_record_key} of {total}"
+    );
 
     let whole = record_copy(dir.path(), &["--stack-copy-kib", "32"], &command);
     assert_most_reach_a_root(&whole, "25 KiB deep, --stack-copy-kib 32");
