@@ -171,7 +171,7 @@ const SCHEDULER_FUNCTION: &str = "__schedule";
 const WAKE_UP_FUNCTION: &str = "try_to_wake_up";
 
 /// The off-CPU profile of what was drained; `frames` gives a key's frames (kernel then user,
-/// leaf first), `waker_frames` its waker's.
+/// leaf first), `wakers_of` its waker's (`--wakers`).
 pub fn assemble_offcpu(
     drained: &DrainedOffCpu,
     attachment: &str,
