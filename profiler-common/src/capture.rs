@@ -186,7 +186,9 @@ pub enum LossKind {
     /// duration in the histograms.
     OffCpuHistogramFull = 25,
     /// `--off-cpu`: a thread left the CPU while its last block was still remembered: the
-    /// switch back onto the CPU that ends a block was not seen, and that block is lost.
+    /// switch back onto the CPU that ends a block was not seen, and the scheduler's record of
+    /// the thread's time on the CPU could not date it (no BTF, a real-time thread): the block
+    /// is lost.
     OffCpuSwitchInMissed = 26,
 }
 

@@ -198,6 +198,13 @@ pub struct OffCpuConfig {
     pub task_pid: u32,
     pub task_tgid: u32,
     pub task_state: u32,
+    /// `task_struct.se.sum_exec_runtime` and `.se.prev_sum_exec_runtime` (its value when the
+    /// fair scheduler last put the task on a CPU), and `.policy`, from BTF: how long the task
+    /// has been on the CPU since it last came on. 0: unknown.
+    pub task_runtime: u32,
+    pub task_slice_start: u32,
+    pub task_policy: u32,
+    pub _pad: u32,
     /// Blocks shorter than this are counted without stacks.
     pub min_block_ns: u64,
 }
@@ -208,6 +215,10 @@ impl OffCpuConfig {
         task_pid: 0,
         task_tgid: 0,
         task_state: 0,
+        task_runtime: 0,
+        task_slice_start: 0,
+        task_policy: 0,
+        _pad: 0,
         min_block_ns: 0,
     };
 }
@@ -234,15 +245,25 @@ pub enum OffCpuCount {
     /// Threads of the processes in scope that ran again without a remembered switch: off the
     /// CPU since before the recording started, or their switch was lost (a `LossKind`).
     Unmatched = 3,
+    /// With `--wakers`: sleeping threads that ran again with no wake-up seen. Their blocks are
+    /// in every view but the waker view. The wake-up came while the thread was still leaving
+    /// the CPU (before its block was remembered), or the kernel did not trace it.
+    WakerNotSeen = 4,
+    /// Blocks whose switch back onto the CPU was not seen, ended where the thread's time on the
+    /// CPU since then began (the scheduler keeps it). A kernel that does not trace every switch
+    /// leaves them; without BTF, or for real-time threads, they are lost instead.
+    SwitchInRecovered = 5,
 }
 
 impl OffCpuCount {
-    pub const COUNT: usize = 4;
+    pub const COUNT: usize = 6;
     pub const ALL: [OffCpuCount; Self::COUNT] = [
         OffCpuCount::SwitchesOut,
         OffCpuCount::Blocks,
         OffCpuCount::ShortBlocks,
         OffCpuCount::Unmatched,
+        OffCpuCount::WakerNotSeen,
+        OffCpuCount::SwitchInRecovered,
     ];
 
     pub const fn describe(self) -> &'static str {
@@ -252,6 +273,12 @@ impl OffCpuCount {
             OffCpuCount::ShortBlocks => "blocks shorter than --off-cpu-min (counted, no stacks)",
             OffCpuCount::Unmatched => {
                 "switches onto the CPU with no remembered switch off (off the CPU since before the start)"
+            }
+            OffCpuCount::WakerNotSeen => {
+                "blocks whose wake-up was not seen (--wakers; not in the waker view)"
+            }
+            OffCpuCount::SwitchInRecovered => {
+                "blocks whose switch back onto the CPU was not seen, ended by the thread's run time since"
             }
         }
     }

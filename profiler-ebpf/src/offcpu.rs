@@ -12,7 +12,7 @@ use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
-        bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_current_task,
     },
     macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, PerCpuArray, PerCpuHashMap, ProgramArray},
@@ -27,7 +27,7 @@ use profiler_common::{
     latency::LatencyBuckets,
     offcpu::{
         BlockState, Blocked, OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, Waker,
-        HISTOGRAM_UNIT_NS, OFFCPU_ALL, OFFCPU_DWARF,
+        HISTOGRAM_UNIT_NS, OFFCPU_ALL, OFFCPU_DWARF, OFFCPU_WAKERS,
     },
     stack::{StackFrames, NO_STACK},
 };
@@ -265,7 +265,7 @@ fn begin_block(
         }
         blocked.user_stack = frame_pointer_user_stack(ctx, config, generation);
     }
-    remember(tid, &blocked);
+    remember(options, generation, tid, &blocked);
 }
 
 /// The current task's kernel stack, content-addressed; `NO_STACK` when not collected.
@@ -354,13 +354,22 @@ fn note_waker(ctx: &impl EbpfContext, tid: u32) {
 }
 
 /// Remembers a thread's block until it runs again. A block still remembered is one whose end
-/// was never seen: it is replaced, and counted lost.
+/// was never seen: it is closed where the thread's time on the CPU since began, or counted
+/// lost, and replaced.
 #[inline(always)]
-fn remember(tid: u32, blocked: &Blocked) {
+fn remember(options: &OffCpuConfig, generation: u32, tid: u32, blocked: &Blocked) {
     match OFFCPU_BLOCKED.insert(&tid, blocked, BPF_NOEXIST as u64) {
         Ok(()) => {}
         Err(e) if -i64::from(e) == EEXIST => {
-            lose(LossKind::OffCpuSwitchInMissed);
+            // SAFETY: the value is copied out at once.
+            let missed = unsafe { OFFCPU_BLOCKED.get(&tid) }.copied();
+            match (missed, on_cpu_since(options, blocked.start_ns)) {
+                (Some(missed), Some(back)) if back > missed.start_ns => {
+                    close_block(options, generation, back, tid, &missed);
+                    count(OffCpuCount::SwitchInRecovered);
+                }
+                _ => lose(LossKind::OffCpuSwitchInMissed),
+            }
             if OFFCPU_BLOCKED.insert(&tid, blocked, 0).is_err() {
                 lose(LossKind::OffCpuBlockedFull);
                 return;
@@ -372,6 +381,31 @@ fn remember(tid: u32, blocked: &Blocked) {
         }
     }
     count(OffCpuCount::SwitchesOut);
+}
+
+/// When the current task (leaving the CPU at `now`) last came onto it: `now` less its run time
+/// since, which the fair scheduler counts from the moment it put the task on the CPU. `None`
+/// without the fields' offsets, and for the other scheduling classes, which do not keep that
+/// moment.
+#[inline(always)]
+fn on_cpu_since(options: &OffCpuConfig, now: u64) -> Option<u64> {
+    /// `SCHED_NORMAL`, `SCHED_BATCH`, `SCHED_IDLE`: the fair class's policies.
+    const FAIR_POLICIES: [u32; 3] = [0, 3, 5];
+    if options.task_runtime == 0 {
+        return None;
+    }
+    // SAFETY: a helper without arguments; the task is only read through the checking helper.
+    let task = unsafe { bpf_get_current_task() };
+    let policy = task_u32(task, options.task_policy)?;
+    if !FAIR_POLICIES.contains(&policy) {
+        return None;
+    }
+    let field = |offset: u32| {
+        // SAFETY: kernel memory read through the checking helper, which fails cleanly.
+        unsafe { bpf_probe_read_kernel((task + u64::from(offset)) as *const u64) }.ok()
+    };
+    let on_cpu = field(options.task_runtime)?.checked_sub(field(options.task_slice_start)?)?;
+    now.checked_sub(on_cpu)
 }
 
 /// Hands the block to the unwinder program, which remembers it with its user stack; returns
@@ -415,7 +449,7 @@ pub fn offcpu_unwind(ctx: BtfTracePointContext) -> u32 {
         &OFFCPU_SCRATCH,
     ) {
         pending.blocked.user_stack = user_stack;
-        remember(pending.tid, &pending.blocked);
+        remember(&offcpu_config(), pending.generation, pending.tid, &pending.blocked);
     }
     leave_generation(pending.generation);
     0
@@ -439,6 +473,12 @@ fn end_block(
         return;
     };
     let _ = OFFCPU_BLOCKED.remove(&tid);
+    close_block(options, generation, now, tid, &blocked);
+}
+
+/// Adds the block `blocked` of thread `tid`, ended at `now`, to the generation's maps.
+#[inline(always)]
+fn close_block(options: &OffCpuConfig, generation: u32, now: u64, tid: u32, blocked: &Blocked) {
     let blocked_ns = now.saturating_sub(blocked.start_ns);
     let stacked = blocked_ns >= options.min_block_ns;
     let key = OffCpuKey {
@@ -456,6 +496,15 @@ fn end_block(
     } else {
         OffCpuCount::ShortBlocks
     });
+    // A sleeping thread runs again only once woken: a waker must have been seen.
+    if stacked
+        && options.flags & OFFCPU_WAKERS != 0
+        && blocked.waker.seen == 0
+        && (blocked.state == BlockState::Sleeping as u32
+            || blocked.state == BlockState::Uninterruptible as u32)
+    {
+        count(OffCpuCount::WakerNotSeen);
+    }
     let (stats, histograms) = if generation == 0 {
         (&OFFCPU_STATS_0, &OFFCPU_HISTOGRAMS_0)
     } else {

@@ -90,19 +90,31 @@ pub fn offcpu_config(
     };
     let task = |btf: &Btf| {
         let field = |name: &str| btf.member_offset("task_struct", name);
+        let entity = |name: &str| Some(field("se")? + btf.member_offset("sched_entity", name)?);
+        // Dating missed switches needs all three; none is at offset 0, which says unknown.
+        let runtime = (|| {
+            Some((
+                entity("sum_exec_runtime")?,
+                entity("prev_sum_exec_runtime")?,
+                field("policy")?,
+            ))
+        })()
+        .unwrap_or_default();
         // `state` was renamed `__state` in Linux 5.14.
-        Some((
-            field("pid")?,
-            field("tgid")?,
-            field("__state").or_else(|| field("state"))?,
-        ))
+        Some(OffCpuConfig {
+            task_pid: field("pid")?,
+            task_tgid: field("tgid")?,
+            task_state: field("__state").or_else(|| field("state"))?,
+            task_runtime: runtime.0,
+            task_slice_start: runtime.1,
+            task_policy: runtime.2,
+            ..config
+        })
     };
     let fields = Btf::from_sys_fs().ok().and_then(|btf| task(&btf));
     match fields {
-        Some((pid, tgid, state)) if aya::Btf::from_sys_fs().is_ok() => {
-            config.task_pid = pid;
-            config.task_tgid = tgid;
-            config.task_state = state;
+        Some(fields) if aya::Btf::from_sys_fs().is_ok() => {
+            config = fields;
             if dwarf {
                 config.flags |= OFFCPU_DWARF;
             }
@@ -298,6 +310,20 @@ pub fn parse_block_time(text: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_time_that_dates_a_missed_switch_comes_from_btf() {
+        let options = OffCpuOptions {
+            wakers: false,
+            min_block_ns: 0,
+        };
+        let (config, attachment) = offcpu_config(&options, false, false);
+        assert_eq!(attachment, Attachment::BtfTracepoint);
+        // `sched_entity` has kept `prev_sum_exec_runtime` right after `sum_exec_runtime`.
+        assert_ne!(config.task_runtime, 0);
+        assert_eq!(config.task_slice_start, config.task_runtime + 8);
+        assert_ne!(config.task_policy, 0);
+    }
 
     #[test]
     fn block_times_take_nanoseconds_or_a_unit() {
