@@ -6,6 +6,7 @@ mod common;
 
 use std::{
     collections::HashMap,
+    io::Write as _,
     path::PathBuf,
     process::{Command, Stdio},
     time::Duration,
@@ -205,12 +206,23 @@ fn blocked_time_per_stack_matches_what_the_workload_measured() {
                 .map(|row| (number(row, "total_ns"), row["frames"].to_string()))
                 .collect::<Vec<_>>()
         );
-        // The histogram's buckets are 1/8 of their value wide, reported at their midpoint.
+        // The histogram's buckets are 1/8 of their value wide, reported at their midpoint. A
+        // function that waits in several ways has its median among theirs (those that block:
+        // an uncontended lock or a yield mostly does not), or a little under: a contended
+        // lock's wait ends with the other thread's hold, sooner than a whole hold.
         let p50 = number(row, "p50_ns");
-        let measured_p50 = measured.p50(percentile_of);
+        let under = if kinds.len() > 1 { 0.85 } else { 0.93 };
+        let p50s = kinds
+            .iter()
+            .map(|kind| measured.p50(kind))
+            .filter(|p50| *p50 >= 1_000_000);
+        let (low, high) = p50s.fold((u64::MAX, 0), |(low, high), p50| {
+            (low.min(p50), high.max(p50))
+        });
         assert!(
-            within(p50, measured_p50, 0.07),
-            "{name}: p50 {p50} ns, the workload measured {measured_p50} ns"
+            p50 as f64 >= under * low as f64 && p50 as f64 <= 1.07 * high as f64,
+            "{name}: p50 {p50} ns, the workload measured {low}..{high} ns ({kinds:?}, mostly \
+             {percentile_of})"
         );
         assert!(number(row, "max_ns") >= p50);
     }
@@ -251,9 +263,11 @@ fn blocked_time_per_stack_matches_what_the_workload_measured() {
             .iter()
             .find(|row| row["tid"].as_u64() == Some(*tid))
             .unwrap_or_else(|| panic!("no wall clock of {name} ({tid})"));
+        // On-CPU time is sampled: 5% of it beside 2% of the whole.
         let accounted = number(row, "wall_ns");
+        let on_cpu = row["on_cpu_ns"].as_u64().unwrap_or(0);
         assert!(
-            within(accounted, *wall, 0.02),
+            accounted.abs_diff(*wall) as f64 <= 0.02 * *wall as f64 + 0.05 * on_cpu as f64,
             "{name}: on-CPU {} + off-CPU {} ns = {accounted} ns, the thread lived {wall} ns",
             row["on_cpu_ns"],
             row["off_cpu_ns"]
@@ -431,6 +445,17 @@ fn blocked_time_matches_bpftrace_on_the_same_run() {
     let reference = parse_bpftrace_off_cpu(&std::fs::read_to_string(&printed).unwrap());
     assert!(!reference.is_empty(), "bpftrace saw no blocks");
     let off_cpu = off_cpu_report(&file, &[]);
+    // Where the kernel did not trace a switch onto the CPU, bpftrace loses the block and the
+    // profiler dates its end: each such block may put one thread, one state of it and one
+    // stack over bpftrace's time, never under.
+    let dated = number(&off_cpu["counters"], DATED_BLOCKS);
+    let mut over = [Vec::new(), Vec::new(), Vec::new()];
+    let mut compare = |view: usize, ours: u64, theirs: u64, close: bool, what: String| {
+        if !close {
+            assert!(ours > theirs, "{what}");
+            over[view].push(what);
+        }
+    };
 
     // Each thread's blocked time, and its split by state where a state holds a few ms.
     for (name, (tid, _)) in &measured.threads {
@@ -446,17 +471,25 @@ fn blocked_time_matches_bpftrace_on_the_same_run() {
                 .sum()
         };
         let blocked = number(row, "off_cpu_ns");
-        assert!(
+        compare(
+            0,
+            blocked,
+            theirs(None),
             within(blocked, theirs(None), 0.05),
-            "{name} ({tid}): {blocked} ns blocked here, {} ns by bpftrace",
-            theirs(None)
+            format!(
+                "{name} ({tid}): {blocked} ns blocked here, {} ns by bpftrace",
+                theirs(None)
+            ),
         );
         for state in ["sleeping", "uninterruptible", "run-queue"] {
             let ours = row["off_cpu_by_state"][state].as_u64().unwrap_or(0);
             let bpftrace = theirs(Some(state));
-            assert!(
+            compare(
+                1,
+                ours,
+                bpftrace,
                 ours.abs_diff(bpftrace) <= 5_000_000 || within(ours, bpftrace, 0.05),
-                "{name} ({tid}) {state}: {ours} ns here, {bpftrace} ns by bpftrace"
+                format!("{name} ({tid}) {state}: {ours} ns here, {bpftrace} ns by bpftrace"),
             );
         }
     }
@@ -492,16 +525,28 @@ fn blocked_time_matches_bpftrace_on_the_same_run() {
         }
         if *total >= TOP_NS {
             top.push(*state);
-            assert!(
+            compare(
+                2,
+                here,
+                *total,
                 here.abs_diff(*total) <= 5_000_000 || within(here, *total, 0.05),
-                "{state} in {kernel_stack:?}: {here} ns here, {total} ns by bpftrace; the \
-                 stacks here in that state: {:#?}",
-                ours.iter()
-                    .filter(|row| row["state"] == *state)
-                    .map(|row| (number(row, "total_ns"), frames(row)))
-                    .collect::<Vec<_>>()
+                format!(
+                    "{state} in {kernel_stack:?}: {here} ns here, {total} ns by bpftrace; the \
+                     stacks here in that state: {:#?}",
+                    ours.iter()
+                        .filter(|row| row["state"] == *state)
+                        .map(|row| (number(row, "total_ns"), frames(row)))
+                        .collect::<Vec<_>>()
+                ),
             );
         }
+    }
+    for over in &over {
+        assert!(
+            over.len() as u64 <= dated,
+            "{dated} blocks dated by the run time since, {} differences: {over:#?}",
+            over.len()
+        );
     }
     // Sleeps, pipe reads and futex waits; the disk reader's waits.
     assert!(top.len() >= 4, "{theirs:#?}");
@@ -545,29 +590,90 @@ fn woken(off_cpu: &Value, thread: &str, waker: &str, through: &str) -> (u64, u64
         })
 }
 
+/// The counter of blocks whose switch back onto the CPU was not seen, dated by the thread's run
+/// time since.
+const DATED_BLOCKS: &str =
+    "blocks whose switch back onto the CPU was not seen, ended by the thread's run time since";
+
+/// Blocks whose waker the recording could not name, as it counted them: wake-ups not seen, and
+/// blocks lost with their switch back onto the CPU.
+fn wakers_not_named(report: &Value) -> u64 {
+    let counted = |section: &str, what: &str| {
+        report[section][what]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {what:?} in {section}: {}", report[section]))
+    };
+    counted(
+        "losses",
+        "off-CPU blocks lost: the switch back onto the CPU was not seen",
+    ) + report["off_cpu"]["counters"]
+        ["blocks whose wake-up was not seen (--wakers; not in the waker view)"]
+        .as_u64()
+        .expect("the waker counter")
+}
+
+/// `expected` waits of `measured_ns` in all were woken as `woken` says: each is in the waker
+/// view, or counted among the blocks whose waker could not be named (at most one in ten: this
+/// VM's kernel hides its agent's threads from tracing, and a wake-up or switch made while one
+/// runs is not seen), and the named ones last as long as the workload measured.
+fn each_woken(woken: (u64, u64), expected: u64, measured_ns: u64, not_named: u64, what: &str) {
+    let (total_ns, blocks) = woken;
+    let missing = expected.saturating_sub(blocks);
+    assert!(
+        blocks <= expected && missing <= not_named && missing <= expected / 10,
+        "{what}: {blocks} of {expected} waits named, {not_named} counted without a waker"
+    );
+    let named_ns = measured_ns * blocks / expected;
+    assert!(
+        within(total_ns, named_ns, 0.05),
+        "{what}: {total_ns} ns in {blocks} waits, the workload measured {named_ns}"
+    );
+}
+
 #[test]
 fn wakers_name_who_ended_each_wait() {
-    let (measured, off_cpu) = record("off-cpu-wakers", &["--wakers"]);
+    let (measured, file) = record_file("off-cpu-wakers", &["--wakers"]);
+    let report = report_json(&file, &[]);
+    let off_cpu = &report["off_cpu"];
+    let not_named = wakers_not_named(&report);
     // The pipe reader is woken by the writer's write, in the writer's own code; the sleeper by
     // its timer's interrupt; each locker by the other's unlock.
-    let (piped, pipe_blocks) = woken(&off_cpu, "pipe-reader", "pipe-writer", "offcpu_pipe_writer");
-    assert!(
-        within(piped, measured.total("pipe"), 0.05),
-        "{piped} ns of the reader's waits ended by the writer, the workload measured {}: {:#}",
+    each_woken(
+        woken(off_cpu, "pipe-reader", "pipe-writer", "offcpu_pipe_writer"),
+        20,
         measured.total("pipe"),
-        off_cpu["by_waker"]
+        not_named,
+        &format!(
+            "the reader's waits ended by the writer: {:#}",
+            off_cpu["by_waker"]
+        ),
     );
-    assert_eq!(pipe_blocks, 20, "{:#}", off_cpu["by_waker"]);
-    let (slept, sleeps) = woken(&off_cpu, "sleeper", "[interrupt]", "hrtimer_wakeup");
-    assert!(
-        within(slept, measured.total("sleep"), 0.05),
-        "{slept} ns of the sleeper's waits ended by its timer, the workload measured {}: {:#}",
+    each_woken(
+        woken(off_cpu, "sleeper", "[interrupt]", "hrtimer_wakeup"),
+        10,
         measured.total("sleep"),
-        off_cpu["by_waker"]
+        not_named,
+        &format!(
+            "the sleeper's waits ended by its timer: {:#}",
+            off_cpu["by_waker"]
+        ),
     );
-    assert_eq!(sleeps, 10);
+    // Every such wait is named right, or not at all.
+    for row in rows(off_cpu, "by_waker") {
+        let thread = row["thread"].as_str().unwrap();
+        let blocked_in = row["blocked_in"].as_str().unwrap_or_default();
+        let expected = match thread.split(' ').next() {
+            Some("pipe-reader") if blocked_in.contains("read") => "pipe-writer ",
+            Some("sleeper") if blocked_in.contains("nanosleep") => "[interrupt]",
+            _ => continue,
+        };
+        assert!(
+            row["waker"].as_str().unwrap().starts_with(expected),
+            "{row}"
+        );
+    }
     for (locker, other) in [("locker-0", "locker-1"), ("locker-1", "locker-0")] {
-        let (_, unlocks) = woken(&off_cpu, locker, other, "futex_wake");
+        let (_, unlocks) = woken(off_cpu, locker, other, "futex_wake");
         assert!(
             unlocks > 0,
             "{locker} never woken by {other}: {:#}",
@@ -575,7 +681,7 @@ fn wakers_name_who_ended_each_wait() {
         );
     }
     // The interrupted thread is no waker: an interrupt's frames end at its entry.
-    for row in rows(&off_cpu, "by_waker") {
+    for row in rows(off_cpu, "by_waker") {
         if row["waker"] == "[interrupt]" {
             let last = row["waker_frames"].as_array().unwrap().last().unwrap();
             assert!(last.as_str().unwrap().starts_with("asm_"), "{row}");
@@ -602,10 +708,11 @@ fn without_kernel_btf_the_classic_tracepoints_give_the_same_answer() {
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains("kernel BTF not found"), "{stderr}");
     let measured = measured(&output);
-    let off_cpu = off_cpu_report(&file, &[]);
+    let report = report_json(&file, &[]);
+    let off_cpu = &report["off_cpu"];
     assert_eq!(off_cpu["attachment"], "tracepoint sched:sched_switch");
     for (name, kind) in [("offcpu_sleeper", "sleep"), ("offcpu_pipe_reader", "pipe")] {
-        let blocked = function(&off_cpu, name).map_or(0, |row| number(row, "total_ns"));
+        let blocked = function(off_cpu, name).map_or(0, |row| number(row, "total_ns"));
         assert!(
             within(blocked, measured.total(kind), 0.05),
             "{name}: {blocked} ns blocked, the workload measured {}",
@@ -613,11 +720,15 @@ fn without_kernel_btf_the_classic_tracepoints_give_the_same_answer() {
         );
     }
     // The classic sched_waking tracepoint names the wakers as the BTF one does.
-    let (piped, _) = woken(&off_cpu, "pipe-reader", "pipe-writer", "offcpu_pipe_writer");
-    assert!(
-        within(piped, measured.total("pipe"), 0.05),
-        "{piped} ns of the reader's waits ended by the writer: {:#}",
-        off_cpu["by_waker"]
+    each_woken(
+        woken(off_cpu, "pipe-reader", "pipe-writer", "offcpu_pipe_writer"),
+        20,
+        measured.total("pipe"),
+        wakers_not_named(&report),
+        &format!(
+            "the reader's waits ended by the writer: {:#}",
+            off_cpu["by_waker"]
+        ),
     );
 }
 
@@ -626,21 +737,35 @@ fn histograms_and_exports_carry_off_cpu_time() {
     let (measured, file) = record_file("off-cpu-exports", &[]);
     let sleeper = "off_cpu::offcpu_sleeper";
 
-    // `--histogram --function`: the durations of the blocks through the function, all 10 in
-    // the buckets around 100 ms.
+    // `--histogram --function`: the durations of the blocks through the function: its 10
+    // sleeps in the buckets around 100 ms; on a loaded machine, shorter waits in the run queue
+    // when it was preempted there.
     let off_cpu = off_cpu_report(&file, &["--histogram", "--function", sleeper]);
     let distributions = off_cpu["distributions"].as_array().unwrap();
     assert_eq!(distributions.len(), 1, "{distributions:?}");
     let distribution = &distributions[0];
     assert_eq!(distribution["function"], sleeper);
-    assert_eq!(distribution["blocks"], 10);
     let buckets = distribution["buckets"].as_array().unwrap();
-    let counted: u64 = buckets.iter().map(|b| number(b, "blocks")).sum();
-    assert_eq!(counted, 10);
-    for bucket in buckets {
+    let (sleeps, preempted): (Vec<&Value>, Vec<&Value>) = buckets
+        .iter()
+        .partition(|bucket| number(bucket, "to_ns") >= 95_000_000);
+    let blocks = |buckets: &[&Value]| buckets.iter().map(|b| number(b, "blocks")).sum::<u64>();
+    assert_eq!(blocks(&sleeps), 10, "{buckets:?}");
+    assert_eq!(
+        number(distribution, "blocks"),
+        blocks(&sleeps) + blocks(&preempted)
+    );
+    for bucket in sleeps {
         assert!(
-            number(bucket, "from_ns") <= 110_000_000 && number(bucket, "to_ns") >= 95_000_000,
+            number(bucket, "from_ns") <= 110_000_000,
             "a 100 ms sleep outside 95..110 ms: {bucket}"
+        );
+    }
+    let sleeping = states_through(&off_cpu, "offcpu_sleeper");
+    if !preempted.is_empty() {
+        assert!(
+            sleeping.iter().any(|state| state == "run-queue"),
+            "{buckets:?}"
         );
     }
 
@@ -691,6 +816,13 @@ fn histograms_and_exports_carry_off_cpu_time() {
         types.contains(&("off-cpu_event".to_string(), "nanoseconds".to_string())),
         "{types:?}"
     );
+}
+
+/// Whether a `sleep` process was off the CPU for a sleep of `asked` ns: at least that long, and
+/// at most 25 ms longer. A block lasts until the thread runs again, and on a loaded machine it
+/// may wait for the CPU a while after its timer woke it.
+fn slept(blocked: u64, asked: u64) -> bool {
+    (asked..=asked + 25_000_000).contains(&blocked)
 }
 
 /// The off-CPU threads of a report: (pid, comm, blocked ns).
@@ -745,8 +877,8 @@ fn scope_follows_the_command_and_its_children_only() {
         .collect();
     sleeps.sort_unstable();
     assert_eq!(sleeps.len(), 2, "{threads:?}");
-    assert!(within(sleeps[0], 200_000_000, 0.05), "{sleeps:?}");
-    assert!(within(sleeps[1], 300_000_000, 0.05), "{sleeps:?}");
+    assert!(slept(sleeps[0], 200_000_000), "{sleeps:?}");
+    assert!(slept(sleeps[1], 300_000_000), "{sleeps:?}");
     // The shell waited for them.
     let shell: u64 = threads
         .iter()
@@ -791,7 +923,7 @@ fn a_running_process_is_in_scope_with_what_it_forks() {
         .iter()
         .filter(|(child, _, ns)| {
             assert_ne!(child.to_string(), pid);
-            !within(*ns, 50_000_000, 0.2)
+            !slept(*ns, 50_000_000)
         })
         .count();
     assert!(short <= 1, "50 ms sleeps: {children:?}");
@@ -837,16 +969,18 @@ fn pprof_total_through(
 
 #[test]
 fn the_agent_exports_off_cpu_time_per_window() {
-    // The workload starts after the agent has attached: its shell forks a sleep, then execs it.
+    // The workload starts once the agent has attached: its shell waits for a line, then execs
+    // it.
     let dir = disk_dir("agent-off-cpu");
     let mut target = Running::spawn(
         Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "sleep 2; exec {} {}",
+                "read go; exec {} {}",
                 path(&workload("off_cpu")),
                 path(&dir)
             ))
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped()),
     );
     let windows = temp_dir("agent-off-cpu-windows");
@@ -859,6 +993,9 @@ fn the_agent_exports_off_cpu_time_per_window() {
             .stderr(Stdio::piped()),
     );
     wait_until_recording(agent.id());
+    let mut go = target.0.stdin.take().unwrap();
+    go.write_all(b"go\n").unwrap();
+    drop(go);
     let measured = measured(&target.output_at_most(Duration::from_secs(60)));
     let output = agent.output_at_most(Duration::from_secs(30));
     let log = String::from_utf8_lossy(&output.stderr);
