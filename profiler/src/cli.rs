@@ -126,11 +126,13 @@ pub struct SamplingArgs {
     /// (1 KiB each); the agent empties the map before it fills.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_STACKS, value_parser = map_entries)]
     pub stack_map_entries: u32,
-    /// Entries of the sample maps (stacks, instructions, data cache lines) per generation.
+    /// Entries of the sample maps (stacks, instructions, data cache lines) per generation, and
+    /// of the `--off-cpu` map (thread, stacks, state).
     #[arg(long, value_name = "N", default_value_t = 16384, value_parser = map_entries)]
     pub map_entries: u32,
     /// Entries of each latency-histogram map (one histogram per process, event and instruction,
-    /// and one per process, event and data cache line).
+    /// and one per process, event and data cache line), and of the `--off-cpu` block-duration
+    /// histograms (one per thread, stacks and state).
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = map_entries)]
     pub latency_map_entries: u32,
     /// Size in KiB of each ring buffer the program streams through: the `--raw` samples and the

@@ -208,6 +208,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
             instructions: entries,
             data_lines: entries,
             latencies: args.latency_map_entries,
+            off_cpu_histograms: args.latency_map_entries,
             ring_buffer_bytes: ring_bytes,
             ibs_ring_bytes: ring_bytes,
             // A stack copy takes up to 37 KiB where a raw sample takes 80 bytes.

@@ -18,16 +18,15 @@ use profiler_common::{
     },
 };
 
-use super::{btf::Btf, program::take};
+use super::{
+    btf::Btf,
+    program::{take, MapSizes},
+};
 
 /// Entries of the blocked-threads map: threads in scope off the CPU at once.
 const BLOCKED_THREADS: u32 = 16384;
 /// Processes the scope map holds: the command's or `-p`'s, and what they fork.
 const SCOPE_PROCESSES: u32 = 16384;
-/// Distinct (thread, stacks, state) per generation.
-const KEYS: u32 = 16384;
-/// Histograms per generation (960 bytes per entry and CPU).
-const HISTOGRAMS: u32 = 1024;
 
 /// What `--off-cpu` asked for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,8 +123,10 @@ pub fn offcpu_config(
     }
 }
 
-/// Sizes the off-CPU maps: their defaults with `--off-cpu`, else the smallest the kernel takes.
-pub fn size_maps(loader: &mut EbpfLoader, enabled: bool) {
+/// Sizes the off-CPU maps with `--off-cpu`, else to the smallest the kernel takes: distinct
+/// (thread, stacks, state) keys per generation as many as the sample maps' (`--map-entries`),
+/// histograms as many as the latency maps' (`--latency-map-entries`).
+pub fn size_maps(loader: &mut EbpfLoader, enabled: bool, sizes: &MapSizes) {
     let size = |entries: u32| if enabled { entries } else { 1 };
     loader
         .map_max_entries("OFFCPU_BLOCKED", size(BLOCKED_THREADS))
@@ -135,8 +136,8 @@ pub fn size_maps(loader: &mut EbpfLoader, enabled: bool) {
             Box::leak(format!("{map}_{generation}").into_boxed_str())
         };
         loader
-            .map_max_entries(name("OFFCPU_STATS"), size(KEYS))
-            .map_max_entries(name("OFFCPU_HISTOGRAMS"), size(HISTOGRAMS));
+            .map_max_entries(name("OFFCPU_STATS"), size(sizes.stack_counts))
+            .map_max_entries(name("OFFCPU_HISTOGRAMS"), size(sizes.off_cpu_histograms));
     }
 }
 

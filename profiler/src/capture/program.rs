@@ -43,6 +43,8 @@ pub struct MapSizes {
     pub data_lines: u32,
     /// Latency histograms, per instruction and (as many again) per data cache line.
     pub latencies: u32,
+    /// `--off-cpu` block-duration histograms per generation (960 bytes per entry and CPU).
+    pub off_cpu_histograms: u32,
     /// Bytes of the raw-sample ring buffer (`record --raw`); a power of two.
     pub ring_buffer_bytes: u32,
     /// Bytes of the IBS register ring buffer; a power of two.
@@ -123,6 +125,7 @@ impl Default for MapSizes {
             instructions: 16384,
             data_lines: 16384,
             latencies: 1024,
+            off_cpu_histograms: 1024,
             ring_buffer_bytes: 1 << 22,
             ibs_ring_bytes: 1 << 22,
             stack_copy_ring_bytes: 1 << 22,
@@ -322,7 +325,7 @@ impl CaptureProgram {
             .override_global("CAPTURE_CONFIG", config, true)
             .override_global("RAW_DECODING", raw, true)
             .override_global("OFFCPU_CONFIG", &offcpu_config, true);
-        size_offcpu_maps(&mut loader, offcpu.is_some());
+        size_offcpu_maps(&mut loader, offcpu.is_some(), sizes);
         for generation in ["0", "1"] {
             let size = |name: &str| -> &'static str {
                 Box::leak(format!("{name}_{generation}").into_boxed_str())
