@@ -248,8 +248,9 @@ fn kernel_release() -> String {
         .unwrap_or_default()
 }
 
-/// Enables the kernel's BPF run-time statistics for `--stats` while held, when they are not on
-/// already; without the privilege (CAP_SYS_ADMIN) says so and goes on without them.
+/// Enables the kernel's BPF run-time statistics (`record --stats`, `agent --bpf-stats`) while
+/// held, when they are not on already; without the privilege (CAP_SYS_ADMIN) says so and goes
+/// on without them.
 pub(crate) fn enable_run_statistics() -> Option<std::os::fd::OwnedFd> {
     let already_on = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
         .is_ok_and(|value| value.trim() == "1");
@@ -260,8 +261,8 @@ pub(crate) fn enable_run_statistics() -> Option<std::os::fd::OwnedFd> {
         Ok(fd) => Some(fd),
         Err(e) => {
             eprintln!(
-                "note: --stats: the in-kernel cost per sample is not measured: enabling BPF \
-                 run-time statistics needs CAP_SYS_ADMIN or kernel.bpf_stats_enabled=1 ({})",
+                "note: the programs' cost in the kernel is not measured: enabling BPF run-time \
+                 statistics needs CAP_SYS_ADMIN or kernel.bpf_stats_enabled=1 ({})",
                 e.io_error
             );
             None

@@ -39,12 +39,7 @@ fn scrape(addr: &str) -> String {
 fn every_window_reaches_pyroscope_and_otlp_even_across_a_backend_outage() {
     let mut receiver = Receiver::start(0);
     let spool = tempfile::tempdir().unwrap();
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let metrics_addr = metrics_address();
     let mut agent = Running::spawn(
         Command::new(profiler_bin())
             .args([
@@ -161,6 +156,69 @@ fn every_window_reaches_pyroscope_and_otlp_even_across_a_backend_outage() {
     );
     assert!(metric(&scraped, "profiler_samples_fired_total", &["cpu-clock"]) > 0.0);
     assert!(metric(&scraped, "profiler_resident_memory_bytes", &[]) > 1e6);
+}
+
+/// A free local port's address for the agent's metrics.
+fn metrics_address() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+#[test]
+fn with_bpf_stats_the_metrics_carry_each_programs_time_in_the_kernel() {
+    // Unless kernel.bpf_stats_enabled is 1 (the bench sets it while it measures, never
+    // during the tests), the programs' runs are counted only because the agent asked.
+    let windows = tempfile::tempdir().unwrap();
+    let metrics_addr = metrics_address();
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "--interval", "1", "--off-cpu", "--bpf-stats"])
+            .arg("--output-dir")
+            .arg(windows.path())
+            .args(["--metrics-addr", &metrics_addr])
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let mut cpu_split = Running::spawn(
+        Command::new(workload("cpu_split"))
+            .arg("1500")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(cpu_split.wait_at_most(Duration::from_secs(60)).success());
+    // Past the next window's close, where the metrics are read.
+    std::thread::sleep(Duration::from_millis(1500));
+    let scraped = scrape(&metrics_addr);
+    agent.signal(libc::SIGTERM);
+    let output = agent.output_at_most(Duration::from_secs(30));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // The sampling program ran once per sample fired (and for the samples of the window still
+    // open); the switch program once per context switch. Each costs what a BPF program on a
+    // clock tick or a switch costs: between 100 ns and 100 us a run.
+    let fired = metric(&scraped, "profiler_samples_fired_total", &[]);
+    for (program, at_least) in [("on_overflow", fired), ("offcpu_switch", 100.0)] {
+        let label = format!("program=\"{program}\"");
+        let runs = metric(&scraped, "profiler_bpf_runs_total", &[&label]);
+        let seconds = metric(&scraped, "profiler_bpf_run_seconds_total", &[&label]);
+        assert!(
+            runs >= at_least && runs > 0.0,
+            "{program}: {runs} runs\n{scraped}"
+        );
+        let ns_per_run = seconds * 1e9 / runs;
+        assert!(
+            (100.0..100_000.0).contains(&ns_per_run),
+            "{program}: {ns_per_run} ns a run\n{scraped}"
+        );
+    }
 }
 
 #[test]

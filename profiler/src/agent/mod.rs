@@ -37,7 +37,7 @@ use crate::{
     launch::{signal_name, Stop, StopSignals},
     profile::{from_capture::assemble_with, CpuIdentity, EventInfo, Profile},
     prometheus::{serve, Kind, Metrics},
-    record::{profile_meta, target_description},
+    record::{profile_meta, target_description, RecordOptions},
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
         new_symbolizer,
@@ -90,6 +90,12 @@ pub struct AgentArgs {
     /// The least severe messages logged to standard error.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
+    /// Turn the kernel's BPF run-time statistics on while the agent runs, so that the metrics
+    /// carry its programs' time in the kernel (`profiler_bpf_run_seconds_total`,
+    /// `profiler_bpf_runs_total`). Every BPF program on the machine then reads the clock twice
+    /// per run. Without it they are exported when `kernel.bpf_stats_enabled` is 1 already.
+    #[arg(long)]
+    pub bpf_stats: bool,
 }
 
 /// A backend's URL: http or https, said before the agent starts rather than at the first window.
@@ -317,6 +323,25 @@ impl Exporter {
                 );
             }
         }
+        // Cumulative in the kernel: set, not added.
+        for program in capture.programs.iter().filter(|program| program.runs > 0) {
+            metrics.set(
+                "profiler_bpf_runs_total",
+                Kind::Counter,
+                "Runs of the agent's BPF programs, by program (with BPF run-time statistics on: \
+                 --bpf-stats).",
+                &[("program", &program.name)],
+                program.runs as f64,
+            );
+            metrics.set(
+                "profiler_bpf_run_seconds_total",
+                Kind::Counter,
+                "Time the agent's BPF programs ran in the kernel, by program (with BPF run-time \
+                 statistics on: --bpf-stats).",
+                &[("program", &program.name)],
+                program.run_time.as_secs_f64(),
+            );
+        }
         let kept: u64 = capture
             .drained
             .stacks
@@ -469,7 +494,10 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
         sampling.frequency.get_or_insert(DEFAULT_FREQUENCY);
     }
     let target = target_of(&args.sampling, &[], true).expect("-a stands for the whole system");
-    let options = capture_options(&args.sampling, target)?;
+    let options = RecordOptions {
+        stats: args.bpf_stats,
+        ..capture_options(&args.sampling, target)?
+    };
     let interval = args.interval();
     let mut session = CaptureSession::open(&options)?;
     let mut windows = Windows::start(Exporter {
@@ -528,6 +556,7 @@ impl From<crate::record::Capture> for WindowCapture {
             processes: capture.processes.snapshot(&referenced),
             drained: capture.drained,
             accounting: capture.accounting,
+            programs: capture.stats.programs,
         }
     }
 }

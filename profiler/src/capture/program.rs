@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use anyhow::{anyhow, Context, Result};
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
-    programs::PerfEvent,
+    programs::{PerfEvent, ProgramError},
     Ebpf, EbpfError, EbpfLoader,
 };
 use perf_event::Counter;
@@ -14,6 +14,7 @@ use perf_event::Counter;
 use super::{
     offcpu::{size_maps as size_offcpu_maps, Attachment, OffCpuCapture},
     ring::KernelRing,
+    stats::{ProgramRuns, SAMPLE_PROGRAM},
 };
 use profiler_common::{
     capture::{
@@ -28,7 +29,7 @@ use profiler_common::{
 /// The capture program, built from `profiler-ebpf/` by build.rs.
 static PROGRAM_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler.bpf.o"));
-const PROGRAM_NAME: &str = "on_overflow";
+const PROGRAM_NAME: &str = SAMPLE_PROGRAM;
 const UNWINDER_NAME: &str = "unwind_user";
 
 /// Entries of each in-kernel map. Per-CPU maps hold one value per possible CPU for each entry.
@@ -459,11 +460,23 @@ impl CaptureProgram {
         ))
     }
 
-    /// The kernel's run-time statistics of the program: (runs, total run time). Zero unless
-    /// `kernel.bpf_stats_enabled` is 1.
-    pub fn run_statistics(&self) -> Result<(u64, std::time::Duration)> {
-        let info = self.program()?.info()?;
-        Ok((info.run_count(), info.run_time()))
+    /// The kernel's run-time statistics of every program loaded (those of another attachment
+    /// are not), by name. Zero unless `kernel.bpf_stats_enabled` is 1.
+    pub fn run_statistics(&self) -> Result<Vec<ProgramRuns>> {
+        let mut programs = Vec::new();
+        for (name, program) in self.ebpf.programs() {
+            let info = match program.info() {
+                Ok(info) => info,
+                Err(ProgramError::NotLoaded) => continue,
+                Err(e) => return Err(e).context(format!("reading program {name}'s statistics")),
+            };
+            programs.push(ProgramRuns {
+                name: name.to_string(),
+                runs: info.run_count(),
+                run_time: info.run_time(),
+            });
+        }
+        Ok(programs)
     }
 }
 

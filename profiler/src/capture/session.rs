@@ -25,7 +25,7 @@ use crate::{
         program::{CaptureProgram, Ring},
         raw::RawStream,
         sideband::{ProcessTable, Sideband},
-        stats::CaptureStats,
+        stats::{CaptureStats, ProgramRuns},
     },
     drain::{
         ibs::IbsStream, read_accounting, stack_copy::StackCopyStream, Accounting, Drained, Drainer,
@@ -52,6 +52,8 @@ pub struct WindowCapture {
     pub processes: ProcessTable,
     /// The samples fired, lost and filtered over the window.
     pub accounting: Accounting,
+    /// The programs' run-time statistics since they were loaded (zero while they are off).
+    pub programs: Vec<ProgramRuns>,
 }
 
 pub struct CaptureSession {
@@ -465,6 +467,7 @@ impl CaptureSession {
             drained,
             processes,
             accounting,
+            programs: self.program.run_statistics()?,
         })
     }
 
@@ -552,10 +555,8 @@ impl CaptureSession {
             stream.finish(&self.processes, &mut self.drained)?;
         }
         let accounting = self.accounting()?;
-        let (program_runs, program_run_time) = self.program.run_statistics()?;
         let stats = CaptureStats {
-            program_runs,
-            program_run_time,
+            programs: self.program.run_statistics()?,
             map_bytes: self.map_bytes,
             drain_time: self.drainer.drain_time,
             drains: self.drainer.drains,
