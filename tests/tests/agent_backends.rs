@@ -222,6 +222,71 @@ fn with_bpf_stats_the_metrics_carry_each_programs_time_in_the_kernel() {
 }
 
 #[test]
+fn a_backend_that_never_answers_holds_up_no_other_window() {
+    // A listener that accepts nothing: connections complete in the kernel's backlog and no
+    // answer ever comes, so each request waits out its timeout (5 s).
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_url = format!("http://{}", hung.local_addr().unwrap());
+    let windows = tempfile::tempdir().unwrap();
+    let spool = tempfile::tempdir().unwrap();
+    let metrics_addr = metrics_address();
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "--interval", "1", "--pyroscope", &hung_url])
+            .arg("--output-dir")
+            .arg(windows.path())
+            .arg("--spool-dir")
+            .arg(spool.path())
+            .args(["--metrics-addr", &metrics_addr])
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    // Long enough for three requests to wait out their timeouts (at 0, 6 and 13 s with the
+    // backoff), each of which would have held five 1 s windows on the export thread.
+    std::thread::sleep(Duration::from_secs(15));
+    let scraped = scrape(&metrics_addr);
+    agent.signal(libc::SIGTERM);
+    let output = agent.output_at_most(Duration::from_secs(30));
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{log}");
+    drop(hung);
+
+    // Every window reached the directory, none was dropped; the hung backend's windows wait in
+    // its spool.
+    assert!(!log.contains("dropped"), "{log}");
+    assert_eq!(metric(&scraped, "profiler_windows_dropped_total", &[]), 0.0);
+    let exported = log.matches("exported to --output-dir").count();
+    let files = std::fs::read_dir(windows.path()).unwrap().count();
+    assert!(exported >= 14, "{exported} windows\n{log}");
+    assert_eq!(files, exported, "{log}");
+    let backend = format!("--pyroscope {hung_url}");
+    assert_eq!(
+        metric(
+            &scraped,
+            "profiler_backend_windows_total",
+            &[&backend, "\"delivered\""]
+        ),
+        0.0
+    );
+    assert!(
+        metric(
+            &scraped,
+            "profiler_backend_windows_total",
+            &[&backend, "\"spooled\""]
+        ) >= 10.0,
+        "{scraped}"
+    );
+    assert!(
+        metric(
+            &scraped,
+            "profiler_backend_failed_requests_total",
+            &[&backend]
+        ) >= 2.0,
+        "{scraped}"
+    );
+}
+
+#[test]
 fn a_backend_url_without_a_scheme_is_refused_before_profiling() {
     let output = Command::new(profiler_bin())
         .args(["agent", "--pyroscope", "localhost:4040"])

@@ -409,6 +409,18 @@ fn workload_samples(profile: &Profile, function: &str) -> u64 {
         .sum()
 }
 
+/// Waits (at most 10 s) until `done`: a backend's requests go from a thread of their own.
+fn settle(done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the upload thread did not get there in 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn recorded_windows_reach_pyroscope_whole_through_a_backend_that_fails_and_returns() {
     let window = recorded_window(0);
@@ -424,6 +436,7 @@ fn recorded_windows_reach_pyroscope_whole_through_a_backend_that_fails_and_retur
     .unwrap();
 
     sink.export(&window).unwrap();
+    settle(|| receiver.pushes().len() == 1);
     let pushes = receiver.pushes();
     assert_eq!(pushes.len(), 1, "refused: {:?}", receiver.refusals());
     let workload_pid = window
@@ -459,16 +472,20 @@ fn recorded_windows_reach_pyroscope_whole_through_a_backend_that_fails_and_retur
 
     // A failing backend: the window is spooled, then sent before the next one.
     receiver.answer_next_with(&[503]);
+    let failed = |sink: &dyn WindowSink| sink.delivery().unwrap().failed_requests;
     sink.export(&window).unwrap();
+    settle(|| failed(&sink) == 1);
     assert_eq!(receiver.pushes().len(), 1);
     // The backend goes away for a while; the windows wait in the spool.
     receiver.stop();
     std::thread::sleep(Duration::from_millis(1100));
     sink.export(&window).unwrap();
+    settle(|| failed(&sink) == 2);
     let receiver = receiver.restart();
     // Past the backoff (1 s, then 2 s), everything spooled goes, oldest first, then the new one.
     std::thread::sleep(Duration::from_millis(2100));
     sink.export(&window).unwrap();
+    settle(|| receiver.pushes().len() == 4);
     assert_eq!(
         receiver.pushes().len(),
         4,
@@ -498,6 +515,7 @@ fn recorded_windows_reach_an_otlp_endpoint_whole() {
     let receiver = Receiver::start(0);
     let mut sink = otlp_sink(&receiver.url(), ServiceName::Auto, spool.path(), 64 << 20).unwrap();
     sink.export(&window).unwrap();
+    settle(|| !receiver.otlp().is_empty());
     let exports = receiver.otlp();
     assert_eq!(exports.len(), 1, "refused: {:?}", receiver.refusals());
     let export = &exports[0];

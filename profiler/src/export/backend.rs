@@ -1,11 +1,12 @@
 //! A backend the agent sends windows to over HTTP (Pyroscope, an OTLP endpoint): each window is
-//! cut into series, encoded in the backend's format, gzipped, and handed to an [`Uploader`],
-//! which delivers it or keeps it in its spool.
+//! cut into series, encoded in the backend's format, gzipped, and handed to an [`Uploader`] on
+//! its own thread ([`Delivery`]), which delivers it or keeps it in its spool.
 
 use std::io::Write;
 
 use flate2::{write::GzEncoder, Compression};
 
+use super::delivery::Delivery;
 use super::series::{series_of, CgroupPaths, Series, ServiceName};
 use super::sink::{Window, WindowSink};
 use super::upload::{UploadCounts, Uploader};
@@ -19,7 +20,7 @@ pub struct BackendSink {
     service_name: ServiceName,
     cgroups: CgroupPaths,
     encode: Encode,
-    uploader: Uploader,
+    delivery: Delivery,
 }
 
 impl BackendSink {
@@ -29,14 +30,14 @@ impl BackendSink {
         service_name: ServiceName,
         encode: Encode,
         uploader: Uploader,
-    ) -> BackendSink {
-        BackendSink {
+    ) -> Result<BackendSink, ExportError> {
+        Ok(BackendSink {
+            delivery: Delivery::start(&name, uploader)?,
             name,
             service_name,
             cgroups: CgroupPaths::new(),
             encode,
-            uploader,
-        }
+        })
     }
 }
 
@@ -54,14 +55,14 @@ impl WindowSink for BackendSink {
         }
         let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
         gzip.write_all(&(self.encode)(&series)?)?;
-        self.uploader.send(gzip.finish()?)
+        self.delivery.send(gzip.finish()?)
     }
 
     fn delivery(&self) -> Option<UploadCounts> {
-        Some(self.uploader.counts)
+        Some(self.delivery.counts())
     }
 
     fn finish(&mut self) -> Result<(), ExportError> {
-        self.uploader.flush()
+        self.delivery.finish()
     }
 }

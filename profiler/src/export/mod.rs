@@ -10,6 +10,7 @@
 //! events it holds.
 
 pub mod backend;
+pub mod delivery;
 pub mod flamegraph;
 pub mod folded;
 pub mod offcpu;

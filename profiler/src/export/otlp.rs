@@ -45,12 +45,12 @@ pub fn otlp_sink(
             ("Content-Encoding", "gzip".to_string()),
         ],
     };
-    Ok(BackendSink::new(
+    BackendSink::new(
         format!("--otlp {url}"),
         service_name,
         |series| Ok(export_request(series).encode_to_vec()),
         Uploader::new(endpoint, spool_dir, spool_bytes)?,
-    ))
+    )
 }
 
 /// The OTLP request for a window's series.

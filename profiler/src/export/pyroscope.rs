@@ -75,12 +75,12 @@ pub fn pyroscope_sink(
         url: format!("{}/{PUSH_PATH}", url.trim_end_matches('/')),
         headers,
     };
-    Ok(BackendSink::new(
+    BackendSink::new(
         format!("--pyroscope {url}"),
         service_name,
         |series| Ok(push_request(series)?.encode_to_vec()),
         Uploader::new(endpoint, spool_dir, spool_bytes)?,
-    ))
+    )
 }
 
 /// The push request for a window's series.

@@ -1,6 +1,7 @@
 //! Where the continuous agent's closed windows go: each backend (a directory of pprof files,
 //! Pyroscope, an OTLP endpoint) is a [`WindowSink`]. Sinks run on the export thread, never on the
-//! capture thread, so a slow or unreachable backend cannot delay a drain.
+//! capture thread, so a slow or unreachable backend cannot delay a drain; HTTP backends hand
+//! their requests to a thread of their own, so one cannot delay the others.
 
 use std::time::SystemTime;
 

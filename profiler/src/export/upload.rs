@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use super::ExportError;
 
-/// How long one request may take, connection included. Requests run on the export thread: a
-/// backend that accepts connections but never answers delays the next windows by this much
-/// each (beyond the agent's queue of 4 windows they are dropped and counted).
+/// How long one request may take, connection included. Requests run on the backend's own
+/// upload thread ([`super::delivery`]): a backend that accepts connections but never answers
+/// delays only its own windows, by this much per request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const LONGEST_BACKOFF: Duration = Duration::from_secs(300);
