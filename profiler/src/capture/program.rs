@@ -29,7 +29,6 @@ use profiler_common::{
 /// The capture program, built from `profiler-ebpf/` by build.rs.
 static PROGRAM_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler.bpf.o"));
-const PROGRAM_NAME: &str = SAMPLE_PROGRAM;
 const UNWINDER_NAME: &str = "unwind_user";
 
 /// Entries of each in-kernel map. Per-CPU maps hold one value per possible CPU for each entry.
@@ -349,8 +348,8 @@ impl CaptureProgram {
             .map_max_entries("UNWIND_PROCESSES", sizes.unwind_processes);
         let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(load_error)?;
         let program: &mut PerfEvent = ebpf
-            .program_mut(PROGRAM_NAME)
-            .ok_or_else(|| anyhow!("the capture program has no {PROGRAM_NAME}"))?
+            .program_mut(SAMPLE_PROGRAM)
+            .ok_or_else(|| anyhow!("the capture program has no {SAMPLE_PROGRAM}"))?
             .try_into()?;
         // The verifier log tells what the kernel refused: keep it in the error.
         program
@@ -395,8 +394,8 @@ impl CaptureProgram {
     fn program(&self) -> Result<&PerfEvent> {
         Ok(self
             .ebpf
-            .program(PROGRAM_NAME)
-            .ok_or_else(|| anyhow!("the capture program has no {PROGRAM_NAME}"))?
+            .program(SAMPLE_PROGRAM)
+            .ok_or_else(|| anyhow!("the capture program has no {SAMPLE_PROGRAM}"))?
             .try_into()?)
     }
 
