@@ -263,11 +263,18 @@ fn blocked_time_per_stack_matches_what_the_workload_measured() {
             .iter()
             .find(|row| row["tid"].as_u64() == Some(*tid))
             .unwrap_or_else(|| panic!("no wall clock of {name} ({tid})"));
-        // On-CPU time is sampled: 5% of it beside 2% of the whole.
+        // On-CPU time is sampled: 5% of it beside 2% of the whole. A thread preempted on its
+        // way out, after it measured its life, waits for the CPU outside it (12 ms was seen
+        // under the suite's load): up to one such wait, 25 ms at most, of the thread's
+        // run-queue time may be over.
         let accounted = number(row, "wall_ns");
         let on_cpu = row["on_cpu_ns"].as_u64().unwrap_or(0);
+        let tolerance = 0.02 * *wall as f64 + 0.05 * on_cpu as f64;
+        let run_queue = row["off_cpu_by_state"]["run-queue"].as_u64().unwrap_or(0);
+        let outside = run_queue.min(25_000_000) as f64;
         assert!(
-            accounted.abs_diff(*wall) as f64 <= 0.02 * *wall as f64 + 0.05 * on_cpu as f64,
+            (wall.saturating_sub(accounted) as f64) <= tolerance
+                && (accounted.saturating_sub(*wall) as f64) <= tolerance + outside,
             "{name}: on-CPU {} + off-CPU {} ns = {accounted} ns, the thread lived {wall} ns; \
              the programs counted {:#}",
             row["on_cpu_ns"],
@@ -864,10 +871,11 @@ fn histograms_and_exports_carry_off_cpu_time() {
 }
 
 /// Whether a `sleep` process was off the CPU for a sleep of `asked` ns: at least that long, and
-/// at most 25 ms longer. A block lasts until the thread runs again, and on a loaded machine it
-/// may wait for the CPU a while after its timer woke it.
+/// at most 50 ms longer. A block lasts until the thread runs again, and on a loaded machine (the
+/// suite's tests run side by side on two CPUs) it may wait for the CPU a while after its timer
+/// woke it: more than 25 ms was seen.
 fn slept(blocked: u64, asked: u64) -> bool {
-    (asked..=asked + 25_000_000).contains(&blocked)
+    (asked..=asked + 50_000_000).contains(&blocked)
 }
 
 /// The off-CPU threads of a report: (pid, comm, blocked ns).
