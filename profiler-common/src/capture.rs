@@ -407,6 +407,10 @@ pub struct StackCopyHeader {
     pub stack_bytes: u32,
     /// Bytes of `kernel` that hold frames (`bpf_get_stack`), 0 for a user-mode sample.
     pub kernel_bytes: u32,
+    /// With `--unwind check`: the hash of the user stack the kernel's table walk found for this
+    /// same sample, which it counted; the copy is only compared with it. `NO_STACK` for a
+    /// sample the agent unwinds and counts from the copy.
+    pub walked_in_kernel: u64,
     pub kernel: [u64; STACK_COPY_KERNEL_FRAMES],
 }
 

@@ -314,9 +314,10 @@ fn capture(ctx: &PerfEventContext) {
         hand_to_unwinder(ctx, &sample);
     }
     // With stack copies the agent unwinds and counts the sample's stacks from its record; a
-    // sample that could not be copied is counted here, with its frame-pointer stack.
-    let copied = config.flags & CAPTURE_STACK_COPY != 0
-        && copy_stacks(ctx, &config, pid, tid, cgroup, event);
+    // sample that could not be copied is counted here, with its frame-pointer stack. With the
+    // table walk too (`--unwind check`), the walk counts the sample and copies it when it ends.
+    let copied = config.flags & (CAPTURE_STACK_COPY | CAPTURE_UNWIND_DWARF) == CAPTURE_STACK_COPY
+        && copy_stacks(ctx, &config, &sample, NO_STACK);
     let user_stack = if !copied && config.flags & CAPTURE_USER_STACKS != 0 {
         let losses = user_stack_losses();
         let mut captured = capture_stack(ctx, BPF_F_USER_STACK as u64, losses.failed);
@@ -985,6 +986,11 @@ pub fn unwind_user(ctx: PerfEventContext) -> u32 {
     );
     if let Some(user_stack) = walked {
         finish_sample(&ctx, &config, &sample, user_stack, false);
+        // `--unwind check`: the same sample's stack copy, which the agent unwinds and compares
+        // with this walk's stack (the stack has not changed: the thread is interrupted).
+        if config.flags & CAPTURE_STACK_COPY != 0 && user_stack != LOST_STACK {
+            copy_stacks(&ctx, &config, &sample, user_stack);
+        }
     }
     0
 }
@@ -1032,6 +1038,12 @@ fn continue_walk(
             count_unwind(reason);
             if reason == UnwindCount::TruncatedOutsideMappings {
                 request_mappings(pid);
+                // The address that led outside every mapping is garbage read as a return
+                // address, no frame: the marker takes its place. The sampled instruction (the
+                // first frame) stays.
+                if depth > 1 {
+                    depth -= 1;
+                }
             }
             if depth >= MAX_STACK_DEPTH {
                 depth = MAX_STACK_DEPTH - 1;
@@ -1276,16 +1288,30 @@ fn record(
 /// Sends the sample's user registers, user stack bytes and kernel frames to the agent through
 /// the stack-copy ring; whether it did. The stack is copied a page at a time from the stack
 /// pointer's page up, so a read stops at the first page that cannot be read (the top of the
-/// stack) and keeps the pages before it.
+/// stack) and keeps the pages before it. `walked_in_kernel`: the hash of the user stack the
+/// table walk counted for this sample, for the agent to compare (no kernel frames then), or
+/// `NO_STACK` when the agent counts the sample from this record.
 #[inline(always)]
 fn copy_stacks(
     ctx: &PerfEventContext,
     config: &CaptureConfig,
-    pid: u32,
-    tid: u32,
-    cgroup: u64,
-    event: u32,
+    sample: &Sample,
+    walked_in_kernel: u64,
 ) -> bool {
+    let Sample {
+        pid,
+        tid,
+        cgroup,
+        event,
+        ..
+    } = *sample;
+    // A check's copy is of a sample the walk counted: one that cannot be made is not compared,
+    // and loses no sample.
+    let lose_copy = |kind| {
+        if walked_in_kernel == NO_STACK {
+            lose(kind)
+        }
+    };
     let Some(arch::UserFrame {
         regs: Registers { ip, sp, fp },
         link,
@@ -1297,7 +1323,7 @@ fn copy_stacks(
     // SAFETY: a helper without arguments.
     let cpu = unsafe { bpf_get_smp_processor_id() };
     let Some(record) = STACK_COPY_SCRATCH.get_ptr_mut(cpu) else {
-        lose(LossKind::StackCopyUnreadable);
+        lose_copy(LossKind::StackCopyUnreadable);
         return false;
     };
     let stack_start = sp & !(STACK_COPY_PAGE_BYTES as u64 - 1);
@@ -1326,10 +1352,11 @@ fn copy_stacks(
         stack_bytes = offset + STACK_COPY_PAGE_BYTES;
     }
     if stack_bytes == 0 {
-        lose(LossKind::StackCopyUnreadable);
+        lose_copy(LossKind::StackCopyUnreadable);
         return false;
     }
-    let kernel_bytes = if config.flags & CAPTURE_KERNEL_STACKS == 0 {
+    let kernel_bytes = if config.flags & CAPTURE_KERNEL_STACKS == 0 || walked_in_kernel != NO_STACK
+    {
         0
     } else {
         // SAFETY: as above; the kernel frames go straight into the record.
@@ -1362,6 +1389,7 @@ fn copy_stacks(
         (*header).stack_start = stack_start;
         (*header).stack_bytes = stack_bytes as u32;
         (*header).kernel_bytes = kernel_bytes;
+        (*header).walked_in_kernel = walked_in_kernel;
     }
     let length = core::mem::size_of::<StackCopyHeader>() + stack_bytes;
     if length > core::mem::size_of::<StackCopyRecord>() {
@@ -1378,7 +1406,7 @@ fn copy_stacks(
         BPF_RB_NO_WAKEUP
     };
     if STACK_COPIES.output::<[u8]>(bytes, wakeup as u64).is_err() {
-        lose(LossKind::StackCopyRingFull);
+        lose_copy(LossKind::StackCopyRingFull);
         return false;
     }
     true

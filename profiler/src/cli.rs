@@ -151,12 +151,16 @@ pub struct SamplingArgs {
     /// unwind tables, frame pointers where a frame has none; `fp` frame pointers only (code built
     /// without them loses its callers); `copy` sends each sample's user registers and a copy of
     /// its user stack to the agent, which unwinds them (costlier: `--stack-copy-kib` per sample,
-    /// and the stack's bytes reach the agent).
+    /// and the stack's bytes reach the agent); `check` does `dwarf` and also unwinds a copy of
+    /// each walked sample's stack, and says how often the two agree frame by frame (a check of
+    /// the in-kernel unwinder, costing both).
     #[arg(long, value_enum, default_value_t = Unwind::Dwarf)]
     pub unwind: Unwind,
-    /// With `--unwind copy`: KiB of user stack copied per sample above the stack pointer (1 to
-    /// 32, default 16); a deeper stack is cut short and counted as such.
-    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u32).range(1..=32))]
+    /// With `--unwind copy` or `check`: KiB of user stack copied per sample above the stack
+    /// pointer (1 to 32, default 16 for `copy`, 32 for `check`); a deeper stack is cut short and
+    /// counted as such.
+    #[arg(long, value_name = "KIB",
+          value_parser = clap::value_parser!(u32).range(1..=MAX_STACK_COPY_KIB as i64))]
     pub stack_copy_kib: Option<u32>,
     /// Kernel memory for the unwind tables of `--unwind dwarf`, in MiB (16 bytes a row). When
     /// it is full, the tables of exited, then idle processes are evicted (counted in `--stats`);
@@ -184,6 +188,9 @@ pub const STACK_COPY_RING_FACTOR: u32 = 8;
 
 /// `--stack-copy-kib` when not given.
 pub const DEFAULT_STACK_COPY_KIB: u32 = 16;
+
+/// Largest `--stack-copy-kib`: what the program's copy holds above the stack pointer's page.
+pub const MAX_STACK_COPY_KIB: u32 = 32;
 
 /// Largest `--ring-buffer-kib`: 1 GiB, whose bytes (a power of two) still fit the u32 size the
 /// kernel takes.
@@ -219,6 +226,21 @@ pub enum Unwind {
     Fp,
     /// A copy of the user stack, unwound in the agent.
     Copy,
+    /// `Dwarf`, and the same samples' stacks copied and unwound in the agent, to compare the
+    /// two unwinders frame by frame; the table walk's stacks are the ones counted.
+    Check,
+}
+
+impl Unwind {
+    /// Whether the kernel walks user stacks with the agent's unwind tables.
+    pub fn walks_tables(self) -> bool {
+        matches!(self, Unwind::Dwarf | Unwind::Check)
+    }
+
+    /// Whether the program copies user stacks to the agent.
+    pub fn copies_stacks(self) -> bool {
+        matches!(self, Unwind::Copy | Unwind::Check)
+    }
 }
 
 /// Entries of a BPF map: at least 1 (the kernel refuses an empty map) and at most

@@ -12,7 +12,7 @@ use crate::{
     },
     cli::{
         Command, RecordArgs, ReportArgs, ReportOutput, SamplingArgs, Unwind,
-        DEFAULT_STACK_COPY_KIB, MAX_RING_BUFFER_KIB, STACK_COPY_RING_FACTOR,
+        DEFAULT_STACK_COPY_KIB, MAX_RING_BUFFER_KIB, MAX_STACK_COPY_KIB, STACK_COPY_RING_FACTOR,
     },
     events::{
         calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
@@ -147,14 +147,16 @@ fn describe_scope(args: &SamplingArgs) -> Option<String> {
 /// frame pointers, counted in `--stats`.
 const UNWIND_PROCESSES: u32 = 1024;
 
-/// KiB of user stack each sample copies, with `--unwind copy`.
+/// KiB of user stack each sample copies, with `--unwind copy` or `check`.
 fn stack_copy_kib(args: &SamplingArgs) -> Result<Option<u32>> {
     match (args.unwind, args.stack_copy_kib) {
         (Unwind::Copy, kib) => Ok(Some(kib.unwrap_or(DEFAULT_STACK_COPY_KIB))),
+        // A check compares whole stacks: as deep a copy as there is.
+        (Unwind::Check, kib) => Ok(Some(kib.unwrap_or(MAX_STACK_COPY_KIB))),
         (Unwind::Fp | Unwind::Dwarf, None) => Ok(None),
         (Unwind::Fp | Unwind::Dwarf, Some(_)) => Err(anyhow::anyhow!(
-            "--stack-copy-kib sizes the stack copies of --unwind copy: add --unwind copy, or \
-             leave --stack-copy-kib out"
+            "--stack-copy-kib sizes the stack copies of --unwind copy and check: add --unwind \
+             copy, or leave --stack-copy-kib out"
         )),
     }
 }
@@ -219,14 +221,14 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
             stack_copy_scratch: aya::util::nr_cpus()
                 .map_err(|(what, e)| anyhow::anyhow!("counting possible CPUs ({what}): {e}"))?
                 as u32,
-            unwind_rows: match args.unwind {
-                Unwind::Dwarf => args.unwind_table_mib * (1024 * 1024 / UnwindRow::SIZE as u32),
-                Unwind::Fp | Unwind::Copy => 1,
+            unwind_rows: match args.unwind.walks_tables() {
+                true => args.unwind_table_mib * (1024 * 1024 / UnwindRow::SIZE as u32),
+                false => 1,
             },
             // 8 KiB each, preallocated.
-            unwind_processes: match args.unwind {
-                Unwind::Dwarf => UNWIND_PROCESSES,
-                Unwind::Fp | Unwind::Copy => 1,
+            unwind_processes: match args.unwind.walks_tables() {
+                true => UNWIND_PROCESSES,
+                false => 1,
             },
         },
         stacks: StackCapture {
@@ -331,6 +333,9 @@ fn finish_record(capture: Capture, args: &RecordArgs, outputs: RecordOutputs) ->
     }
     if args.stats {
         eprint!("{}", recording.stats_text());
+    }
+    if let Some(check) = &recording.stats.unwind_check {
+        eprint!("{check}");
     }
     let mut profile = recording.profile;
     let mut view = args.report.view.clone();

@@ -171,16 +171,30 @@ fn kernel_version(release: &str) -> Option<(u32, u32)> {
 }
 
 /// How user stacks are walked on this kernel: `--unwind dwarf` needs 5.15; before it, frame
-/// pointers, with a note.
+/// pointers (and for `check`, the copies alone), with a note.
 fn unwind_on_this_kernel(asked: Unwind) -> Unwind {
     let release = kernel_release();
     match (asked, kernel_version(&release)) {
-        (Unwind::Dwarf, Some(version)) if version < UNWINDER_KERNEL => {
+        (Unwind::Dwarf | Unwind::Check, Some(version)) if version < UNWINDER_KERNEL => {
+            let (instead, fallback) = match asked {
+                Unwind::Check => (
+                    "unwound from copies only, with nothing to compare",
+                    Unwind::Copy,
+                ),
+                _ => ("walked by frame pointers", Unwind::Fp),
+            };
             eprintln!(
-                "note: --unwind dwarf needs Linux {}.{} or later (bpf_task_pt_regs); this kernel                  is {release}: user stacks are walked by frame pointers",
-                UNWINDER_KERNEL.0, UNWINDER_KERNEL.1
+                "note: --unwind {} needs Linux {}.{} or later (bpf_task_pt_regs); this kernel \
+                 is {release}: user stacks are {instead}",
+                if asked == Unwind::Check {
+                    "check"
+                } else {
+                    "dwarf"
+                },
+                UNWINDER_KERNEL.0,
+                UNWINDER_KERNEL.1
             );
-            Unwind::Fp
+            fallback
         }
         _ => asked,
     }
@@ -194,7 +208,7 @@ pub(crate) fn capture_config(options: &RecordOptions) -> CaptureConfig {
     let mut flags = 0;
     if options.stacks.user {
         flags |= CAPTURE_USER_STACKS;
-        if unwind_on_this_kernel(options.unwind) == Unwind::Dwarf {
+        if unwind_on_this_kernel(options.unwind).walks_tables() {
             flags |= CAPTURE_UNWIND_DWARF;
         }
     }

@@ -661,3 +661,134 @@ fn samples_in_the_vdso_are_unwound_with_its_own_unwind_tables() {
     );
     assert_most_reach_a_root(&profile, "clock, --unwind copy");
 }
+
+/// `profiler record --unwind check -F 999 -o DIR/check.prof -- COMMAND`: how many samples the
+/// two unwinders were compared on and how many agreed frame by frame, with the comparison's
+/// lines.
+fn unwinders_compared(dir: &Path, command: &[&str]) -> (u64, u64, String) {
+    let stderr = common::record_to(
+        &dir.join("check.prof"),
+        &["--unwind", "check", "-F", "999"],
+        command,
+    );
+    let line = stderr
+        .lines()
+        .find(|line| line.starts_with("Unwinders compared (--unwind check): "))
+        .unwrap_or_else(|| panic!("no comparison in:\n{stderr}"));
+    let number_before = |words: &str| -> u64 {
+        let before = &line[..line.find(words).unwrap_or_else(|| panic!("{line}"))];
+        let number = before.trim_end().rsplit(' ').next().unwrap();
+        number.parse().unwrap_or_else(|_| panic!("{line}"))
+    };
+    let compared = number_before("samples walked in the kernel");
+    let agreeing = number_before("agree frame by frame");
+    let lines = stderr
+        .lines()
+        .skip_while(|text| !text.starts_with("Unwinders compared"))
+        .take_while(|text| text.starts_with("Unwinders") || text.starts_with("  "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (compared, agreeing, lines)
+}
+
+#[test]
+fn the_in_kernel_and_the_copy_unwinder_agree_frame_by_frame_on_the_same_samples() {
+    // `--unwind check`: the table walk in the kernel counts each sample, and the same sample's
+    // stack copy, unwound in the agent by framehop, is compared with it frame by frame. The C
+    // workload built without frame pointers: leaf functions, calls through qsort and memcpy;
+    // two threads interrupted by a signal handler (a signal frame on the stack); a library
+    // loaded with dlopen mid-run (its first samples may come before its table is loaded); and
+    // the vDSO (the kernel's walker uses the vDSO's own table). Then Rust 60 frames deep, and
+    // Debian's own programs, where a process's first samples may come before the agent has
+    // published its libraries.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    let binary = binary.to_str().unwrap();
+    let library = common::c_workload::build_dlopened_library(dir.path());
+    let deep = common::workload("deep_stack");
+    let mut runs: Vec<(String, Vec<String>, f64)> = [
+        vec![binary, "1500"],
+        vec![binary, "1500", "mix"],
+        vec![binary, "2000", "dlopen", library.to_str().unwrap()],
+        vec![binary, "1500", "clock"],
+        vec![deep.to_str().unwrap(), "15000"],
+    ]
+    .into_iter()
+    .map(|command| {
+        let words: Vec<String> = command.iter().map(|word| word.to_string()).collect();
+        (command[1..].join(" "), words, 0.99)
+    })
+    .collect();
+    for (program, command) in debian_programs(dir.path()) {
+        runs.push((program.to_string(), command, 0.97));
+    }
+    // The agent exports windows and prints no end-of-run summary: it refuses the check.
+    let output = Command::new(common::profiler_bin())
+        .args(["agent", "--unwind", "check", "--output-dir"])
+        .arg(dir.path().join("windows"))
+        .output()
+        .expect("the profiler runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("use it with `record`"),
+        "agent --unwind check: {stderr}"
+    );
+    for (what, command, least) in runs {
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        let (compared, agreeing, lines) = unwinders_compared(dir.path(), &command);
+        eprintln!("{what}: {}", lines.lines().next().unwrap_or_default());
+        assert!(compared >= 200, "{what}: {lines}");
+        assert!(
+            agreeing as f64 >= least * compared as f64,
+            "{what}: fewer than {:.0}% agree:\n{lines}",
+            least * 100.0
+        );
+    }
+}
+
+#[test]
+fn a_signal_handlers_samples_are_unwound_through_the_signal_frame_to_main() {
+    // The workload's handler runs on a SIGPROF timer on top of whatever it interrupted: a
+    // stack through it reaches main or the thread start only through the signal frame the
+    // kernel pushed. The copy unwinder (framehop cannot read the frame's call-frame
+    // information) recognises the C library's signal-return trampoline; the kernel's walker
+    // uses the rows compiled from that information.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    for unwind in ["copy", "dwarf"] {
+        let profile = record_live(
+            dir.path(),
+            unwind,
+            &[],
+            &[binary.to_str().unwrap(), "2000", "mix"],
+        );
+        let in_handler: Vec<&StackSample> = profile
+            .stacks
+            .iter()
+            .filter(|stack| {
+                user_functions(&profile, stack)
+                    .iter()
+                    .any(|f| f == "on_alarm")
+            })
+            .collect();
+        let total: u64 = in_handler.iter().map(|stack| stack.count).sum();
+        let through: u64 = in_handler
+            .iter()
+            .filter(|stack| {
+                let names = user_functions(&profile, stack);
+                let handler = names.iter().position(|f| f == "on_alarm").unwrap();
+                names[handler..].iter().any(|f| f == "work")
+                    && names.iter().any(|name| ROOTS.contains(&name.as_str()))
+            })
+            .map(|stack| stack.count)
+            .sum();
+        assert!(
+            total >= 20,
+            "--unwind {unwind}: {total} samples in the handler"
+        );
+        assert!(
+            through * 100 >= total * 99,
+            "--unwind {unwind}: {through} of {total} samples in the handler reach work and a root"
+        );
+    }
+}

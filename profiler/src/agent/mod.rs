@@ -24,7 +24,7 @@ use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 use self::log::{log, LogLevel};
 use crate::{
     capture::session::{CaptureSession, WindowCapture},
-    cli::{seconds, SamplingArgs},
+    cli::{seconds, SamplingArgs, Unwind},
     commands::{capture_options, target_of},
     export::upload::UploadCounts,
     export::{
@@ -481,6 +481,12 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
         bail!(
             "--wakers is a view of `record`'s report: the agent exports off-CPU time \
              (--off-cpu) without its wakers"
+        );
+    }
+    if args.sampling.unwind == Unwind::Check {
+        bail!(
+            "--unwind check compares two unwinders over one recording: use it with `record`; \
+             the agent takes --unwind dwarf, fp or copy"
         );
     }
     let sinks = args.sinks()?;

@@ -455,6 +455,7 @@ impl CaptureSession {
         let accounting = self.accounting()?;
         self.close_off_cpu()?;
         self.drainer.drain(&mut self.program, &mut self.drained)?;
+        self.compare_unwinders();
         let end = SystemTime::now();
         self.learn_wakers();
         let start = self.window_start;
@@ -469,6 +470,13 @@ impl CaptureSession {
             accounting,
             programs: self.program.run_statistics()?,
         })
+    }
+
+    /// `--unwind check`: compares the stack copies read so far with the kernel's walks drained.
+    fn compare_unwinders(&mut self) {
+        if let Some(stream) = &mut self.stack_copies {
+            stream.compare_drained(&self.drained.stack_cache, &self.processes);
+        }
     }
 
     /// `--wakers`: a waker outside the scope is in no side-band record; read from /proc while
@@ -554,6 +562,7 @@ impl CaptureSession {
         if let Some(stream) = &mut self.stack_copies {
             stream.finish(&self.processes, &mut self.drained)?;
         }
+        self.compare_unwinders();
         let accounting = self.accounting()?;
         let stats = CaptureStats {
             programs: self.program.run_statistics()?,
@@ -564,6 +573,11 @@ impl CaptureSession {
             stacks_read: self.drainer.frames_map.read,
             raw_samples_written: self.raw.as_ref().map_or(0, RawStream::written),
             unwind: self.unwinder.as_ref().map(UnwindLoader::render_stats),
+            unwind_check: self
+                .stack_copies
+                .as_ref()
+                .filter(|_| self.config.flags & CAPTURE_UNWIND_DWARF != 0)
+                .map(|stream| stream.comparison().render()),
         };
         self.close_off_cpu()?;
         self.learn_wakers();

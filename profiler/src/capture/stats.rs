@@ -41,6 +41,8 @@ pub struct CaptureStats {
     pub raw_samples_written: u64,
     /// With `--unwind dwarf`: the unwind tables' lines.
     pub unwind: Option<String>,
+    /// With `--unwind check`: how the kernel's walks and the copies compared.
+    pub unwind_check: Option<String>,
 }
 
 impl CaptureStats {
@@ -143,6 +145,7 @@ mod tests {
             stacks_read: 130,
             raw_samples_written: 0,
             unwind: None,
+            unwind_check: None,
         };
         assert_eq!(stats.ns_per_sample(), Some(1250.0));
         let text = stats.render(1000);

@@ -1,16 +1,24 @@
 //! The stack-copy stream (`record --unwind copy`): the capture program sends every sample's user
 //! registers, user stack bytes and kernel frames through a ring buffer instead of counting its
 //! stacks in the maps; they are unwound here with the copy unwinder against the process table
-//! the side-band keeps, and counted into the same drained stacks as every other sample.
+//! the side-band keeps, and counted into the same drained stacks as every other sample. With
+//! `--unwind check` the records are the copies of samples the kernel walked and counted: they
+//! are unwound and compared with the walk's stacks instead.
 
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
-use profiler_common::capture::{LossKind, StackCopyHeader};
+use profiler_common::{
+    capture::{LossKind, StackCopyHeader},
+    stack::NO_STACK,
+};
 
 use super::{add_per_cpu, stacks::StackCache, Drained, DrainedStack};
 use crate::{
     capture::{ring::KernelRing, sideband::ProcessTable},
-    unwind::copy::{CopyUnwinder, StackCopy, UserRegisters},
+    unwind::{
+        check::UnwinderComparison,
+        copy::{CopyUnwinder, StackCopy, UnwoundStack, UserRegisters},
+    },
 };
 
 /// Records read at most per [`StackCopyStream::read_into`], so that a busy ring cannot keep the
@@ -22,6 +30,8 @@ pub struct StackCopyStream {
     unwinder: CopyUnwinder,
     /// Walks that ended short of a root, per [`LossKind`].
     losses: [u64; LossKind::COUNT],
+    /// With `--unwind check`: the copies compared with the kernel's walks.
+    comparison: UnwinderComparison,
 }
 
 impl StackCopyStream {
@@ -30,6 +40,7 @@ impl StackCopyStream {
             ring: KernelRing::new(ring)?,
             unwinder: CopyUnwinder::default(),
             losses: [0; LossKind::COUNT],
+            comparison: UnwinderComparison::default(),
         })
     }
 
@@ -42,12 +53,30 @@ impl StackCopyStream {
     /// read. `processes` must hold the mappings the samples' processes had.
     pub fn read_into(&mut self, processes: &ProcessTable, drained: &mut Drained) -> Result<usize> {
         let (unwinder, losses) = (&mut self.unwinder, &mut self.losses);
+        let comparison = &mut self.comparison;
         self.ring.for_each_bytes(RECORDS_PER_READ, |record| {
-            let cache = &mut drained.stack_cache;
-            let Some((stack, cpu)) = unwind_record(record, processes, unwinder, losses, cache)
-            else {
+            let Some(copied) = unwind_record(record, processes, unwinder) else {
                 return Ok(());
             };
+            let header = &copied.header;
+            if header.walked_in_kernel != NO_STACK {
+                comparison.add(header.pid, header.walked_in_kernel, copied.unwound);
+                return Ok(());
+            }
+            if let Some(loss) = copied.unwound.end.loss() {
+                losses[loss as usize] += 1;
+            }
+            let cache = &mut drained.stack_cache;
+            let kernel_frames = (header.kernel_bytes as usize / 8).min(header.kernel.len());
+            let stack = DrainedStack {
+                pid: header.pid,
+                tid: header.tid,
+                event: header.event,
+                cgroup: header.cgroup,
+                user: cache.intern(&copied.unwound.frames),
+                kernel: cache.intern(&header.kernel[..kernel_frames]),
+            };
+            let cpu = header.cpu as usize;
             let mut per_cpu = vec![0; cpu + 1];
             per_cpu[cpu] = 1;
             add_per_cpu(drained.stacks.entry(stack).or_default(), &per_cpu);
@@ -65,17 +94,31 @@ impl StackCopyStream {
     pub fn losses(&self) -> &[u64; LossKind::COUNT] {
         &self.losses
     }
+
+    /// With `--unwind check`, compares the copies whose kernel stacks `cache` holds now.
+    pub fn compare_drained(&mut self, cache: &StackCache, processes: &ProcessTable) {
+        self.comparison.compare_drained(cache, processes);
+    }
+
+    /// The comparison of the kernel's walks with the copies (`--unwind check`).
+    pub fn comparison(&self) -> &UnwinderComparison {
+        &self.comparison
+    }
 }
 
-/// The stacks of one record and the CPU it was taken on; `None` for a record too short to be
-/// one (the program writes none).
+/// A stack-copy record, unwound.
+struct CopiedSample {
+    header: StackCopyHeader,
+    unwound: UnwoundStack,
+}
+
+/// One record, its user stack unwound; `None` for a record too short to be one (the program
+/// writes none).
 fn unwind_record(
     record: &[u8],
     processes: &ProcessTable,
     unwinder: &mut CopyUnwinder,
-    losses: &mut [u64; LossKind::COUNT],
-    cache: &mut StackCache,
-) -> Option<(DrainedStack, usize)> {
+) -> Option<CopiedSample> {
     let header_len = std::mem::size_of::<StackCopyHeader>();
     let header = record.get(..header_len)?;
     // SAFETY: `header` holds `size_of::<StackCopyHeader>()` bytes and the header is a
@@ -97,17 +140,5 @@ fn unwind_record(
             bytes: stack_bytes,
         },
     );
-    if let Some(loss) = unwound.end.loss() {
-        losses[loss as usize] += 1;
-    }
-    let kernel_frames = (header.kernel_bytes as usize / 8).min(header.kernel.len());
-    let stack = DrainedStack {
-        pid: header.pid,
-        tid: header.tid,
-        event: header.event,
-        cgroup: header.cgroup,
-        user: cache.intern(&unwound.frames),
-        kernel: cache.intern(&header.kernel[..kernel_frames]),
-    };
-    Some((stack, header.cpu as usize))
+    Some(CopiedSample { header, unwound })
 }

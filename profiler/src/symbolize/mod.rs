@@ -263,11 +263,11 @@ impl<'a> FrameTable<'a> {
         let mut perf_maps = perf_map::PerfMaps::default();
         let vdso = unresolved
             .iter()
-            .any(|(_, frame)| frame.module == VDSO)
+            .any(|(_, frame)| frame.module == vdso::VDSO)
             .then(vdso::Vdso::own)
             .flatten();
         for (address, mut frame) in unresolved {
-            if frame.module == VDSO {
+            if frame.module == vdso::VDSO {
                 if let Some((name, start)) =
                     vdso.as_ref().and_then(|v| v.lookup(frame.module_offset))
                 {
@@ -285,9 +285,6 @@ impl<'a> FrameTable<'a> {
         }
     }
 }
-
-/// The kernel's label of the vDSO mapping.
-const VDSO: &str = "[vdso]";
 
 /// A symbolizer that reports lines and inlined functions.
 pub fn new_symbolizer() -> Symbolizer {

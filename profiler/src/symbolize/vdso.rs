@@ -4,6 +4,9 @@
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
+/// The kernel's label of the vDSO mapping.
+pub const VDSO: &str = "[vdso]";
+
 /// This process's vDSO image, where the kernel mapped it (the same image every process of this
 /// kernel maps); `None` without one.
 pub fn own_image() -> Option<&'static [u8]> {

@@ -12,15 +12,12 @@ use std::{
     sync::Arc,
 };
 
-use framehop::{Error as WalkError, ExplicitModuleSectionInfo, Module, Unwinder};
+use framehop::{Error as WalkError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection, ObjectSegment};
 use profiler_common::capture::LossKind;
 
 use crate::capture::sideband::{FileIdentity, Mapping, ProcessTable};
-use crate::symbolize::vdso;
-
-/// The kernel's name of the vDSO mapping.
-const VDSO: &str = "[vdso]";
+use crate::symbolize::vdso::{self, VDSO};
 
 /// Most frames a walk produces: deeper stacks end as [`StackEnd::TooDeep`].
 pub const MAX_FRAMES: usize = profiler_common::stack::MAX_STACK_DEPTH;
@@ -38,22 +35,68 @@ pub struct UserRegisters {
 }
 
 /// framehop's walker for the machine's architecture: the stacks are copied from its processes.
+/// framehop does not unwind through signal frames (their call-frame information is made of
+/// DWARF expressions), so the walk recognises a return into the C library's or the vDSO's
+/// signal-return trampoline by its code, and restores the interrupted context the kernel saved
+/// on the stack (as libgcc's and LLVM's libunwind do).
 #[cfg(target_arch = "x86_64")]
 mod native {
-    use framehop::x86_64::UnwindRegsX86_64;
+    use framehop::x86_64::UnwindRegsX86_64 as Registers;
     pub use framehop::x86_64::{CacheX86_64 as Cache, UnwinderX86_64 as ArchUnwinder};
 
-    pub fn registers(user: &super::UserRegisters) -> UnwindRegsX86_64 {
-        UnwindRegsX86_64::new(user.ip, user.sp, user.fp)
+    pub fn registers(user: &super::UserRegisters) -> Registers {
+        Registers::new(user.ip, user.sp, user.fp)
+    }
+
+    /// `__restore_rt`: `mov $15, %rax` (rt_sigreturn); `syscall`.
+    pub const SIGNAL_RETURN_CODE: &[u8] = &[0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05];
+
+    /// The interrupted context, from the signal frame at the stack pointer of a return into the
+    /// trampoline (the `ucontext` follows the popped return address): its instruction pointer
+    /// and registers. The `sigcontext` is 40 bytes in; rbp, rsp and rip are its 11th, 16th
+    /// and 17th words.
+    pub fn interrupted_context(
+        regs: &Registers,
+        read: &mut impl FnMut(u64) -> Result<u64, ()>,
+    ) -> Result<(u64, Registers), ()> {
+        let context = regs.sp().checked_add(40).ok_or(())?;
+        let word = |read: &mut dyn FnMut(u64) -> Result<u64, ()>, index: u64| {
+            read(context.checked_add(8 * index).ok_or(())?)
+        };
+        let (fp, sp, ip) = (word(read, 10)?, word(read, 15)?, word(read, 16)?);
+        Ok((ip, Registers::new(ip, sp, fp)))
     }
 }
 #[cfg(target_arch = "aarch64")]
 mod native {
-    use framehop::aarch64::UnwindRegsAarch64;
+    use framehop::aarch64::UnwindRegsAarch64 as Registers;
     pub use framehop::aarch64::{CacheAarch64 as Cache, UnwinderAarch64 as ArchUnwinder};
 
-    pub fn registers(user: &super::UserRegisters) -> UnwindRegsAarch64 {
-        UnwindRegsAarch64::new(user.link, user.sp, user.fp)
+    pub fn registers(user: &super::UserRegisters) -> Registers {
+        Registers::new(user.link, user.sp, user.fp)
+    }
+
+    /// The vDSO's `__kernel_rt_sigreturn`: `mov x8, #139` (rt_sigreturn); `svc #0`.
+    pub const SIGNAL_RETURN_CODE: &[u8] = &[0x68, 0x11, 0x80, 0xd2, 0x01, 0x00, 0x00, 0xd4];
+
+    /// The interrupted context, from the signal frame at the stack pointer of a return into the
+    /// trampoline: `siginfo` (128 bytes), then the `ucontext`, whose `sigcontext` starts 176
+    /// bytes in with the fault address, x0 to x30, sp and pc.
+    pub fn interrupted_context(
+        regs: &Registers,
+        read: &mut impl FnMut(u64) -> Result<u64, ()>,
+    ) -> Result<(u64, Registers), ()> {
+        let context = regs.sp().checked_add(128 + 176 + 8).ok_or(())?;
+        let word = |read: &mut dyn FnMut(u64) -> Result<u64, ()>, index: u64| {
+            read(context.checked_add(8 * index).ok_or(())?)
+        };
+        let (fp, link, sp, pc) = (
+            word(read, 29)?,
+            word(read, 30)?,
+            word(read, 31)?,
+            word(read, 32)?,
+        );
+        Ok((pc, Registers::new(link, sp, fp)))
     }
 }
 
@@ -118,7 +161,19 @@ struct ModuleSections {
     segments: Vec<(Range<u64>, u64)>,
     /// The ELF entry point's address.
     entry: u64,
+    /// Addresses of signal-return trampolines in its code.
+    signal_returns: Vec<u64>,
     info: ExplicitModuleSectionInfo<Arc<[u8]>>,
+}
+
+/// The addresses in `text` (at `text_address`) where the signal-return code starts.
+fn signal_returns(text: &[u8], text_address: u64) -> Vec<u64> {
+    let code = native::SIGNAL_RETURN_CODE;
+    text.windows(code.len())
+        .enumerate()
+        .filter(|(_, bytes)| *bytes == code)
+        .map(|(offset, _)| text_address + offset as u64)
+        .collect()
 }
 
 impl ModuleSections {
@@ -153,9 +208,14 @@ impl ModuleSections {
             debug_frame: data(".debug_frame"),
             ..ExplicitModuleSectionInfo::default()
         };
+        let signal_returns = match (&info.text, &info.text_svma) {
+            (Some(text), Some(address)) => signal_returns(text, address.start),
+            _ => Vec::new(),
+        };
         Some(ModuleSections {
             segments,
             entry: file.entry(),
+            signal_returns,
             info,
         })
     }
@@ -194,9 +254,15 @@ struct ProcessModules {
     code: Vec<Range<u64>>,
     /// The first bytes of each module's entry point: a return there ends the stack.
     entries: Vec<Range<u64>>,
+    /// Where the signal-return trampolines are: a return there resumes an interrupted context.
+    signal_returns: Vec<u64>,
 }
 
 impl ProcessModules {
+    fn is_signal_return(&self, address: u64) -> bool {
+        self.signal_returns.contains(&address)
+    }
+
     fn holds_code(&self, address: u64) -> bool {
         self.code.iter().any(|range| range.contains(&address))
     }
@@ -273,14 +339,9 @@ impl CopyUnwinder {
         self.update_modules(table, pid);
         let modules = &self.processes[&pid];
         let mut read_stack = |address| stack.word(address).ok_or(());
-        let mut walk = modules.unwinder.iter_frames(
-            registers.ip,
-            native::registers(&registers),
-            &mut self.cache,
-            &mut read_stack,
-        );
+        let mut regs = native::registers(&registers);
         // The first frame is the sampled instruction itself.
-        let _ = walk.next();
+        let mut frame = FrameAddress::InstructionPointer(registers.ip);
         let mut frames = vec![registers.ip];
         let end = loop {
             // The last frame returns into an entry point: nothing called it (the walk past it
@@ -291,12 +352,34 @@ impl CopyUnwinder {
             if frames.len() >= MAX_FRAMES {
                 break StackEnd::TooDeep;
             }
-            match walk.next() {
-                Ok(Some(frame)) if modules.holds_code(frame.address()) => {
-                    frames.push(frame.address())
+            if let FrameAddress::ReturnAddress(at) = frame {
+                if modules.is_signal_return(at.get()) {
+                    // The handler returns into the trampoline: the next frame is the
+                    // instruction the signal interrupted, in the context saved on the stack.
+                    match native::interrupted_context(&regs, &mut read_stack) {
+                        Ok((ip, interrupted)) if modules.holds_code(ip) => {
+                            (frame, regs) = (FrameAddress::InstructionPointer(ip), interrupted);
+                            frames.push(ip);
+                            continue;
+                        }
+                        Ok(_) => break StackEnd::OutsideCode,
+                        Err(()) => break StackEnd::CopyTooSmall,
+                    }
                 }
-                Ok(Some(_)) => break StackEnd::OutsideCode,
-                Ok(None) | Err(WalkError::ReturnAddressIsNull) => break StackEnd::Root,
+            }
+            let next =
+                modules
+                    .unwinder
+                    .unwind_frame(frame, &mut regs, &mut self.cache, &mut read_stack);
+            match next.map(|next| next.map(|at| (at, FrameAddress::from_return_address(at)))) {
+                Ok(Some((at, Some(caller)))) if modules.holds_code(at) => {
+                    frame = caller;
+                    frames.push(at);
+                }
+                Ok(Some((_, Some(_)))) => break StackEnd::OutsideCode,
+                Ok(None | Some((_, None))) | Err(WalkError::ReturnAddressIsNull) => {
+                    break StackEnd::Root
+                }
                 Err(WalkError::CouldNotReadStack(_)) => break StackEnd::CopyTooSmall,
                 Err(
                     WalkError::DidNotAdvance
@@ -321,6 +404,7 @@ impl CopyUnwinder {
         let mappings = executable_mappings(table, pid);
         let mut unwinder = native::ArchUnwinder::new();
         let mut entries = Vec::new();
+        let mut signal_returns = Vec::new();
         for mapping in &mappings {
             let sections = match mapping.file {
                 Some(identity) => self.files.entry(identity).or_insert_with(|| {
@@ -344,6 +428,13 @@ impl CopyUnwinder {
             if mapping.contains(entry) {
                 entries.push(entry..entry.saturating_add(ENTRY_CALL_BYTES));
             }
+            signal_returns.extend(
+                sections
+                    .signal_returns
+                    .iter()
+                    .map(|address| base.wrapping_add(*address))
+                    .filter(|address| mapping.contains(*address)),
+            );
             unwinder.add_module(Module::new(
                 mapping.path.clone(),
                 mapping.start..mapping.end,
@@ -362,6 +453,7 @@ impl CopyUnwinder {
                 unwinder,
                 code,
                 entries,
+                signal_returns,
             },
         );
     }
@@ -394,6 +486,7 @@ mod tests {
                 (0x5e10..0x6000, 0x6e10),
             ],
             entry: 0,
+            signal_returns: Vec::new(),
             info: ExplicitModuleSectionInfo::default(),
         };
         let text = mapping(0x7f00_0000_1000, 0x1000);
@@ -414,6 +507,7 @@ mod tests {
         let sections = ModuleSections {
             segments: vec![(0..0x1415c, 0), (0x14160..0x562d0, 0x15160)],
             entry: 0,
+            signal_returns: Vec::new(),
             info: ExplicitModuleSectionInfo::default(),
         };
         let text = mapping(0x5642_c4cc_a000, 0x14000);
@@ -458,5 +552,45 @@ mod tests {
         );
         assert_eq!(unwound.frames, vec![0x401000]);
         assert_eq!(unwound.end, StackEnd::OutsideCode);
+    }
+
+    #[test]
+    fn the_signal_return_code_is_found_wherever_it_lies_in_the_text() {
+        let code = native::SIGNAL_RETURN_CODE;
+        let mut text = vec![0x90u8; 64];
+        text[5..5 + code.len()].copy_from_slice(code);
+        text[40..40 + code.len()].copy_from_slice(code);
+        assert_eq!(signal_returns(&text, 0x1000), vec![0x1005, 0x1028]);
+        assert_eq!(signal_returns(&text[..20], 0x1000), vec![0x1005]);
+        assert!(signal_returns(&text[..8], 0x1000).is_empty());
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_interrupted_context_is_read_from_the_ucontext_at_the_stack_pointer() {
+        // The kernel's frame at a return into __restore_rt: uc_flags, uc_link, uc_stack (3
+        // words), then the sigcontext: r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip.
+        let sp = 0x7fff_0000u64;
+        let mut words = [0u64; 5 + 17];
+        words[5 + 10] = 0x7fff_1230; // rbp
+        words[5 + 15] = 0x7fff_1200; // rsp
+        words[5 + 16] = 0x40_1234; // rip
+        let mut read = |address: u64| {
+            let index = usize::try_from((address - sp) / 8).unwrap();
+            words.get(index).copied().ok_or(())
+        };
+        let regs = native::registers(&UserRegisters {
+            sp,
+            ..UserRegisters::default()
+        });
+        let (ip, restored) = native::interrupted_context(&regs, &mut read).unwrap();
+        assert_eq!(ip, 0x40_1234);
+        assert_eq!(
+            (restored.ip(), restored.sp(), restored.bp()),
+            (0x40_1234, 0x7fff_1200, 0x7fff_1230)
+        );
+        // A copy that ends before the saved registers.
+        let mut short = |address: u64| if address < sp + 64 { Ok(0) } else { Err(()) };
+        assert!(native::interrupted_context(&regs, &mut short).is_err());
     }
 }

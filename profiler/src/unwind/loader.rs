@@ -27,7 +27,7 @@ use profiler_common::{
 
 use super::{
     arena::{eviction_order, ArenaSpace, Placed, TableUse},
-    tables::{TableCache, UnwindTable},
+    tables::{compile, TableCache, UnwindTable},
 };
 use crate::{
     capture::{
@@ -35,6 +35,7 @@ use crate::{
         sideband::{FileIdentity, Mapping, ProcessTable},
     },
     input::{open_regular, FinalLink, ModuleImage},
+    symbolize::vdso::{self, VDSO},
 };
 
 /// A file's table and where its loadable segments are, to turn a mapping into a load bias.
@@ -132,6 +133,8 @@ pub struct UnwindLoader {
     requests: KernelRing,
     cache: TableCache,
     files: HashMap<FileIdentity, Result<Arc<FileTable>, String>>,
+    /// Compiled when a process first maps the vDSO.
+    vdso: Option<Result<VdsoTable, String>>,
     /// By the table's address: the cache hands out one `Arc` per distinct file.
     placed: HashMap<*const UnwindTable, Placed>,
     space: ArenaSpace,
@@ -163,6 +166,7 @@ impl UnwindLoader {
             requests,
             cache: TableCache::new(TableCache::default_directory()),
             files: HashMap::new(),
+            vdso: None,
             placed: HashMap::new(),
             published: HashMap::new(),
             use_stamps: HashMap::new(),
@@ -300,7 +304,8 @@ impl UnwindLoader {
             ..ExecMapping::default()
         };
         let file = match (mapping.is_file(), mapping.file) {
-            (false, _) => Err("not a file (JIT code, the vDSO)"),
+            (false, _) if mapping.path == VDSO => self.vdso_table(mapping),
+            (false, _) => Err("not a file (JIT code)"),
             (true, None) => Err("its file could not be opened"),
             (true, Some(identity)) => self.file_table(processes, identity),
         };
@@ -323,6 +328,18 @@ impl UnwindLoader {
         Ok((entry, None))
     }
 
+    /// The vDSO's table, compiled on first use, for a `[vdso]` mapping the size of the agent's.
+    fn vdso_table(&mut self, mapping: &Mapping) -> Result<Arc<FileTable>, &'static str> {
+        let vdso = self
+            .vdso
+            .get_or_insert_with(|| VdsoTable::compile().map_err(|e| format!("{e:#}")));
+        match vdso {
+            Ok(vdso) if vdso.bytes == mapping.end - mapping.start => Ok(Arc::clone(&vdso.file)),
+            Ok(_) => Err("a vDSO unlike the profiler's own (a 32-bit process?)"),
+            Err(_) => Err("the vDSO's call-frame information did not compile"),
+        }
+    }
+
     fn file_table(
         &mut self,
         processes: &ProcessTable,
@@ -342,23 +359,10 @@ impl UnwindLoader {
             let table = self.cache.table(&file, &path)?;
             let image = ModuleImage::new(file);
             let elf = object::File::parse(&image)?;
-            let segments = elf
-                .segments()
-                .map(|segment| {
-                    let (offset, size) = segment.file_range();
-                    let executable = matches!(
-                        segment.flags(),
-                        object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
-                    );
-                    Segment {
-                        offset,
-                        size,
-                        address: segment.address(),
-                        executable,
-                    }
-                })
-                .collect();
-            Ok(FileTable { table, segments })
+            Ok(FileTable {
+                table,
+                segments: segments(&elf),
+            })
         })();
         let compiled = compiled.map(Arc::new).map_err(|e| format!("{e:#}"));
         self.files.insert(identity, compiled.clone());
@@ -665,6 +669,46 @@ struct Segment {
     size: u64,
     address: u64,
     executable: bool,
+}
+
+/// The loadable segments of an ELF file.
+fn segments<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Vec<Segment> {
+    elf.segments()
+        .map(|segment| {
+            let (offset, size) = segment.file_range();
+            let executable = matches!(
+                segment.flags(),
+                object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
+            );
+            Segment {
+                offset,
+                size,
+                address: segment.address(),
+                executable,
+            }
+        })
+        .collect()
+}
+
+/// The vDSO's table, from the agent's own image: every process of this kernel maps the same one
+/// (a 32-bit process maps another, of another size, which gets no table).
+struct VdsoTable {
+    file: Arc<FileTable>,
+    bytes: u64,
+}
+
+impl VdsoTable {
+    fn compile() -> Result<VdsoTable> {
+        let image = vdso::own_image().context("the profiler has no vDSO to read")?;
+        let elf = object::File::parse(image).context("parsing the vDSO")?;
+        Ok(VdsoTable {
+            file: Arc::new(FileTable {
+                table: Arc::new(compile(&elf).context("compiling the vDSO's unwind table")?),
+                segments: segments(&elf),
+            }),
+            bytes: image.len() as u64,
+        })
+    }
 }
 
 #[cfg(test)]
