@@ -3,12 +3,16 @@
 //! `record --off-cpu`, and under two bpftrace references: the one the off-CPU tests compare
 //! against (`tests/reference/offcputime.bt`, kernel stacks), and the same with user stacks
 //! (`offcputime-user.bt`), which is what bcc's `offcputime` and `record --off-cpu` keep. Each
-//! run goes through `run_timed`, whose child the workload is under every tool; the slowdown is
-//! the workload's own elapsed time for its switches against the bare runs', and its CPU time.
-//! Both swing by tens of percent on a 2-CPU machine (where two ping-pong threads land decides
-//! more than what runs on each switch), so the tools' own cost is also read exactly: the run
-//! time of the BPF programs each tool loaded (the kernel's BPF statistics, polled while the
-//! run lasts) per sched_switch they saw.
+//! run goes through `run_timed`, whose child the workload is under every tool, pinned to one
+//! CPU (`taskset -c 0`): unpinned, where the two ping-pong threads land decides more than what
+//! runs on each switch (the elapsed time swung by tens of percent), and a switch to or from the
+//! idle task, which no tool records, costs little, so tools whose runs saw different mixes of
+//! switches could not be compared per switch. Pinned, every switch is one of the workload's
+//! threads leaving the CPU to another. The slowdown is the workload's own elapsed time for its
+//! switches against the bare runs', and its CPU time; the tools' own cost is also read exactly:
+//! the run time of the BPF programs each tool loaded (the kernel's BPF statistics, polled while
+//! the run lasts) per sched_switch they saw. Ours runs twice: with its default DWARF user
+//! stacks, and with frame-pointer user stacks (`--unwind fp`), the reference's own work.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -57,6 +61,9 @@ pub fn measure(
     let run_timed = path_arg(&release.join("run_timed"));
     let workload = [
         run_timed.clone(),
+        "taskset".into(),
+        "-c".into(),
+        "0".into(),
         path_arg(&release.join("switch_storm")),
         ROUND_TRIPS.to_string(),
         JOBS.to_string(),
@@ -75,16 +82,18 @@ pub fn measure(
         ]
         .to_vec()
     };
-    let tools: [(&'static str, Vec<String>); 4] = [
+    let record = |options: &[&str]| -> Vec<String> {
+        [path_arg(profiler), "record".into(), "--off-cpu".into()]
+            .into_iter()
+            .chain(options.iter().map(|option| option.to_string()))
+            .chain(["-o".into(), profile.clone(), "--".into()])
+            .chain(workload.iter().cloned())
+            .collect()
+    };
+    let tools: [(&'static str, Vec<String>); 5] = [
         ("bare", workload.to_vec()),
-        (
-            "profiler record --off-cpu",
-            [path_arg(profiler), "record".into(), "--off-cpu".into()]
-                .into_iter()
-                .chain(["-o".into(), profile.clone(), "--".into()])
-                .chain(workload.iter().cloned())
-                .collect(),
-        ),
+        ("profiler record --off-cpu", record(&[])),
+        ("profiler record --off-cpu --unwind fp", record(&["--unwind", "fp"])),
         ("bpftrace offcputime.bt", bpftrace("offcputime.bt")),
         (
             "bpftrace offcputime-user.bt",

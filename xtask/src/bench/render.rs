@@ -405,15 +405,15 @@ fn off_cpu_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     let _ = writeln!(
         out,
         "\n## 10. Off-CPU cost\n\nThe tests' `switch_storm` (pipe ping-pong between two threads, \
-         then four workers on a condition variable; each run under `run_timed`) bare, under \
-         `record --off-cpu` and under two bpftrace references, which keep per-thread maps in \
-         the kernel as we do: the off-CPU tests' (kernel stacks) and the same with user stacks \
-         (frame pointers), what bcc's offcputime and we keep. The workload's own time for its \
-         switches and its CPU time, median (min–max) over the rounds, and the slowdown against \
-         the bare runs (both swing by tens of percent here); and exact, from the kernel's BPF \
-         statistics, each tool's BPF run time per context switch. Ours against the \
-         user-stack reference, which does the same work. Target: ours no more than the \
-         reference's.\n"
+         then four workers on a condition variable; each run under `run_timed`, pinned to CPU 0 \
+         so that every switch is between two of its threads) bare, under `record --off-cpu` \
+         (DWARF user stacks, the default, and frame-pointer ones) and under two bpftrace \
+         references, which keep per-thread maps in the kernel as we do: the off-CPU tests' \
+         (kernel stacks) and the same with user stacks (frame pointers), what bcc's offcputime \
+         and we keep. The workload's own time for its switches and its CPU time, median \
+         (min–max) over the rounds, and the slowdown against the bare runs; and exact, from the \
+         kernel's BPF statistics, each tool's BPF run time per context switch. Ours against the \
+         user-stack reference. Target: ours no more than the reference's.\n"
     );
     let _ = writeln!(
         out,
