@@ -182,6 +182,10 @@ pub struct ProcessInfo {
     /// mappings do not cover its address.
     pub retired: Vec<Mapping>,
     pub exited: bool,
+    /// The table's change counter when this process's mappings last changed or it exited (a
+    /// process that takes an exited one's pid starts anew): the unwinder resolves only the
+    /// processes that changed since it last looked.
+    pub changed: u64,
 }
 
 /// What the agent knows of every process it saw (that has not exited before the last closed
@@ -196,6 +200,8 @@ pub struct ProcessTable {
     /// Side-band records the kernel dropped (its ring buffer was full).
     pub lost_records: u64,
     pub files: MappedFiles,
+    /// The last [`ProcessInfo::changed`] given out.
+    last_change: u64,
 }
 
 /// Parses one line of /proc/PID/maps.
@@ -246,6 +252,7 @@ impl ProcessTable {
                 self.threads.insert(tid, name);
             }
         }
+        let changed = self.next_change();
         self.processes.insert(
             pid,
             ProcessInfo {
@@ -253,8 +260,20 @@ impl ProcessTable {
                 mappings,
                 retired: Vec::new(),
                 exited: false,
+                changed,
             },
         );
+    }
+
+    fn next_change(&mut self) -> u64 {
+        self.last_change += 1;
+        self.last_change
+    }
+
+    /// The change counter's last value: no process's mappings changed, and none exited, while
+    /// it stays.
+    pub fn last_change(&self) -> u64 {
+        self.last_change
     }
 
     /// Records a running process and, from /proc, the processes it forked that still run:
@@ -402,7 +421,9 @@ impl ProcessTable {
         if let Some(identity) = mapping.file {
             self.files.by_path.insert(mapping.path.clone(), identity);
         }
-        let mappings = &mut self.processes.entry(pid).or_default().mappings;
+        let changed = self.next_change();
+        let process = self.processes.entry(pid).or_default();
+        let mappings = &mut process.mappings;
         let overlaps = |known: &&Mapping| known.start < mapping.end && mapping.start < known.end;
         let latest = mappings.iter().rev().find(overlaps);
         let same = latest.is_some_and(|known| {
@@ -416,6 +437,7 @@ impl ProcessTable {
         });
         if !same {
             mappings.push(mapping);
+            process.changed = changed;
         }
     }
 
@@ -423,6 +445,7 @@ impl ProcessTable {
     /// process's address space.
     pub fn name_thread(&mut self, pid: u32, tid: u32, name: String, exec: bool) {
         self.threads.insert(tid, name.clone());
+        let changed = self.next_change();
         let process = self.processes.entry(pid).or_default();
         if pid == tid {
             process.comm = name;
@@ -431,6 +454,7 @@ impl ProcessTable {
             // Older mappings no longer apply to new samples.
             let replaced = std::mem::take(&mut process.mappings);
             process.retired.extend(replaced);
+            process.changed = changed;
         }
     }
 
@@ -449,11 +473,13 @@ impl ProcessTable {
             }
             _ => Vec::new(),
         };
+        let changed = self.next_change();
         self.processes.insert(
             pid,
             ProcessInfo {
                 exited: false,
                 retired,
+                changed,
                 ..parent
             },
         );
@@ -461,7 +487,10 @@ impl ProcessTable {
 
     /// A process exit (PERF_RECORD_EXIT of its main thread).
     pub fn exit(&mut self, pid: u32) {
-        self.processes.entry(pid).or_default().exited = true;
+        let changed = self.next_change();
+        let process = self.processes.entry(pid).or_default();
+        process.exited = true;
+        process.changed = changed;
     }
 
     /// The processes that exited.
@@ -539,6 +568,7 @@ impl ProcessTable {
                 build_ids: HashMap::new(),
                 by_build_id: HashMap::new(),
             },
+            last_change: self.last_change,
         }
     }
 

@@ -32,7 +32,7 @@ use super::{
 use crate::{
     capture::{
         ring::KernelRing,
-        sideband::{FileIdentity, Mapping, ProcessTable},
+        sideband::{FileIdentity, Mapping, ProcessInfo, ProcessTable},
     },
     input::{open_regular, FinalLink, ModuleImage},
     symbolize::vdso::{self, VDSO},
@@ -139,6 +139,12 @@ pub struct UnwindLoader {
     placed: HashMap<*const UnwindTable, Placed>,
     space: ArenaSpace,
     published: HashMap<u32, Vec<ExecMapping>>,
+    /// The process table's change counter at the last sync: processes that have not changed
+    /// since are not resolved again, unless they are to be retried.
+    synced: u64,
+    /// Published processes with a table not loaded (evicted, or no room for it), and processes
+    /// the walker's full process table refused: resolved again at every sync.
+    retry: HashSet<u32>,
     /// Published processes' use stamps as last read from the kernel, and when.
     use_stamps: HashMap<u32, u32>,
     use_stamps_read: Option<Instant>,
@@ -169,6 +175,8 @@ impl UnwindLoader {
             vdso: None,
             placed: HashMap::new(),
             published: HashMap::new(),
+            synced: 0,
+            retry: HashSet::new(),
             use_stamps: HashMap::new(),
             use_stamps_read: None,
             evicted: Evictions::default(),
@@ -187,21 +195,42 @@ impl UnwindLoader {
 
     /// Publishes every live process's executable mappings that changed since the last call,
     /// loading (and evicting for) the tables they need, and forgets the processes that exited.
+    /// Under process churn it runs often: a process whose mappings did not change and whose
+    /// tables are all loaded is passed over, so its cost follows the changes, not the processes.
     pub fn sync(&mut self, table: &ProcessTable) -> Result<()> {
-        // The requests only say "look": every process is compared below.
+        // The requests only say "look": every changed process is compared below.
         while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
+        let last_change = table.last_change();
+        if last_change == self.synced && self.retry.is_empty() {
+            return Ok(());
+        }
+        let changed = |process: &ProcessInfo| process.changed > self.synced;
         // The exited first: their tables are the first to make room for the living.
-        for (&pid, process) in &table.processes {
-            if process.exited && self.published.remove(&pid).is_some() {
+        let exited: Vec<u32> = table
+            .processes
+            .iter()
+            .filter(|(_, process)| process.exited && changed(process))
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in exited {
+            self.retry.remove(&pid);
+            if self.published.remove(&pid).is_some() {
                 self.use_stamps.remove(&pid);
                 // Already gone when the kernel never had it: nothing to undo.
                 let _ = self.processes.remove(&pid);
             }
         }
-        for (&pid, process) in &table.processes {
-            if process.exited {
-                continue;
-            }
+        let to_resolve: Vec<u32> = table
+            .processes
+            .iter()
+            .filter(|(pid, process)| {
+                !process.exited && (changed(process) || self.retry.contains(pid))
+            })
+            .map(|(&pid, _)| pid)
+            .collect();
+        self.synced = last_change;
+        for pid in to_resolve {
+            let process = &table.processes[&pid];
             let mut mappings = current_code_mappings(&process.mappings);
             // The walker's table holds so many: mappings with tables first.
             if mappings.len() > MAX_PROCESS_MAPPINGS {
@@ -246,6 +275,7 @@ impl UnwindLoader {
                 Err(aya::maps::MapError::SyscallError(error))
                     if error.io_error.raw_os_error() == Some(libc::E2BIG) =>
                 {
+                    self.retry.insert(pid);
                     if self.refused.insert(pid) {
                         *self
                             .without_table
@@ -275,6 +305,14 @@ impl UnwindLoader {
         self.processes.insert(pid, value, 0)?;
         self.use_stamps.insert(pid, value.last_used);
         self.published.insert(pid, entries.to_vec());
+        if entries
+            .iter()
+            .any(|entry| entry.rows_start == TABLE_NOT_LOADED)
+        {
+            self.retry.insert(pid);
+        } else {
+            self.retry.remove(&pid);
+        }
         Ok(())
     }
 

@@ -93,7 +93,10 @@ pub fn measure(
     let tools: [(&'static str, Vec<String>); 5] = [
         ("bare", workload.to_vec()),
         ("profiler record --off-cpu", record(&[])),
-        ("profiler record --off-cpu --unwind fp", record(&["--unwind", "fp"])),
+        (
+            "profiler record --off-cpu --unwind fp",
+            record(&["--unwind", "fp"]),
+        ),
         ("bpftrace offcputime.bt", bpftrace("offcputime.bt")),
         (
             "bpftrace offcputime-user.bt",
