@@ -236,11 +236,6 @@ impl Unwind {
     pub fn walks_tables(self) -> bool {
         matches!(self, Unwind::Dwarf | Unwind::Check)
     }
-
-    /// Whether the program copies user stacks to the agent.
-    pub fn copies_stacks(self) -> bool {
-        matches!(self, Unwind::Copy | Unwind::Check)
-    }
 }
 
 /// Entries of a BPF map: at least 1 (the kernel refuses an empty map) and at most

@@ -176,23 +176,18 @@ fn unwind_on_this_kernel(asked: Unwind) -> Unwind {
     let release = kernel_release();
     match (asked, kernel_version(&release)) {
         (Unwind::Dwarf | Unwind::Check, Some(version)) if version < UNWINDER_KERNEL => {
-            let (instead, fallback) = match asked {
+            let (name, instead, fallback) = match asked {
                 Unwind::Check => (
+                    "check",
                     "unwound from copies only, with nothing to compare",
                     Unwind::Copy,
                 ),
-                _ => ("walked by frame pointers", Unwind::Fp),
+                _ => ("dwarf", "walked by frame pointers", Unwind::Fp),
             };
             eprintln!(
-                "note: --unwind {} needs Linux {}.{} or later (bpf_task_pt_regs); this kernel \
-                 is {release}: user stacks are {instead}",
-                if asked == Unwind::Check {
-                    "check"
-                } else {
-                    "dwarf"
-                },
-                UNWINDER_KERNEL.0,
-                UNWINDER_KERNEL.1
+                "note: --unwind {name} needs Linux {}.{} or later (bpf_task_pt_regs); this \
+                 kernel is {release}: user stacks are {instead}",
+                UNWINDER_KERNEL.0, UNWINDER_KERNEL.1
             );
             fallback
         }

@@ -60,10 +60,7 @@ mod native {
         read: &mut impl FnMut(u64) -> Result<u64, ()>,
     ) -> Result<(u64, Registers), ()> {
         let context = regs.sp().checked_add(40).ok_or(())?;
-        let word = |read: &mut dyn FnMut(u64) -> Result<u64, ()>, index: u64| {
-            read(context.checked_add(8 * index).ok_or(())?)
-        };
-        let (fp, sp, ip) = (word(read, 10)?, word(read, 15)?, word(read, 16)?);
+        let [fp, sp, ip] = super::saved_words(read, context, [10, 15, 16])?;
         Ok((ip, Registers::new(ip, sp, fp)))
     }
 }
@@ -87,17 +84,22 @@ mod native {
         read: &mut impl FnMut(u64) -> Result<u64, ()>,
     ) -> Result<(u64, Registers), ()> {
         let context = regs.sp().checked_add(128 + 176 + 8).ok_or(())?;
-        let word = |read: &mut dyn FnMut(u64) -> Result<u64, ()>, index: u64| {
-            read(context.checked_add(8 * index).ok_or(())?)
-        };
-        let (fp, link, sp, pc) = (
-            word(read, 29)?,
-            word(read, 30)?,
-            word(read, 31)?,
-            word(read, 32)?,
-        );
+        let [fp, link, sp, pc] = super::saved_words(read, context, [29, 30, 31, 32])?;
         Ok((pc, Registers::new(link, sp, fp)))
     }
+}
+
+/// The words at `indices` of the array of saved registers at `base`, read from the stack copy.
+fn saved_words<const N: usize>(
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+    base: u64,
+    indices: [u64; N],
+) -> Result<[u64; N], ()> {
+    let mut words = [0; N];
+    for (word, index) in words.iter_mut().zip(indices) {
+        *word = read(base.checked_add(8 * index).ok_or(())?)?;
+    }
+    Ok(words)
 }
 
 /// User stack bytes as the kernel copied them: `bytes` were at `start` in the thread's memory.
@@ -371,15 +373,17 @@ impl CopyUnwinder {
                 modules
                     .unwinder
                     .unwind_frame(frame, &mut regs, &mut self.cache, &mut read_stack);
-            match next.map(|next| next.map(|at| (at, FrameAddress::from_return_address(at)))) {
-                Ok(Some((at, Some(caller)))) if modules.holds_code(at) => {
-                    frame = caller;
-                    frames.push(at);
-                }
-                Ok(Some((_, Some(_)))) => break StackEnd::OutsideCode,
-                Ok(None | Some((_, None))) | Err(WalkError::ReturnAddressIsNull) => {
-                    break StackEnd::Root
-                }
+            match next {
+                Ok(Some(at)) => match FrameAddress::from_return_address(at) {
+                    // A null return address: nothing called it.
+                    None => break StackEnd::Root,
+                    Some(_) if !modules.holds_code(at) => break StackEnd::OutsideCode,
+                    Some(caller) => {
+                        frame = caller;
+                        frames.push(at);
+                    }
+                },
+                Ok(None) | Err(WalkError::ReturnAddressIsNull) => break StackEnd::Root,
                 Err(WalkError::CouldNotReadStack(_)) => break StackEnd::CopyTooSmall,
                 Err(
                     WalkError::DidNotAdvance
