@@ -662,33 +662,44 @@ fn samples_in_the_vdso_are_unwound_with_its_own_unwind_tables() {
     assert_most_reach_a_root(&profile, "clock, --unwind copy");
 }
 
-/// `profiler record --unwind check -F 999 -o DIR/check.prof -- COMMAND`: how many samples the
-/// two unwinders were compared on and how many agreed frame by frame, with the comparison's
-/// lines.
-fn unwinders_compared(dir: &Path, command: &[&str]) -> (u64, u64, String) {
-    let stderr = common::record_to(
-        &dir.join("check.prof"),
-        &["--unwind", "check", "-F", "999"],
-        command,
-    );
+/// `profiler record --unwind check -F 999 OPTIONS -o DIR/check.prof -- COMMAND`, read.
+fn unwinders_compared(dir: &Path, options: &[&str], command: &[&str]) -> Comparison {
+    let mut all = vec!["--unwind", "check", "-F", "999"];
+    all.extend_from_slice(options);
+    let stderr = common::record_to(&dir.join("check.prof"), &all, command);
     let line = stderr
         .lines()
         .find(|line| line.starts_with("Unwinders compared (--unwind check): "))
         .unwrap_or_else(|| panic!("no comparison in:\n{stderr}"));
     let number_before = |words: &str| -> u64 {
         let before = &line[..line.find(words).unwrap_or_else(|| panic!("{line}"))];
-        let number = before.trim_end().rsplit(' ').next().unwrap();
+        let number = before.trim_end().rsplit([' ', '(']).next().unwrap();
         number.parse().unwrap_or_else(|_| panic!("{line}"))
     };
     let compared = number_before("samples walked in the kernel");
     let agreeing = number_before("agree frame by frame");
+    let copy_too_small = number_before("differing samples' copies held too little");
     let lines = stderr
         .lines()
         .skip_while(|text| !text.starts_with("Unwinders compared"))
         .take_while(|text| text.starts_with("Unwinders") || text.starts_with("  "))
         .collect::<Vec<_>>()
         .join("\n");
-    (compared, agreeing, lines)
+    Comparison {
+        compared,
+        agreeing,
+        copy_too_small,
+        lines,
+    }
+}
+
+/// What `--unwind check` printed: samples compared, those that agreed, the differences whose
+/// copy held too little of the stack, and the comparison's lines.
+struct Comparison {
+    compared: u64,
+    agreeing: u64,
+    copy_too_small: u64,
+    lines: String,
 }
 
 #[test]
@@ -735,7 +746,12 @@ fn the_in_kernel_and_the_copy_unwinder_agree_frame_by_frame_on_the_same_samples(
     );
     for (what, command, least) in runs {
         let command: Vec<&str> = command.iter().map(String::as_str).collect();
-        let (compared, agreeing, lines) = unwinders_compared(dir.path(), &command);
+        let Comparison {
+            compared,
+            agreeing,
+            lines,
+            ..
+        } = unwinders_compared(dir.path(), &[], &command);
         eprintln!("{what}: {}", lines.lines().next().unwrap_or_default());
         assert!(compared >= 200, "{what}: {lines}");
         assert!(
@@ -744,6 +760,18 @@ fn the_in_kernel_and_the_copy_unwinder_agree_frame_by_frame_on_the_same_samples(
             least * 100.0
         );
     }
+    // A copy smaller than the stack (8 KiB of the workload's 25 KiB deep recursion): the copy's
+    // walks stop short, and the comparison says why, while the kernel's walks are whole.
+    let small = unwinders_compared(
+        dir.path(),
+        &["--stack-copy-kib", "8"],
+        &[binary, "1500", "deep"],
+    );
+    assert!(
+        small.compared >= 200 && small.copy_too_small * 10 >= small.compared * 9,
+        "{}",
+        small.lines
+    );
 }
 
 #[test]
