@@ -111,6 +111,19 @@ pub struct Blocked {
     pub waker: Waker,
 }
 
+impl Blocked {
+    /// The hashes of the stacks a block still running holds: the thread's, and its waker's
+    /// once it was woken.
+    pub fn stack_hashes(&self) -> [u64; 4] {
+        [
+            self.user_stack,
+            self.kernel_stack,
+            self.waker.user_stack,
+            self.waker.kernel_stack,
+        ]
+    }
+}
+
 /// The task that woke a blocked thread (`--wakers`): its thread and its stacks when it did.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

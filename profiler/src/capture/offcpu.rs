@@ -14,7 +14,8 @@ use aya::{
 use profiler_common::{
     latency::LatencyBuckets,
     offcpu::{
-        OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, OFFCPU_ALL, OFFCPU_DWARF, OFFCPU_WAKERS,
+        Blocked, OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, OFFCPU_ALL, OFFCPU_DWARF,
+        OFFCPU_WAKERS,
     },
 };
 
@@ -63,6 +64,8 @@ pub struct OffCpuCapture {
     pub generations: [OffCpuMaps; 2],
     pub counts: PerCpuArray<MapData, u64>,
     scope: HashMap<MapData, u32, u8>,
+    /// The threads off the CPU now, by thread id.
+    blocked: HashMap<MapData, u32, Blocked>,
     pub attachment: Attachment,
     /// `--off-cpu-min`, in nanoseconds.
     pub min_block_ns: u64,
@@ -186,11 +189,23 @@ impl OffCpuCapture {
             generations: [generation(ebpf, 0)?, generation(ebpf, 1)?],
             counts: take(ebpf, "OFFCPU_COUNTS")?,
             scope: take(ebpf, "OFFCPU_SCOPE")?,
+            blocked: take(ebpf, "OFFCPU_BLOCKED")?,
             attachment,
             min_block_ns: config.min_block_ns,
             wakers: config.flags & OFFCPU_WAKERS != 0,
             _unwinder: unwinder,
         })
+    }
+
+    /// The stacks of the blocks still running: they are counted when their threads run again,
+    /// however many windows later, so the agent's stack cache must keep them.
+    pub fn pending_stacks(&self) -> Result<Vec<u64>> {
+        let mut hashes = Vec::new();
+        for entry in self.blocked.iter() {
+            let (_, blocked) = entry.context("reading the off-CPU blocked-threads map")?;
+            hashes.extend(blocked.stack_hashes());
+        }
+        Ok(hashes)
     }
 
     /// Puts processes in scope (the command, `-p`); with `OFFCPU_ALL` every thread is.

@@ -5,7 +5,10 @@
 //! window ([`CaptureSession::finish`], which drains what is left after the counters stop); the agent closes one per interval
 //! ([`CaptureSession::close_window`]).
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::HashSet,
+    time::{Duration, SystemTime},
+};
 
 use anyhow::{anyhow, Context, Result};
 use profiler_common::{
@@ -84,6 +87,10 @@ pub struct CaptureSession {
     off_cpu_closed: [u64; OffCpuCount::COUNT],
     ticker: Interval,
     sideband_ticker: Interval,
+    /// The process table's change counter read before the last scheduled drain: the processes
+    /// that had exited by then have every sample drained (see
+    /// [`ProcessTable::forget_unsampled`]).
+    exited_by_last_drain: u64,
 }
 
 impl CaptureSession {
@@ -207,6 +214,7 @@ impl CaptureSession {
             off_cpu_closed: [0; OffCpuCount::COUNT],
             ticker: interval(options.drain_interval),
             sideband_ticker: interval(SIDEBAND_INTERVAL),
+            exited_by_last_drain: 0,
         })
     }
 
@@ -296,6 +304,7 @@ impl CaptureSession {
             run,
             ticker,
             sideband_ticker,
+            exited_by_last_drain,
             ..
         } = self;
         let raw_ready = async {
@@ -354,7 +363,7 @@ impl CaptureSession {
             _ = window_end => Wake::WindowEnd,
         };
         match wake {
-            Wake::Sideband => {
+            Wake::Sideband | Wake::Drain => {
                 sideband.read_into(processes);
                 if let Some(unwinder) = unwinder {
                     unwinder.sync(processes)?;
@@ -367,7 +376,17 @@ impl CaptureSession {
                 if let Some(stream) = stack_copies {
                     stream.read_into(processes, drained)?;
                 }
-                drainer.drain_if_filling(program, drained)?;
+                if matches!(wake, Wake::Drain) {
+                    let exited_by = processes.last_change();
+                    drainer.drain(program, drained)?;
+                    // A drain later than the one that found them exited: an off-CPU block
+                    // ends (and names its waker) only when the woken thread runs again.
+                    processes
+                        .forget_unsampled(*exited_by_last_drain, &drained.referenced_processes());
+                    *exited_by_last_drain = exited_by;
+                } else {
+                    drainer.drain_if_filling(program, drained)?;
+                }
                 if let Some(stop) = run.targets_exited() {
                     return Ok(Some(stop));
                 }
@@ -382,13 +401,6 @@ impl CaptureSession {
             Wake::DrainRequest(requested) => {
                 requested.context("waiting on the capture program's drain requests")?;
                 drainer.drain_if_filling(program, drained)?;
-            }
-            Wake::Drain => {
-                sideband.read_into(processes);
-                if let Some(unwinder) = unwinder {
-                    unwinder.sync(processes)?;
-                }
-                drainer.drain(program, drained)?;
             }
             Wake::Raw(ready) => {
                 ready.context("waiting on the raw sample ring buffer")?;
@@ -454,12 +466,16 @@ impl CaptureSession {
         // the flip (microseconds apart) is drained here and counted in the next window.
         let accounting = self.accounting()?;
         self.close_off_cpu()?;
+        let pending = match &self.program.offcpu {
+            Some(offcpu) => offcpu.pending_stacks()?,
+            None => Vec::new(),
+        };
         self.drainer.drain(&mut self.program, &mut self.drained)?;
         self.compare_unwinders();
         let end = SystemTime::now();
         self.learn_wakers();
         let start = self.window_start;
-        let (drained, accounting) = self.take_drained(accounting, end);
+        let (drained, accounting) = self.take_drained(accounting, end, pending);
         let processes = self.processes.snapshot(&drained.referenced_processes());
         self.processes.forget(&exited);
         Ok(WindowCapture {
@@ -519,18 +535,30 @@ impl CaptureSession {
 
     /// Moves what was drained since the last window into a window ending at `end`, with the
     /// accounting over it (`accounting` is the cumulative one at its close).
-    fn take_drained(&mut self, accounting: Accounting, end: SystemTime) -> (Drained, Accounting) {
+    /// `pending`: the stacks of off-CPU blocks still running, read before the window's last
+    /// drain (a block that ends after that read is drained with them kept).
+    fn take_drained(
+        &mut self,
+        accounting: Accounting,
+        end: SystemTime,
+        pending: Vec<u64>,
+    ) -> (Drained, Accounting) {
         let mut drained = std::mem::take(&mut self.drained);
-        // The stack cache lives across windows: the window gets the frames it references.
-        self.drained.stack_cache = std::mem::take(&mut drained.stack_cache);
         // Off-CPU blocks carry stacks of their own, often never sampled on the CPU.
         let blocked = drained.offcpu.blocks.keys();
-        let stacks = drained
+        let referenced: HashSet<u64> = drained
             .stacks
             .keys()
             .flat_map(|stack| [stack.user, stack.kernel])
-            .chain(blocked.flat_map(OffCpuKey::stack_hashes));
-        drained.stack_cache = self.drained.stack_cache.subset(stacks);
+            .chain(blocked.flat_map(OffCpuKey::stack_hashes))
+            .collect();
+        // The window gets the frames it references; the cache lives across windows.
+        let mut cache = std::mem::take(&mut drained.stack_cache);
+        drained.stack_cache = cache.subset(referenced.iter().copied());
+        let mut keep = referenced;
+        keep.extend(pending);
+        cache.forget_cold(&keep);
+        self.drained.stack_cache = cache;
         let mut window = accounting.since(&self.closed);
         // Agent-counted losses (stack hash collisions) are the window's own.
         for (total, counted) in window.losses.iter_mut().zip(drained.losses) {
@@ -582,7 +610,8 @@ impl CaptureSession {
         self.close_off_cpu()?;
         self.learn_wakers();
         let start = self.window_start;
-        let (drained, accounting) = self.take_drained(accounting, end);
+        // Nothing is drained after this: no stack needs keeping.
+        let (drained, accounting) = self.take_drained(accounting, end, Vec::new());
         Ok(Capture {
             meta: profile_meta(target_description(options), start, end),
             events: self.events,

@@ -4,7 +4,7 @@
 //! PERF_RECORD_MMAP2/COMM/FORK/EXIT from a dummy perf event on the same target.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     fs,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
@@ -506,10 +506,6 @@ impl ProcessTable {
     /// threads that exited, and the files no process left maps: what the table holds follows
     /// the processes alive, not every process ever seen.
     pub fn forget(&mut self, pids: &[u32]) {
-        for pid in pids {
-            self.processes.remove(pid);
-            self.threads.remove(pid);
-        }
         for tid in std::mem::take(&mut self.exited_threads) {
             self.threads.remove(&tid);
         }
@@ -517,10 +513,45 @@ impl ProcessTable {
         for process in self.processes.values_mut() {
             process.retired = Vec::new();
         }
+        self.drop_processes(pids);
+        self.close_unmapped_files();
+    }
+
+    /// Drops, within a window, the processes that had exited when the change counter read
+    /// `exited_by` and that no sample drained into the window references (`sampled`): all
+    /// their samples were drained when the counter was read before a drain, so none will
+    /// need them. Under process churn most short processes are never sampled at a low rate,
+    /// and keeping each one's mappings until its window closed grew the agent by megabytes a
+    /// second. The files they mapped are closed when the window closes: a few, a few seconds
+    /// later, where looking for them after every drain cost more than the process table did.
+    pub fn forget_unsampled(&mut self, exited_by: u64, sampled: &BTreeSet<u32>) {
+        let unsampled: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(pid, process)| {
+                process.exited && process.changed <= exited_by && !sampled.contains(pid)
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        self.drop_processes(&unsampled);
+    }
+
+    /// Drops the processes `pids` and their main threads' names.
+    fn drop_processes(&mut self, pids: &[u32]) {
+        for pid in pids {
+            self.processes.remove(pid);
+            self.threads.remove(pid);
+        }
+    }
+
+    /// Closes the files that no process maps any more (nor mapped before an exec in this
+    /// window).
+    fn close_unmapped_files(&mut self) {
         let mapped: std::collections::HashSet<FileIdentity> = self
             .processes
             .values()
-            .flat_map(|process| process.mappings.iter().filter_map(|mapping| mapping.file))
+            .flat_map(|process| process.mappings.iter().chain(&process.retired))
+            .filter_map(|mapping| mapping.file)
             .collect();
         self.files
             .by_identity
@@ -538,7 +569,7 @@ impl ProcessTable {
 
     /// A copy of what the table knows of `pids`: their mappings, thread names and the files
     /// they map (shared, not reopened).
-    pub fn snapshot(&self, pids: &std::collections::BTreeSet<u32>) -> ProcessTable {
+    pub fn snapshot(&self, pids: &BTreeSet<u32>) -> ProcessTable {
         let processes: HashMap<u32, ProcessInfo> = pids
             .iter()
             .filter_map(|pid| Some((*pid, self.processes.get(pid)?.clone())))
@@ -906,6 +937,44 @@ mod tests {
         assert_eq!(window.processes[&10].mappings, [mapping]);
         assert!(window.module_image([10], exe).is_some());
         assert!(!window.processes.contains_key(&20));
+    }
+
+    /// Within a window, an exited process goes at the first drain after the one that found it
+    /// exited, unless a drained sample references it; a living one, or one that exited later,
+    /// stays.
+    #[test]
+    fn exited_processes_no_sample_references_are_forgotten_within_the_window() {
+        let mut table = ProcessTable::default();
+        for pid in [10, 11, 12] {
+            table.fork(pid, 1);
+            table.map(
+                pid,
+                parse_maps_line("1000-2000 r-xp 0 0:0 0 /bin/child").unwrap(),
+            );
+        }
+        table.exit(10);
+        table.exit(11);
+        // What a drain reads before it takes the samples.
+        let exited_by = table.last_change();
+        table.exit(12);
+        table.fork(13, 1);
+        let sampled: BTreeSet<u32> = [11].into();
+        table.forget_unsampled(exited_by, &sampled);
+        assert!(!table.processes.contains_key(&10), "exited, unsampled");
+        assert!(
+            table.processes.contains_key(&11),
+            "its samples are in the window"
+        );
+        assert!(
+            table.processes.contains_key(&12),
+            "exited after the drain's reading"
+        );
+        assert!(table.processes.contains_key(&13), "alive");
+        // A new process that took an exited one's pid is alive.
+        table.fork(10, 1);
+        table.forget_unsampled(table.last_change(), &sampled);
+        assert!(table.processes.contains_key(&10));
+        assert!(!table.processes.contains_key(&12));
     }
 
     #[test]

@@ -27,12 +27,16 @@ use super::batch;
 /// PERF_CONTEXT_USER, ...), all at or above this value; they are not addresses.
 const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
 
-/// The frames of every stack hash seen in this run: raw instruction pointers, leaf first.
-#[derive(Debug, Default)]
+/// The frames of the stack hashes seen in this run (in the agent: those in use lately, see
+/// [`StackCache::forget_cold`]), as raw instruction pointers, leaf first.
+#[derive(Clone, Debug, Default)]
 pub struct StackCache {
     frames: HashMap<u64, Vec<u64>>,
     /// Hashes under which a take found a different stack than the cached one.
     ambiguous: HashSet<u64>,
+    /// Hashes read from the kernel since the last window closed (see
+    /// [`StackCache::forget_cold`]).
+    recent: HashSet<u64>,
 }
 
 impl StackCache {
@@ -61,6 +65,22 @@ impl StackCache {
         subset
     }
 
+    /// Forgets the stacks that are not in `keep` (what the window closing now references, and
+    /// what blocks still off the CPU hold) and were not read from the kernel since the last
+    /// window closed, so that a long-running agent's cache follows the stacks in use, not
+    /// every stack it ever saw (under process churn each new process's stacks are new). The
+    /// kernel's map no longer holds a stack taken from it, so a later sample of a forgotten
+    /// stack stores it there again and a drain reads it anew. A stack read by the window's last
+    /// drain may be counted in the generation that drain left running, so it stays for one
+    /// more window.
+    pub fn forget_cold(&mut self, keep: &HashSet<u64>) {
+        let recent = std::mem::take(&mut self.recent);
+        self.frames
+            .retain(|hash, _| keep.contains(hash) || recent.contains(hash));
+        let frames = &self.frames;
+        self.ambiguous.retain(|hash| frames.contains_key(hash));
+    }
+
     fn contains(&self, hash: u64) -> bool {
         self.frames.contains_key(&hash)
     }
@@ -74,6 +94,7 @@ impl StackCache {
             .copied()
             .filter(|ip| *ip < PERF_CONTEXT_MAX)
             .collect();
+        self.recent.insert(hash);
         match self.frames.get(&hash) {
             Some(cached) if *cached == frames => {}
             Some(_) => {
@@ -237,6 +258,36 @@ mod tests {
         cache.add(hash, &StackFrames::from_frames(&[1, 2, 4]));
         assert_eq!(cache.resolve(hash), LOST_STACK);
         assert_eq!(cache.frames(hash), &[1, 2, 3]);
+    }
+
+    /// A window's close keeps what it referenced and what was cached since the last close
+    /// (the running generation may count it), and forgets the rest.
+    #[test]
+    fn a_closing_window_forgets_the_stacks_neither_it_nor_its_drains_saw() {
+        let mut cache = StackCache::default();
+        let [old, used, new] = [[1, 2], [3, 4], [5, 6]].map(|frames| {
+            let stack = StackFrames::from_frames(&frames);
+            cache.add(stack.hash(), &stack);
+            stack.hash()
+        });
+        // The first close: everything was cached during the window.
+        cache.forget_cold(&HashSet::new());
+        assert_eq!(cache.distinct(), 3);
+        let again = StackFrames::from_frames(&[5, 6, 7]);
+        cache.add(new, &again);
+        assert_eq!(cache.resolve(new), LOST_STACK);
+        // The second: only what it referenced stays, with its ambiguity.
+        cache.forget_cold(&[used, new].into());
+        assert_eq!(cache.frames(old), &[] as &[u64]);
+        assert_eq!(cache.frames(used), &[3, 4]);
+        assert_eq!(cache.resolve(new), LOST_STACK);
+        // Taken from the kernel again since: it stays for the generation still running.
+        cache.add(used, &StackFrames::from_frames(&[3, 4]));
+        cache.forget_cold(&HashSet::new());
+        assert_eq!(cache.distinct(), 1);
+        assert_eq!(cache.resolve(new), new);
+        cache.forget_cold(&HashSet::new());
+        assert_eq!(cache.distinct(), 0);
     }
 
     #[test]
