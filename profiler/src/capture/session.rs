@@ -476,8 +476,9 @@ impl CaptureSession {
         self.learn_wakers();
         let start = self.window_start;
         let (drained, accounting) = self.take_drained(accounting, end, pending);
-        let processes = self.processes.snapshot(&drained.referenced_processes());
-        self.processes.forget(&exited);
+        let processes = self
+            .processes
+            .close_window(&drained.referenced_processes(), &exited);
         Ok(WindowCapture {
             start,
             end,

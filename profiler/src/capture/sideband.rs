@@ -4,7 +4,7 @@
 //! PERF_RECORD_MMAP2/COMM/FORK/EXIT from a dummy perf event on the same target.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap, HashSet},
     fs,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
@@ -547,7 +547,7 @@ impl ProcessTable {
     /// Closes the files that no process maps any more (nor mapped before an exec in this
     /// window).
     fn close_unmapped_files(&mut self) {
-        let mapped: std::collections::HashSet<FileIdentity> = self
+        let mapped: HashSet<FileIdentity> = self
             .processes
             .values()
             .flat_map(|process| process.mappings.iter().chain(&process.retired))
@@ -570,10 +570,38 @@ impl ProcessTable {
     /// A copy of what the table knows of `pids`: their mappings, thread names and the files
     /// they map (shared, not reopened).
     pub fn snapshot(&self, pids: &BTreeSet<u32>) -> ProcessTable {
-        let processes: HashMap<u32, ProcessInfo> = pids
+        let processes = pids
             .iter()
             .filter_map(|pid| Some((*pid, self.processes.get(pid)?.clone())))
             .collect();
+        self.table_of(processes)
+    }
+
+    /// The processes of the window closing now, as [`ProcessTable::snapshot`] gives them, then
+    /// forgets those that exited (`exited`, see [`ProcessTable::forget`]). An exited process
+    /// the window references is moved into it, not copied: under churn most of a window's
+    /// processes have exited, and copying them doubled the process table as the window closed.
+    pub fn close_window(&mut self, pids: &BTreeSet<u32>, exited: &[u32]) -> ProcessTable {
+        let gone: HashSet<u32> = exited.iter().copied().collect();
+        let processes = pids
+            .iter()
+            .filter_map(|pid| {
+                let process = if gone.contains(pid) {
+                    self.processes.remove(pid)?
+                } else {
+                    self.processes.get(pid)?.clone()
+                };
+                Some((*pid, process))
+            })
+            .collect();
+        let window = self.table_of(processes);
+        self.forget(exited);
+        window
+    }
+
+    /// A table of `processes` with the thread names and the files they map (shared, not
+    /// reopened).
+    fn table_of(&self, processes: HashMap<u32, ProcessInfo>) -> ProcessTable {
         let by_identity: HashMap<FileIdentity, Arc<fs::File>> = processes
             .values()
             .flat_map(|process| process.mappings.iter().chain(&process.retired))
@@ -926,8 +954,7 @@ mod tests {
         table.exit(10);
         assert_eq!(table.exited(), [10]);
 
-        let window = table.snapshot(&[10].into());
-        table.forget(&table.exited());
+        let window = table.close_window(&[10].into(), &table.exited());
         assert!(!table.processes.contains_key(&10) && table.processes.contains_key(&20));
         assert!(!table.threads.contains_key(&10) && !table.threads.contains_key(&11));
         assert!(table.files.by_identity.is_empty() && table.files.by_path.is_empty());
