@@ -126,7 +126,7 @@ pub fn capture_data_objects(profile: &mut Profile, processes: &ProcessTable) {
                 start: m.start,
                 end: m.end,
                 file_offset: m.file_offset,
-                path: m.path.clone(),
+                path: m.path.to_string(),
             })
             .collect();
         profile

@@ -31,9 +31,11 @@ pub struct Mapping {
     /// Offset in the file of `start`.
     pub file_offset: u64,
     /// File path, or a kernel label (`[heap]`, `[stack]`, `[vdso]`), or empty (anonymous).
-    pub path: String,
+    /// Shared: a fork copies its parent's mappings, and under churn that copy was most of the
+    /// side-band's allocations.
+    pub path: Arc<str>,
     pub executable: bool,
-    pub build_id: Option<Vec<u8>>,
+    pub build_id: Option<Arc<[u8]>>,
     /// The mapped file as opened while the process lived (see [`MappedFiles`]).
     pub file: Option<FileIdentity>,
 }
@@ -61,13 +63,10 @@ impl FileInode {
 }
 
 /// The GNU build ID of an ELF file, read in bounded ranges.
-fn build_id_of(file: &fs::File) -> Option<Vec<u8>> {
+fn build_id_of(file: &fs::File) -> Option<Arc<[u8]>> {
     let (_, image) = ModuleImage::of(file)?;
     let elf = object::File::parse(&image).ok()?;
-    object::Object::build_id(&elf)
-        .ok()
-        .flatten()
-        .map(<[u8]>::to_vec)
+    object::Object::build_id(&elf).ok().flatten().map(Arc::from)
 }
 
 /// Most mapped files kept open: enough for a system's distinct binaries and libraries, well
@@ -87,8 +86,8 @@ pub struct MappedFiles {
     /// mappings of every process (thousands under process churn).
     by_path: HashMap<String, FileIdentity>,
     /// The build ID of each open file (read once), and the open file of each build ID.
-    build_ids: HashMap<FileIdentity, Option<Vec<u8>>>,
-    by_build_id: HashMap<Vec<u8>, FileIdentity>,
+    build_ids: HashMap<FileIdentity, Option<Arc<[u8]>>>,
+    by_build_id: HashMap<Arc<[u8]>, FileIdentity>,
 }
 
 impl MappedFiles {
@@ -218,7 +217,7 @@ pub fn parse_maps_line(line: &str) -> Option<Mapping> {
         end: u64::from_str_radix(end, 16).ok()?,
         file_offset: u64::from_str_radix(offset, 16).ok()?,
         executable: perms.as_bytes().get(2) == Some(&b'x'),
-        path,
+        path: path.into(),
         build_id: None,
         file: None,
     })
@@ -340,7 +339,9 @@ impl ProcessTable {
             }
         }
         if let Some(identity) = mapping.file {
-            self.files.by_path.insert(mapping.path.clone(), identity);
+            self.files
+                .by_path
+                .insert(mapping.path.to_string(), identity);
         }
     }
 
@@ -366,9 +367,9 @@ impl ProcessTable {
                     start: mmap.addr,
                     end: mmap.addr + mmap.len,
                     file_offset: mmap.pgoff,
-                    path: String::from_utf8_lossy(&mmap.filename).into_owned(),
+                    path: String::from_utf8_lossy(&mmap.filename).into(),
                     executable: mmap.prot & libc::PROT_EXEC as u32 != 0,
-                    build_id: mmap.build_id().map(<[u8]>::to_vec),
+                    build_id: mmap.build_id().map(Arc::from),
                     file: None,
                 };
                 // Live only: a pid in a perf.data import may belong to another process now.
@@ -419,7 +420,9 @@ impl ProcessTable {
     /// once.
     pub fn map(&mut self, pid: u32, mapping: Mapping) {
         if let Some(identity) = mapping.file {
-            self.files.by_path.insert(mapping.path.clone(), identity);
+            self.files
+                .by_path
+                .insert(mapping.path.to_string(), identity);
         }
         let changed = self.next_change();
         let process = self.processes.entry(pid).or_default();
@@ -655,7 +658,7 @@ impl ProcessTable {
                 .mappings
                 .iter()
                 .rev()
-                .filter(|mapping| mapping.path == path)
+                .filter(|mapping| *mapping.path == *path)
                 .find_map(|mapping| mapping.file)
         };
         let identity = pids
@@ -910,7 +913,7 @@ mod tests {
             start: 0x1000,
             end: 0x2000,
             file_offset: 0,
-            path: path.to_string(),
+            path: path.into(),
             executable: true,
             build_id: build_id_of(&fs::File::open(exe).unwrap()),
             file: None,
@@ -1012,10 +1015,10 @@ mod tests {
         assert_eq!(mapping.end, 0x7f1c2a428000);
         assert_eq!(mapping.file_offset, 0x28000);
         assert!(mapping.executable);
-        assert_eq!(mapping.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert_eq!(&*mapping.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
         let anon = parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0 [stack]").unwrap();
         assert!(!anon.executable && !anon.is_file());
-        assert_eq!(anon.path, "[stack]");
+        assert_eq!(&*anon.path, "[stack]");
         // The side-band's name for anonymous executable memory, where JIT code lives.
         let jit = parse_maps_line("7f00-8000 r-xp 00000000 00:00 0 //anon").unwrap();
         assert!(jit.executable && !jit.is_file());
@@ -1029,9 +1032,9 @@ mod tests {
         let new = parse_maps_line("1000-3000 r-xp 0 0:0 0 /new").unwrap();
         let bss = parse_maps_line("1000-1200 rw-p 0 0:0 0").unwrap();
         table.processes.entry(7).or_default().mappings = vec![old, new, bss];
-        assert_eq!(table.code_mapping_for(7, 0x1100).unwrap().path, "/new");
-        assert_eq!(table.mapping_for(7, 0x1100).unwrap().path, "");
-        assert_eq!(table.mapping_for(7, 0x1800).unwrap().path, "/new");
+        assert_eq!(&*table.code_mapping_for(7, 0x1100).unwrap().path, "/new");
+        assert_eq!(&*table.mapping_for(7, 0x1100).unwrap().path, "");
+        assert_eq!(&*table.mapping_for(7, 0x1800).unwrap().path, "/new");
         assert!(table.mapping_for(7, 0x3000).is_none());
         assert!(table.mapping_for(8, 0x1800).is_none());
     }
@@ -1045,8 +1048,8 @@ mod tests {
         table.map(7, parse_maps_line("1000-2000 r-xp 0 0:0 0 /old").unwrap());
         table.name_thread(7, 7, "new".into(), true);
         table.map(7, parse_maps_line("5000-6000 r-xp 0 0:0 0 /new").unwrap());
-        assert_eq!(table.code_mapping_for(7, 0x1100).unwrap().path, "/old");
-        assert_eq!(table.code_mapping_for(7, 0x5100).unwrap().path, "/new");
+        assert_eq!(&*table.code_mapping_for(7, 0x1100).unwrap().path, "/old");
+        assert_eq!(&*table.code_mapping_for(7, 0x5100).unwrap().path, "/new");
         // Its pid, reused by a child of process 1 after it exited.
         table.map(
             1,
@@ -1054,12 +1057,12 @@ mod tests {
         );
         table.exit(7);
         table.fork(7, 1);
-        assert_eq!(table.code_mapping_for(7, 0x9100).unwrap().path, "/bin/sh");
-        assert_eq!(table.code_mapping_for(7, 0x5100).unwrap().path, "/new");
-        assert_eq!(table.code_mapping_for(7, 0x1100).unwrap().path, "/old");
+        assert_eq!(&*table.code_mapping_for(7, 0x9100).unwrap().path, "/bin/sh");
+        assert_eq!(&*table.code_mapping_for(7, 0x5100).unwrap().path, "/new");
+        assert_eq!(&*table.code_mapping_for(7, 0x1100).unwrap().path, "/old");
         // The window closed: only the living image is left.
         table.forget(&[]);
-        assert_eq!(table.code_mapping_for(7, 0x9100).unwrap().path, "/bin/sh");
+        assert_eq!(&*table.code_mapping_for(7, 0x9100).unwrap().path, "/bin/sh");
         assert!(table.code_mapping_for(7, 0x5100).is_none());
         assert!(table.code_mapping_for(7, 0x1100).is_none());
     }
@@ -1078,12 +1081,15 @@ mod tests {
         let replaced = parse_maps_line("1000-2000 r-xp 0 0:0 0 /bin/other").unwrap();
         table.map(7, replaced);
         assert_eq!(
-            table.code_mapping_for(7, 0x1800).unwrap().path,
+            &*table.code_mapping_for(7, 0x1800).unwrap().path,
             "/bin/other"
         );
         // The old one mapped again after it is newest once more.
         table.map(7, code);
-        assert_eq!(table.code_mapping_for(7, 0x1800).unwrap().path, "/bin/app");
+        assert_eq!(
+            &*table.code_mapping_for(7, 0x1800).unwrap().path,
+            "/bin/app"
+        );
         assert_eq!(table.processes[&7].mappings.len(), 4);
     }
 }

@@ -664,9 +664,9 @@ fn process_table(data: &PerfData) -> ProcessTable {
                         start: mmap.start,
                         end: mmap.start.saturating_add(mmap.len),
                         file_offset: mmap.pgoff,
-                        path: mmap.filename.clone(),
+                        path: mmap.filename.as_str().into(),
                         executable,
-                        build_id,
+                        build_id: build_id.map(Into::into),
                         file,
                     },
                 )

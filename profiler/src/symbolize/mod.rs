@@ -175,7 +175,7 @@ impl<'a> FrameTable<'a> {
                     let offset = address.address - mapping.start + mapping.file_offset;
                     let frame = Frame {
                         address: address.address,
-                        module: mapping.path.clone(),
+                        module: mapping.path.to_string(),
                         module_offset: offset,
                         build_id: mapping.build_id.as_deref().map(hex),
                         ..Frame::default()
@@ -194,7 +194,7 @@ impl<'a> FrameTable<'a> {
                     address,
                     Frame {
                         address: address.address,
-                        module: mapping.path.clone(),
+                        module: mapping.path.to_string(),
                         module_offset: address.address - mapping.start,
                         ..Frame::default()
                     },

@@ -415,7 +415,9 @@ impl CopyUnwinder {
                     let (_, image) = table.files.image(identity)?;
                     ModuleSections::read(&image).map(Arc::new)
                 }),
-                None if mapping.path == VDSO && mapping.end - mapping.start == self.vdso_bytes => {
+                None if *mapping.path == *VDSO
+                    && mapping.end - mapping.start == self.vdso_bytes =>
+                {
                     &self.vdso
                 }
                 None => continue,
@@ -440,7 +442,7 @@ impl CopyUnwinder {
                     .filter(|address| mapping.contains(*address)),
             );
             unwinder.add_module(Module::new(
-                mapping.path.clone(),
+                mapping.path.to_string(),
                 mapping.start..mapping.end,
                 base,
                 sections.info.clone(),
@@ -472,7 +474,7 @@ mod tests {
             start,
             end: start + 0x10000,
             file_offset,
-            path: "/lib/libexample.so".to_string(),
+            path: "/lib/libexample.so".into(),
             executable: true,
             build_id: None,
             file: None,

@@ -342,7 +342,7 @@ impl UnwindLoader {
             ..ExecMapping::default()
         };
         let file = match (mapping.is_file(), mapping.file) {
-            (false, _) if mapping.path == VDSO => self.vdso_table(mapping),
+            (false, _) if *mapping.path == *VDSO => self.vdso_table(mapping),
             (false, _) => Err("not a file (JIT code)"),
             (true, None) => Err("its file could not be opened"),
             (true, Some(identity)) => self.file_table(processes, identity),

@@ -511,23 +511,23 @@ fn side_band_records_apply_in_time_order() {
     };
     let table = process_table(&data);
     assert_eq!(
-        table.code_mapping_for(10, 0x1800).unwrap().path,
+        &*table.code_mapping_for(10, 0x1800).unwrap().path,
         "/after-exec"
     );
     // The image before the exec is kept as retired: only samples taken before the exec can
     // fall where no current mapping is, and they ran that image.
     assert_eq!(
-        table.code_mapping_for(10, 0x5800).unwrap().path,
+        &*table.code_mapping_for(10, 0x5800).unwrap().path,
         "/inherited",
         "exec retired it"
     );
     // The child forked before the exec: it keeps the parent's mappings of that moment.
     assert_eq!(
-        table.code_mapping_for(11, 0x1800).unwrap().path,
+        &*table.code_mapping_for(11, 0x1800).unwrap().path,
         "/before-exec"
     );
     assert_eq!(
-        table.code_mapping_for(11, 0x5800).unwrap().path,
+        &*table.code_mapping_for(11, 0x5800).unwrap().path,
         "/inherited"
     );
     assert!(table.processes[&11].exited);
