@@ -979,7 +979,10 @@ fn a_running_process_is_in_scope_with_what_it_forks() {
             !slept(*ns, 50_000_000)
         })
         .count();
-    assert!(short <= 1, "50 ms sleeps: {children:?}");
+    assert!(
+        short <= 1,
+        "50 ms sleeps: {children:?}\nevery thread: {threads:?}"
+    );
     // The shell, its `sleep`s, and its children before they exec `sleep` (still `sh`).
     assert!(
         threads
