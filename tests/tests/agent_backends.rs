@@ -12,6 +12,21 @@ use std::time::Duration;
 use common::{profiler_bin, wait_until_recording, workload, Running};
 use receiver::Receiver;
 
+/// Stops the agent with SIGTERM; its log, once it exited successfully and the receiver refused
+/// nothing it sent.
+fn stop_agent(mut agent: Running, receiver: &Receiver) -> String {
+    agent.signal(libc::SIGTERM);
+    let output = agent.output_at_most(Duration::from_secs(30));
+    let log = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{log}");
+    assert!(
+        receiver.refusals().is_empty(),
+        "refused: {:?}",
+        receiver.refusals()
+    );
+    log
+}
+
 /// `name{labels} value` lines of a scrape whose name and labels contain every part of `parts`.
 fn metric(scrape: &str, name: &str, parts: &[&str]) -> f64 {
     scrape
@@ -40,7 +55,7 @@ fn every_window_reaches_pyroscope_and_otlp_even_across_a_backend_outage() {
     let mut receiver = Receiver::start(0);
     let spool = tempfile::tempdir().unwrap();
     let metrics_addr = metrics_address();
-    let mut agent = Running::spawn(
+    let agent = Running::spawn(
         Command::new(profiler_bin())
             .args([
                 "agent",
@@ -71,15 +86,7 @@ fn every_window_reaches_pyroscope_and_otlp_even_across_a_backend_outage() {
     // Past the retry backoff (1 s, then 2 s), the spooled windows go with the next ones.
     std::thread::sleep(Duration::from_millis(4500));
     let scraped = scrape(&metrics_addr);
-    agent.signal(libc::SIGTERM);
-    let output = agent.output_at_most(Duration::from_secs(30));
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{log}");
-    assert!(
-        receiver.refusals().is_empty(),
-        "refused: {:?}",
-        receiver.refusals()
-    );
+    let log = stop_agent(agent, &receiver);
 
     // Every window with samples reached both backends, none twice: windows are told apart by
     // their start time.
@@ -327,4 +334,120 @@ fn the_systemd_unit_verifies() {
         verified.status.success() && said.trim().is_empty(),
         "{said}"
     );
+}
+
+/// The data samples of one pprof: (object, line, function) -> samples, read from the stacks of
+/// the `<event>_data_sample` column (root first: object, line, function).
+fn data_samples(
+    profile: &pyroscope::encode::gen::google::Profile,
+    event: &str,
+) -> Vec<(String, u64, String, i64)> {
+    let text = |index: i64| profile.string_table[index as usize].as_str();
+    let Some(column) = profile
+        .sample_type
+        .iter()
+        .position(|t| text(t.r#type) == format!("{event}_data_sample"))
+    else {
+        return Vec::new();
+    };
+    let name = |id: u64| {
+        let location = &profile.location[id as usize - 1];
+        location.line.last().map_or_else(
+            || format!("{:#x}", location.address),
+            |line| text(profile.function[line.function_id as usize - 1].name).to_string(),
+        )
+    };
+    profile
+        .sample
+        .iter()
+        .filter(|s| s.value[column] > 0)
+        .map(|s| {
+            let [function, line, object] = s.location_id[..] else {
+                panic!("a data sample's stack is object, line, function: {s:?}");
+            };
+            let line = u64::from_str_radix(name(line).trim_start_matches("0x"), 16).unwrap();
+            (name(object), line, name(function), s.value[column])
+        })
+        .collect()
+}
+
+#[test]
+fn page_fault_data_addresses_reach_pyroscope_and_otlp_by_object_line_and_function() {
+    let receiver = Receiver::start(0);
+    let spool = tempfile::tempdir().unwrap();
+    let agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-e", "page-faults", "-c", "1", "--interval", "1"])
+            .args(["--pyroscope", &receiver.url(), "--otlp", &receiver.url()])
+            .arg("--spool-dir")
+            .arg(spool.path())
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let toucher = Command::new(workload("page_toucher"))
+        .args(["3000", "9"])
+        .output()
+        .unwrap();
+    assert!(toucher.status.success());
+    let (start, pages, line) = common::touched_region(&String::from_utf8_lossy(&toucher.stderr));
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = stop_agent(agent, &receiver);
+
+    // Every page of the region faulted once, at the line written: each is a data sample under
+    // the anonymous memory the region is, made by touch_pages.
+    let end = start + pages * 4096;
+    let mut touched: Vec<(String, u64, String, i64)> = receiver
+        .pushes()
+        .into_iter()
+        .flatten()
+        .filter(|series| series.label("executable") == Some("page_toucher"))
+        .flat_map(|series| data_samples(&series.profile, "page-faults"))
+        .filter(|(_, address, _, _)| (start..end).contains(address))
+        .collect();
+    touched.sort();
+    let expected: Vec<(String, u64, String, i64)> = (0..pages)
+        .map(|page| {
+            (
+                "anonymous memory".to_string(),
+                start + page * 4096 + line * 64,
+                "page_toucher::touch_pages".to_string(),
+                1,
+            )
+        })
+        .collect();
+    assert_eq!(touched.len(), expected.len(), "{log}");
+    assert_eq!(touched, expected);
+
+    // OTLP has them as a profile of data samples beside the call stacks, with the same count.
+    let data_samples_in_region: i64 = receiver
+        .otlp()
+        .iter()
+        .map(|request| {
+            let tables = request.dictionary.as_ref().unwrap();
+            let text = |index: i32| tables.string_table[index as usize].as_str();
+            let function_of = |location: i32| {
+                let location = &tables.location_table[location as usize];
+                location.lines.last().map_or("", |line| {
+                    text(tables.function_table[line.function_index as usize].name_strindex)
+                })
+            };
+            let profiles = request
+                .resource_profiles
+                .iter()
+                .flat_map(|r| &r.scope_profiles)
+                .flat_map(|s| &s.profiles)
+                .filter(|p| text(p.sample_type.as_ref().unwrap().type_strindex) == "data_samples");
+            profiles
+                .flat_map(|p| &p.samples)
+                .filter(|sample| {
+                    let stack = &tables.stack_table[sample.stack_index as usize];
+                    let line = function_of(stack.location_indices[1]);
+                    let address = u64::from_str_radix(line.trim_start_matches("0x"), 16);
+                    address.is_ok_and(|address| (start..end).contains(&address))
+                })
+                .map(|sample| sample.values[0])
+                .sum::<i64>()
+        })
+        .sum();
+    assert_eq!(data_samples_in_region, pages as i64);
 }

@@ -23,6 +23,7 @@ use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 
 use self::log::{log, LogLevel};
 use crate::{
+    aggregate::dataspace::capture_data_objects,
     capture::session::{CaptureSession, WindowCapture},
     cli::{seconds, SamplingArgs, Unwind},
     commands::{capture_options, target_of},
@@ -202,6 +203,9 @@ impl Exporter {
             Some(symbolizer),
         );
         profile.hardware.cpu = self.cpu.clone();
+        // What the sampled data addresses belong to, while the window's processes are at hand:
+        // the exports name the variable, heap, stack or file of each data cache line.
+        capture_data_objects(&mut profile, &capture.processes);
         // Off-CPU time goes to the backends as a profile type of its own: nanoseconds blocked.
         add_off_cpu_event(&mut profile);
         if !kernel_addresses_shown() {

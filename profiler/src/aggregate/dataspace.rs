@@ -47,28 +47,44 @@ impl DataObject {
     /// Short description for reports: `counter, hits (app)`, `heap`, `file /data/x.db+0x2000`.
     pub fn describe(&self, line: u64) -> String {
         match self {
-            DataObject::Variables(variables) => {
-                let names: Vec<String> = variables
-                    .iter()
-                    .map(|v| match line.checked_sub(v.address) {
-                        Some(inside) if inside > 0 => format!("{}+{inside:#x}", v.name),
-                        _ => v.name.clone(),
-                    })
-                    .collect();
-                let module = variables
-                    .first()
-                    .map(|v| crate::profile::module_basename(&v.module))
-                    .unwrap_or_default();
-                format!("{} ({module})", names.join(", "))
-            }
+            DataObject::Variables(variables) => variables_text(variables, Some(line)),
+            DataObject::File { path, offset } => format!("file {path}+{offset:#x}"),
+            _ => self.name(),
+        }
+    }
+
+    /// The object without the line's place in it, which every line of the object shares:
+    /// `counter, hits (app)`, `heap`, `file /data/x.db`.
+    pub fn name(&self) -> String {
+        match self {
+            DataObject::Variables(variables) => variables_text(variables, None),
             DataObject::Heap => "heap".to_string(),
             DataObject::Stack => "stack".to_string(),
-            DataObject::File { path, offset } => format!("file {path}+{offset:#x}"),
+            DataObject::File { path, .. } => format!("file {path}"),
             DataObject::Anonymous => "anonymous memory".to_string(),
             DataObject::Special(label) => label.clone(),
             DataObject::Unknown => "unknown".to_string(),
         }
     }
+}
+
+/// The variables' names, each with the offset of `line` inside it when given and not 0, and
+/// their module.
+fn variables_text(variables: &[DataSymbol], line: Option<u64>) -> String {
+    let names: Vec<String> = variables
+        .iter()
+        .map(
+            |v| match line.and_then(|line| line.checked_sub(v.address)) {
+                Some(inside) if inside > 0 => format!("{}+{inside:#x}", v.name),
+                _ => v.name.clone(),
+            },
+        )
+        .collect();
+    let module = variables
+        .first()
+        .map(|v| crate::profile::module_basename(&v.module))
+        .unwrap_or_default();
+    format!("{} ({module})", names.join(", "))
 }
 
 /// What the cache line at `line` of process `pid` belongs to.

@@ -25,8 +25,15 @@ use std::fmt;
 use std::io;
 
 use crate::{
-    aggregate::filter::{select_events, SampleFilter, Selection},
-    profile::{EventIndex, EventInfo, Frame, FrameId, Profile, StackSample},
+    aggregate::{
+        filter::{select_events, SampleFilter, Selection},
+        latency::LineHistograms,
+        views::selected_data_lines,
+    },
+    profile::{
+        DataLineSample, EventIndex, EventInfo, Frame, FrameId, LineLatencyHistogram, Profile,
+        StackSample,
+    },
 };
 
 #[derive(Debug)]
@@ -164,6 +171,30 @@ pub fn selected_profile(
             })
         })
         .collect();
+    // Data addresses as the report's data views select them, with the latency histograms of
+    // the lines whose samples the filters keep whole.
+    let mut data_lines = Vec::new();
+    let mut line_latency = Vec::new();
+    for (index, &event) in events.iter().enumerate() {
+        let index = index as EventIndex;
+        data_lines.extend(selected_data_lines(profile, event, &selection).map(|d| {
+            DataLineSample {
+                event: index,
+                ..d.clone()
+            }
+        }));
+        let histograms = LineHistograms::new(profile, event, &selection);
+        line_latency.extend(
+            histograms
+                .iter()
+                .map(|((pid, line), buckets)| LineLatencyHistogram {
+                    pid,
+                    event: index,
+                    line,
+                    buckets: buckets.to_vec(),
+                }),
+        );
+    }
     Ok(Profile {
         meta: profile.meta.clone(),
         events: events
@@ -174,6 +205,10 @@ pub fn selected_profile(
         frames: profile.frames.clone(),
         stacks,
         losses,
+        data_lines,
+        line_latency,
+        memory_maps: profile.memory_maps.clone(),
+        data_symbols: profile.data_symbols.clone(),
         ..Profile::default()
     })
 }
@@ -229,6 +264,36 @@ mod tests {
             .stacks
             .is_empty());
         assert!(selected_profile(&profile, Some("cycles"), &worker).is_err());
+    }
+
+    #[test]
+    fn selection_keeps_the_data_lines_and_latencies_it_selects_whole() {
+        let profile = test_profile::profile_with_data();
+        let faults =
+            selected_profile(&profile, Some("page-faults"), &SampleFilter::default()).unwrap();
+        let lines: Vec<(EventIndex, u64)> = faults
+            .data_lines
+            .iter()
+            .map(|d| (d.event, d.line))
+            .collect();
+        assert_eq!(
+            lines,
+            [(0, test_profile::HEAP_LINE), (0, test_profile::GLOBAL_LINE)]
+        );
+        assert_eq!(faults.line_latency.len(), 1);
+        assert_eq!(faults.line_latency[0].event, 0);
+        assert_eq!(faults.data_symbols, profile.data_symbols);
+        // Only the stripped library's line is left: the heap line's histogram goes with it.
+        let libblob = SampleFilter {
+            module: Some("libblob.so".into()),
+            ..SampleFilter::default()
+        };
+        let selected = selected_profile(&profile, Some("page-faults"), &libblob).unwrap();
+        let lines: Vec<u64> = selected.data_lines.iter().map(|d| d.line).collect();
+        assert_eq!(lines, [test_profile::GLOBAL_LINE]);
+        assert!(selected.line_latency.is_empty());
+        let cpu = selected_profile(&profile, Some("cpu-clock"), &SampleFilter::default()).unwrap();
+        assert!(cpu.data_lines.is_empty());
     }
 }
 
@@ -388,5 +453,77 @@ pub(crate) mod test_profile {
             ],
             ..Profile::default()
         }
+    }
+
+    /// The heap line the page-fault samples touched, and the global variable's.
+    pub const HEAP_LINE: u64 = 0x5555_5600_0040;
+    pub const GLOBAL_LINE: u64 = APP_BASE + 0x8000;
+
+    /// [`profile`] with data addresses on its page-fault samples: 4 by `compute` on a heap
+    /// line (loads, with latencies and the line's histogram), 3 by the worker's stripped code
+    /// on the line of a global variable (stores, no latency).
+    pub fn profile_with_data() -> Profile {
+        let mut profile = profile();
+        let stats = |count, latency_sum, latency_max| Stats {
+            count,
+            latency_count: if latency_sum > 0 { count } else { 0 },
+            latency_sum,
+            latency_max,
+        };
+        profile.data_lines = vec![
+            DataLineSample {
+                pid: 100,
+                event: 1,
+                line: HEAP_LINE,
+                frame: COMPUTE_INLINED,
+                stats: stats(4, 400, 250),
+                per_cpu: Vec::new(),
+                tid: Some(100),
+                access: DataAccess::Load,
+            },
+            DataLineSample {
+                pid: 100,
+                event: 1,
+                line: GLOBAL_LINE,
+                frame: STRIPPED,
+                stats: stats(3, 0, 0),
+                per_cpu: Vec::new(),
+                tid: Some(101),
+                access: DataAccess::Store,
+            },
+        ];
+        // 3 samples at 5 cycles (a bucket of one value), one far above.
+        let bucket = |value: u64| profiler_common::latency::bucket_index(value) as u16;
+        profile.line_latency = vec![LineLatencyHistogram {
+            pid: 100,
+            event: 1,
+            line: HEAP_LINE,
+            buckets: vec![(bucket(5), 3), (bucket(250), 1)],
+        }];
+        profile.memory_maps = vec![ProcessMemoryMap {
+            pid: 100,
+            mappings: vec![
+                MemoryMapping {
+                    start: APP_BASE,
+                    end: APP_BASE + 0x10000,
+                    file_offset: 0,
+                    path: APP.into(),
+                },
+                MemoryMapping {
+                    start: 0x5555_5600_0000,
+                    end: 0x5555_5610_0000,
+                    file_offset: 0,
+                    path: "[heap]".into(),
+                },
+            ],
+        }];
+        profile.data_symbols = vec![DataSymbol {
+            pid: 100,
+            address: GLOBAL_LINE,
+            size: 16,
+            name: "request_count".into(),
+            module: APP.into(),
+        }];
+        profile
     }
 }

@@ -22,7 +22,7 @@ use prost::Message;
 
 use super::backend::BackendSink;
 use super::offcpu::OFF_CPU_EVENT;
-use super::pprof::{pprof_profile, proto as pprof};
+use super::pprof::{pprof_profile, proto as pprof, DATA_SAMPLE_SUFFIX, LATENCY_SUFFIX};
 use super::series::{Series, ServiceName};
 use super::upload::{Endpoint, Uploader};
 use super::ExportError;
@@ -59,7 +59,7 @@ pub fn export_request(series: &[Series]) -> ExportProfilesServiceRequest {
     let mut resources: Vec<otlp::ResourceProfiles> = Vec::new();
     let mut resource_of_pid: HashMap<u32, usize> = HashMap::new();
     for one in series {
-        let profile = dictionary.profile(&pprof_profile(&one.profile));
+        let profiles = dictionary.profiles(&pprof_profile(&one.profile));
         let index = *resource_of_pid.entry(one.labels.pid).or_insert_with(|| {
             resources.push(otlp::ResourceProfiles {
                 resource: Some(resource(one)),
@@ -75,7 +75,7 @@ pub fn export_request(series: &[Series]) -> ExportProfilesServiceRequest {
             });
             resources.len() - 1
         });
-        resources[index].scope_profiles[0].profiles.push(profile);
+        resources[index].scope_profiles[0].profiles.extend(profiles);
     }
     ExportProfilesServiceRequest {
         resource_profiles: resources,
@@ -166,8 +166,14 @@ impl Dictionary {
 
     /// A string-valued sample attribute (`thread.name`), or an integer one (`thread.id`).
     fn attribute(&mut self, key: &str, value: any_value::Value) -> i32 {
+        self.attribute_in(key, value, "")
+    }
+
+    /// An attribute whose value is in `unit` (none when empty).
+    fn attribute_in(&mut self, key: &str, value: any_value::Value, unit: &str) -> i32 {
         let key_index = self.string(key);
-        let identity = (key_index, format!("{value:?}"));
+        let unit_index = self.string(unit);
+        let identity = (key_index, format!("{value:?} {unit_index}"));
         if let Some(&index) = self.attributes.get(&identity) {
             return index;
         }
@@ -175,7 +181,7 @@ impl Dictionary {
         self.tables.attribute_table.push(otlp::KeyValueAndUnit {
             key_strindex: key_index,
             value: Some(AnyValue { value: Some(value) }),
-            unit_strindex: 0,
+            unit_strindex: unit_index,
         });
         self.attributes.insert(identity, index);
         index
@@ -193,8 +199,10 @@ impl Dictionary {
         index
     }
 
-    /// Moves a one-event pprof profile into the dictionary, as an OTLP profile.
-    fn profile(&mut self, pprof: &pprof::Profile) -> otlp::Profile {
+    /// Moves a one-event pprof profile into the dictionary, as OTLP profiles: one of its call
+    /// stacks and, when the event carried data addresses, one of its data samples and one of
+    /// their latencies (an OTLP profile has one sample type).
+    fn profiles(&mut self, pprof: &pprof::Profile) -> Vec<otlp::Profile> {
         let text = |index: i64| pprof.string_table[index as usize].as_str();
         let mut mappings = HashMap::new();
         for mapping in &pprof.mapping {
@@ -243,37 +251,6 @@ impl Dictionary {
             locations.insert(location.id, self.tables.location_table.len() as i32);
             self.tables.location_table.push(entry);
         }
-        let samples = pprof
-            .sample
-            .iter()
-            .map(|sample| {
-                // pprof and OTLP both list a stack leaf first.
-                let stack = self.stack(sample.location_id.iter().map(|id| locations[id]).collect());
-                let attribute_indices = sample
-                    .label
-                    .iter()
-                    .filter_map(|label| {
-                        let (key, value) = match text(label.key) {
-                            "tid" => ("thread.id", any_value::Value::IntValue(label.num)),
-                            "thread_comm" => (
-                                "thread.name",
-                                any_value::Value::StringValue(text(label.str).into()),
-                            ),
-                            _ => return None,
-                        };
-                        Some(self.attribute(key, value))
-                    })
-                    .collect();
-                otlp::Sample {
-                    stack_index: stack,
-                    attribute_indices,
-                    link_index: 0,
-                    // The `_sample` column: the first of the event's columns.
-                    values: vec![sample.value[0]],
-                    timestamps_unix_nano: Vec::new(),
-                }
-            })
-            .collect();
         let period_type = pprof.period_type.as_ref().map(|period| otlp::ValueType {
             type_strindex: self.string(text(period.r#type)),
             unit_strindex: self.string(text(period.unit)),
@@ -283,22 +260,85 @@ impl Dictionary {
             .period_type
             .as_ref()
             .is_some_and(|period| text(period.r#type) == OFF_CPU_EVENT);
-        let (value_type, value_unit) = match off_cpu {
+        let stacks = match off_cpu {
             true => (OFF_CPU_EVENT, "nanoseconds"),
             false => ("samples", "count"),
         };
-        otlp::Profile {
-            sample_type: Some(otlp::ValueType {
-                type_strindex: self.string(value_type),
-                unit_strindex: self.string(value_unit),
-            }),
-            samples,
-            time_unix_nano: pprof.time_nanos as u64,
-            duration_nano: pprof.duration_nanos as u64,
-            period_type,
-            period: pprof.period,
-            profile_id: uuid::Uuid::new_v4().as_bytes().to_vec(),
-            ..otlp::Profile::default()
+        // The stack samples' `_sample` column is the first; the data columns follow it.
+        let mut measures = vec![(0, stacks)];
+        for (column, value_type) in pprof.sample_type.iter().enumerate() {
+            let name = text(value_type.r#type);
+            if name.ends_with(DATA_SAMPLE_SUFFIX) {
+                measures.push((column, ("data_samples", "count")));
+            } else if name.ends_with(LATENCY_SUFFIX) {
+                measures.push((column, ("latency", text(value_type.unit))));
+            }
+        }
+        measures
+            .into_iter()
+            .map(|(column, (value_type, value_unit))| otlp::Profile {
+                sample_type: Some(otlp::ValueType {
+                    type_strindex: self.string(value_type),
+                    unit_strindex: self.string(value_unit),
+                }),
+                samples: (pprof.sample.iter())
+                    .filter(|sample| sample.value[column] != 0)
+                    .map(|sample| self.sample(pprof, sample, column, &locations))
+                    .collect(),
+                time_unix_nano: pprof.time_nanos as u64,
+                duration_nano: pprof.duration_nanos as u64,
+                period_type,
+                period: pprof.period,
+                profile_id: uuid::Uuid::new_v4().as_bytes().to_vec(),
+                ..otlp::Profile::default()
+            })
+            .collect()
+    }
+
+    /// One pprof sample's value in `column`, with its stack and labels, as an OTLP sample.
+    fn sample(
+        &mut self,
+        pprof: &pprof::Profile,
+        sample: &pprof::Sample,
+        column: usize,
+        locations: &HashMap<u64, i32>,
+    ) -> otlp::Sample {
+        let text = |index: i64| pprof.string_table[index as usize].as_str();
+        // pprof and OTLP both list a stack leaf first.
+        let stack = self.stack(sample.location_id.iter().map(|id| locations[id]).collect());
+        let attribute_indices = sample
+            .label
+            .iter()
+            .filter_map(|label| {
+                let attribute = match (text(label.key), text(label.num_unit)) {
+                    ("tid", _) => {
+                        self.attribute("thread.id", any_value::Value::IntValue(label.num))
+                    }
+                    ("thread_comm", _) => self.attribute(
+                        "thread.name",
+                        any_value::Value::StringValue(text(label.str).into()),
+                    ),
+                    ("access", _) => self.attribute(
+                        "profiler.data.access",
+                        any_value::Value::StringValue(text(label.str).into()),
+                    ),
+                    // Latencies: `profiler.latency_max`, `profiler.line_latency_p99`, in cycles.
+                    (key, unit) if !unit.is_empty() => self.attribute_in(
+                        &format!("profiler.{key}"),
+                        any_value::Value::IntValue(label.num),
+                        unit,
+                    ),
+                    _ => return None,
+                };
+                Some(attribute)
+            })
+            .collect();
+        otlp::Sample {
+            stack_index: stack,
+            attribute_indices,
+            link_index: 0,
+            values: vec![sample.value[column]],
+            timestamps_unix_nano: Vec::new(),
         }
     }
 }
@@ -357,6 +397,51 @@ mod tests {
         for expected in ["main", "run", "compute", "vec_sum"] {
             assert!(names.contains(&expected), "{expected} in {names:?}");
         }
+    }
+
+    #[test]
+    fn data_addresses_and_latencies_are_profiles_of_their_own() {
+        let profile = test_profile::profile_with_data();
+        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let request = export_request(&series);
+        let tables = request.dictionary.as_ref().unwrap();
+        let text = |index: i32| tables.string_table[index as usize].as_str();
+        let profiles = &request.resource_profiles[0].scope_profiles[0].profiles;
+        let summary: Vec<(&str, &str, &str, i64)> = profiles
+            .iter()
+            .map(|p| {
+                let sample_type = p.sample_type.as_ref().unwrap();
+                (
+                    text(p.period_type.as_ref().unwrap().type_strindex),
+                    text(sample_type.type_strindex),
+                    text(sample_type.unit_strindex),
+                    p.samples.iter().map(|s| s.values[0]).sum(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("cpu-clock", "samples", "count", 100),
+                ("page-faults", "samples", "count", 7),
+                ("page-faults", "data_samples", "count", 7),
+                ("page-faults", "latency", "cycles", 400),
+            ]
+        );
+        // The latency samples carry the line's percentiles, in cycles.
+        let latency = &profiles[3];
+        let attributes: Vec<(&str, &str)> = latency.samples[0]
+            .attribute_indices
+            .iter()
+            .map(|&i| {
+                let attribute = &tables.attribute_table[i as usize];
+                (text(attribute.key_strindex), text(attribute.unit_strindex))
+            })
+            .collect();
+        for key in ["profiler.latency_max", "profiler.line_latency_p99"] {
+            assert!(attributes.contains(&(key, "cycles")), "{attributes:?}");
+        }
+        assert!(attributes.contains(&("profiler.data.access", "")));
     }
 
     #[test]

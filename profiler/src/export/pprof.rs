@@ -11,8 +11,17 @@
 //!   frequency-sampled event has a varying period the profile does not keep, so it gets no
 //!   estimate. Its unit is `nanoseconds` for clocks and `count` for everything else. A sample
 //!   carries its event's values and 0 in the other events' columns.
+//! - Data addresses: an event whose samples carried them (page faults, precise memory events)
+//!   also has `<event>_data_sample` (and `_data_event`) columns, and `<event>_latency` (cycles,
+//!   summed) when they carried a latency. Their samples are one per instruction and 64-byte data
+//!   line, with the stack object -> line -> instruction's function (the object: a variable, the
+//!   heap, the stack, a file; the line as its address), so `-sample_index=<event>_data_sample`
+//!   shows a flame graph of the data touched, and 0 in the call-stack columns, so stack totals do
+//!   not count them twice. The line's latency percentiles are numeric labels
+//!   (`line_latency_p50`/`_p90`/`_p99`, unit cycles) beside the samples' `latency_max`.
 //! - Labels per sample: `pid`, `tid` (numbers), `comm` (the process's command name: its main
-//!   thread's), `thread_comm` and `container`, when known.
+//!   thread's), `thread_comm` and `container`, when known; `access` (`load`/`store`) on data
+//!   samples whose data source says so.
 //! - Locations, one per distinct frame, with the address, the mapping and one line per function at
 //!   the address: inlined functions innermost first, the function they were inlined into last, as
 //!   pprof expects. Stripped code has no lines, as pprof writes unsymbolized code; pprof then shows
@@ -34,7 +43,13 @@ use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
 use super::{stack_root_first, ExportError, StackEntry};
-use crate::profile::{EventInfo, Frame, FrameId, Profile, StackSample};
+use crate::aggregate::{
+    dataspace::describe_data_address,
+    latency::{LatencyAccumulator, LatencySummary},
+};
+use crate::profile::{
+    DataAccess, DataLineSample, EventIndex, EventInfo, Frame, FrameId, Profile, StackSample,
+};
 
 /// The messages of profile.proto that pprof reads.
 pub mod proto {
@@ -197,16 +212,58 @@ fn value_unit(event: &EventInfo) -> &'static str {
     }
 }
 
+/// The latency percentiles of every data cache line with a latency histogram.
+fn line_latency_summaries(profile: &Profile) -> HashMap<(u32, EventIndex, u64), LatencySummary> {
+    profile
+        .line_latency
+        .iter()
+        .filter_map(|histogram| {
+            let mut line = LatencyAccumulator::default();
+            line.add_buckets(&histogram.buckets);
+            let key = (histogram.pid, histogram.event, histogram.line);
+            Some((key, line.summary()?))
+        })
+        .collect()
+}
+
 /// Counts are u64, pprof values i64: saturate rather than wrap to negative.
 fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-/// Where one event's values go in `Sample::value`.
-struct EventColumns {
+/// The unit of sampled latencies: PEBS weights, IBS and SPE latencies count core cycles.
+const LATENCY_UNIT: &str = "cycles";
+/// How the names of the data-sample and latency columns end (`page-faults_data_sample`).
+pub const DATA_SAMPLE_SUFFIX: &str = "_data_sample";
+pub const LATENCY_SUFFIX: &str = "_latency";
+
+/// A count of samples and, when every sample stands for a known number of events, the events
+/// they estimate: the `_sample` column and the `_event` column after it.
+#[derive(Clone, Copy)]
+struct CountColumns {
     samples: usize,
     /// Events per sample for the `_event` column (at `samples + 1`), when there is one.
     events_per_sample: Option<u64>,
+}
+
+impl CountColumns {
+    fn fill(self, count: u64, value: &mut [i64]) {
+        value[self.samples] = to_i64(count);
+        if let Some(per_sample) = self.events_per_sample {
+            value[self.samples + 1] = to_i64(count.saturating_mul(per_sample));
+        }
+    }
+}
+
+/// Where one event's values go in `Sample::value`.
+struct EventColumns {
+    /// The event's call-stack samples.
+    stacks: CountColumns,
+    /// `<event>_data_sample` (and `_data_event`): its samples with a data address, by
+    /// instruction and data cache line, when it has any.
+    data: Option<CountColumns>,
+    /// `<event>_latency`: the summed latency of those samples, when they carried one.
+    latency: Option<usize>,
 }
 
 /// Frames of one module loaded at one address.
@@ -235,7 +292,9 @@ struct Builder<'a> {
     /// (name, filename) string indexes -> function id.
     function_ids: HashMap<(i64, i64), u64>,
     frame_locations: HashMap<FrameId, u64>,
-    pseudo_locations: HashMap<&'static str, u64>,
+    pseudo_locations: HashMap<String, u64>,
+    /// Latency percentiles of each sampled data cache line: (pid, event, line) -> summary.
+    line_latency: HashMap<(u32, EventIndex, u64), LatencySummary>,
     /// (pid, tid) -> command name.
     comms: HashMap<(u32, u32), &'a str>,
     containers: HashMap<(u32, u32), &'a str>,
@@ -252,6 +311,7 @@ impl<'a> Builder<'a> {
             function_ids: HashMap::new(),
             frame_locations: HashMap::new(),
             pseudo_locations: HashMap::new(),
+            line_latency: line_latency_summaries(profile),
             comms: profile
                 .threads
                 .iter()
@@ -294,29 +354,60 @@ impl<'a> Builder<'a> {
                 self.sample(sample);
             }
         }
+        for access in &profile.data_lines {
+            if access.stats.count > 0 {
+                self.data_sample(access);
+            }
+        }
         self.out
     }
 
     fn sample_types(&mut self) {
-        for event in &self.profile.events {
-            let samples = self.out.sample_type.len();
-            let sample_type = self.value_type(&format!("{}_sample", event.name), "count");
-            self.out.sample_type.push(sample_type);
-            let events_per_sample = events_per_sample(event);
-            if events_per_sample.is_some() {
-                let event_type =
-                    self.value_type(&format!("{}_event", event.name), value_unit(event));
-                self.out.sample_type.push(event_type);
-            }
+        let profile = self.profile;
+        for (index, event) in profile.events.iter().enumerate() {
+            let stacks = self.count_columns(&event.name, event);
+            let data_lines = || {
+                profile
+                    .data_lines
+                    .iter()
+                    .filter(move |d| d.event as usize == index && d.stats.count > 0)
+            };
+            let data = (data_lines().next().is_some())
+                .then(|| self.count_columns(&format!("{}_data", event.name), event));
+            let latency = data_lines().any(|d| d.stats.latency_count > 0).then(|| {
+                let latency_type =
+                    self.value_type(&format!("{}{LATENCY_SUFFIX}", event.name), LATENCY_UNIT);
+                self.out.sample_type.push(latency_type);
+                self.out.sample_type.len() - 1
+            });
             self.columns.push(EventColumns {
-                samples,
-                events_per_sample,
+                stacks,
+                data,
+                latency,
             });
         }
         // The first event's best estimate is what pprof shows unless told otherwise.
         if let Some(first) = self.columns.first() {
-            let column = first.samples + usize::from(first.events_per_sample.is_some());
+            let stacks = first.stacks;
+            let column = stacks.samples + usize::from(stacks.events_per_sample.is_some());
             self.out.default_sample_type = self.out.sample_type[column].r#type;
+        }
+    }
+
+    /// Adds the `<name>_sample` column and, when the event's samples have a known weight, the
+    /// `<name>_event` column.
+    fn count_columns(&mut self, name: &str, event: &EventInfo) -> CountColumns {
+        let samples = self.out.sample_type.len();
+        let sample_type = self.value_type(&format!("{name}_sample"), "count");
+        self.out.sample_type.push(sample_type);
+        let events_per_sample = events_per_sample(event);
+        if events_per_sample.is_some() {
+            let event_type = self.value_type(&format!("{name}_event"), value_unit(event));
+            self.out.sample_type.push(event_type);
+        }
+        CountColumns {
+            samples,
+            events_per_sample,
         }
     }
 
@@ -369,6 +460,10 @@ impl<'a> Builder<'a> {
                 *frame_samples.entry(id).or_default() += sample.count;
             }
         }
+        for access in &profile.data_lines {
+            *frame_samples.entry(access.frame).or_default() += access.stats.count;
+        }
+        frame_samples.retain(|_, samples| *samples > 0);
         let mut spans: BTreeMap<MappingKey<'a>, Span<'a>> = BTreeMap::new();
         for (id, samples) in frame_samples {
             let frame = &profile.frames[id as usize];
@@ -421,31 +516,66 @@ impl<'a> Builder<'a> {
             .collect();
         location_id.reverse();
 
-        let columns = &self.columns[sample.event as usize];
         let mut value = vec![0; self.out.sample_type.len()];
-        value[columns.samples] = to_i64(sample.count);
-        if let Some(per_sample) = columns.events_per_sample {
-            value[columns.samples + 1] = to_i64(sample.count.saturating_mul(per_sample));
-        }
+        self.columns[sample.event as usize]
+            .stacks
+            .fill(sample.count, &mut value);
+        let label = self.thread_labels(sample.pid, Some(sample.tid));
+        self.out.sample.push(proto::Sample {
+            location_id,
+            value,
+            label,
+        });
+    }
 
-        let mut label = vec![
-            self.num_label("pid", sample.pid),
-            self.num_label("tid", sample.tid),
+    /// The samples of one instruction whose data addresses fell in one cache line: a stack whose
+    /// root is the object the line belongs to (a variable, the heap, a file), then the line,
+    /// then the instruction's function, so a flame graph shows which data is touched and by
+    /// what. Latency percentiles of the line ride along as numeric labels.
+    fn data_sample(&mut self, access: &'a DataLineSample) {
+        let profile = self.profile;
+        let object = describe_data_address(profile, access.pid, access.line).name();
+        let location_id = vec![
+            self.frame_location(access.frame, &profile.frames[access.frame as usize]),
+            self.pseudo_location(&format!("{:#x}", access.line)),
+            self.pseudo_location(&object),
         ];
-        let thread = (sample.pid, sample.tid);
-        let strings = [
-            ("comm", self.comms.get(&(sample.pid, sample.pid)).copied()),
-            ("thread_comm", self.comms.get(&thread).copied()),
-            ("container", self.containers.get(&thread).copied()),
-        ];
-        for (key, text) in strings {
-            if let Some(text) = text {
-                let label_entry = proto::Label {
-                    key: self.string(key),
-                    str: self.string(text),
-                    ..Default::default()
-                };
-                label.push(label_entry);
+        let columns = &self.columns[access.event as usize];
+        let (data, latency) = (columns.data, columns.latency);
+        let mut value = vec![0; self.out.sample_type.len()];
+        if let Some(data) = data {
+            data.fill(access.stats.count, &mut value);
+        }
+        if let Some(latency) = latency {
+            value[latency] = to_i64(access.stats.latency_sum);
+        }
+        let mut label = self.thread_labels(access.pid, access.tid);
+        let access_kind = match access.access {
+            DataAccess::Load => Some("load"),
+            DataAccess::Store => Some("store"),
+            DataAccess::Unknown => None,
+        };
+        if let Some(kind) = access_kind {
+            label.push(self.str_label("access", kind));
+        }
+        if access.stats.latency_count > 0 {
+            let max = access.stats.latency_max;
+            label.push(self.latency_label("latency_max", max));
+        }
+        let line = self
+            .line_latency
+            .get(&(access.pid, access.event, access.line))
+            .cloned();
+        if let Some(line) = line {
+            let percentiles = [
+                ("line_latency_p50", line.p50),
+                ("line_latency_p90", line.p90),
+                ("line_latency_p99", line.p99),
+            ];
+            for (key, value) in percentiles {
+                if let Some(value) = value {
+                    label.push(self.latency_label(key, value));
+                }
             }
         }
         self.out.sample.push(proto::Sample {
@@ -455,12 +585,47 @@ impl<'a> Builder<'a> {
         });
     }
 
-    fn num_label(&mut self, key: &str, num: u32) -> proto::Label {
+    /// `pid`, `tid` (when known), and the names of the process, thread and container.
+    fn thread_labels(&mut self, pid: u32, tid: Option<u32>) -> Vec<proto::Label> {
+        let mut label = vec![self.num_label("pid", i64::from(pid), "")];
+        label.extend(tid.map(|tid| self.num_label("tid", i64::from(tid), "")));
+        let thread = (pid, tid.unwrap_or(pid));
+        let strings = [
+            ("comm", self.comms.get(&(pid, pid)).copied()),
+            ("thread_comm", tid.and(self.comms.get(&thread).copied())),
+            ("container", self.containers.get(&thread).copied()),
+        ];
+        for (key, text) in strings {
+            if let Some(text) = text {
+                label.push(self.str_label(key, text));
+            }
+        }
+        label
+    }
+
+    fn str_label(&mut self, key: &str, text: &str) -> proto::Label {
         proto::Label {
             key: self.string(key),
-            num: i64::from(num),
+            str: self.string(text),
             ..Default::default()
         }
+    }
+
+    fn num_label(&mut self, key: &str, num: i64, unit: &str) -> proto::Label {
+        proto::Label {
+            key: self.string(key),
+            num,
+            num_unit: if unit.is_empty() {
+                0
+            } else {
+                self.string(unit)
+            },
+            ..Default::default()
+        }
+    }
+
+    fn latency_label(&mut self, key: &str, cycles: u64) -> proto::Label {
+        self.num_label(key, to_i64(cycles), LATENCY_UNIT)
     }
 
     fn location(&mut self, entry: StackEntry<'a>) -> u64 {
@@ -489,13 +654,13 @@ impl<'a> Builder<'a> {
     }
 
     /// A location with no address or mapping, for a pseudo-function.
-    fn pseudo_location(&mut self, name: &'static str) -> u64 {
+    fn pseudo_location(&mut self, name: &str) -> u64 {
         if let Some(&id) = self.pseudo_locations.get(name) {
             return id;
         }
         let line = vec![self.line(name, None, None)];
         let id = self.push_location(0, 0, line);
-        self.pseudo_locations.insert(name, id);
+        self.pseudo_locations.insert(name.to_string(), id);
         id
     }
 
@@ -617,6 +782,101 @@ mod tests {
         assert_eq!(text(&p, period_type.r#type), "cpu-clock");
         assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
         assert_eq!(p.duration_nanos, 2_000_000_000);
+    }
+
+    #[test]
+    fn data_addresses_are_samples_of_their_own_columns_under_object_and_line() {
+        let p = pprof_profile(&test_profile::profile_with_data());
+        let types: Vec<(&str, &str)> = p
+            .sample_type
+            .iter()
+            .map(|t| (text(&p, t.r#type), text(&p, t.unit)))
+            .collect();
+        assert_eq!(
+            types[2..],
+            [
+                ("page-faults_sample", "count"),
+                ("page-faults_event", "count"),
+                ("page-faults_data_sample", "count"),
+                ("page-faults_data_event", "count"),
+                ("page-faults_latency", "cycles"),
+            ]
+        );
+        // The call-stack columns are as without data addresses: nothing counted twice.
+        assert_eq!(total(&p, "page-faults_sample"), 7);
+        assert_eq!(total(&p, "cpu-clock_sample"), 100);
+        assert_eq!(total(&p, "page-faults_data_sample"), 7);
+        assert_eq!(total(&p, "page-faults_data_event"), 70);
+        assert_eq!(total(&p, "page-faults_latency"), 400);
+
+        let data = column(&p, "page-faults_data_sample");
+        // (object, line, function), samples, labels other than the thread's.
+        type DataStack = (Vec<String>, i64, Vec<(String, String)>);
+        let mut stacks: Vec<DataStack> = p
+            .sample
+            .iter()
+            .filter(|s| s.value[data] > 0)
+            .map(|s| {
+                // Root first, each location's outermost function.
+                let names = s
+                    .location_id
+                    .iter()
+                    .rev()
+                    .map(|&id| {
+                        let location = &p.location[id as usize - 1];
+                        function_names(&p, location)
+                            .pop()
+                            .map_or_else(|| format!("{:#x}", location.address), |(name, _)| name)
+                    })
+                    .collect();
+                let labels = s
+                    .label
+                    .iter()
+                    .filter(|l| {
+                        !["pid", "comm", "thread_comm", "container"].contains(&text(&p, l.key))
+                    })
+                    .map(|l| {
+                        let value = match l.str {
+                            0 => format!("{} {}", l.num, text(&p, l.num_unit)),
+                            text_index => text(&p, text_index).to_string(),
+                        };
+                        (text(&p, l.key).to_string(), value)
+                    })
+                    .collect();
+                (names, s.value[data], labels)
+            })
+            .collect();
+        stacks.sort();
+        let heap_line = format!("{:#x}", test_profile::HEAP_LINE);
+        let global_line = format!("{:#x}", test_profile::GLOBAL_LINE);
+        let label = |key: &str, value: &str| (key.to_string(), value.to_string());
+        assert_eq!(
+            stacks,
+            [
+                (
+                    vec!["heap".to_string(), heap_line, "compute".to_string()],
+                    4,
+                    vec![
+                        label("tid", "100 "),
+                        label("access", "load"),
+                        label("latency_max", "250 cycles"),
+                        label("line_latency_p50", "5 cycles"),
+                        // The midpoint of the bucket holding 250 (buckets are 1/8 wide).
+                        label("line_latency_p90", "247 cycles"),
+                        label("line_latency_p99", "247 cycles"),
+                    ]
+                ),
+                (
+                    vec![
+                        "request_count (app)".to_string(),
+                        global_line,
+                        format!("{:#x}", LIBBLOB_BASE + 0x4a10)
+                    ],
+                    3,
+                    vec![label("tid", "101 "), label("access", "store")]
+                ),
+            ]
+        );
     }
 
     #[test]
@@ -802,20 +1062,30 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn google_pprof_reads_the_same_totals_and_functions() {
-        let (gz, _) = exported();
+    /// `profile` as a pprof file in a temporary directory (removed when dropped).
+    fn pprof_file(profile: &Profile) -> (tempfile::TempDir, PathBuf) {
+        let mut gz = Vec::new();
+        write_pprof(profile, &mut gz).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("profile.pb.gz");
         std::fs::write(&file, gz).unwrap();
+        (dir, file)
+    }
+
+    /// The (flat, cum) of `name` among `pprof -top` rows.
+    fn top_row(rows: &[(String, i64, i64)], name: &str) -> (i64, i64) {
+        rows.iter()
+            .find(|(n, _, _)| n == name)
+            .map(|&(_, flat, cum)| (flat, cum))
+            .unwrap_or_else(|| panic!("no {name} in pprof -top: {rows:?}"))
+    }
+
+    #[test]
+    fn google_pprof_reads_the_same_totals_and_functions() {
+        let (_dir, file) = pprof_file(&test_profile::profile());
 
         let cpu = top(&file, "cpu-clock_sample");
-        let row = |name: &str| {
-            cpu.iter()
-                .find(|(n, _, _)| n == name)
-                .map(|&(_, flat, cum)| (flat, cum))
-                .unwrap_or_else(|| panic!("no {name} in pprof -top: {cpu:?}"))
-        };
+        let row = |name: &str| top_row(&cpu, name);
         // pprof marks the functions a location's lines say were inlined.
         assert_eq!(row("add_lanes (inline)"), (60, 60));
         assert_eq!(row("vec_sum (inline)"), (0, 60));
@@ -840,5 +1110,31 @@ mod tests {
         );
         assert!(raw.contains(&format!("{LIBBLOB} ffee0011")), "{raw}");
         assert!(raw.contains("thread_comm:[app worker]"), "{raw}");
+    }
+
+    #[test]
+    fn google_pprof_shows_data_lines_and_their_latency() {
+        let (_dir, file) = pprof_file(&test_profile::profile_with_data());
+
+        let data = top(&file, "page-faults_data_sample");
+        let cum = |name: &str| top_row(&data, name).1;
+        assert_eq!(cum("heap"), 4);
+        assert_eq!(cum(&format!("{:#x}", test_profile::HEAP_LINE)), 4);
+        assert_eq!(cum("request_count (app)"), 3);
+        assert_eq!(cum("add_lanes (inline)"), 4);
+        // Not a call-stack sample: the stack columns do not see them.
+        let faults = top(&file, "page-faults_sample");
+        assert_eq!(faults.iter().map(|r| r.1).sum::<i64>(), 7);
+        assert!(!faults.iter().any(|(name, _, _)| name == "heap"));
+        // pprof writes the unit after latencies: the heap line's 400 cycles are all of them.
+        let latency = run_pprof(&file, &["-top", "-sample_index=page-faults_latency"]);
+        let heap = latency.lines().find(|l| l.ends_with(" heap"));
+        let heap: Vec<&str> = heap.expect(&latency).split_whitespace().collect();
+        assert_eq!(heap[3..5], ["400cycles", "100%"], "{latency}");
+
+        let tags = run_pprof(&file, &["-tags", "-sample_index=page-faults_data_sample"]);
+        let percentile = tags.split("line_latency_p99: Total 4.0").nth(1);
+        let percentile = percentile.expect(&tags).lines().nth(1).unwrap_or_default();
+        assert!(percentile.trim().ends_with("): 247"), "{tags}");
     }
 }

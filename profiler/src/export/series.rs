@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use crate::profile::{EventIndex, FrameId, Profile, StackSample};
+use crate::profile::{
+    DataLineSample, EventIndex, FrameId, LineLatencyHistogram, Profile, StackSample,
+};
 use crate::scope::cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree};
 use crate::scope::container::{classify_cgroup_path, Workload};
 
@@ -168,8 +170,11 @@ pub fn series_of(profile: &Profile, rule: &ServiceName, cgroups: &CgroupPaths) -
     groups
         .into_iter()
         .map(|((pid, event), samples)| {
-            let origin = samples
+            // Any event's samples name the process's cgroup, so all its series share labels.
+            let origin = profile
+                .stacks
                 .iter()
+                .filter(|s| s.pid == pid)
                 .find_map(|s| cgroups.path(s.cgroup))
                 .map(ProcessOrigin::of_cgroup_path)
                 .unwrap_or_default();
@@ -224,7 +229,8 @@ fn service_name(rule: &ServiceName, executable: &str, origin: &ProcessOrigin) ->
 }
 
 /// The samples of one process and event as a profile of their own: frames renumbered to those
-/// the samples use, the event at index 0, the losses and estimates of the event.
+/// the samples use, the event at index 0, the losses and estimates of the event, and its data
+/// addresses with what they belong to.
 fn process_profile(
     profile: &Profile,
     pid: u32,
@@ -233,21 +239,37 @@ fn process_profile(
 ) -> Profile {
     let mut frame_ids: HashMap<FrameId, FrameId> = HashMap::new();
     let mut frames = Vec::new();
+    let mut renumber = |id: FrameId| {
+        *frame_ids.entry(id).or_insert_with(|| {
+            frames.push(profile.frames[id as usize].clone());
+            (frames.len() - 1) as FrameId
+        })
+    };
     let stacks = samples
         .iter()
         .map(|sample| StackSample {
             event: 0,
-            frames: sample
-                .frames
-                .iter()
-                .map(|&id| {
-                    *frame_ids.entry(id).or_insert_with(|| {
-                        frames.push(profile.frames[id as usize].clone());
-                        (frames.len() - 1) as FrameId
-                    })
-                })
-                .collect(),
+            frames: sample.frames.iter().map(|&id| renumber(id)).collect(),
             ..(*sample).clone()
+        })
+        .collect();
+    let data_lines = profile
+        .data_lines
+        .iter()
+        .filter(|d| d.pid == pid && d.event == event)
+        .map(|d| DataLineSample {
+            event: 0,
+            frame: renumber(d.frame),
+            ..d.clone()
+        })
+        .collect();
+    let line_latency = profile
+        .line_latency
+        .iter()
+        .filter(|h| h.pid == pid && h.event == event)
+        .map(|h| LineLatencyHistogram {
+            event: 0,
+            ..h.clone()
         })
         .collect();
     let per_event = |values: &[u64]| values.get(event as usize).copied().into_iter().collect();
@@ -266,6 +288,16 @@ fn process_profile(
         frames,
         stacks,
         losses,
+        data_lines,
+        line_latency,
+        memory_maps: (profile.memory_maps.iter())
+            .filter(|m| m.pid == pid)
+            .cloned()
+            .collect(),
+        data_symbols: (profile.data_symbols.iter())
+            .filter(|s| s.pid == pid)
+            .cloned()
+            .collect(),
         ..Profile::default()
     }
 }
@@ -342,6 +374,42 @@ mod tests {
         assert!(ServiceName::parse("pod")
             .unwrap_err()
             .contains("auto, executable, unit, container"));
+    }
+
+    #[test]
+    fn a_series_holds_its_events_data_addresses_and_what_they_belong_to() {
+        let profile = test_profile::profile_with_data();
+        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let faults = series
+            .iter()
+            .find(|s| s.labels.event == "page-faults")
+            .unwrap();
+        let lines: Vec<(u64, String)> = faults
+            .profile
+            .data_lines
+            .iter()
+            .map(|d| {
+                assert_eq!(d.event, 0);
+                let frame = &faults.profile.frames[d.frame as usize];
+                (d.line, frame.display_name())
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                (test_profile::HEAP_LINE, "compute".to_string()),
+                (test_profile::GLOBAL_LINE, "libblob.so+0x4a10".to_string()),
+            ]
+        );
+        assert_eq!(faults.profile.line_latency.len(), 1);
+        assert_eq!(faults.profile.line_latency[0].event, 0);
+        assert_eq!(faults.profile.memory_maps.len(), 1);
+        assert_eq!(faults.profile.data_symbols.len(), 1);
+        let cpu = series
+            .iter()
+            .find(|s| s.labels.event == "cpu-clock")
+            .unwrap();
+        assert!(cpu.profile.data_lines.is_empty() && cpu.profile.line_latency.is_empty());
     }
 
     #[test]
