@@ -455,6 +455,11 @@ fn read_sample_data(ctx: &PerfEventContext, config: &CaptureConfig) -> (Option<u
     // A field is valid only when the PMU driver set its bit; otherwise it is stale memory.
     if flags & sample_flags::ADDR != 0 {
         data.addr = read(offsets.addr).unwrap_or(0);
+        // The kernel fills a 0 for events that have no address (clocks, context switches):
+        // no data line for those, or every clock sample would cost a map update for nothing.
+        if data.addr == 0 {
+            data.flags &= !sample_flags::ADDR;
+        }
     }
     if flags & sample_flags::PHYS_ADDR != 0 {
         data.phys_addr = read(offsets.phys_addr).unwrap_or(0);

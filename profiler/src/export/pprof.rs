@@ -212,6 +212,12 @@ fn value_unit(event: &EventInfo) -> &'static str {
     }
 }
 
+/// Whether data-line samples carry an address: events without one (clocks) may have line 0 in
+/// older profiles, which the report does not show either.
+fn has_address(access: &DataLineSample) -> bool {
+    access.stats.count > 0 && access.line != 0
+}
+
 /// The latency percentiles of every data cache line with a latency histogram.
 fn line_latency_summaries(profile: &Profile) -> HashMap<(u32, EventIndex, u64), LatencySummary> {
     profile
@@ -354,10 +360,8 @@ impl<'a> Builder<'a> {
                 self.sample(sample);
             }
         }
-        for access in &profile.data_lines {
-            if access.stats.count > 0 {
-                self.data_sample(access);
-            }
+        for access in profile.data_lines.iter().filter(|d| has_address(d)) {
+            self.data_sample(access);
         }
         self.out
     }
@@ -370,7 +374,7 @@ impl<'a> Builder<'a> {
                 profile
                     .data_lines
                     .iter()
-                    .filter(move |d| d.event as usize == index && d.stats.count > 0)
+                    .filter(move |d| d.event as usize == index && has_address(d))
             };
             let data = (data_lines().next().is_some())
                 .then(|| self.count_columns(&format!("{}_data", event.name), event));
@@ -460,7 +464,7 @@ impl<'a> Builder<'a> {
                 *frame_samples.entry(id).or_default() += sample.count;
             }
         }
-        for access in &profile.data_lines {
+        for access in profile.data_lines.iter().filter(|d| has_address(d)) {
             *frame_samples.entry(access.frame).or_default() += access.stats.count;
         }
         frame_samples.retain(|_, samples| *samples > 0);
