@@ -4,7 +4,7 @@
 //! PERF_RECORD_MMAP2/COMM/FORK/EXIT from a dummy perf event on the same target.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
@@ -201,6 +201,10 @@ pub struct ProcessTable {
     pub files: MappedFiles,
     /// The last [`ProcessInfo::changed`] given out.
     last_change: u64,
+    /// Each process with a [`ProcessInfo::changed`] stamp, by that stamp: the unwinder asks
+    /// for the processes changed since it last looked, and under churn, scanning the whole
+    /// table 20 times a second for them cost more than resolving them.
+    by_change: BTreeMap<u64, u32>,
 }
 
 /// Parses one line of /proc/PID/maps.
@@ -251,22 +255,42 @@ impl ProcessTable {
                 self.threads.insert(tid, name);
             }
         }
-        let changed = self.next_change();
+        self.remove_process(pid);
         self.processes.insert(
             pid,
             ProcessInfo {
                 comm,
                 mappings,
-                retired: Vec::new(),
-                exited: false,
-                changed,
+                ..ProcessInfo::default()
             },
         );
+        self.mark_changed(pid);
     }
 
-    fn next_change(&mut self) -> u64 {
+    /// Gives `pid`'s process the next change stamp.
+    fn mark_changed(&mut self, pid: u32) {
         self.last_change += 1;
-        self.last_change
+        let Some(process) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        self.by_change.remove(&process.changed);
+        process.changed = self.last_change;
+        self.by_change.insert(self.last_change, pid);
+    }
+
+    /// Takes `pid`'s process out of the table.
+    fn remove_process(&mut self, pid: u32) -> Option<ProcessInfo> {
+        let process = self.processes.remove(&pid)?;
+        self.by_change.remove(&process.changed);
+        Some(process)
+    }
+
+    /// The processes whose mappings changed, or that exited, after the change stamp `stamp`,
+    /// oldest change first.
+    pub fn changed_since(&self, stamp: u64) -> impl Iterator<Item = (u32, &ProcessInfo)> {
+        self.by_change
+            .range(stamp + 1..)
+            .map(|(_, pid)| (*pid, &self.processes[pid]))
     }
 
     /// The change counter's last value: no process's mappings changed, and none exited, while
@@ -420,11 +444,13 @@ impl ProcessTable {
     /// once.
     pub fn map(&mut self, pid: u32, mapping: Mapping) {
         if let Some(identity) = mapping.file {
-            self.files
-                .by_path
-                .insert(mapping.path.to_string(), identity);
+            // Under churn every process maps the same files: no new key for a known path.
+            if self.files.by_path.get(&*mapping.path) != Some(&identity) {
+                self.files
+                    .by_path
+                    .insert(mapping.path.to_string(), identity);
+            }
         }
-        let changed = self.next_change();
         let process = self.processes.entry(pid).or_default();
         let mappings = &mut process.mappings;
         let overlaps = |known: &&Mapping| known.start < mapping.end && mapping.start < known.end;
@@ -440,7 +466,7 @@ impl ProcessTable {
         });
         if !same {
             mappings.push(mapping);
-            process.changed = changed;
+            self.mark_changed(pid);
         }
     }
 
@@ -448,7 +474,6 @@ impl ProcessTable {
     /// process's address space.
     pub fn name_thread(&mut self, pid: u32, tid: u32, name: String, exec: bool) {
         self.threads.insert(tid, name.clone());
-        let changed = self.next_change();
         let process = self.processes.entry(pid).or_default();
         if pid == tid {
             process.comm = name;
@@ -457,7 +482,7 @@ impl ProcessTable {
             // Older mappings no longer apply to new samples.
             let replaced = std::mem::take(&mut process.mappings);
             process.retired.extend(replaced);
-            process.changed = changed;
+            self.mark_changed(pid);
         }
     }
 
@@ -469,31 +494,29 @@ impl ProcessTable {
         }
         let parent = self.processes.get(&ppid).cloned().unwrap_or_default();
         // A reused pid: the exited process's samples may not be drained yet.
-        let retired = match self.processes.remove(&pid) {
+        let retired = match self.remove_process(pid) {
             Some(mut gone) if gone.exited => {
                 gone.retired.extend(gone.mappings);
                 gone.retired
             }
             _ => Vec::new(),
         };
-        let changed = self.next_change();
         self.processes.insert(
             pid,
             ProcessInfo {
                 exited: false,
                 retired,
-                changed,
+                changed: 0,
                 ..parent
             },
         );
+        self.mark_changed(pid);
     }
 
     /// A process exit (PERF_RECORD_EXIT of its main thread).
     pub fn exit(&mut self, pid: u32) {
-        let changed = self.next_change();
-        let process = self.processes.entry(pid).or_default();
-        process.exited = true;
-        process.changed = changed;
+        self.processes.entry(pid).or_default().exited = true;
+        self.mark_changed(pid);
     }
 
     /// The processes that exited.
@@ -541,9 +564,9 @@ impl ProcessTable {
 
     /// Drops the processes `pids` and their main threads' names.
     fn drop_processes(&mut self, pids: &[u32]) {
-        for pid in pids {
-            self.processes.remove(pid);
-            self.threads.remove(pid);
+        for &pid in pids {
+            self.remove_process(pid);
+            self.threads.remove(&pid);
         }
     }
 
@@ -590,7 +613,7 @@ impl ProcessTable {
             .iter()
             .filter_map(|pid| {
                 let process = if gone.contains(pid) {
-                    self.processes.remove(pid)?
+                    self.remove_process(*pid)?
                 } else {
                     self.processes.get(pid)?.clone()
                 };
@@ -631,6 +654,8 @@ impl ProcessTable {
                 by_build_id: HashMap::new(),
             },
             last_change: self.last_change,
+            // A window's table is read, never synced from.
+            by_change: BTreeMap::new(),
         }
     }
 

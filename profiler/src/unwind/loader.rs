@@ -7,7 +7,7 @@
 //! ([`super::arena`]) for the process being sampled, and counted.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt::Write,
     os::fd::{AsFd, AsRawFd},
     sync::Arc,
@@ -32,7 +32,7 @@ use super::{
 use crate::{
     capture::{
         ring::KernelRing,
-        sideband::{FileIdentity, Mapping, ProcessInfo, ProcessTable},
+        sideband::{FileIdentity, Mapping, ProcessTable},
     },
     input::{open_regular, FinalLink, ModuleImage},
     symbolize::vdso::{self, VDSO},
@@ -204,14 +204,15 @@ impl UnwindLoader {
         if last_change == self.synced && self.retry.is_empty() {
             return Ok(());
         }
-        let changed = |process: &ProcessInfo| process.changed > self.synced;
-        // The exited first: their tables are the first to make room for the living.
-        let exited: Vec<u32> = table
-            .processes
-            .iter()
-            .filter(|(_, process)| process.exited && changed(process))
-            .map(|(&pid, _)| pid)
+        let changed: Vec<(u32, bool)> = table
+            .changed_since(self.synced)
+            .map(|(pid, process)| (pid, process.exited))
             .collect();
+        // The exited first: their tables are the first to make room for the living.
+        let exited = changed
+            .iter()
+            .filter(|(_, exited)| *exited)
+            .map(|&(pid, _)| pid);
         for pid in exited {
             self.retry.remove(&pid);
             if self.published.remove(&pid).is_some() {
@@ -220,14 +221,17 @@ impl UnwindLoader {
                 let _ = self.processes.remove(&pid);
             }
         }
-        let to_resolve: Vec<u32> = table
-            .processes
+        let mut to_resolve: BTreeSet<u32> = changed
             .iter()
-            .filter(|(pid, process)| {
-                !process.exited && (changed(process) || self.retry.contains(pid))
-            })
-            .map(|(&pid, _)| pid)
+            .filter(|(_, exited)| !exited)
+            .map(|&(pid, _)| pid)
             .collect();
+        to_resolve.extend(self.retry.iter().filter(|pid| {
+            table
+                .processes
+                .get(pid)
+                .is_some_and(|process| !process.exited)
+        }));
         self.synced = last_change;
         for pid in to_resolve {
             let process = &table.processes[&pid];
