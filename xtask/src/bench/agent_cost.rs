@@ -2,10 +2,12 @@
 //! over the same time, at the fleet profilers' rate (99 Hz) and at 997 Hz, while a churn load
 //! runs (a CPU loop and a stream of short processes, which is what makes a system-wide
 //! profiler's side-band and symbolization work). Each tool's CPU time and peak RSS come from
-//! wait4 on its own process tree; the load is not part of it.
+//! wait4 on its own process tree; the load is not part of it. The steady share of a core is
+//! read from /proc during the run, from 40% of it to its last second.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -23,6 +25,9 @@ pub struct AgentCostRow {
     pub cpu_s: f64,
     /// CPU time as a share of one core over the run.
     pub cpu_percent_of_core: f64,
+    /// The share of one core from 40% of the run to its last second: what running on costs,
+    /// without start-up (loading programs, reading every process) or the last export.
+    pub steady_percent_of_core: f64,
     pub max_rss_mib: f64,
 }
 
@@ -129,7 +134,11 @@ pub fn measure(
         .map(|s| s.to_string())
         .collect();
         for (tool, argv) in [("profiler agent", agent), ("perf record -a -g", perf)] {
-            let measured = measure::run(&argv, None)?;
+            let steady_from = Duration::from_secs_f64(duration_s as f64 * 0.4);
+            let steady_to = Duration::from_secs(duration_s.saturating_sub(1));
+            let (measured, cpu_at) =
+                measure::run_with_checkpoints(&argv, None, &[steady_from, steady_to])?;
+            let steady_s = (steady_to - steady_from).as_secs_f64();
             rows.push(AgentCostRow {
                 tool,
                 rate_hz,
@@ -138,6 +147,7 @@ pub fn measure(
                 wall_s: measured.wall_s,
                 cpu_s: measured.cpu_s,
                 cpu_percent_of_core: 100.0 * measured.cpu_s / duration_s as f64,
+                steady_percent_of_core: 100.0 * (cpu_at[1] - cpu_at[0]) / steady_s,
                 max_rss_mib: measured.max_rss_kib as f64 / 1024.0,
             });
         }

@@ -326,15 +326,16 @@ fn agent_cost(out: &mut String, results: &Results, shorten: &Shorten) {
         out,
         "\n## 8. Always-on cost\n\n`profiler agent` (system-wide, a window every 10 s, pprof \
          files) against `perf record -a -g` over the same time, while a CPU loop and a stream \
-         of short processes run. CPU time and peak RSS of each tool's own process tree. Budget \
-         at 99 Hz: {BUDGET_CPU_PERCENT_AT_99HZ}% of one core and {BUDGET_RSS_MIB_AT_99HZ} MB; \
-         at 997 Hz: no more CPU or memory than perf.\n"
+         of short processes run. CPU time and peak RSS of each tool's own process tree; steady: \
+         the share of a core from 40% of the run to its last second, without start-up or the \
+         last export. Budget at 99 Hz: {BUDGET_CPU_PERCENT_AT_99HZ}% of one core and \
+         {BUDGET_RSS_MIB_AT_99HZ} MB; at 997 Hz: no more CPU or memory than perf.\n"
     );
     let _ = writeln!(
         out,
-        "| Tool | Rate Hz | Seconds | CPU s | % of a core | Peak RSS MiB | CPU vs perf | RSS vs perf | Command |"
+        "| Tool | Rate Hz | Seconds | CPU s | % of a core | Steady % of a core | Peak RSS MiB | CPU vs perf | Steady vs perf | RSS vs perf | Command |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for row in &results.agent_cost {
         let perf = results
             .agent_cost
@@ -347,14 +348,19 @@ fn agent_cost(out: &mut String, results: &Results, shorten: &Shorten) {
             };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {:.2} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} | {} | {} |",
             row.tool,
             row.rate_hz,
             row.duration_s,
             row.cpu_s,
             row.cpu_percent_of_core,
+            row.steady_percent_of_core,
             row.max_rss_mib,
             versus(row.cpu_s, perf.map(|p| p.cpu_s)),
+            versus(
+                row.steady_percent_of_core,
+                perf.map(|p| p.steady_percent_of_core)
+            ),
             versus(row.max_rss_mib, perf.map(|p| p.max_rss_mib)),
             shorten.command(&row.command),
         );
