@@ -728,6 +728,14 @@ mod tests {
         &p.string_table[index as usize]
     }
 
+    /// (type, unit) of each value column.
+    fn value_types(p: &proto::Profile) -> Vec<(&str, &str)> {
+        p.sample_type
+            .iter()
+            .map(|t| (text(p, t.r#type), text(p, t.unit)))
+            .collect()
+    }
+
     fn column(p: &proto::Profile, name: &str) -> usize {
         p.sample_type
             .iter()
@@ -756,13 +764,8 @@ mod tests {
     fn columns_hold_samples_and_estimated_event_counts() {
         let (_, p) = exported();
         assert_eq!(p.string_table[0], "");
-        let types: Vec<(&str, &str)> = p
-            .sample_type
-            .iter()
-            .map(|t| (text(&p, t.r#type), text(&p, t.unit)))
-            .collect();
         assert_eq!(
-            types,
+            value_types(&p),
             [
                 ("cpu-clock_sample", "count"),
                 ("cpu-clock_event", "nanoseconds"),
@@ -791,13 +794,8 @@ mod tests {
     #[test]
     fn data_addresses_are_samples_of_their_own_columns_under_object_and_line() {
         let p = pprof_profile(&test_profile::profile_with_data());
-        let types: Vec<(&str, &str)> = p
-            .sample_type
-            .iter()
-            .map(|t| (text(&p, t.r#type), text(&p, t.unit)))
-            .collect();
         assert_eq!(
-            types[2..],
+            value_types(&p)[2..],
             [
                 ("page-faults_sample", "count"),
                 ("page-faults_event", "count"),
