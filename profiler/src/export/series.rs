@@ -161,22 +161,30 @@ pub struct SeriesLabels {
 /// Cuts a window's profile into series, one per process and event, in pid then event order.
 pub fn series_of(profile: &Profile, rule: &ServiceName, cgroups: &CgroupPaths) -> Vec<Series> {
     let mut groups: BTreeMap<(u32, EventIndex), Vec<&StackSample>> = BTreeMap::new();
+    // Any event's samples name the process's cgroup, so all its series share labels.
+    let mut cgroup_of: HashMap<u32, &str> = HashMap::new();
     for sample in profile.stacks.iter().filter(|s| s.count > 0) {
         groups
             .entry((sample.pid, sample.event))
             .or_default()
             .push(sample);
+        if let Some(path) = cgroups.path(sample.cgroup) {
+            cgroup_of.entry(sample.pid).or_insert(path);
+        }
+    }
+    let mut data_lines: HashMap<(u32, EventIndex), Vec<&DataLineSample>> = HashMap::new();
+    for line in &profile.data_lines {
+        data_lines
+            .entry((line.pid, line.event))
+            .or_default()
+            .push(line);
     }
     groups
         .into_iter()
         .map(|((pid, event), samples)| {
-            // Any event's samples name the process's cgroup, so all its series share labels.
-            let origin = profile
-                .stacks
-                .iter()
-                .filter(|s| s.pid == pid)
-                .find_map(|s| cgroups.path(s.cgroup))
-                .map(ProcessOrigin::of_cgroup_path)
+            let origin = cgroup_of
+                .get(&pid)
+                .map(|path| ProcessOrigin::of_cgroup_path(path))
                 .unwrap_or_default();
             let executable = executable_of(profile, pid);
             let labels = SeriesLabels {
@@ -189,7 +197,12 @@ pub fn series_of(profile: &Profile, rule: &ServiceName, cgroups: &CgroupPaths) -
             };
             Series {
                 labels,
-                profile: process_profile(profile, pid, event, &samples),
+                profile: process_profile(
+                    profile,
+                    (pid, event),
+                    &samples,
+                    data_lines.get(&(pid, event)).map_or(&[], Vec::as_slice),
+                ),
             }
         })
         .collect()
@@ -233,9 +246,9 @@ fn service_name(rule: &ServiceName, executable: &str, origin: &ProcessOrigin) ->
 /// addresses with what they belong to.
 fn process_profile(
     profile: &Profile,
-    pid: u32,
-    event: EventIndex,
+    (pid, event): (u32, EventIndex),
     samples: &[&StackSample],
+    data_lines: &[&DataLineSample],
 ) -> Profile {
     let mut frame_ids: HashMap<FrameId, FrameId> = HashMap::new();
     let mut frames = Vec::new();
@@ -253,14 +266,12 @@ fn process_profile(
             ..(*sample).clone()
         })
         .collect();
-    let data_lines = profile
-        .data_lines
+    let data_lines = data_lines
         .iter()
-        .filter(|d| d.pid == pid && d.event == event)
         .map(|d| DataLineSample {
             event: 0,
             frame: renumber(d.frame),
-            ..d.clone()
+            ..(*d).clone()
         })
         .collect();
     let line_latency = profile
