@@ -110,9 +110,17 @@ fn dwarf_unwinding_reaches_the_stack_roots_through_code_without_frame_pointers()
             "qsort callback stack without its callers: {stack}"
         );
     }
+    // Only the kernel's frame-pointer walks, of samples taken before the process was loaded,
+    // can hold garbage: the frameless code's frame-pointer register holds data.
+    let garbage: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| {
+            stack.contains("[unknown]") && !stack.contains(";[frame pointers only];")
+        })
+        .collect();
     assert!(
-        stacks.iter().all(|(stack, _)| !stack.contains("[unknown]")),
-        "a garbage frame in a dwarf walk"
+        garbage.is_empty(),
+        "garbage frames in a dwarf walk: {garbage:?}\n{stderr}"
     );
     // The samples taken before the process was loaded, walked by frame pointers, say so: in
     // their stacks and in the report's count.
@@ -488,30 +496,35 @@ fn a_table_that_does_not_fit_is_counted_and_its_stacks_end_truncated() {
 
 #[test]
 fn a_full_table_memory_evicts_idle_and_exited_processes_tables_for_the_busy_ones() {
-    // 2 MiB holds python3.11's tables or sqlite3's, not both. python3.11 starts and then waits
-    // on a FIFO, idle, while sqlite3 runs: python's tables make room for sqlite3's. Once
-    // sqlite3 has exited, python3.11 wakes and runs: its tables come back in place of
-    // sqlite3's.
+    // 2 MiB holds python3.11's tables or sqlite3's, not both. python3.11 starts, says so, and
+    // then waits on a FIFO, idle, while sqlite3 runs: python's tables make room for sqlite3's
+    // (once python has been idle for half a second, however slowly it started on a busy
+    // machine). Once sqlite3 has exited, python3.11 wakes and runs: its tables come back in
+    // place of sqlite3's.
     let dir = temp_dir("unwind-evict");
     let fifo = dir.join("wake");
+    let ready = dir.join("ready");
     let script = dir.join("evict.sh");
     std::fs::write(
         &script,
         format!(
-            "mkfifo {fifo}\n\
+            "mkfifo {fifo} {ready}\n\
              python3.11 -c \"\n\
              import time\n\
+             open('{ready}', 'w').write('up')\n\
              open('{fifo}').read()\n\
              end = time.time() + 1\n\
              while time.time() < end: sum(range(10000))\n\
              \" &\n\
-             sleep 1\n\
+             read up < {ready}\n\
+             sleep 0.5\n\
              sqlite3 :memory: \"create table t(a, b); with recursive c(x) as (select 1 union \
              all select x + 1 from c where x < 600000) insert into t select x, \
              hex(randomblob(16)) from c; create index i on t(b);\"\n\
              echo go > {fifo}\n\
              wait\n",
-            fifo = fifo.display()
+            fifo = fifo.display(),
+            ready = ready.display()
         ),
     )
     .unwrap();
@@ -537,11 +550,9 @@ fn a_full_table_memory_evicts_idle_and_exited_processes_tables_for_the_busy_ones
         evicted[1] > 0 && evicted[2] > 0 && evicted[0] == evicted[1] + evicted[2],
         "no evictions of both kinds counted:\n{stderr}"
     );
-    let counts = unwinder_counts(&stderr);
-    assert!(
-        counts[8] > 0,
-        "python3.11 never met its evicted tables\n{stderr}"
-    );
+    // python3.11 may meet its evicted tables in a sample or two (counted), or have them back
+    // before it first runs: the agent retries as soon as sqlite3's exit frees the room. Either
+    // way, its samples after waking reach main below only through tables loaded again.
     // Per process: samples, and those reaching glibc's call of main.
     let from_main = |process: &str, within: &str| -> (u64, u64) {
         let theirs: Vec<&(String, u64)> = stacks
