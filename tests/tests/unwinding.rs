@@ -820,9 +820,10 @@ fn a_signal_handlers_samples_are_unwound_through_the_signal_frame_to_main() {
             total >= 10,
             "--unwind {unwind}: {total} samples in the handler"
         );
-        // A rare sample lands where the interrupted code has no row (stats count those).
+        // A rare sample lands where the interrupted code has no row (stats count those): one,
+        // or 3% of many.
         assert!(
-            through * 100 >= total * 97,
+            total - through <= (total * 3 / 100).max(1),
             "--unwind {unwind}: {through} of {total} samples in the handler reach work and a root"
         );
     }
