@@ -150,9 +150,16 @@ pub fn has_pmu(name: &str) -> bool {
         .is_file()
 }
 
-/// A fresh directory for one test's files.
+/// A fresh directory for one test's files: numbered within the test binary, since tests that
+/// share a helper (and its name) run in parallel and one's cleanup must not remove the other's
+/// files.
 pub fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("profiler-test-{name}-{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "profiler-test-{name}-{}-{call}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
