@@ -4,6 +4,7 @@
 //! PERF_RECORD_MMAP2/COMM/FORK/EXIT from a dummy perf event on the same target.
 
 use std::{
+    cell::Cell,
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
@@ -12,14 +13,13 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use perf_event::{data::Record as PerfRecord, events::Software, Builder, SampleFlag, Sampler};
+use perf_event::{events::Software, Builder, SampleFlag, Sampler};
 
 use super::counters::{online_cpus, threads_of, Target};
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
+use crate::import::perf_data::{decode_process_record, ProcessRecord};
 use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};
 
-/// `misc` bit of a COMM record sent by exec: the address space was replaced.
-const MISC_COMM_EXEC: u16 = 1 << 13;
 /// Ring buffer per side-band event.
 const SIDEBAND_BUFFER_BYTES: usize = 512 * 1024;
 
@@ -205,6 +205,12 @@ pub struct ProcessTable {
     /// for the processes changed since it last looked, and under churn, scanning the whole
     /// table 20 times a second for them cost more than resolving them.
     by_change: BTreeMap<u64, u32>,
+    /// The last value [`ProcessTable::last_change`] gave out: a change after it needs a stamp
+    /// after it.
+    last_read: Cell<u64>,
+    /// Each mapped path once: under churn thousands of processes a second map the same few
+    /// files, and a new copy of each path per mapping was a tenth of the side-band's time.
+    path_names: HashSet<Arc<str>>,
 }
 
 /// Parses one line of /proc/PID/maps.
@@ -267,12 +273,17 @@ impl ProcessTable {
         self.mark_changed(pid);
     }
 
-    /// Gives `pid`'s process the next change stamp.
+    /// Counts a change of `pid`'s process, and gives the process the new stamp unless its
+    /// stamp is still newer than any the readers were given: a new process's dozens of
+    /// mappings then move its index entry once, not once each.
     fn mark_changed(&mut self, pid: u32) {
         self.last_change += 1;
         let Some(process) = self.processes.get_mut(&pid) else {
             return;
         };
+        if process.changed > self.last_read.get() {
+            return;
+        }
         self.by_change.remove(&process.changed);
         process.changed = self.last_change;
         self.by_change.insert(self.last_change, pid);
@@ -296,6 +307,7 @@ impl ProcessTable {
     /// The change counter's last value: no process's mappings changed, and none exited, while
     /// it stays.
     pub fn last_change(&self) -> u64 {
+        self.last_read.set(self.last_change);
         self.last_change
     }
 
@@ -384,43 +396,63 @@ impl ProcessTable {
 
     /// What one side-band record changes, read while its process lives: a new mapping's file
     /// is opened now, before the process can exit.
-    fn change_of(&mut self, record: &PerfRecord, misc: u16) -> Option<Change> {
-        Some(match record {
-            PerfRecord::Mmap2(mmap) => {
+    fn change_of(&mut self, record: ProcessRecord) -> Change {
+        match record {
+            ProcessRecord::Mmap(mmap) => {
                 let mut mapping = Mapping {
-                    start: mmap.addr,
-                    end: mmap.addr + mmap.len,
+                    start: mmap.start,
+                    end: mmap.start.saturating_add(mmap.len),
                     file_offset: mmap.pgoff,
-                    path: String::from_utf8_lossy(&mmap.filename).into(),
-                    executable: mmap.prot & libc::PROT_EXEC as u32 != 0,
-                    build_id: mmap.build_id().map(Arc::from),
+                    path: self.path_name(mmap.filename),
+                    executable: mmap
+                        .prot
+                        .map_or(!mmap.data, |prot| prot & libc::PROT_EXEC as u32 != 0),
+                    build_id: mmap.build_id.map(|id| self.build_id(id)),
                     file: None,
                 };
                 // Live only: a pid in a perf.data import may belong to another process now.
-                let inode =
-                    mmap.ino()
-                        .zip(mmap.maj())
-                        .zip(mmap.min())
-                        .map(|((inode, major), minor)| FileInode {
-                            major,
-                            minor,
-                            inode,
-                        });
+                let inode = mmap.file_id.map(|id| FileInode {
+                    major: id.maj,
+                    minor: id.min,
+                    inode: id.ino,
+                });
                 self.open_mapped_file(mmap.pid, &mut mapping, inode);
                 Change::Map(mmap.pid, mapping)
             }
-            PerfRecord::Comm(comm) => Change::NameThread {
+            ProcessRecord::Comm(comm) => Change::NameThread {
                 pid: comm.pid,
                 tid: comm.tid,
-                name: String::from_utf8_lossy(&comm.comm).into_owned(),
-                exec: misc & MISC_COMM_EXEC != 0,
+                name: String::from_utf8_lossy(comm.comm).into_owned(),
+                exec: comm.exec,
             },
-            PerfRecord::Fork(fork) => Change::Fork(fork.pid, fork.ppid),
-            PerfRecord::Exit(exit) if exit.pid == exit.tid => Change::Exit(exit.pid),
-            PerfRecord::Exit(exit) => Change::ThreadExit(exit.tid),
-            PerfRecord::Lost(lost) => Change::Lost(lost.lost),
-            _ => return None,
-        })
+            ProcessRecord::Fork(fork) => Change::Fork(fork.pid, fork.ppid),
+            ProcessRecord::Exit(exit) if exit.pid == exit.tid => Change::Exit(exit.pid),
+            ProcessRecord::Exit(exit) => Change::ThreadExit(exit.tid),
+            ProcessRecord::Lost(lost) => Change::Lost(lost),
+        }
+    }
+
+    /// The shared copy of the path `bytes` (invalid UTF-8 replaced).
+    fn path_name(&mut self, bytes: &[u8]) -> Arc<str> {
+        // Paths are nearly always UTF-8, which the plain check finds fastest.
+        let path = match std::str::from_utf8(bytes) {
+            Ok(text) => std::borrow::Cow::Borrowed(text),
+            Err(_) => String::from_utf8_lossy(bytes),
+        };
+        if let Some(known) = self.path_names.get(&*path) {
+            return Arc::clone(known);
+        }
+        let name: Arc<str> = path.into();
+        self.path_names.insert(Arc::clone(&name));
+        name
+    }
+
+    /// The shared copy of a build ID, where a file with it is open.
+    fn build_id(&self, bytes: &[u8]) -> Arc<[u8]> {
+        match self.files.by_build_id.get_key_value(bytes) {
+            Some((known, _)) => Arc::clone(known),
+            None => Arc::from(bytes),
+        }
     }
 
     fn apply(&mut self, change: Change) {
@@ -591,6 +623,7 @@ impl ProcessTable {
         self.files
             .by_build_id
             .retain(|_, identity| mapped.contains(identity));
+        self.path_names.retain(|name| Arc::strong_count(name) > 1);
     }
 
     /// A copy of what the table knows of `pids`: their mappings, thread names and the files
@@ -656,6 +689,8 @@ impl ProcessTable {
             last_change: self.last_change,
             // A window's table is read, never synced from.
             by_change: BTreeMap::new(),
+            last_read: Cell::new(self.last_change),
+            path_names: HashSet::new(),
         }
     }
 
@@ -743,6 +778,9 @@ enum Change {
 pub struct Sideband {
     samplers: Vec<Sampler>,
     redirected: Vec<perf_event::Counter>,
+    /// The changes one read found, with their times: kept across reads, so that its room is
+    /// allocated once, not grown anew 20 times a second.
+    changes: Vec<(u64, Change)>,
 }
 
 /// Sends `counter`'s records into `into`'s ring buffer (PERF_EVENT_IOC_SET_OUTPUT).
@@ -848,6 +886,7 @@ impl Sideband {
         Ok(Sideband {
             samplers,
             redirected,
+            changes: Vec::new(),
         })
     }
 
@@ -876,25 +915,23 @@ impl Sideband {
     /// CPUs during exec writes the exec's COMM into one CPU's ring and its new mappings into
     /// another's, and applying the COMM last would erase the mappings.
     pub fn read_into(&mut self, table: &mut ProcessTable) {
-        let mut changes: Vec<(u64, Change)> = Vec::new();
+        let changes = &mut self.changes;
         for sampler in &mut self.samplers {
             while let Some(record) = sampler.next_record() {
-                let misc = record.misc();
+                let bytes = record.to_contiguous();
                 // With sample_id_all and only PERF_SAMPLE_TIME, every record ends in its time.
-                let time = record
-                    .to_contiguous()
-                    .rchunks_exact(8)
-                    .next()
-                    .map_or(0, |last| {
-                        u64::from_ne_bytes(last.try_into().unwrap_or([0; 8]))
-                    });
-                if let Ok(parsed) = record.parse_record() {
-                    changes.extend(table.change_of(&parsed, misc).map(|c| (time, c)));
+                let Some((own, time)) = bytes.split_last_chunk::<8>() else {
+                    continue;
+                };
+                // A record the kernel wrote short is skipped, as perf does: no sample needs it.
+                if let Ok(Some(parsed)) = decode_process_record(record.ty(), record.misc(), own, 0)
+                {
+                    changes.push((u64::from_ne_bytes(*time), table.change_of(parsed)));
                 }
             }
         }
         changes.sort_by_key(|(time, _)| *time);
-        for (_, change) in changes {
+        for (_, change) in changes.drain(..) {
             table.apply(change);
         }
     }
@@ -1030,6 +1067,40 @@ mod tests {
         table.forget_unsampled(table.last_change(), &sampled);
         assert!(table.processes.contains_key(&10));
         assert!(!table.processes.contains_key(&12));
+    }
+
+    /// A reader sees each process that changed after the stamp it last read, once, however
+    /// many changes it had, and a change after a reading always comes after that stamp.
+    #[test]
+    fn changed_processes_are_found_after_the_stamp_last_read() {
+        let mut table = ProcessTable::default();
+        let map = |table: &mut ProcessTable, pid: u32, start: u64| {
+            let line = format!("{start:x}-{:x} r-xp 0 0:0 0 /bin/child", start + 0x1000);
+            table.map(pid, parse_maps_line(&line).unwrap());
+        };
+        let changed = |table: &ProcessTable, stamp: u64| -> Vec<u32> {
+            table.changed_since(stamp).map(|(pid, _)| pid).collect()
+        };
+        table.fork(10, 1);
+        for page in 0..40 {
+            map(&mut table, 10, 0x10000 + page * 0x1000);
+        }
+        table.fork(11, 1);
+        assert_eq!(changed(&table, 0), [10, 11]);
+        let read = table.last_change();
+        assert!(changed(&table, read).is_empty());
+        // Changes after the reading: 10 again, 12 new, 11 exits.
+        map(&mut table, 10, 0x90000);
+        table.fork(12, 1);
+        table.exit(11);
+        assert_eq!(changed(&table, read), [10, 12, 11]);
+        assert!(table
+            .processes
+            .values()
+            .all(|p| p.changed <= table.last_change()));
+        let again = table.last_change();
+        map(&mut table, 12, 0xa0000);
+        assert_eq!(changed(&table, again), [12]);
     }
 
     #[test]

@@ -28,7 +28,10 @@ use std::path::Path;
 pub use attr::*;
 pub use error::PerfDataError;
 pub use features::{BuildId, Features, NrCpus, PmuCap};
-pub use records::{Comm, CpuMode, FileId, Mmap, TaskEvent, Throttle};
+pub use records::{
+    decode_process_record, Comm, CommFields, CpuMode, FileId, Mmap, MmapFields, ProcessRecord,
+    TaskEvent, Throttle,
+};
 pub use sample::{
     BranchEntry, BranchStack, PerfSample, ReadValue, ReadValues, Registers, UserStack, Weight,
     WeightParts,

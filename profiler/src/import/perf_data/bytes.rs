@@ -88,19 +88,24 @@ impl<'a> Reader<'a> {
             .collect())
     }
 
-    /// A NUL-padded string filling the rest of this reader (file names and comms in records).
-    pub fn rest_as_c_string(&mut self) -> String {
+    /// The rest of this reader.
+    pub fn rest(&mut self) -> &'a [u8] {
         let rest = &self.data[self.pos..];
         self.pos = self.data.len();
-        c_string(rest)
+        rest
     }
+}
+
+/// `bytes` before the first NUL (file names and comms in records are NUL-padded).
+pub fn until_nul(bytes: &[u8]) -> &[u8] {
+    // CStr's search is the C library's memchr: the side-band reads a path per mapping.
+    std::ffi::CStr::from_bytes_until_nul(bytes).map_or(bytes, |text| text.to_bytes())
 }
 
 /// The text before the first NUL, with invalid UTF-8 replaced rather than rejected: paths and
 /// command names are not guaranteed to be UTF-8.
 pub(super) fn c_string(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
+    String::from_utf8_lossy(until_nul(bytes)).into_owned()
 }
 
 /// `len` bytes of `file` at `offset`, or a [`PerfDataError::Truncated`] naming `what`.

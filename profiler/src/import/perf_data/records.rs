@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::attr::*;
-use super::bytes::Reader;
+use super::bytes::{c_string, until_nul, Reader};
 use super::error::PerfDataError;
 use super::sample::decode_sample;
 use super::PerfData;
@@ -302,46 +302,21 @@ fn decode_record(
             let sample = decode_sample(&events.attrs[attr_index], attr_index, misc, &mut r)?;
             out.samples.push(sample);
         }
-        PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
+        PERF_RECORD_MMAP | PERF_RECORD_MMAP2 | PERF_RECORD_COMM => {
             let (own, id) = events.split_trailer(body, offset)?;
-            let mut r = Reader::new(own, offset);
-            out.mmaps.push(decode_mmap(
-                record_type == PERF_RECORD_MMAP2,
-                misc,
-                &mut r,
-                id,
-            )?);
-        }
-        PERF_RECORD_COMM => {
-            let (own, id) = events.split_trailer(body, offset)?;
-            let mut r = Reader::new(own, offset);
-            out.comms.push(Comm {
-                pid: r.u32("pid")?,
-                tid: r.u32("tid")?,
-                comm: r.rest_as_c_string(),
-                exec: misc & PERF_RECORD_MISC_MMAP_DATA_OR_COMM_EXEC != 0,
-                time: id.time,
-            });
-        }
-        PERF_RECORD_FORK | PERF_RECORD_EXIT => {
-            let mut r = Reader::new(body, offset);
-            let task = TaskEvent {
-                pid: r.u32("pid")?,
-                ppid: r.u32("ppid")?,
-                tid: r.u32("tid")?,
-                ptid: r.u32("ptid")?,
-                time: r.u64("time")?,
-            };
-            if record_type == PERF_RECORD_FORK {
-                out.forks.push(task);
-            } else {
-                out.exits.push(task);
+            match decode_process_record(record_type, misc, own, offset)? {
+                Some(ProcessRecord::Mmap(fields)) => out.mmaps.push(fields.to_mmap(id.time)),
+                Some(ProcessRecord::Comm(fields)) => out.comms.push(fields.to_comm(id.time)),
+                _ => unreachable!("an MMAP or COMM record decodes as one"),
             }
         }
-        PERF_RECORD_LOST => {
-            let mut r = Reader::new(body, offset);
-            r.u64("id")?;
-            out.lost = out.lost.saturating_add(r.u64("lost")?);
+        PERF_RECORD_FORK | PERF_RECORD_EXIT | PERF_RECORD_LOST => {
+            match decode_process_record(record_type, misc, body, offset)? {
+                Some(ProcessRecord::Fork(task)) => out.forks.push(task),
+                Some(ProcessRecord::Exit(task)) => out.exits.push(task),
+                Some(ProcessRecord::Lost(lost)) => out.lost = out.lost.saturating_add(lost),
+                _ => unreachable!("a FORK, EXIT or LOST record decodes as one"),
+            }
         }
         PERF_RECORD_LOST_SAMPLES => {
             let mut r = Reader::new(body, offset);
@@ -374,13 +349,123 @@ fn decode_record(
     Ok(0)
 }
 
-fn decode_mmap(
+/// A record about processes, borrowed from its bytes: what both a perf.data import and the
+/// live side-band read (the side-band under process churn reads tens of thousands a second,
+/// so nothing is copied until the caller keeps it).
+pub enum ProcessRecord<'a> {
+    Mmap(MmapFields<'a>),
+    Comm(CommFields<'a>),
+    Fork(TaskEvent),
+    Exit(TaskEvent),
+    /// Records the kernel dropped.
+    Lost(u64),
+}
+
+/// The fields of a PERF_RECORD_MMAP or MMAP2, borrowed.
+pub struct MmapFields<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    pub start: u64,
+    pub len: u64,
+    pub pgoff: u64,
+    pub cpumode: CpuMode,
+    pub data: bool,
+    pub prot: Option<u32>,
+    pub flags: Option<u32>,
+    pub file_id: Option<FileId>,
+    pub build_id: Option<&'a [u8]>,
+    /// Up to its NUL.
+    pub filename: &'a [u8],
+}
+
+impl MmapFields<'_> {
+    fn to_mmap(&self, time: Option<u64>) -> Mmap {
+        Mmap {
+            pid: self.pid,
+            tid: self.tid,
+            start: self.start,
+            len: self.len,
+            pgoff: self.pgoff,
+            filename: c_string(self.filename),
+            cpumode: self.cpumode,
+            data: self.data,
+            prot: self.prot,
+            flags: self.flags,
+            file_id: self.file_id,
+            build_id: self.build_id.map(<[u8]>::to_vec),
+            time,
+        }
+    }
+}
+
+/// The fields of a PERF_RECORD_COMM, borrowed.
+pub struct CommFields<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    /// Up to its NUL.
+    pub comm: &'a [u8],
+    /// The name changed because the thread called exec.
+    pub exec: bool,
+}
+
+impl CommFields<'_> {
+    fn to_comm(&self, time: Option<u64>) -> Comm {
+        Comm {
+            pid: self.pid,
+            tid: self.tid,
+            comm: c_string(self.comm),
+            exec: self.exec,
+            time,
+        }
+    }
+}
+
+/// Decodes a record about processes from `own`, its fields after the header (the sample_id
+/// trailer may follow: it is not read); `None` for other record types.
+pub fn decode_process_record(
+    record_type: u32,
+    misc: u16,
+    own: &[u8],
+    offset: u64,
+) -> Result<Option<ProcessRecord<'_>>, PerfDataError> {
+    let mut r = Reader::new(own, offset);
+    Ok(Some(match record_type {
+        PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
+            ProcessRecord::Mmap(decode_mmap(record_type == PERF_RECORD_MMAP2, misc, &mut r)?)
+        }
+        PERF_RECORD_COMM => ProcessRecord::Comm(CommFields {
+            pid: r.u32("pid")?,
+            tid: r.u32("tid")?,
+            comm: until_nul(r.rest()),
+            exec: misc & PERF_RECORD_MISC_MMAP_DATA_OR_COMM_EXEC != 0,
+        }),
+        PERF_RECORD_FORK | PERF_RECORD_EXIT => {
+            let task = TaskEvent {
+                pid: r.u32("pid")?,
+                ppid: r.u32("ppid")?,
+                tid: r.u32("tid")?,
+                ptid: r.u32("ptid")?,
+                time: r.u64("time")?,
+            };
+            match record_type {
+                PERF_RECORD_FORK => ProcessRecord::Fork(task),
+                _ => ProcessRecord::Exit(task),
+            }
+        }
+        PERF_RECORD_LOST => {
+            r.u64("id")?;
+            ProcessRecord::Lost(r.u64("lost")?)
+        }
+        _ => return Ok(None),
+    }))
+}
+
+fn decode_mmap<'a>(
     is_mmap2: bool,
     misc: u16,
-    r: &mut Reader,
-    id: SampleId,
-) -> Result<Mmap, PerfDataError> {
-    let mut mmap = Mmap {
+    r: &mut Reader<'a>,
+) -> Result<MmapFields<'a>, PerfDataError> {
+    let mut mmap = MmapFields {
         pid: r.u32("pid")?,
         tid: r.u32("tid")?,
         start: r.u64("addr")?,
@@ -388,15 +473,18 @@ fn decode_mmap(
         pgoff: r.u64("pgoff")?,
         cpumode: CpuMode::from_misc(misc),
         data: misc & PERF_RECORD_MISC_MMAP_DATA_OR_COMM_EXEC != 0,
-        time: id.time,
-        ..Mmap::default()
+        prot: None,
+        flags: None,
+        file_id: None,
+        build_id: None,
+        filename: &[],
     };
     if is_mmap2 {
         if misc & PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
             let size = r.u8("build_id_size")?;
             r.bytes(3, "reserved")?;
             let build_id = r.bytes(20, "build_id")?;
-            mmap.build_id = Some(build_id[..usize::from(size).min(20)].to_vec());
+            mmap.build_id = Some(&build_id[..usize::from(size).min(20)]);
         } else {
             mmap.file_id = Some(FileId {
                 maj: r.u32("maj")?,
@@ -408,7 +496,7 @@ fn decode_mmap(
         mmap.prot = Some(r.u32("prot")?);
         mmap.flags = Some(r.u32("flags")?);
     }
-    mmap.filename = r.rest_as_c_string();
+    mmap.filename = until_nul(r.rest());
     Ok(mmap)
 }
 
