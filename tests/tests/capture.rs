@@ -3,7 +3,11 @@
 
 mod common;
 
-use std::{collections::BTreeSet, process::Command};
+use std::{
+    collections::BTreeSet,
+    process::Command,
+    sync::{RwLock, RwLockReadGuard, RwLockWriteGuard},
+};
 
 use common::{
     assert_no_losses, profiler, record_page_faults, second_touched_region, temp_dir,
@@ -13,6 +17,20 @@ use profiler::profile::{file::read_profile, Profile, StackSample};
 use profiler_common::capture::LossKind;
 
 const PAGE: u64 = 4096;
+
+/// The CPUs, shared by the tests of this file that run in parallel; the two that measure
+/// whether drains keep up take them alone: on two CPUs, another test's workload keeps the
+/// recorder from draining for longer than their maps take to fill (about 10 ms).
+static CPUS: RwLock<()> = RwLock::new(());
+
+fn cpus_shared() -> RwLockReadGuard<'static, ()> {
+    CPUS.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn cpus_alone() -> RwLockWriteGuard<'static, ()> {
+    CPUS.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Offsets inside the region of the data lines the profile attributes page faults to.
 fn sampled_line_offsets(profile: &Profile, region: (u64, u64, u64)) -> Vec<(u64, u64)> {
@@ -30,6 +48,7 @@ fn sampled_line_offsets(profile: &Profile, region: (u64, u64, u64)) -> Vec<(u64,
 
 #[test]
 fn page_faults_land_on_exactly_the_touched_cache_lines() {
+    let _cpus = cpus_shared();
     let dir = temp_dir("faults");
     let file = dir.join("faults.prof");
     let output = record_page_faults(&file, &[], &["3000", "7"]);
@@ -144,6 +163,7 @@ fn assert_conserved(args: &[&str], minimum: u64) {
 
 #[test]
 fn conservation_at_10_khz_cpu_clock() {
+    let _cpus = cpus_shared();
     let cpu_split = workload("cpu_split");
     assert_conserved(
         &[
@@ -160,6 +180,7 @@ fn conservation_at_10_khz_cpu_clock() {
 
 #[test]
 fn conservation_at_period_1_page_faults() {
+    let _cpus = cpus_shared();
     let toucher = workload("page_toucher");
     assert_conserved(
         &[
@@ -188,6 +209,7 @@ fn stats_numbers(stderr: &str, label: &str) -> Vec<u64> {
 
 #[test]
 fn tens_of_thousands_of_distinct_stacks_at_50_khz_lose_under_a_thousandth() {
+    let _cpus = cpus_alone();
     // Every child of short_processes maps its code at other addresses (ASLR), so nearly every
     // sample is a new stack: far more than the 1,024 the stack-frames map holds, which must be
     // taken into the agent's cache over and over while samples keep coming. Stack-map bucket
@@ -259,6 +281,7 @@ fn tens_of_thousands_of_distinct_stacks_at_50_khz_lose_under_a_thousandth() {
 
 #[test]
 fn a_stack_seen_again_is_not_read_again() {
+    let _cpus = cpus_shared();
     // deep_stack repeats a few stacks for a second; 100 drains each see them again. The drain
     // reads a stack only when its hash is new to the agent's cache.
     let dir = temp_dir("stacks-once");
@@ -296,6 +319,7 @@ fn a_stack_seen_again_is_not_read_again() {
 
 #[test]
 fn a_tiny_stack_map_reports_its_losses() {
+    let _cpus = cpus_shared();
     let dir = temp_dir("tiny");
     let file = dir.join("tiny.prof");
     profiler(&[
@@ -352,6 +376,7 @@ fn cgroup2_mount() -> std::path::PathBuf {
 
 #[test]
 fn a_cgroup_scoped_run_sees_only_that_cgroup() {
+    let _cpus = cpus_shared();
     // Named like a docker scope, so the run also shows container attribution.
     let container_id = format!("{:0>64x}", 0xc0ffee_u64 + u64::from(std::process::id()));
     let parent = cgroup2_mount().join(format!("profiler-test-{}", std::process::id()));
@@ -443,6 +468,7 @@ fn a_cgroup_scoped_run_sees_only_that_cgroup() {
 
 #[test]
 fn without_btf_it_captures_ips_and_stacks_and_says_what_is_missing() {
+    let _cpus = cpus_shared();
     let dir = temp_dir("nobtf");
     let file = dir.join("nobtf.prof");
     let output = record_page_faults(&file, &["--btf", "/nonexistent/vmlinux"], &["500"]);
@@ -489,6 +515,7 @@ fn without_btf_it_captures_ips_and_stacks_and_says_what_is_missing() {
 
 #[test]
 fn several_pids_are_profiled_together() {
+    let _cpus = cpus_shared();
     let cpu_split = workload("cpu_split");
     let mut first = Running::spawn(
         Command::new(&cpu_split)
@@ -522,6 +549,7 @@ fn several_pids_are_profiled_together() {
 
 #[test]
 fn a_filling_map_is_drained_early_instead_of_losing_samples() {
+    let _cpus = cpus_alone();
     // Small maps and a drain interval longer than the run: only drains triggered by the maps
     // filling up can keep every sample of many short-lived processes.
     let dir = temp_dir("early");
@@ -563,6 +591,7 @@ fn a_filling_map_is_drained_early_instead_of_losing_samples() {
 
 #[test]
 fn every_data_line_of_a_large_run_is_kept_whatever_the_map_size() {
+    let _cpus = cpus_shared();
     // 100,000 distinct data lines in one function, then 1,000 in another: more new keys than
     // the data-line map holds, faster than timer drains come. With maps of the default size and
     // a quarter of it, every line must reach the view.
