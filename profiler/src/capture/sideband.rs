@@ -174,17 +174,28 @@ impl Mapping {
 pub struct ProcessInfo {
     pub comm: String,
     /// In the order they were made: a later mapping of the same range supersedes an earlier one.
-    pub mappings: Vec<Mapping>,
+    /// Shared until changed: a forked child starts with its parent's list and, under churn,
+    /// nearly always replaces it by exec at once.
+    pub mappings: Arc<Vec<Mapping>>,
     /// The mappings of the image an exec replaced, or of an exited process whose pid a new one
     /// took, kept until the window they were sampled in closes: a sample taken before the exec
     /// (or the pid's reuse) and drained after it is symbolized against them, where the current
     /// mappings do not cover its address.
-    pub retired: Vec<Mapping>,
+    pub retired: Vec<Arc<Vec<Mapping>>>,
     pub exited: bool,
     /// The table's change counter when this process's mappings last changed or it exited (a
     /// process that takes an exited one's pid starts anew): the unwinder resolves only the
     /// processes that changed since it last looked.
     pub changed: u64,
+}
+
+impl ProcessInfo {
+    /// The current mappings and those of the images replaced in this window.
+    fn all_mappings(&self) -> impl Iterator<Item = &Mapping> {
+        self.mappings
+            .iter()
+            .chain(self.retired.iter().flat_map(|image| image.iter()))
+    }
 }
 
 /// What the agent knows of every process it saw (that has not exited before the last closed
@@ -266,7 +277,7 @@ impl ProcessTable {
             pid,
             ProcessInfo {
                 comm,
-                mappings,
+                mappings: Arc::new(mappings),
                 ..ProcessInfo::default()
             },
         );
@@ -484,9 +495,8 @@ impl ProcessTable {
             }
         }
         let process = self.processes.entry(pid).or_default();
-        let mappings = &mut process.mappings;
         let overlaps = |known: &&Mapping| known.start < mapping.end && mapping.start < known.end;
-        let latest = mappings.iter().rev().find(overlaps);
+        let latest = process.mappings.iter().rev().find(overlaps);
         let same = latest.is_some_and(|known| {
             (known.start, known.end, known.file_offset, &known.path)
                 == (
@@ -497,7 +507,7 @@ impl ProcessTable {
                 )
         });
         if !same {
-            mappings.push(mapping);
+            Arc::make_mut(&mut process.mappings).push(mapping);
             self.mark_changed(pid);
         }
     }
@@ -513,7 +523,7 @@ impl ProcessTable {
         if exec {
             // Older mappings no longer apply to new samples.
             let replaced = std::mem::take(&mut process.mappings);
-            process.retired.extend(replaced);
+            process.retired.push(replaced);
             self.mark_changed(pid);
         }
     }
@@ -524,11 +534,15 @@ impl ProcessTable {
         if pid == ppid {
             return;
         }
-        let parent = self.processes.get(&ppid).cloned().unwrap_or_default();
+        let (comm, mappings) = self
+            .processes
+            .get(&ppid)
+            .map(|parent| (parent.comm.clone(), Arc::clone(&parent.mappings)))
+            .unwrap_or_default();
         // A reused pid: the exited process's samples may not be drained yet.
         let retired = match self.remove_process(pid) {
             Some(mut gone) if gone.exited => {
-                gone.retired.extend(gone.mappings);
+                gone.retired.push(gone.mappings);
                 gone.retired
             }
             _ => Vec::new(),
@@ -536,10 +550,11 @@ impl ProcessTable {
         self.processes.insert(
             pid,
             ProcessInfo {
-                exited: false,
+                comm,
+                mappings,
                 retired,
+                exited: false,
                 changed: 0,
-                ..parent
             },
         );
         self.mark_changed(pid);
@@ -608,7 +623,7 @@ impl ProcessTable {
         let mapped: HashSet<FileIdentity> = self
             .processes
             .values()
-            .flat_map(|process| process.mappings.iter().chain(&process.retired))
+            .flat_map(ProcessInfo::all_mappings)
             .filter_map(|mapping| mapping.file)
             .collect();
         self.files
@@ -663,7 +678,7 @@ impl ProcessTable {
     fn table_of(&self, processes: HashMap<u32, ProcessInfo>) -> ProcessTable {
         let by_identity: HashMap<FileIdentity, Arc<fs::File>> = processes
             .values()
-            .flat_map(|process| process.mappings.iter().chain(&process.retired))
+            .flat_map(ProcessInfo::all_mappings)
             .filter_map(|mapping| mapping.file)
             .filter_map(|identity| Some((identity, self.files.by_identity.get(&identity)?.clone())))
             .collect();
@@ -741,10 +756,10 @@ impl ProcessTable {
                 .iter()
                 .rposition(|mapping| mapping.contains(address) && keep(mapping))
         };
-        match found(&process.mappings) {
-            Some(index) => Some(&process.mappings[index]),
-            None => found(&process.retired).map(|index| &process.retired[index]),
-        }
+        // The current image first, then the replaced ones, newest first.
+        std::iter::once(&process.mappings)
+            .chain(process.retired.iter().rev())
+            .find_map(|mappings| found(mappings).map(|index| &mappings[index]))
     }
 
     pub fn thread_name(&self, pid: u32, tid: u32) -> String {
@@ -1026,7 +1041,7 @@ mod tests {
         assert!(table.module_image([10], exe).is_none());
         // The window still names the thread and reads the module.
         assert_eq!(window.thread_name(10, 11), "worker");
-        assert_eq!(window.processes[&10].mappings, [mapping]);
+        assert_eq!(*window.processes[&10].mappings, [mapping]);
         assert!(window.module_image([10], exe).is_some());
         assert!(!window.processes.contains_key(&20));
     }
@@ -1127,7 +1142,7 @@ mod tests {
         let old = parse_maps_line("1000-2000 r-xp 0 0:0 0 /old").unwrap();
         let new = parse_maps_line("1000-3000 r-xp 0 0:0 0 /new").unwrap();
         let bss = parse_maps_line("1000-1200 rw-p 0 0:0 0").unwrap();
-        table.processes.entry(7).or_default().mappings = vec![old, new, bss];
+        table.processes.entry(7).or_default().mappings = Arc::new(vec![old, new, bss]);
         assert_eq!(&*table.code_mapping_for(7, 0x1100).unwrap().path, "/new");
         assert_eq!(&*table.mapping_for(7, 0x1100).unwrap().path, "");
         assert_eq!(&*table.mapping_for(7, 0x1800).unwrap().path, "/new");
@@ -1168,11 +1183,11 @@ mod tests {
         let mut table = ProcessTable::default();
         let code = parse_maps_line("1000-2000 r-xp 0 0:0 0 /bin/app").unwrap();
         let data = parse_maps_line("2000-3000 rw-p 1000 0:0 0 /bin/app").unwrap();
-        table.processes.entry(7).or_default().mappings = vec![code.clone(), data.clone()];
+        table.processes.entry(7).or_default().mappings = Arc::new(vec![code.clone(), data.clone()]);
         // Made between enabling the side-band and the scan: in both.
         table.map(7, code.clone());
         table.map(7, data.clone());
-        assert_eq!(table.processes[&7].mappings, [code.clone(), data]);
+        assert_eq!(*table.processes[&7].mappings, [code.clone(), data]);
         // A different file over the same range is a new mapping, and wins.
         let replaced = parse_maps_line("1000-2000 r-xp 0 0:0 0 /bin/other").unwrap();
         table.map(7, replaced);
