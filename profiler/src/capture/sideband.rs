@@ -5,7 +5,7 @@
 
 use std::{
     cell::Cell,
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet},
     fs,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
@@ -18,6 +18,12 @@ use perf_event::{events::Software, Builder, SampleFlag, Sampler};
 use super::counters::{online_cpus, threads_of, Target};
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
 use crate::import::perf_data::{decode_process_record, ProcessRecord};
+
+/// The table's maps: seeded per map like std's, so paths a user crafts to collide gain little,
+/// and several times faster on the pids and paths that the side-band looks up tens of
+/// thousands of times a second.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};
 
 /// Ring buffer per side-band event.
@@ -134,6 +140,14 @@ impl MappedFiles {
             (None, None) => true,
         };
         is_mapped_file.then(|| self.keep(file))?
+    }
+
+    /// Finds the file `identity` by `path` from now on. Under churn every process maps the same
+    /// files: a known path gets no new key.
+    fn remember_path(&mut self, path: &str, identity: FileIdentity) {
+        if self.by_path.get(path) != Some(&identity) {
+            self.by_path.insert(path.to_string(), identity);
+        }
     }
 
     fn keep(&mut self, file: fs::File) -> Option<FileIdentity> {
@@ -386,9 +400,7 @@ impl ProcessTable {
             }
         }
         if let Some(identity) = mapping.file {
-            self.files
-                .by_path
-                .insert(mapping.path.to_string(), identity);
+            self.files.remember_path(&mapping.path, identity);
         }
     }
 
@@ -487,12 +499,7 @@ impl ProcessTable {
     /// once.
     pub fn map(&mut self, pid: u32, mapping: Mapping) {
         if let Some(identity) = mapping.file {
-            // Under churn every process maps the same files: no new key for a known path.
-            if self.files.by_path.get(&*mapping.path) != Some(&identity) {
-                self.files
-                    .by_path
-                    .insert(mapping.path.to_string(), identity);
-            }
+            self.files.remember_path(&mapping.path, identity);
         }
         let process = self.processes.entry(pid).or_default();
         let overlaps = |known: &&Mapping| known.start < mapping.end && mapping.start < known.end;
@@ -698,14 +705,14 @@ impl ProcessTable {
                 by_identity,
                 by_path,
                 // Only what finding files by path needs: a snapshot opens nothing.
-                build_ids: HashMap::new(),
-                by_build_id: HashMap::new(),
+                build_ids: HashMap::default(),
+                by_build_id: HashMap::default(),
             },
             last_change: self.last_change,
             // A window's table is read, never synced from.
             by_change: BTreeMap::new(),
             last_read: Cell::new(self.last_change),
-            path_names: HashSet::new(),
+            path_names: HashSet::default(),
         }
     }
 
@@ -838,7 +845,7 @@ impl Sideband {
             .collect();
         let mut samplers: Vec<Sampler> = Vec::new();
         let mut redirected = Vec::new();
-        let mut ring_of_cpu: HashMap<usize, usize> = HashMap::new();
+        let mut ring_of_cpu: HashMap<usize, usize> = HashMap::default();
         // Build IDs in mmap records exist from Linux 5.12; before, the kernel refuses the bit
         // and they are read from the mapped files instead.
         let mut with_build_ids = true;
