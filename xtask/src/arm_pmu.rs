@@ -22,7 +22,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 
 use crate::{
-    kernels::{check_accounting, console_of, Check, Guest, PrivateApt},
+    kernels::{self, check_accounting, console_of, Check, Guest, PrivateApt},
     run_command,
     setup::apt_install,
     target_dir, workspace_root,
@@ -47,26 +47,11 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 /// Events counted at once by the multiplexing step: more than the PMU's seven counters.
 const MULTIPLEXED: usize = 9;
 
-/// Runs inside the guest as /init; prints markers as `cargo xtask kernels`' guests do.
-const INIT: &str = r#"#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-mount -t tmpfs tmp /tmp
-mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
-mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
-mount -t bpf bpf /sys/fs/bpf 2>/dev/null
-cd /work
-echo "@@KERNEL $(uname -r)"
-step() {
-    name=$1; out=$2; shift 2
-    if "$@" >/tmp/$name.log 2>&1 && [ -s "$out" ]; then
-        echo "@@JSON $name"; tr -d '\n' < "$out"; echo
-    else
-        echo "@@FAILED $name"; cat /tmp/$name.log
-    fi
-}
+/// How long one step may run before it is stopped as hung: a whole boot may take minutes here.
+const STEP_LIMIT: Duration = Duration::from_secs(300);
+
+/// The guest's steps, run by /init after `cargo xtask kernels`' [`kernels::GUEST_PRELUDE`].
+const STEPS: &str = r#"
 W="./known_instructions @ITERATIONS@"
 if grep -q pmu_suite=general /proc/cmdline; then
     step instructions /tmp/instructions.json ./profiler record -e instructions:u -c @PERIOD@ --json /tmp/instructions.json -- $W
@@ -79,8 +64,9 @@ step copy /tmp/copy.json ./profiler record -e cycles:u -c @PERIOD@ --unwind copy
 step instructions /tmp/instructions.json ./profiler record -e instructions:u -c @PERIOD@ --json /tmp/instructions.json -- $W
 step together /tmp/together.json ./profiler record -e cycles:u,instructions:u -c @PERIOD@ --json /tmp/together.json -- $W
 ./known_instructions 2000000000 > /dev/null &
-step rate /tmp/rate.json ./profiler record --target-rate @RATE@ -e cycles:u -p $! --duration 1 --json /tmp/rate.json
-kill $!
+busy=$!
+step rate /tmp/rate.json ./profiler record --target-rate @RATE@ -e cycles:u -p $busy --duration 1 --json /tmp/rate.json
+kill $busy
 step multiplexed /tmp/multiplexed.json ./profiler stat -e @MULTIPLEXED@ --json -o /tmp/multiplexed.json -- $W
 if ./profiler record -e cycles:pp -- ./known_instructions 1000 2>/tmp/precise.log; then
     echo "@@SAID precise accepted"
@@ -204,7 +190,7 @@ pub fn run() -> Result<()> {
 }
 
 /// The guest's initramfs: busybox, the stripped profiler with the aarch64 libraries it loads,
-/// the workload built static, and [`INIT`].
+/// the workload built static, and its /init ([`STEPS`]).
 fn build_initramfs(root: &Path, profiler: &Path, busybox: &Path) -> Result<PathBuf> {
     if root.exists() {
         std::fs::remove_dir_all(root)?;
@@ -236,7 +222,7 @@ fn build_initramfs(root: &Path, profiler: &Path, busybox: &Path) -> Result<PathB
             .arg(workspace_root().join("tests/workloads/c/known_instructions.c")),
     )?;
     let multiplexed = ["armv8_pmuv3/inst_retired/u"; MULTIPLEXED].join(",");
-    let init = INIT
+    let init = kernels::guest_init(STEPS, STEP_LIMIT)
         .replace("@ITERATIONS@", &ITERATIONS.to_string())
         .replace("@PERIOD@", &PERIOD.to_string())
         .replace("@RATE@", &TARGET_RATE.to_string())
@@ -287,15 +273,7 @@ fn within(value: f64, expected: f64) -> bool {
 type StepCheck = fn(&Value) -> Result<String>;
 
 fn checks(guest: &Guest, suite: Suite) -> Vec<Check> {
-    let mut checks = vec![Check {
-        step: "boot",
-        passed: guest.release.is_some() && guest.done,
-        said: match (&guest.release, guest.done) {
-            (Some(release), true) => format!("booted {release} and ran every step"),
-            (Some(release), false) => format!("booted {release} but did not finish"),
-            (None, _) => "did not boot".into(),
-        },
-    }];
+    let mut checks = vec![guest.boot_check()];
     let steps: &[(&str, StepCheck)] = match suite {
         Suite::Every => &[
             ("stat", check_stat),
@@ -309,16 +287,7 @@ fn checks(guest: &Guest, suite: Suite) -> Vec<Check> {
         Suite::GeneralCounter => &[("instructions", check_instructions)],
     };
     for &(step, check) in steps {
-        let result = match guest.steps.get(step) {
-            Some(Ok(document)) => check(document),
-            Some(Err(output)) => Err(anyhow!("the command failed:\n{output}")),
-            None => Err(anyhow!("never ran")),
-        };
-        checks.push(Check {
-            step,
-            passed: result.is_ok(),
-            said: result.unwrap_or_else(|e| format!("{e:#}")),
-        });
+        checks.push(guest.step_check(step, check));
     }
     if suite == Suite::GeneralCounter {
         return checks;

@@ -57,9 +57,17 @@ const SPLIT_ROUNDS: u64 = 1000;
 /// How far the profile's split may be from the one cpu_split measured, in percentage points.
 const SPLIT_TOLERANCE: f64 = 6.0;
 
-/// Runs inside the guest as /init. Each step prints `@@JSON NAME` and a one-line JSON document,
-/// or `@@FAILED NAME` with the command's output.
-const INIT: &str = r#"#!/bin/busybox sh
+/// How long one step may run in the x86 guests before it is stopped as hung (a step takes 2-10 s
+/// there).
+const STEP_LIMIT: Duration = Duration::from_secs(90);
+
+/// The start of every guest's /init: mounts, the kernel's release, and `step NAME OUTPUT
+/// COMMAND...`, which prints `@@JSON NAME` and the one-line JSON document COMMAND wrote to OUTPUT,
+/// or `@@FAILED NAME` and COMMAND's output, then the lines its workload printed as `@@SAID NAME
+/// LINE`. A step still running after @STEP_SECONDS@ s prints `@@HUNG NAME`, the kernel stacks of
+/// every user task (`@@TASK`) and of the blocked ones (sysrq w), and its profiler is killed: the
+/// console says where it hung, and the steps after it still run.
+pub const GUEST_PRELUDE: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
@@ -72,15 +80,39 @@ mount -t bpf bpf /sys/fs/bpf 2>/dev/null
 # the profiler must raise it itself.
 cd /work
 echo "@@KERNEL $(uname -r)"
+watchdog() {
+    sleep @STEP_SECONDS@
+    echo "@@HUNG $1"
+    for task in /proc/[0-9]*/task/[0-9]*; do
+        # Kernel threads run no file.
+        [ -e $task/exe ] || continue
+        echo "@@TASK $(cat $task/comm) ${task#/proc/} $(grep '^State' $task/status)"
+        cat $task/stack
+    done
+    echo w > /proc/sysrq-trigger
+    killall -KILL profiler
+}
 step() {
     name=$1; out=$2; shift 2
+    watchdog $name &
+    dog=$!
     if "$@" >/tmp/$name.log 2>&1 && [ -s "$out" ]; then
         echo "@@JSON $name"; tr -d '\n' < "$out"; echo
     else
         echo "@@FAILED $name"; cat /tmp/$name.log
     fi
+    kill $dog 2>/dev/null
     grep -h '^cpu_split:\|^region \|^wait ' /tmp/$name.log | sed "s/^/@@SAID $name /"
 }
+"#;
+
+/// A guest's /init: [`GUEST_PRELUDE`] with its steps' time limit, then `steps`.
+pub fn guest_init(steps: &str, step_limit: Duration) -> String {
+    GUEST_PRELUDE.replace("@STEP_SECONDS@", &step_limit.as_secs().to_string()) + steps
+}
+
+/// The x86 guests' steps, run by /init after [`GUEST_PRELUDE`].
+const STEPS: &str = r#"
 step list /tmp/list.json sh -c './profiler list --json > /tmp/list.json'
 step split /tmp/split.json ./profiler record -e cpu-clock -F 999 --json /tmp/split.json -- ./cpu_split @ROUNDS@
 step faults /tmp/faults.json sh -c './profiler record -e page-faults -c 1 -o /tmp/faults.prof -- ./page_toucher @PAGES@ && ./profiler report -i /tmp/faults.prof --by dcache-line --top 0 --json > /tmp/faults.json'
@@ -110,25 +142,29 @@ pub fn run() -> Result<()> {
             std::fs::write(&log, &console)?;
             let guest = Guest::parse(&console);
             let checks = guest.checks();
-            // Debian's 6.12 sometimes oopses under QEMU's TCG while booting, before or while
-            // the steps run (seen in add_sysfs_param and kmem_cache_alloc); and the sampled
-            // split, against the workload's own clock, once came 7 points off on one boot of a
-            // loaded host and within 2 on the others. Either: boot again, keep the console of
-            // every attempt; a check that fails on every boot fails.
-            let panicked = !guest.done && console.contains("Kernel panic");
+            // Debian's 6.12 sometimes oopses or hangs under QEMU's TCG, while booting or while
+            // the steps run (seen in add_sysfs_param and kmem_cache_alloc; once a boot hung in
+            // the faults step after the one before it had panicked); and the sampled split,
+            // against the workload's own clock, once came 7 points off on one boot of a loaded
+            // host and within 2 on the others. Either: boot again, say why with the end of the
+            // console, keep the console of every attempt; a check that fails on every boot fails.
+            let unfinished = !guest.done || !guest.hung.is_empty();
             let split_failed = checks
                 .iter()
                 .all(|check| check.passed || check.step == "split")
                 && checks.iter().any(|check| !check.passed);
-            if !(panicked || split_failed) || attempt == BOOT_ATTEMPTS {
+            if !(unfinished || split_failed) || attempt == BOOT_ATTEMPTS {
                 break (guest, log, checks);
             }
             let why = match checks.iter().find(|check| !check.passed) {
-                Some(check) if !panicked => format!("{}: {}", check.step, check.said),
-                _ => "panicked".to_string(),
+                Some(check) if guest.done => format!("{}: {}", check.step, check.said),
+                _ => format!(
+                    "did not run every step; the console ended:\n{}",
+                    console_end(&console)
+                ),
             };
             eprintln!(
-                "xtask: kernel {} {why} (console in {}): booting it again",
+                "xtask: kernel {} {why}\n(console in {}): booting it again",
                 kernel.series,
                 log.display()
             );
@@ -333,7 +369,7 @@ fn debian_mirror() -> Result<String> {
 }
 
 /// Builds the guest's initramfs: busybox, the stripped profiler and workloads with the
-/// libraries they load, and [`INIT`].
+/// libraries they load, and its /init ([`STEPS`]).
 fn build_initramfs(root: &Path) -> Result<PathBuf> {
     if root.exists() {
         std::fs::remove_dir_all(root)?;
@@ -363,7 +399,7 @@ fn build_initramfs(root: &Path) -> Result<PathBuf> {
                 .with_context(|| format!("copying {}", library.display()))?;
         }
     }
-    let init = INIT
+    let init = guest_init(STEPS, STEP_LIMIT)
         .replace("@ROUNDS@", &SPLIT_ROUNDS.to_string())
         .replace("@PAGES@", &TOUCHED_PAGES.to_string());
     std::fs::write(root.join("init"), init)?;
@@ -398,11 +434,31 @@ fn shared_libraries(program: &Path) -> Result<Vec<PathBuf>> {
 /// Boots the kernel with the initramfs and returns everything the serial console printed.
 fn boot(vmlinuz: &Path, initrd: &Path) -> Result<String> {
     let mut qemu = Command::new("qemu-system-x86_64");
-    qemu.args(["-accel", "tcg", "-cpu", "qemu64"]).args([
+    // Without CMPXCHG16B: QEMU 7.2's TCG emulation of it (SLUB's lockless per-CPU freelist)
+    // double-faulted 6.12 in kmem_cache_alloc in about one boot in seven, while booting or mid-run;
+    // without it SLUB takes its locked path, and 20 boots of 20 ran every step.
+    qemu.args(["-accel", "tcg", "-cpu", "qemu64,-cx16"]).args([
         "-append",
-        "console=ttyS0 panic=-1 quiet transparent_hugepage=never",
+        // An oops or a soft lockup panics, and the panic powers the guest off: a broken boot
+        // ends at once, not at the timeout.
+        "console=ttyS0 panic=-1 oops=panic softlockup_panic=1 quiet transparent_hugepage=never",
     ]);
     console_of(qemu, vmlinuz, initrd, BOOT_TIMEOUT)
+}
+
+/// The console's last lines, each cut short: what a guest that did not finish printed last.
+fn console_end(console: &str) -> String {
+    const LINES: usize = 25;
+    const WIDTH: usize = 200;
+    let lines: Vec<&str> = console.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(LINES)..]
+        .iter()
+        .map(|line| match line.char_indices().nth(WIDTH) {
+            Some((cut, _)) => format!("  {}...", &line[..cut]),
+            None => format!("  {line}"),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Runs `qemu` (a qemu-system-* with its machine's options) on the kernel and initramfs, with one
@@ -462,6 +518,8 @@ pub struct Guest {
     pub steps: BTreeMap<String, std::result::Result<Value, String>>,
     /// Step -> the lines its workload printed (`cpu_split: ...`, `region ...`).
     pub said: BTreeMap<String, Vec<String>>,
+    /// Step stopped as hung -> the state and kernel stack of every user task when it was.
+    pub hung: BTreeMap<String, String>,
     pub done: bool,
 }
 
@@ -500,6 +558,19 @@ impl Guest {
                         .or_default()
                         .push(said.to_string());
                 }
+            } else if let Some(step) = line.strip_prefix("@@HUNG ") {
+                // `@@TASK COMM PID/task/TID State: S (sleeping)` lines, each followed by the task's stack.
+                let mut tasks = Vec::new();
+                while let Some(task) = lines.clone().next().and_then(|l| l.strip_prefix("@@TASK "))
+                {
+                    lines.next();
+                    tasks.push(task);
+                    while let Some(frame) = lines.clone().next().filter(|l| !l.starts_with("@@")) {
+                        lines.next();
+                        tasks.push(frame);
+                    }
+                }
+                guest.hung.insert(step.trim().to_string(), tasks.join("\n"));
             } else if line.starts_with("@@DONE") {
                 guest.done = true;
             }
@@ -507,8 +578,9 @@ impl Guest {
         guest
     }
 
-    fn checks(&self) -> Vec<Check> {
-        let mut checks = vec![Check {
+    /// Whether the guest booted and ran every step.
+    pub fn boot_check(&self) -> Check {
+        Check {
             step: "boot",
             passed: self.release.is_some() && self.done,
             said: match (&self.release, self.done) {
@@ -516,7 +588,33 @@ impl Guest {
                 (Some(release), false) => format!("booted {release} but did not finish"),
                 (None, _) => "did not boot".into(),
             },
-        }];
+        }
+    }
+
+    /// `step` judged by `check` on its JSON document, or why it has none.
+    pub fn step_check(
+        &self,
+        step: &'static str,
+        check: impl FnOnce(&Value) -> Result<String>,
+    ) -> Check {
+        let result = match (self.steps.get(step), self.hung.get(step)) {
+            (Some(Err(output)), Some(tasks)) => Err(anyhow!(
+                "hung: stopped at its time limit; its output:\n{output}\n\
+                 the state and kernel stack of each user task then:\n{tasks}"
+            )),
+            (Some(Ok(document)), _) => check(document),
+            (Some(Err(output)), None) => Err(anyhow!("the command failed:\n{output}")),
+            (None, _) => Err(anyhow!("never ran")),
+        };
+        Check {
+            step,
+            passed: result.is_ok(),
+            said: result.unwrap_or_else(|e| format!("{e:#}")),
+        }
+    }
+
+    fn checks(&self) -> Vec<Check> {
+        let mut checks = vec![self.boot_check()];
         for (step, check) in [
             (
                 "list",
@@ -528,16 +626,7 @@ impl Guest {
             ("offcpu", check_off_cpu),
         ] {
             let said = self.said.get(step).map(Vec::as_slice).unwrap_or_default();
-            let result = match self.steps.get(step) {
-                Some(Ok(document)) => check(document, said),
-                Some(Err(output)) => Err(anyhow!("the command failed:\n{output}")),
-                None => Err(anyhow!("never ran")),
-            };
-            checks.push(Check {
-                step,
-                passed: result.is_ok(),
-                said: result.unwrap_or_else(|e| format!("{e:#}")),
-            });
+            checks.push(self.step_check(step, |document| check(document, said)));
         }
         checks
     }
@@ -755,6 +844,45 @@ mod tests {
         packages.sort_by_key(|p| version_key(p));
         assert_eq!(packages[1], "linux-image-5.10.0-32-cloud-amd64-unsigned");
         assert_eq!(version_key(packages[2]), [6, 12, 95]);
+    }
+
+    #[test]
+    fn a_hung_step_fails_with_the_stacks_of_its_tasks() {
+        let console = "@@KERNEL 6.12.95\n@@JSON list\n{}\n@@HUNG faults\n\
+                       @@TASK profiler 80/task/81 State:\tS (sleeping)\n[<0>] ep_poll+0x1\n\
+                       @@TASK page_toucher 90/task/90 State:\tD (disk sleep)\n\
+                       [<0>] folio_wait_bit+0x3\nsysrq: Show Blocked State\n\
+                       @@FAILED faults\nrecording page-faults\n@@DONE\n";
+        let guest = Guest::parse(console);
+        assert_eq!(guest.hung.len(), 1);
+        assert!(guest.hung["faults"]
+            .contains("page_toucher 90/task/90 State:\tD (disk sleep)\n[<0>] folio_wait_bit+0x3"));
+        let checks = guest.checks();
+        let faults = checks.iter().find(|c| c.step == "faults").unwrap();
+        assert!(!faults.passed);
+        for said in [
+            "hung",
+            "recording page-faults",
+            "ep_poll+0x1",
+            "Show Blocked State",
+        ] {
+            assert!(faults.said.contains(said), "{said}: {}", faults.said);
+        }
+        let stat = checks.iter().find(|c| c.step == "stat").unwrap();
+        assert_eq!(stat.said, "never ran");
+    }
+
+    #[test]
+    fn the_end_of_a_console_is_its_last_lines_cut_short() {
+        let console = format!(
+            "{}\n\n{}\nKernel panic - not syncing: Fatal exception\n",
+            "a\n".repeat(40),
+            "x".repeat(500)
+        );
+        let end = console_end(&console);
+        assert_eq!(end.lines().count(), 25);
+        assert!(end.ends_with("  Kernel panic - not syncing: Fatal exception"));
+        assert!(end.contains(&format!("  {}...", "x".repeat(200))));
     }
 
     #[test]
