@@ -17,7 +17,7 @@ use perf_event::{events::Software, Builder, SampleFlag, Sampler};
 
 use super::counters::{online_cpus, threads_of, Target};
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
-use crate::import::perf_data::{decode_process_record, ProcessRecord};
+use crate::import::perf_data::{decode_process_record, maps_code, FileId, ProcessRecord};
 
 /// The table's maps: seeded per map like std's, so paths a user crafts to collide gain little,
 /// and several times faster on the pids and paths that the side-band looks up tens of
@@ -56,6 +56,16 @@ pub struct FileInode {
     pub major: u32,
     pub minor: u32,
     pub inode: u64,
+}
+
+impl From<FileId> for FileInode {
+    fn from(id: FileId) -> FileInode {
+        FileInode {
+            major: id.maj,
+            minor: id.min,
+            inode: id.ino,
+        }
+    }
 }
 
 impl FileInode {
@@ -279,6 +289,9 @@ impl ProcessTable {
         for mapping in &mut mappings {
             // The process lives: its map_files links reach the files.
             self.open_mapped_file(pid, mapping, None);
+            if let Some(identity) = mapping.file {
+                self.files.remember_path(&mapping.path, identity);
+            }
         }
         let comm = read_comm(&format!("/proc/{pid}/comm")).unwrap_or_default();
         for tid in threads_of(pid).unwrap_or_default() {
@@ -399,9 +412,6 @@ impl ProcessTable {
                 }
             }
         }
-        if let Some(identity) = mapping.file {
-            self.files.remember_path(&mapping.path, identity);
-        }
     }
 
     /// Records every running process.
@@ -427,19 +437,12 @@ impl ProcessTable {
                     end: mmap.start.saturating_add(mmap.len),
                     file_offset: mmap.pgoff,
                     path: self.path_name(mmap.filename),
-                    executable: mmap
-                        .prot
-                        .map_or(!mmap.data, |prot| prot & libc::PROT_EXEC as u32 != 0),
+                    executable: maps_code(mmap.prot, mmap.data),
                     build_id: mmap.build_id.map(|id| self.build_id(id)),
                     file: None,
                 };
                 // Live only: a pid in a perf.data import may belong to another process now.
-                let inode = mmap.file_id.map(|id| FileInode {
-                    major: id.maj,
-                    minor: id.min,
-                    inode: id.ino,
-                });
-                self.open_mapped_file(mmap.pid, &mut mapping, inode);
+                self.open_mapped_file(mmap.pid, &mut mapping, mmap.file_id.map(FileInode::from));
                 Change::Map(mmap.pid, mapping)
             }
             ProcessRecord::Comm(comm) => Change::NameThread {

@@ -19,7 +19,7 @@ use profiler_common::hw::SampleFields;
 use profiler_common::latency::bucket_index;
 
 use super::perf_data::{
-    Comm, Features, Mmap, PerfAttr, PerfData, PerfSample, Sampling, TaskEvent,
+    maps_code, Comm, Features, Mmap, PerfAttr, PerfData, PerfSample, Sampling, TaskEvent,
     PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_IP,
 };
 use crate::capture::sideband::{FileIdentity, FileInode, Mapping, ProcessTable};
@@ -36,8 +36,6 @@ use crate::unwind::copy::{CopyUnwinder, StackCopy, StackEnd, UserRegisters};
 
 /// Bytes in a data cache line: data addresses are aggregated per line.
 const CACHE_LINE_BYTES: u64 = profiler_common::capture::CACHE_LINE_BYTES;
-/// `prot` bit of an executable mapping.
-const PROT_EXEC: u32 = libc::PROT_EXEC as u32;
 /// IBS_OP_CTL bit 19 (the `cnt_ctl` format term): the period counts dispatched ops, not cycles.
 const IBS_OP_COUNTS_OPS: u64 = 1 << 19;
 /// Where the registers the copy unwinder starts from are in PERF_SAMPLE_REGS_USER, by the
@@ -639,16 +637,12 @@ fn process_table(data: &PerfData) -> ProcessTable {
             // The kernel's own mappings (pid -1): kernel addresses are symbolized from kallsyms.
             Change::Mmap(mmap) if mmap.pid == u32::MAX => {}
             Change::Mmap(mmap) => {
-                let executable = mmap.prot.map_or(!mmap.data, |prot| prot & PROT_EXEC != 0);
+                let executable = maps_code(mmap.prot, mmap.data);
                 let build_id = mmap
                     .build_id
                     .clone()
                     .or_else(|| build_ids.get(mmap.filename.as_str()).map(|id| id.to_vec()));
-                let inode = mmap.file_id.as_ref().map(|id| FileInode {
-                    major: id.maj,
-                    minor: id.min,
-                    inode: id.ino,
-                });
+                let inode = mmap.file_id.map(FileInode::from);
                 let file = if executable && mmap.filename.starts_with('/') {
                     *opened.entry(mmap.filename.as_str()).or_insert_with(|| {
                         table

@@ -29,8 +29,8 @@ pub use attr::*;
 pub use error::PerfDataError;
 pub use features::{BuildId, Features, NrCpus, PmuCap};
 pub use records::{
-    decode_process_record, Comm, CommFields, CpuMode, FileId, Mmap, MmapFields, ProcessRecord,
-    TaskEvent, Throttle,
+    decode_process_record, maps_code, Comm, CommFields, CpuMode, FileId, Mmap, MmapFields,
+    ProcessRecord, TaskEvent, Throttle,
 };
 pub use sample::{
     BranchEntry, BranchStack, PerfSample, ReadValue, ReadValues, Registers, UserStack, Weight,

@@ -473,7 +473,7 @@ fn side_band_records_apply_in_time_order() {
         start,
         len: 0x1000,
         filename: path.to_string(),
-        prot: Some(PROT_EXEC | 1),
+        prot: Some(libc::PROT_EXEC as u32 | libc::PROT_READ as u32),
         time: Some(time),
         ..Mmap::default()
     };

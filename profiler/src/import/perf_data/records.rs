@@ -84,6 +84,12 @@ pub struct Mmap {
     pub time: Option<u64>,
 }
 
+/// Whether a mapping holds code: MMAP2 says so in its protection, MMAP by the flag perf sets on
+/// data mappings (`perf record -d`).
+pub fn maps_code(prot: Option<u32>, data: bool) -> bool {
+    prot.map_or(!data, |prot| prot & libc::PROT_EXEC as u32 != 0)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileId {
     pub maj: u32,
