@@ -18,7 +18,6 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context, Result};
-use blazesym::symbolize::Symbolizer;
 use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 
 use self::log::{log, LogLevel};
@@ -41,7 +40,7 @@ use crate::{
     record::{profile_meta, target_description, RecordOptions},
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
-        new_symbolizer,
+        SymbolCache,
     },
 };
 
@@ -192,7 +191,7 @@ struct Exporter {
 
 impl Exporter {
     /// Symbolizes a window into its profile.
-    fn profile(&self, capture: WindowCapture, symbolizer: &Symbolizer) -> Profile {
+    fn profile(&self, capture: WindowCapture, symbols: &SymbolCache) -> Profile {
         let meta = profile_meta(self.target.clone(), capture.start, capture.end);
         let mut profile = assemble_with(
             meta,
@@ -200,8 +199,9 @@ impl Exporter {
             capture.drained,
             &capture.processes,
             &capture.accounting,
-            Some(symbolizer),
+            Some(symbols),
         );
+        symbols.forget_closed(&capture.processes.files);
         profile.hardware.cpu = self.cpu.clone();
         // What the sampled data addresses belong to, while the window's processes are at hand:
         // the exports name the variable, heap, stack or file of each data cache line.
@@ -216,16 +216,17 @@ impl Exporter {
 
     /// Exports windows until the capture side hangs up.
     fn run(mut self, windows: Receiver<ClosedWindow>) {
-        // One symbolizer for every window: the files it parsed and the kernel's symbols stay
-        // cached, so a window costs what its new code costs. Made here: it cannot move threads.
-        let symbolizer = new_symbolizer();
+        // One symbolizer for every window: the files it parsed, the kernel's symbols and the
+        // code symbolized stay cached, so a window costs what its new code costs. Made here: it
+        // cannot move threads.
+        let symbols = SymbolCache::default();
         for ClosedWindow { sequence, capture } in windows {
             let exporting = std::time::Instant::now();
             let (start, end) = (capture.start, capture.end);
             let fired: u64 = capture.accounting.samples_fired.iter().sum();
             let lost = capture.accounting.samples_lost();
             self.count_samples(&capture);
-            let profile = self.profile(capture, &symbolizer);
+            let profile = self.profile(capture, &symbols);
             // Sampled events only: the off-CPU "event" counts nanoseconds.
             let sampled = self.events.len() as u32;
             let samples: u64 = profile

@@ -19,7 +19,7 @@ use crate::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
         container::classify_cgroup_path,
     },
-    symbolize::{CodeAddress, FrameTable},
+    symbolize::{CodeAddress, FrameTable, SymbolCache},
 };
 
 fn stats(s: &profiler_common::capture::SampleStats) -> Stats {
@@ -98,16 +98,16 @@ pub fn assemble(
     assemble_with(meta, events, drained, processes, accounting, None)
 }
 
-/// [`assemble`] with a symbolizer that outlives the profile (the agent's, across windows).
+/// [`assemble`] with symbols that outlive the profile (the agent's, across windows).
 pub fn assemble_with(
     meta: ProfileMeta,
     events: Vec<EventInfo>,
     drained: Drained,
     processes: &ProcessTable,
     accounting: &Accounting,
-    symbolizer: Option<&blazesym::symbolize::Symbolizer>,
+    symbols: Option<&SymbolCache>,
 ) -> Profile {
-    let mut table = FrameTable::with_symbolizer(processes, symbolizer);
+    let mut table = FrameTable::with_cache(processes, symbols);
     let mut addresses = Vec::new();
     let cache = &drained.stack_cache;
     // Each distinct stack once: a kernel stack is the same code in every process, a user stack

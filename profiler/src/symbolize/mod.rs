@@ -3,6 +3,7 @@
 //! table recorded while the processes lived, so processes that exited are symbolized too.
 
 mod aliases;
+mod cache;
 pub mod kernel_addresses;
 mod perf_map;
 mod plt;
@@ -21,7 +22,7 @@ use blazesym::symbolize::{
 use profiler_common::unwind_maps::{FRAME_POINTERS_ONLY_FRAME, TRUNCATED_FRAME};
 
 use crate::{
-    capture::sideband::ProcessTable,
+    capture::sideband::{FileIdentity, ProcessTable},
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
 
@@ -31,6 +32,7 @@ pub const TRUNCATED_FUNCTION: &str = "[truncated]";
 /// for (its `FRAME_POINTERS_ONLY_FRAME`).
 pub const FRAME_POINTERS_ONLY_FUNCTION: &str = "[frame pointers only]";
 
+pub use cache::SymbolCache;
 pub use profiler_common::capture::KERNEL_SPACE_START;
 
 pub fn is_kernel_address(address: u64) -> bool {
@@ -71,9 +73,9 @@ impl CodeAddress {
 /// Resolves code addresses to interned frames.
 pub struct FrameTable<'a> {
     processes: &'a ProcessTable,
-    /// The symbolizer, when it outlives the table (the agent's, whose caches of parsed files and
-    /// kernel symbols serve every window); else one made per [`FrameTable::resolve`].
-    symbolizer: Option<&'a Symbolizer>,
+    /// The symbols kept across tables (the agent's, serving every window); else a symbolizer
+    /// is made per [`FrameTable::resolve`].
+    cache: Option<&'a SymbolCache>,
     pub frames: Vec<Frame>,
     /// Other names of the symbolized functions.
     pub aliases: Vec<FunctionAliases>,
@@ -83,17 +85,14 @@ pub struct FrameTable<'a> {
 
 impl<'a> FrameTable<'a> {
     pub fn new(processes: &'a ProcessTable) -> Self {
-        Self::with_symbolizer(processes, None)
+        Self::with_cache(processes, None)
     }
 
-    /// A table that symbolizes with `symbolizer` (see [`FrameTable::symbolizer`]).
-    pub fn with_symbolizer(
-        processes: &'a ProcessTable,
-        symbolizer: Option<&'a Symbolizer>,
-    ) -> Self {
+    /// A table that symbolizes through `cache` (see [`FrameTable::cache`]).
+    pub fn with_cache(processes: &'a ProcessTable, cache: Option<&'a SymbolCache>) -> Self {
         FrameTable {
             processes,
-            symbolizer,
+            cache,
             frames: Vec::new(),
             aliases: Vec::new(),
             interned: HashMap::new(),
@@ -111,29 +110,6 @@ impl<'a> FrameTable<'a> {
         id
     }
 
-    /// What the symbolizer does not say, from the module open at `path` (a descriptor path):
-    /// names of the frames in its PLT stubs (`memcpy@plt`), and the functions' other names.
-    fn read_module_names(&mut self, path: &Path, frames: &mut [Frame]) {
-        let Ok(file) = crate::input::open_regular(path, crate::input::FinalLink::Follow) else {
-            return;
-        };
-        let image = crate::input::ModuleImage::new(file);
-        let Ok(module) = object::File::parse(&image) else {
-            return;
-        };
-        if frames.iter().any(|frame| frame.function.is_none()) {
-            let stubs = plt::PltStubs::read(&module);
-            for frame in frames.iter_mut().filter(|frame| frame.function.is_none()) {
-                if let Some((name, start)) = stubs.lookup(frame.module_offset) {
-                    frame.function = Some(name.to_string());
-                    frame.function_address = Some(frame.address - (frame.module_offset - start));
-                }
-            }
-        }
-        self.aliases
-            .extend(aliases::function_aliases(&module, frames));
-    }
-
     /// The frame of an address resolved by [`FrameTable::resolve`].
     pub fn frame(&self, address: CodeAddress) -> FrameId {
         self.resolved[&address]
@@ -143,8 +119,9 @@ impl<'a> FrameTable<'a> {
     /// kernel.
     pub fn resolve(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) {
         let mut kernel = Vec::new();
-        // ELF path to open -> (address, frame template with its file offset)
-        let mut by_file: BTreeMap<PathBuf, Vec<(CodeAddress, Frame)>> = BTreeMap::new();
+        // ELF file -> its path to open, and (address, frame template with its file offset)
+        type FileFrames = (PathBuf, Vec<(CodeAddress, Frame)>);
+        let mut by_file: BTreeMap<FileIdentity, FileFrames> = BTreeMap::new();
         let mut unresolved = Vec::new();
         for address in addresses {
             if self.resolved.contains_key(&address) {
@@ -182,11 +159,15 @@ impl<'a> FrameTable<'a> {
                     };
                     // Only through the descriptor opened while the process lived: by now its
                     // owner may have put a FIFO, a device or a link at the path.
-                    match mapping
-                        .file
-                        .and_then(|identity| self.processes.files.path(identity))
-                    {
-                        Some(path) => by_file.entry(path).or_default().push((address, frame)),
+                    let file = mapping.file.and_then(|identity| {
+                        Some((identity, self.processes.files.path(identity)?))
+                    });
+                    match file {
+                        Some((identity, path)) => by_file
+                            .entry(identity)
+                            .or_insert_with(|| (path, Vec::new()))
+                            .1
+                            .push((address, frame)),
                         None => unresolved.push((address, frame)),
                     }
                 }
@@ -209,15 +190,15 @@ impl<'a> FrameTable<'a> {
             }
         }
         let own;
-        let symbolizer = match self.symbolizer {
-            Some(symbolizer) => symbolizer,
+        let symbolizer = match self.cache {
+            Some(cache) => &cache.symbolizer,
             None => {
                 own = new_symbolizer();
                 &own
             }
         };
         let progress = progress_bar(by_file.len() as u64 + 1, "symbolizing");
-        for (path, entries) in by_file {
+        for (identity, (path, entries)) in by_file {
             progress.set_message(
                 path.file_name()
                     .map(|name| name.to_string_lossy().into_owned())
@@ -226,8 +207,14 @@ impl<'a> FrameTable<'a> {
             progress.inc(1);
             let (addresses, mut frames): (Vec<CodeAddress>, Vec<Frame>) =
                 entries.into_iter().unzip();
-            fill_from_elf(symbolizer, &path, &mut frames);
-            self.read_module_names(&path, &mut frames);
+            let aliases = match self.cache {
+                Some(cache) => cache.fill(identity, &path, &mut frames),
+                None => {
+                    fill_from_elf(symbolizer, &path, &mut frames);
+                    module_names(&path, &mut frames)
+                }
+            };
+            self.aliases.extend(aliases);
             for (address, frame) in addresses.into_iter().zip(frames) {
                 let id = self.intern(frame);
                 self.resolved.insert(address, id);
@@ -284,6 +271,28 @@ impl<'a> FrameTable<'a> {
             self.resolved.insert(address, id);
         }
     }
+}
+
+/// What the symbolizer does not say, from the module open at `path` (a descriptor path): names
+/// of the frames in its PLT stubs (`memcpy@plt`), and the other names of the frames' functions.
+fn module_names(path: &Path, frames: &mut [Frame]) -> Vec<FunctionAliases> {
+    let Ok(file) = crate::input::open_regular(path, crate::input::FinalLink::Follow) else {
+        return Vec::new();
+    };
+    let image = crate::input::ModuleImage::new(file);
+    let Ok(module) = object::File::parse(&image) else {
+        return Vec::new();
+    };
+    if frames.iter().any(|frame| frame.function.is_none()) {
+        let stubs = plt::PltStubs::read(&module);
+        for frame in frames.iter_mut().filter(|frame| frame.function.is_none()) {
+            if let Some((name, start)) = stubs.lookup(frame.module_offset) {
+                frame.function = Some(name.to_string());
+                frame.function_address = Some(frame.address - (frame.module_offset - start));
+            }
+        }
+    }
+    aliases::function_aliases(&module, frames)
 }
 
 /// A symbolizer that reports lines and inlined functions.

@@ -1,0 +1,219 @@
+//! What the agent keeps from one window's symbolization to the next. A window's profile holds
+//! its own frames, but the code it samples is mostly the code the last window sampled: without
+//! this, every window symbolized every address again (blazesym's lookups, PLT stubs and alias
+//! tables read anew), about half of the agent's steady CPU time under process churn.
+
+use std::{
+    cell::RefCell,
+    collections::{HashMap, HashSet},
+    path::Path,
+};
+
+use blazesym::symbolize::Symbolizer;
+
+use super::{fill_from_elf, module_names, new_symbolizer};
+use crate::{
+    capture::sideband::{FileIdentity, MappedFiles},
+    profile::{Frame, FunctionAliases, InlinedFrame},
+};
+
+/// The symbolizer (its parsed files and the kernel's symbols) and each open module's
+/// symbolized code, by file and file offset.
+pub struct SymbolCache {
+    pub symbolizer: Symbolizer,
+    modules: RefCell<HashMap<FileIdentity, ModuleSymbols>>,
+}
+
+#[derive(Default)]
+struct ModuleSymbols {
+    by_offset: HashMap<u64, Symbol>,
+    /// The module's functions with more than one name, of the code symbolized so far.
+    aliases: Vec<Vec<String>>,
+}
+
+/// What symbolizing a file offset says, apart from where the module is mapped.
+struct Symbol {
+    function: Option<String>,
+    /// How far into `function` the offset is.
+    into_function: Option<u64>,
+    file: Option<String>,
+    line: Option<u32>,
+    inlined: Vec<InlinedFrame>,
+}
+
+impl Symbol {
+    fn of(frame: &Frame) -> Symbol {
+        Symbol {
+            function: frame.function.clone(),
+            into_function: frame
+                .function_address
+                .and_then(|start| frame.address.checked_sub(start)),
+            file: frame.file.clone(),
+            line: frame.line,
+            inlined: frame.inlined.clone(),
+        }
+    }
+
+    fn fill(&self, frame: &mut Frame) {
+        frame.function = self.function.clone();
+        frame.function_address = self
+            .into_function
+            .and_then(|into| frame.address.checked_sub(into));
+        frame.file = self.file.clone();
+        frame.line = self.line;
+        frame.inlined = self.inlined.clone();
+    }
+}
+
+impl Default for SymbolCache {
+    fn default() -> Self {
+        SymbolCache {
+            symbolizer: new_symbolizer(),
+            modules: RefCell::default(),
+        }
+    }
+}
+
+impl SymbolCache {
+    /// Symbolizes `frames` of the module `identity`, open at `path`: offsets seen before from
+    /// the cache, the others from the file. Returns the other names of the functions they are
+    /// in.
+    pub fn fill(
+        &self,
+        identity: FileIdentity,
+        path: &Path,
+        frames: &mut [Frame],
+    ) -> Vec<FunctionAliases> {
+        let mut modules = self.modules.borrow_mut();
+        let module = modules.entry(identity).or_default();
+        let mut missed = Vec::new();
+        for (index, frame) in frames.iter_mut().enumerate() {
+            match module.by_offset.get(&frame.module_offset) {
+                Some(symbol) => symbol.fill(frame),
+                None => missed.push(index),
+            }
+        }
+        if !missed.is_empty() {
+            let mut new: Vec<Frame> = missed.iter().map(|&index| frames[index].clone()).collect();
+            fill_from_elf(&self.symbolizer, path, &mut new);
+            for names in module_names(path, &mut new) {
+                if !module.aliases.contains(&names.names) {
+                    module.aliases.push(names.names);
+                }
+            }
+            for (index, frame) in missed.into_iter().zip(new) {
+                module
+                    .by_offset
+                    .insert(frame.module_offset, Symbol::of(&frame));
+                frames[index] = frame;
+            }
+        }
+        let functions: HashSet<&str> = frames
+            .iter()
+            .filter_map(|frame| frame.function.as_deref())
+            .collect();
+        let Some(first) = frames.first() else {
+            return Vec::new();
+        };
+        module
+            .aliases
+            .iter()
+            .filter(|names| names.iter().any(|name| functions.contains(name.as_str())))
+            .map(|names| FunctionAliases {
+                module: first.module.clone(),
+                names: names.clone(),
+            })
+            .collect()
+    }
+
+    /// Forgets the modules `files` no longer holds open. While a file is open its inode cannot
+    /// name another file; once closed it may, so what was read from it goes.
+    pub fn forget_closed(&self, files: &MappedFiles) {
+        self.modules
+            .borrow_mut()
+            .retain(|identity, _| files.path(*identity).is_some());
+    }
+
+    #[cfg(test)]
+    fn cached_offsets(&self, identity: FileIdentity) -> usize {
+        self.modules
+            .borrow()
+            .get(&identity)
+            .map_or(0, |module| module.by_offset.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test binary's own function, at a file offset as the side-band would give it.
+    fn frame_of_this_test(at: u64) -> (std::path::PathBuf, Frame) {
+        let exe = std::env::current_exe().unwrap();
+        let frame = Frame {
+            address: at,
+            module: exe.to_string_lossy().into_owned(),
+            module_offset: at,
+            ..Frame::default()
+        };
+        (exe, frame)
+    }
+
+    #[test]
+    fn an_offset_symbolized_once_is_filled_from_the_cache_at_any_load_address() {
+        let cache = SymbolCache::default();
+        let address = an_offset_symbolized_once_is_filled_from_the_cache_at_any_load_address
+            as *const () as u64;
+        let (exe, mut first) = frame_of_this_test(file_offset_of(address));
+        first.address = address;
+        let identity = (1, 2);
+        let mut frames = [first.clone()];
+        cache.fill(identity, &exe, &mut frames);
+        let symbolized = frames[0].clone();
+        assert!(
+            symbolized
+                .function
+                .as_deref()
+                .is_some_and(|name| name.contains("at_any_load_address")),
+            "{symbolized:?}"
+        );
+        assert_eq!(symbolized.function_address, Some(address));
+        assert_eq!(cache.cached_offsets(identity), 1);
+        // Another process maps the module elsewhere: the same offset, from the cache, with the
+        // function's start moved along; a path that opens nothing proves no file was read.
+        let mut elsewhere = first.clone();
+        elsewhere.address += 0x10_0000;
+        let mut frames = [elsewhere];
+        cache.fill(identity, Path::new("/nonexistent"), &mut frames);
+        assert_eq!(frames[0].function, symbolized.function);
+        assert_eq!(frames[0].function_address, Some(address + 0x10_0000));
+        assert_eq!(frames[0].line, symbolized.line);
+    }
+
+    #[test]
+    fn modules_whose_files_closed_are_forgotten() {
+        let cache = SymbolCache::default();
+        let (exe, frame) = frame_of_this_test(0x1000);
+        cache.fill((1, 2), &exe, &mut [frame]);
+        assert_eq!(cache.cached_offsets((1, 2)), 1);
+        cache.forget_closed(&MappedFiles::default());
+        assert_eq!(cache.cached_offsets((1, 2)), 0);
+    }
+
+    /// The file offset of one of the test binary's addresses, from /proc/self/maps.
+    fn file_offset_of(address: u64) -> u64 {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .find_map(|line| {
+                let mut fields = line.split_whitespace();
+                let (start, end) = fields.next()?.split_once('-')?;
+                let start = u64::from_str_radix(start, 16).ok()?;
+                let end = u64::from_str_radix(end, 16).ok()?;
+                let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
+                (start..end)
+                    .contains(&address)
+                    .then_some(address - start + offset)
+            })
+            .unwrap()
+    }
+}
