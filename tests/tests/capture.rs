@@ -209,14 +209,16 @@ fn stats_numbers(stderr: &str, label: &str) -> Vec<u64> {
 
 #[test]
 fn tens_of_thousands_of_distinct_stacks_at_50_khz_lose_under_a_thousandth() {
+    const STACK_MAP_ENTRIES: u64 = 4096;
     let _cpus = cpus_alone();
     // Every child of short_processes maps its code at other addresses (ASLR), so nearly every
-    // sample is a new stack: far more than the 1,024 the stack-frames map holds, which must be
-    // taken into the agent's cache over and over while samples keep coming. Stack-map bucket
-    // collisions lost 27% of these stacks before stacks were content-addressed. The map fills
-    // in about 10 ms here, so an agent kept off both CPUs that long by the children (seen in
-    // CI: 6 stacks of tens of thousands) loses stacks; the bound is a thousandth, each
-    // loss counted by cause and its sample kept.
+    // sample is a new stack: far more than the 4,096 the stack-frames map holds here (an
+    // eighth of the default), which must be taken into the agent's cache over and over while
+    // samples keep coming. Stack-map bucket collisions lost 27% of these stacks before stacks
+    // were content-addressed. The map fills in about 40 ms here, so an agent kept off both
+    // CPUs that long by the children loses stacks; the bound is a thousandth, each
+    // loss counted by cause and its sample kept. (With 1,024 entries, filled in 10 ms, CI's
+    // scheduling lost 6, 992 and 505 of about 200,000 in three runs of many.)
     let dir = temp_dir("distinct-stacks");
     let file = dir.join("stacks.prof");
     let children = workload("short_processes");
@@ -225,7 +227,7 @@ fn tens_of_thousands_of_distinct_stacks_at_50_khz_lose_under_a_thousandth() {
         "-F",
         "50000",
         "--stack-map-entries",
-        "1024",
+        &STACK_MAP_ENTRIES.to_string(),
         "--stats",
         "-o",
         file.to_str().unwrap(),
@@ -260,7 +262,7 @@ fn tens_of_thousands_of_distinct_stacks_at_50_khz_lose_under_a_thousandth() {
     assert!(lost * 1000 < fired, "{lost} of {fired} stacks lost");
     let distinct = stats_numbers(&stderr, "stacks: ")[0];
     assert!(
-        distinct > 4 * 1024,
+        distinct > 4 * STACK_MAP_ENTRIES,
         "only {distinct} distinct stacks:\n{stderr}"
     );
     // The stacks are those of the children: samples of well over a hundred of them carry user
