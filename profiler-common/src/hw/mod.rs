@@ -8,6 +8,7 @@
 
 pub mod data_src;
 pub mod ibs;
+pub mod spe;
 pub mod weight;
 
 use data_src::DataSource;

@@ -95,6 +95,7 @@ pub fn observe(record: &IbsRecord, decoding: &RawDecoding) -> Option<(HardwareKe
     let observation = Observation {
         data_source: valid(sample_flags::DATA_SRC).then(|| DataSource::decode(record.data_src)),
         ibs,
+        spe: None,
     };
     Some((key, observation))
 }

@@ -470,9 +470,11 @@ pub fn parse_event(text: &str, pmus: &PmuRegistry) -> Result<EventSpec, EventErr
         if pmu.name.starts_with(SPE_PMU_PREFIX) {
             return Err(EventError::Unavailable {
                 event: text.to_string(),
-                reason: "Arm SPE sampling is not supported yet: its records arrive in the perf \
-                         AUX buffer, which the profiler does not read (precise addresses and \
-                         latencies on Arm are out of reach; sample cycles or instructions)"
+                reason: "live Arm SPE sampling is not supported: its records arrive in the perf \
+                         AUX buffer, which live recordings do not read. Record with \
+                         `perf record -e arm_spe_0// -- COMMAND` and read the file with \
+                         `profiler report -i perf.data`, which decodes its SPE records (data \
+                         addresses, latencies, data sources), or sample cycles or instructions"
                     .to_string(),
             });
         }
@@ -1098,10 +1100,11 @@ mod tests {
             .to_string();
         assert!(
             err.starts_with(
-                "cannot open event 'arm_spe_0/ts_enable=1/': Arm SPE sampling is not supported yet"
+                "cannot open event 'arm_spe_0/ts_enable=1/': live Arm SPE sampling is not supported"
             ),
             "{err}"
         );
+        assert!(err.contains("profiler report -i perf.data"), "{err}");
         // x86 keeps its precise levels.
         assert_eq!(parse("cycles:pp").unwrap().attr.precise_ip, 2);
     }

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use profiler_common::hw::data_src::DataSource;
 use profiler_common::hw::ibs::events::{IbsFetchCounters, IbsOpCounters};
 use profiler_common::hw::ibs::{IbsCaps, IbsFetch, IbsOp};
+use profiler_common::hw::spe::{SpeCounters, SpeRecord};
 
 use crate::profile::{EventIndex, FrameId, HardwareSample, Profile};
 use crate::symbolize::CodeAddress;
@@ -65,12 +66,14 @@ pub struct Observation {
     pub data_source: Option<DataSource>,
     /// The raw IBS sample and the capabilities word it came with.
     pub ibs: Option<(IbsCaps, IbsSample)>,
+    /// The Arm SPE record.
+    pub spe: Option<SpeRecord>,
 }
 
 impl Observation {
     /// Whether there is anything to aggregate.
     pub fn is_empty(&self) -> bool {
-        self.data_source.is_none() && self.ibs.is_none()
+        self.data_source.is_none() && self.ibs.is_none() && self.spe.is_none()
     }
 }
 
@@ -80,6 +83,7 @@ struct Accumulated {
     data_sources: BTreeMap<u64, u64>,
     ibs_op: Option<IbsOpCounters>,
     ibs_fetch: Option<IbsFetchCounters>,
+    spe: Option<SpeCounters>,
 }
 
 /// Collects observations per [`HardwareKey`] until the sampled instructions are symbolized.
@@ -113,6 +117,9 @@ impl HardwareAccumulator {
                     .add(&fetch);
             }
             None => {}
+        }
+        if let Some(record) = &observation.spe {
+            entry.spe.get_or_insert_with(Default::default).add(record);
         }
     }
 
@@ -151,6 +158,7 @@ impl HardwareAccumulator {
                 data_sources: accumulated.data_sources.into_iter().collect(),
                 ibs_op: accumulated.ibs_op,
                 ibs_fetch: accumulated.ibs_fetch,
+                spe: accumulated.spe,
             })
             .collect()
     }
@@ -188,6 +196,7 @@ mod tests {
             &Observation {
                 data_source: Some(l1_load),
                 ibs: Some((IbsCaps(0x7), IbsSample::Op(op))),
+                spe: None,
             },
         );
         accumulator.add(
@@ -195,6 +204,7 @@ mod tests {
             &Observation {
                 data_source: Some(l1_load),
                 ibs: None,
+                spe: None,
             },
         );
         accumulator.add(key, &Observation::default());
@@ -203,6 +213,7 @@ mod tests {
             &Observation {
                 data_source: Some(DataSource::NOT_AVAILABLE),
                 ibs: None,
+                spe: None,
             },
         );
         assert_eq!(accumulator.ibs_caps(), Some(0x7));
@@ -246,6 +257,7 @@ mod tests {
             &Observation {
                 data_source: Some(DataSource::decode(0x81)),
                 ibs: None,
+                spe: None,
             },
         );
         let samples = accumulator.finish(|_| 0);

@@ -15,6 +15,7 @@ use profiler_common::hw::ibs::events::{
     Availability, IbsFetchCounters, IbsFetchEvent, IbsOpCounters, IbsOpEvent,
 };
 use profiler_common::hw::ibs::{IbsCaps, IbsErrata};
+use profiler_common::hw::spe::{SpeCounters, SpeEvent};
 use serde::Serialize;
 
 use crate::aggregate::filter::{SampleFilter, Selection};
@@ -83,8 +84,10 @@ pub struct HardwareRow {
     pub latency: Option<LatencySummary>,
     /// Present when the samples carried a data source.
     pub data_source: Option<DataSourceBreakdown>,
-    pub ibs_op: Option<IbsColumns>,
-    pub ibs_fetch: Option<IbsColumns>,
+    pub ibs_op: Option<DerivedColumns>,
+    pub ibs_fetch: Option<DerivedColumns>,
+    /// Arm SPE events and latencies.
+    pub spe: Option<DerivedColumns>,
 }
 
 /// Samples per label of each `perf mem` column, most frequent first.
@@ -103,9 +106,10 @@ pub struct Share {
     pub samples: u64,
 }
 
-/// IBS derived counts (the events the CPU reports) and CodeXL's ratios over them.
+/// Counts derived from IBS or SPE samples (the events the CPU reports) and the ratios over
+/// them (CodeXL's for IBS).
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct IbsColumns {
+pub struct DerivedColumns {
     pub counts: Vec<Count>,
     pub ratios: Vec<Ratio>,
 }
@@ -160,7 +164,8 @@ pub fn render_hardware(profile: &Profile, by: HardwareView) -> String {
             out,
             "\nNo hardware data for --hardware: it needs samples of a precise memory event \
              (Intel PEBS, e.g. -e cpu/mem-loads,ldlat=30/P), of AMD IBS (-e ibs_op//, \
-             -e ibs_fetch//) or of an event with data addresses under --backtrack; this \
+             -e ibs_fetch//), of Arm SPE (imported from perf.data) or of an event with data \
+             addresses under --backtrack; this \
              profile has {}",
             events.join(", ")
         )
@@ -263,9 +268,11 @@ pub fn hardware_report(profile: &Profile, by: HardwareView) -> HardwareReport {
         });
         let op = samples.iter().any(|s| s.ibs_op.is_some());
         let fetch = samples.iter().any(|s| s.ibs_fetch.is_some());
-        let counted = match (op, fetch) {
-            (true, false) => "IBS op samples",
-            (false, true) => "IBS fetch samples",
+        let spe = samples.iter().any(|s| s.spe.is_some());
+        let counted = match (op, fetch, spe) {
+            (true, false, false) => "IBS op samples",
+            (false, true, false) => "IBS fetch samples",
+            (false, false, true) => "SPE samples",
             _ => "samples",
         };
         let mut not_reported = Vec::new();
@@ -384,6 +391,7 @@ fn row(
     let mut sources: BTreeMap<u64, u64> = BTreeMap::new();
     let mut op: Option<IbsOpCounters> = None;
     let mut fetch: Option<IbsFetchCounters> = None;
+    let mut spe: Option<SpeCounters> = None;
     for sample in samples {
         for &(raw, count) in &sample.data_sources {
             *sources.entry(raw).or_default() += count;
@@ -394,6 +402,9 @@ fn row(
         if let Some(counters) = &sample.ibs_fetch {
             fetch.get_or_insert_with(Default::default).merge(counters);
         }
+        if let Some(counters) = &sample.spe {
+            spe.get_or_insert_with(Default::default).merge(counters);
+        }
     }
     HardwareRow {
         location,
@@ -402,7 +413,41 @@ fn row(
         data_source: (!sources.is_empty()).then(|| breakdown(&sources)),
         ibs_op: op.map(|counters| op_columns(&counters, caps, errata)),
         ibs_fetch: fetch.map(|counters| fetch_columns(&counters, caps, errata)),
+        spe: spe.map(|counters| spe_columns(&counters)),
     }
+}
+
+fn spe_columns(counters: &SpeCounters) -> DerivedColumns {
+    let operations = [
+        ("loads", counters.loads),
+        ("stores", counters.stores),
+        ("branches", counters.branches),
+    ];
+    let counts = operations
+        .into_iter()
+        .chain(
+            SpeEvent::ALL
+                .iter()
+                .map(|&event| (event.name(), counters.event(event))),
+        )
+        .map(|(event, value)| Count { event, value })
+        .collect();
+    let ratios = [
+        cycles("average total latency", counters.average_total_latency()),
+        cycles("average issue latency", counters.average_issue_latency()),
+        cycles(
+            "average translation latency",
+            counters.average_translation_latency(),
+        ),
+        fraction("L1D miss rate", counters.l1d_miss_rate()),
+        fraction("LLC miss rate", counters.llc_miss_rate()),
+        fraction("TLB walk rate", counters.tlb_walk_rate()),
+        fraction("branch mispredict rate", counters.branch_mispredict_rate()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    DerivedColumns { counts, ratios }
 }
 
 fn breakdown(sources: &BTreeMap<u64, u64>) -> DataSourceBreakdown {
@@ -451,7 +496,7 @@ fn cycles(name: &'static str, value: Option<f64>) -> Option<Ratio> {
     })
 }
 
-fn op_columns(counters: &IbsOpCounters, caps: IbsCaps, errata: IbsErrata) -> IbsColumns {
+fn op_columns(counters: &IbsOpCounters, caps: IbsCaps, errata: IbsErrata) -> DerivedColumns {
     let counts = IbsOpEvent::ALL
         .iter()
         .filter(|event| event.availability(caps, errata) == Availability::Reported)
@@ -485,10 +530,10 @@ fn op_columns(counters: &IbsOpCounters, caps: IbsCaps, errata: IbsErrata) -> Ibs
     .into_iter()
     .flatten()
     .collect();
-    IbsColumns { counts, ratios }
+    DerivedColumns { counts, ratios }
 }
 
-fn fetch_columns(counters: &IbsFetchCounters, caps: IbsCaps, errata: IbsErrata) -> IbsColumns {
+fn fetch_columns(counters: &IbsFetchCounters, caps: IbsCaps, errata: IbsErrata) -> DerivedColumns {
     let reported =
         |event: IbsFetchEvent| event.availability(caps, errata) == Availability::Reported;
     let counts = IbsFetchEvent::ALL
@@ -517,7 +562,7 @@ fn fetch_columns(counters: &IbsFetchCounters, caps: IbsCaps, errata: IbsErrata) 
     .into_iter()
     .flatten()
     .collect();
-    IbsColumns { counts, ratios }
+    DerivedColumns { counts, ratios }
 }
 
 fn render_section(out: &mut String, section: &HardwareSection, by: HardwareView) {
@@ -591,7 +636,11 @@ fn render_section(out: &mut String, section: &HardwareSection, by: HardwareView)
                 writeln!(out, "      {name:<13} {}", parts.join(", ")).unwrap();
             }
         }
-        for (name, columns) in [("IBS op", &row.ibs_op), ("IBS fetch", &row.ibs_fetch)] {
+        for (name, columns) in [
+            ("IBS op", &row.ibs_op),
+            ("IBS fetch", &row.ibs_fetch),
+            ("SPE", &row.spe),
+        ] {
             let Some(columns) = columns else { continue };
             let counts: Vec<String> = columns
                 .counts
@@ -663,6 +712,7 @@ mod tests {
                 ic_miss: 1,
                 ..IbsFetchCounters::default()
             }),
+            spe: None,
         };
         profile.hardware.ibs_caps = Some(0b111);
         profile.hardware.samples = vec![

@@ -7,19 +7,22 @@
 //! callchain), instructions, data cache lines (PERF_SAMPLE_ADDR), load-latency histograms
 //! (weight var1, or the IBS data-cache miss latency) and the hardware aggregates: the kernel's
 //! `perf_mem_data_src` and, for AMD IBS events (found through the file's PMU mappings), the
-//! registers in PERF_SAMPLE_RAW decoded with `profiler_common::hw::ibs`.
+//! registers in PERF_SAMPLE_RAW decoded with `profiler_common::hw::ibs`. Arm SPE records arrive
+//! in the file's AUX trace data instead of samples: each record becomes a sample of the SPE
+//! event, its packets in place of the raw registers, decoded with `profiler_common::hw::spe`.
 
 use profiler_common::capture::{access_of_data_source, DataLineKey, ACCESS_UNKNOWN};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::bail;
 use profiler_common::hw::ibs::{IbsErrata, IbsFetchSample, IbsOpSample};
+use profiler_common::hw::spe::{DataSourceEncoding, Records as SpeRecords};
 use profiler_common::hw::weight::{SampleWeight, WeightFormat};
 use profiler_common::hw::SampleFields;
 use profiler_common::latency::bucket_index;
 
 use super::perf_data::{
-    maps_code, Comm, Features, Mmap, PerfAttr, PerfData, PerfSample, Sampling, TaskEvent,
+    maps_code, Comm, CpuMode, Features, Mmap, PerfAttr, PerfData, PerfSample, Sampling, TaskEvent,
     PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_IP,
 };
 use crate::capture::sideband::{FileIdentity, FileInode, Mapping, ProcessTable};
@@ -113,7 +116,8 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
         registers: UserRegisterBits::for_recording(data.features.arch.as_deref()),
     };
     let mut aggregates = Aggregates::default();
-    for sample in &data.samples {
+    let spe_samples = aggregates.spe_samples(data, &events);
+    for sample in data.samples.iter().chain(&spe_samples) {
         let attr = &data.attrs[sample.attr_index];
         aggregates.add(
             sample,
@@ -235,12 +239,17 @@ struct ImportedEvent {
     info: EventInfo,
     sampler: Sampler,
     weight: Option<WeightFormat>,
+    /// How the recording CPU encodes SPE data sources (perf's HEADER_CPUID holds MIDR_EL1 on
+    /// arm64).
+    spe_encoding: DataSourceEncoding,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Sampler {
     IbsOp,
     IbsFetch,
+    /// Arm SPE: samples are the records of the AUX trace data.
+    Spe,
     /// Everything else: what the kernel decoded is in the sample's own fields.
     Kernel,
 }
@@ -255,6 +264,7 @@ impl ImportedEvent {
         let sampler = match pmu {
             Some("ibs_op") => Sampler::IbsOp,
             Some("ibs_fetch") => Sampler::IbsFetch,
+            Some(pmu) if pmu.starts_with("arm_spe") => Sampler::Spe,
             _ => Sampler::Kernel,
         };
         let known = catalog::events()
@@ -270,6 +280,7 @@ impl ImportedEvent {
             (Sampler::IbsOp, _) if attr.config & IBS_OP_COUNTS_OPS != 0 => "dispatched ops",
             (Sampler::IbsOp, _) => unit::CPU_CYCLES,
             (Sampler::IbsFetch, _) => "fetches",
+            (Sampler::Spe, _) => "operations",
             (Sampler::Kernel, Some(event)) => event.unit,
             (Sampler::Kernel, None) => unit::EVENTS,
         };
@@ -283,11 +294,16 @@ impl ImportedEvent {
                 period,
                 frequency,
                 unit: unit.to_string(),
-                // IBS tags the instruction itself: no skid.
+                // IBS and SPE tag the instruction itself: no skid.
                 precise: attr.precise_ip > 0 || sampler != Sampler::Kernel,
             },
             sampler,
             weight: WeightFormat::from_sample_type(attr.sample_type),
+            spe_encoding: features
+                .cpuid
+                .as_deref()
+                .and_then(|midr| u64::from_str_radix(midr.trim().trim_start_matches("0x"), 16).ok())
+                .map_or(DataSourceEncoding::Unknown, DataSourceEncoding::for_midr),
         }
     }
 }
@@ -343,6 +359,12 @@ struct Aggregates {
     period_sums: BTreeMap<EventIndex, u64>,
     /// IBS samples whose raw registers could not be read.
     unreadable_ibs: u64,
+    /// Arm SPE records lost to packets that did not decode, or cut off by a buffer's end.
+    damaged_spe_records: u64,
+    /// Arm SPE records without a context packet or a traced thread to name their thread.
+    spe_records_without_thread: u64,
+    /// Bytes of AUX trace data of tracers other than SPE (Intel PT, CoreSight...), not read.
+    unread_aux_bytes: u64,
     /// How the walks of copied user stacks ended.
     unwind_ends: BTreeMap<StackEnd, u64>,
 }
@@ -460,7 +482,7 @@ impl Aggregates {
             .or_default()
             .add(sample.cpu);
 
-        let (fields, ibs) = self.decode(sample, event, errata);
+        let (fields, observation) = self.decode(sample, event, errata);
         let latency = fields.load_latency.unwrap_or(0);
         add_stats(
             self.instructions.entry((pid, index, ip)).or_default(),
@@ -505,18 +527,27 @@ impl Aggregates {
             ip,
             line,
         };
-        self.hardware.add(
-            key,
-            &Observation {
-                data_source: fields.data_source,
-                ibs,
-            },
-        );
+        self.hardware.add(key, &observation);
     }
 
-    /// The sample's hardware fields: what the kernel put in the sample, completed from the IBS
-    /// registers where the kernel left a field out.
+    /// The sample's hardware fields and observation: what the kernel put in the sample,
+    /// completed from the IBS registers where the kernel left a field out, or an SPE record's.
     fn decode(
+        &mut self,
+        sample: &PerfSample,
+        event: &ImportedEvent,
+        errata: IbsErrata,
+    ) -> (SampleFields, Observation) {
+        let (fields, ibs, spe) = self.decode_fields(sample, event, errata);
+        let observation = Observation {
+            data_source: fields.data_source,
+            ibs,
+            spe,
+        };
+        (fields, observation)
+    }
+
+    fn decode_fields(
         &mut self,
         sample: &PerfSample,
         event: &ImportedEvent,
@@ -524,6 +555,7 @@ impl Aggregates {
     ) -> (
         SampleFields,
         Option<(profiler_common::hw::ibs::IbsCaps, IbsSample)>,
+        Option<profiler_common::hw::spe::SpeRecord>,
     ) {
         let weight = sample
             .weight
@@ -534,10 +566,15 @@ impl Aggregates {
         let kernel =
             SampleFields::from_perf_sample(addr, sample.phys_addr, weight, sample.data_src);
         let Some(raw) = sample.raw.as_deref() else {
-            return (kernel, None);
+            return (kernel, None, None);
         };
         match event.sampler {
-            Sampler::Kernel => (kernel, None),
+            Sampler::Kernel => (kernel, None, None),
+            // The record's own packets, put in place of raw data by `spe_samples`.
+            Sampler::Spe => match SpeRecords::new(raw).next() {
+                Some((record, _)) => (record.sample_fields(event.spe_encoding), None, Some(record)),
+                None => (kernel, None, None),
+            },
             Sampler::IbsOp => match IbsOpSample::parse(raw) {
                 Ok(registers) => {
                     let op = registers.decode(errata);
@@ -552,24 +589,77 @@ impl Aggregates {
                         data_source: kernel.data_source.or(decoded.data_source),
                         ..decoded
                     };
-                    (fields, Some((registers.caps, IbsSample::Op(op))))
+                    (fields, Some((registers.caps, IbsSample::Op(op))), None)
                 }
                 Err(_) => {
                     self.unreadable_ibs += 1;
-                    (kernel, None)
+                    (kernel, None, None)
                 }
             },
             Sampler::IbsFetch => match IbsFetchSample::parse(raw) {
                 Ok(registers) => (
                     kernel,
                     Some((registers.caps, IbsSample::Fetch(registers.decode(errata)))),
+                    None,
                 ),
                 Err(_) => {
                     self.unreadable_ibs += 1;
-                    (kernel, None)
+                    (kernel, None, None)
                 }
             },
         }
+    }
+
+    /// The Arm SPE records of the file's AUX trace data as samples of its SPE event: IP the
+    /// record's PC, thread from its context packet (the thread id, where the kernel writes it)
+    /// or the traced thread, the record's packets as raw data. AUX data without an SPE event
+    /// is counted, not read.
+    fn spe_samples(&mut self, data: &PerfData, events: &[ImportedEvent]) -> Vec<PerfSample> {
+        let Some(attr_index) = events.iter().position(|e| e.sampler == Sampler::Spe) else {
+            self.unread_aux_bytes = data.aux_traces.iter().map(|t| t.data.len() as u64).sum();
+            return Vec::new();
+        };
+        let process_of: HashMap<u32, u32> = data
+            .comms
+            .iter()
+            .map(|comm| (comm.tid, comm.pid))
+            .chain(data.forks.iter().map(|fork| (fork.tid, fork.pid)))
+            .collect();
+        let mut samples = Vec::new();
+        for trace in &data.aux_traces {
+            let mut records = SpeRecords::new(&trace.data);
+            for (record, packets) in records.by_ref() {
+                let Some(pc) = record.pc else {
+                    self.damaged_spe_records += 1;
+                    continue;
+                };
+                let tid = record
+                    .context
+                    .and_then(|id| u32::try_from(id).ok())
+                    .or(trace.tid);
+                if tid.is_none() {
+                    self.spe_records_without_thread += 1;
+                }
+                let tid = tid.unwrap_or(0);
+                samples.push(PerfSample {
+                    attr_index,
+                    cpumode: if record.exception_level == 0 {
+                        CpuMode::User
+                    } else {
+                        CpuMode::Kernel
+                    },
+                    exact_ip: true,
+                    ip: Some(pc),
+                    pid: Some(process_of.get(&tid).copied().unwrap_or(tid)),
+                    tid: Some(tid),
+                    cpu: trace.cpu,
+                    raw: Some(trace.data[packets].to_vec()),
+                    ..PerfSample::default()
+                });
+            }
+            self.damaged_spe_records += records.damage.records_dropped;
+        }
+        samples
     }
 
     fn code_addresses(&self) -> impl Iterator<Item = CodeAddress> + '_ {
@@ -726,6 +816,18 @@ fn losses(data: &PerfData, aggregates: &Aggregates) -> Losses {
         (
             "IBS samples with unreadable raw registers",
             aggregates.unreadable_ibs,
+        ),
+        (
+            "Arm SPE records lost to undecodable packets or without a PC",
+            aggregates.damaged_spe_records,
+        ),
+        (
+            "Arm SPE records without a thread (no context packet, traced per CPU)",
+            aggregates.spe_records_without_thread,
+        ),
+        (
+            "perf.data: bytes of AUX trace data of tracers other than Arm SPE, not read",
+            aggregates.unread_aux_bytes,
         ),
     ];
     // Walks of the recorded user stacks that ended short of a root, by cause, named as live

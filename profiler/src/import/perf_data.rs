@@ -29,8 +29,8 @@ pub use attr::*;
 pub use error::PerfDataError;
 pub use features::{BuildId, Features, NrCpus, PmuCap};
 pub use records::{
-    decode_process_record, maps_code, Comm, CommFields, CpuMode, FileId, Mmap, MmapFields,
-    ProcessRecord, TaskEvent, Throttle,
+    decode_process_record, maps_code, AuxTrace, Comm, CommFields, CpuMode, FileId, Mmap,
+    MmapFields, ProcessRecord, TaskEvent, Throttle,
 };
 pub use sample::{
     BranchEntry, BranchStack, PerfSample, ReadValue, ReadValues, Registers, UserStack, Weight,
@@ -58,6 +58,8 @@ pub struct PerfData {
     pub forks: Vec<TaskEvent>,
     pub exits: Vec<TaskEvent>,
     pub throttles: Vec<Throttle>,
+    /// Hardware trace data (PERF_RECORD_AUXTRACE), in file order.
+    pub aux_traces: Vec<AuxTrace>,
     /// Records the kernel dropped because perf's ring buffer was full (PERF_RECORD_LOST).
     pub lost: u64,
     /// Samples the kernel dropped (PERF_RECORD_LOST_SAMPLES).

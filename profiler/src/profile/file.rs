@@ -18,7 +18,8 @@
 //! histograms), then in format 3 those of format 3 (the sampling counters' own event counts),
 //! then in format 4 those of format 4 (the other names of sampled functions), then in format 5
 //! the recording machine's architecture, then in format 6 the off-CPU profile (`record
-//! --off-cpu`), then in format 7 its blocks by waker (`--wakers`), serialized the same way.
+//! --off-cpu`), then in format 7 its blocks by waker (`--wakers`), then in format 8 the Arm SPE
+//! counters of hardware samples, serialized the same way.
 //! Older files end sooner and read with the later additions empty.
 //!
 //! Why these encodings: postcard's wire format is specified and stable across its 1.x releases,
@@ -38,6 +39,8 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
+use profiler_common::hw::spe::SpeCounters;
+
 use super::{
     offcpu::{OffCpuProfile, WokenBlocks},
     EventIndex, FrameId, FunctionAliases, LineLatencyHistogram, Profile,
@@ -46,7 +49,7 @@ use crate::output::Output;
 
 pub const MAGIC: [u8; 8] = *b"EBPFPROF";
 /// The format this profiler writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 /// The oldest format it reads.
 const OLDEST_FORMAT_VERSION: u32 = 1;
 
@@ -62,6 +65,8 @@ type Format5Additions = (String,);
 type Format6Additions = (Option<OffCpuProfile>,);
 /// What format 7 added after format 6's: the off-CPU blocks by waker (`--wakers`).
 type Format7Additions = (Vec<WokenBlocks>,);
+/// What format 8 added after format 7's: Arm SPE counters, by index of their hardware sample.
+type Format8Additions = (Vec<(u64, SpeCounters)>,);
 /// perf.data files start with this.
 const PERF_DATA_MAGIC: [u8; 8] = *b"PERFILE2";
 const HEADER_LEN: usize = 32;
@@ -269,6 +274,14 @@ pub fn encode_profile(profile: &Profile) -> Result<Vec<u8>, ProfileFileError> {
         .as_ref()
         .map_or(&[][..], |off_cpu| &off_cpu.wakers);
     let serialized = postcard::to_extend(&(wakers,), serialized).map_err(encode)?;
+    let spe: Vec<(u64, SpeCounters)> = profile
+        .hardware
+        .samples
+        .iter()
+        .enumerate()
+        .filter_map(|(index, sample)| Some((index as u64, sample.spe?)))
+        .collect();
+    let serialized = postcard::to_extend(&(spe,), serialized).map_err(encode)?;
     frame_payload(&serialized)
 }
 
@@ -382,10 +395,13 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
         let (format_5, rest) = additions::<Format5Additions>(version, 5, rest)?;
         let (format_6, rest) = additions::<Format6Additions>(version, 6, rest)?;
         let (format_7, rest) = additions::<Format7Additions>(version, 7, rest)?;
-        let formats = (format_2, format_3, format_4, format_5, format_6, format_7);
+        let (format_8, rest) = additions::<Format8Additions>(version, 8, rest)?;
+        let formats = (
+            format_2, format_3, format_4, format_5, format_6, format_7, format_8,
+        );
         Ok::<_, postcard::Error>((formats, rest))
     };
-    let ((format_2, format_3, format_4, format_5, format_6, format_7), rest) =
+    let ((format_2, format_3, format_4, format_5, format_6, format_7, format_8), rest) =
         match decoded_additions(rest) {
             Ok(decoded) => decoded,
             Err(e) => return fail(Decode(e)),
@@ -407,6 +423,18 @@ pub fn decode_profile(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
     }
     if let (Some((wakers,)), Some(off_cpu)) = (format_7, &mut profile.off_cpu) {
         off_cpu.wakers = wakers;
+    }
+    for (index, counters) in format_8.map(|(spe,)| spe).unwrap_or_default() {
+        let samples = profile.hardware.samples.len();
+        let Some(sample) = usize::try_from(index)
+            .ok()
+            .and_then(|index| profile.hardware.samples.get_mut(index))
+        else {
+            return fail(Inconsistent(format!(
+                "SPE counters refer to hardware sample {index} of {samples}"
+            )));
+        };
+        sample.spe = Some(counters);
     }
     if !rest.is_empty() {
         return fail(Inconsistent(format!(
@@ -656,16 +684,16 @@ mod tests {
         );
 
         let mut newer = encode_profile(&test_profile::profile()).unwrap();
-        newer[8..12].copy_from_slice(&8u32.to_le_bytes());
+        newer[8..12].copy_from_slice(&9u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "written by a newer profiler (format 8); this one reads format 7: \
+            "written by a newer profiler (format 9); this one reads format 8: \
              read it with a newer profiler"
         );
         newer[8..12].copy_from_slice(&0u32.to_le_bytes());
         assert_eq!(
             error(&newer).to_string(),
-            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 7)"
+            "corrupt: format 0 is not one any profiler wrote (this one reads formats 1 to 8)"
         );
     }
 
@@ -890,6 +918,7 @@ mod written_formats {
                         all_samples: 1,
                         ..IbsFetchCounters::default()
                     }),
+                    spe: None,
                 }],
                 backtracked: vec![BacktrackedAttribution {
                     pid: 42,
@@ -1122,11 +1151,24 @@ mod written_formats {
         profile
     }
 
+    /// [`profile_7`] written by the format 7 writer.
+    const FORMAT_7: [&str; 11] = [
+        "4542504650524f46070000008b291f9bef01000000000000a00200000000000028b52ffd60a0012d0f00261b6544108f",
+        "566300a200f0be9da8a84bc2d2350602423662483f8145639780ac46ff3f113f645ba71085a4e4584955a4a22f2ab0ee",
+        "b772277d68d1f9581f681ff84d9e8895490656004d00550064967ebdcc7a5c9761be29c144dc619f5c620026dd2325bf",
+        "16833e375fdd0d617c0caf2771aa5b1c10185c648c2e9d205179bea005b1975b4cb010d90540acd080a2c386bd157828",
+        "d29ab24ba3736997efd9d5b9b229af5a8870f841b0eca0482ea4b4588ed6fab09cced4029d4790ca1724432e6f7ef167",
+        "3ed1c979266365c4dedb64563f0a25a19939ab4f12cd7cced7c9a96ef9475e9da56b6eafcbe91e195dc401db01aa5d63",
+        "be6c297a58a252c4a0e5d1364d438475184c704a6263f0a0724be71a6a99f39ff4f40bd9144e4e1f60e5020c3478b061",
+        "b116efa7cb0dcde7560c9db04daa4b885067c868ef57c7f80715151c704c9b51179ae182853d27c5d4a31c2b71b22b0d",
+        "9142c43ea77acd9fc6212a7fd811ec06bca6d494cf6a1cca9b773f9bb10edd6da426708ff6d90fc7d50b1a430439fcdc",
+        "cdbba2070639b1dc44206e03216d78c32d1e0039a9906fb529d75080cacc9ff7e018e3484d8510e085d900e401165a20",
+        "c09f27cd99a8ad568b6e6834090671aae0fa18af64b43d1670645b98921198930dd27c6fa6a380da51a2164173e71e",
+    ];
+
     #[test]
-    fn format_7_is_what_this_profiler_writes() {
-        let written = encode_profile(&profile_7()).unwrap();
-        assert_eq!(written[8..12], 7u32.to_le_bytes());
-        assert_eq!(decode_profile(&written).unwrap(), profile_7());
+    fn format_7_file_still_reads() {
+        assert_reads(&FORMAT_7, profile_7(), 7);
         // The format 6 file has no wakers.
         assert!(decode_hex(&FORMAT_6)
             .unwrap()
@@ -1134,6 +1176,36 @@ mod written_formats {
             .unwrap()
             .wakers
             .is_empty());
+    }
+
+    /// [`profile_7`] with Arm SPE counters, which format 8 added.
+    fn profile_8() -> Profile {
+        let mut profile = profile_7();
+        let mut events = [0; 14];
+        events[3] = 1;
+        profile.hardware.samples[0].spe = Some(SpeCounters {
+            samples: 3,
+            loads: 2,
+            events,
+            total_latency_sum: 300,
+            total_latency_samples: 3,
+            ..SpeCounters::default()
+        });
+        profile
+    }
+
+    #[test]
+    fn format_8_is_what_this_profiler_writes() {
+        let written = encode_profile(&profile_8()).unwrap();
+        assert_eq!(written[8..12], 8u32.to_le_bytes());
+        assert_eq!(decode_profile(&written).unwrap(), profile_8());
+        // The format 7 file has no SPE counters.
+        assert!(decode_hex(&FORMAT_7)
+            .unwrap()
+            .hardware
+            .samples
+            .iter()
+            .all(|sample| sample.spe.is_none()));
     }
 
     #[test]

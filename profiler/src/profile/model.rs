@@ -367,6 +367,10 @@ pub struct HardwareSample {
     pub ibs_op: Option<IbsOpCounters>,
     /// IBS fetch derived counters; counts are IBS fetch samples.
     pub ibs_fetch: Option<IbsFetchCounters>,
+    /// Arm SPE events and latencies; counts are SPE samples. Appended after the body from
+    /// format 8 on.
+    #[serde(skip)]
+    pub spe: Option<profiler_common::hw::spe::SpeCounters>,
 }
 
 /// Samples whose attribution skid backtracking moved.

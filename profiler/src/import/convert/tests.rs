@@ -673,3 +673,234 @@ fn stacks_of_another_architecture_are_not_walked_with_this_ones_registers() {
     assert_eq!(UserRegisterBits::for_recording(Some(foreign)), None);
     assert_eq!(UserRegisterBits::for_recording(Some("riscv64")), None);
 }
+
+const SPE_TYPE: u32 = 8;
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    let digits: String = hex.split_whitespace().collect();
+    (0..digits.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// A `perf record -e arm_spe_0//` file from a Neoverse N1: the SPE attr, its PMU mapping, the
+/// MIDR as CPUID, COMM records naming the threads' processes, and one AUXTRACE buffer of CPU 2.
+/// The buffer holds perf_data_converter's two kernel-mode records (thread 0x5f80, a load that
+/// hit L1D in 12 cycles; thread 0xe, a branch) and a user-mode load of thread 0x1234 served by
+/// the system cache in 300 cycles.
+fn spe_file() -> Vec<u8> {
+    let sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CPU;
+    let mut file = FileBuilder::default().attr(AttrSpec {
+        event_type: SPE_TYPE,
+        period: 1024,
+        sample_type,
+        flags: ATTR_SAMPLE_ID_ALL,
+        ids: vec![3],
+        ..AttrSpec::default()
+    });
+    for (pid, tid, name) in [
+        (1, 0x5f80, "kworker"),
+        (2, 0xe, "ksoftirqd"),
+        (PID, 0x1234, "app"),
+    ] {
+        let mut comm = Bytes::default();
+        comm.u32(pid).u32(tid).c_string(name);
+        // sample_id trailer: pid, tid, time, cpu.
+        comm.u32(pid).u32(tid).u64(1).u32(0).u32(0);
+        file = file.record(3, MISC_USER, &comm.take());
+    }
+    let trace = hex_bytes(
+        "b0 d0 c2 a1 ed 66 ba ff c0  00 00 00 00 00  65 80 5f 00 00  49 00  52 16 00  99 04 00
+         98 0c 00  b2 28 6b 09 03 37 0e ff 00  9a 01 00  00 00 00 00 00 00 00 00 00  43 00  00 00
+         71 2e 65 2f 6a 0a 00 00 00
+         b0 e0 b0 ef ed 66 ba ff c0  00 00 00 00 00  65 0e 00 00 00  4a 01  52 42 00  99 10 00
+         98 11 00  b1 e4 b0 ef ed 66 ba ff c0
+         00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00  71 8d 65 2f 6a 0a 00 00 00
+         b0 00 b6 a9 e4 aa aa 00 80  65 34 12 00 00  49 00  52 1e 01  99 04 00  98 2c 01
+         b2 43 da 5d e6 aa aa 00 00  43 0b  01",
+    );
+    let mut auxtrace = Bytes::default();
+    auxtrace
+        .u64(trace.len() as u64)
+        .u64(0)
+        .u64(0)
+        .u32(2)
+        .u32(u32::MAX)
+        .u32(2)
+        .u32(0);
+    let mut file = file.record(71, 0, &auxtrace.take());
+    file.data.extend_from_slice(&trace);
+    let mut mappings = Bytes::default();
+    mappings.u32(1).u32(SPE_TYPE).string("arm_spe_0");
+    file.feature(FEATURE_CPUID, string("0x00000000410fd0c0"))
+        .feature(FEATURE_PMU_MAPPINGS, mappings.take())
+        .build()
+}
+
+#[test]
+fn arm_spe_aux_trace_records_become_precise_samples() {
+    let profile = profile_from_perf_data(&parse(&spe_file()).unwrap()).unwrap();
+    let event = &profile.events[0];
+    assert_eq!(event.name, "arm_spe_0/config=0x0/");
+    assert!(event.precise, "SPE tags the instruction itself");
+    assert_eq!(event.unit, "operations");
+    assert_eq!(profile.losses.samples_fired, vec![3]);
+
+    // Threads from the context packets, processes from the COMM records.
+    let threads: BTreeSet<(u32, u32)> = profile.threads.iter().map(|t| (t.pid, t.tid)).collect();
+    assert_eq!(
+        threads,
+        BTreeSet::from([(1, 0x5f80), (2, 0xe), (PID, 0x1234)])
+    );
+    let stats_at = |address: u64| {
+        profile
+            .instructions
+            .iter()
+            .find(|i| profile.frames[i.frame as usize].address == address)
+            .map(|i| (i.pid, i.stats))
+    };
+    // Loads carry their total latency as load latency; the branch none.
+    assert_eq!(
+        stats_at(0xffff_ba66_eda1_c2d0),
+        Some((
+            1,
+            Stats {
+                count: 1,
+                latency_count: 1,
+                latency_sum: 12,
+                latency_max: 12
+            }
+        ))
+    );
+    assert_eq!(stats_at(0xffff_ba66_edef_b0e0).unwrap().1.latency_count, 0);
+    assert_eq!(stats_at(0xaaaa_e4a9_b600).unwrap().1.latency_sum, 300);
+
+    // Data lines: the kernel load's and the user load's.
+    let lines: BTreeMap<u64, (u32, Stats)> = profile
+        .data_lines
+        .iter()
+        .map(|line| (line.line, (line.pid, line.stats)))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[&0xffff_0e37_0309_6b00].0, 1);
+    assert_eq!(
+        lines[&0xaaaa_e65d_da40],
+        (PID, stats_at(0xaaaa_e4a9_b600).unwrap().1)
+    );
+    assert!(profile
+        .data_lines
+        .iter()
+        .all(|l| l.access == DataAccess::Load));
+    assert!(profile
+        .data_lines
+        .iter()
+        .all(|l| l.per_cpu == vec![0, 0, 1]));
+    // 300 = 0b1_0010_1100: msb 8, shift 5, bucket 8 * 5 + (300 >> 5) = 49.
+    let user_latency = profile.latency.iter().find(|h| h.pid == PID).unwrap();
+    assert_eq!(user_latency.buckets, vec![(49, 1)]);
+
+    // Data sources in Neoverse's encoding: L1D (0) and the system cache (0xb, an L3 hit).
+    let sample_of = |pid: u32| {
+        profile
+            .hardware
+            .samples
+            .iter()
+            .find(|s| s.pid == pid)
+            .unwrap()
+    };
+    let l1_load = data_src(2, 8 | 2, 2, 0, 0x20 | 2, 1);
+    assert_eq!(sample_of(1).data_sources, vec![(l1_load, 1)]);
+    let system_cache_load = data_src(2, 0x40 | 2, 4, 0, 0x20 | 2, 3);
+    assert_eq!(sample_of(PID).data_sources, vec![(system_cache_load, 1)]);
+    let branch = sample_of(2);
+    assert!(branch.data_sources.is_empty());
+    let spe = branch.spe.unwrap();
+    assert_eq!(
+        (spe.samples, spe.branches, spe.total_latency_sum),
+        (1, 1, 17)
+    );
+    let user = sample_of(PID).spe.unwrap();
+    assert_eq!(user.event(profiler_common::hw::spe::SpeEvent::L1dRefill), 1);
+    assert_eq!(user.event(profiler_common::hw::spe::SpeEvent::LlcAccess), 1);
+
+    let text = render_hardware(&profile, HardwareView::Function);
+    for expected in [
+        "arm_spe_0/config=0x0/ (precise): 3 SPE samples with hardware data, by function",
+        "counts are SPE samples",
+        "memory level  L1 hit 1 (100.0%)",
+        "memory level  L3 hit 1 (100.0%)",
+        "TLB           Walker hit 1 (100.0%)",
+        "SPE           loads 1, branches 1, RETIRED 2, L1D-ACCESS 1, TLB-ACCESS 1, NOT-TAKEN 1",
+        "SPE           loads 1, RETIRED 1, L1D-ACCESS 1, L1D-REFILL 1, TLB-ACCESS 1, LLC-ACCESS 1",
+        "average total latency 14.5 cycles, average issue latency 10.0 cycles, \
+         average translation latency 1.0 cycles, L1D miss rate 0.00%, TLB walk rate 0.00%, \
+         branch mispredict rate 0.00%",
+        "average total latency 300.0 cycles, average issue latency 4.0 cycles, \
+         L1D miss rate 100.00%, LLC miss rate 0.00%",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    assert_eq!(loss_counter(&profile, "Arm SPE records lost"), Some(0));
+    assert_eq!(
+        loss_counter(&profile, "Arm SPE records without a thread"),
+        Some(0)
+    );
+}
+
+/// The profile's loss counter whose name starts with `name`.
+fn loss_counter(profile: &Profile, name: &str) -> Option<u64> {
+    profile
+        .losses
+        .counters
+        .iter()
+        .find(|(counter, _)| counter.starts_with(name))
+        .map(|(_, count)| *count)
+}
+
+#[test]
+fn damaged_spe_data_and_other_tracers_are_counted() {
+    let mut bytes = spe_file();
+    // Corrupt the first packet header of the AUX payload (the first record's PC).
+    let at = bytes
+        .windows(9)
+        .position(|w| w == hex_bytes("b0 d0 c2 a1 ed 66 ba ff c0"))
+        .unwrap();
+    bytes[at] = 0xff;
+    let profile = profile_from_perf_data(&parse(&bytes).unwrap()).unwrap();
+    // The first record lost its PC packet: counted, the other two kept.
+    assert_eq!(loss_counter(&profile, "Arm SPE records lost"), Some(1));
+    assert_eq!(profile.losses.samples_fired, vec![2]);
+
+    // The same AUX data under a PMU that is not SPE: not read, its bytes counted.
+    let mut data = parse(&spe_file()).unwrap();
+    data.features.pmu_mappings = vec![(SPE_TYPE, "intel_pt".to_string())];
+    let profile = profile_from_perf_data(&data).unwrap();
+    assert_eq!(profile.losses.samples_fired, vec![0]);
+    assert_eq!(
+        loss_counter(&profile, "perf.data: bytes of AUX trace data"),
+        Some(data.aux_traces[0].data.len() as u64)
+    );
+}
+
+#[test]
+fn spe_data_lines_and_latencies_through_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("spe.data");
+    std::fs::write(&input, spe_file()).unwrap();
+    let arg = |text: &'static str| std::ffi::OsStr::new(text);
+    let (text, _) = run_profiler(&[
+        arg("report"),
+        arg("-i"),
+        input.as_os_str(),
+        arg("--hardware"),
+        arg("data-line"),
+    ]);
+    for expected in [
+        "0xaaaae65dda40 (pid 500)",
+        "load latency  1 samples: mean 300.0, p50 300, p90 300, p99 300, max 300 cycles",
+        "SPE           loads 1, RETIRED 1, L1D-ACCESS 1, L1D-REFILL 1, TLB-ACCESS 1, LLC-ACCESS 1",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}

@@ -98,6 +98,21 @@ pub struct FileId {
     pub ino_generation: u64,
 }
 
+/// PERF_RECORD_AUXTRACE: a piece of a hardware tracer's AUX buffer (Arm SPE records, Intel
+/// PT packets...), which perf copies into the file after the record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuxTrace {
+    /// Where the piece starts in the AUX buffer's byte stream.
+    pub offset: u64,
+    /// Which AUX buffer (one per CPU or per thread).
+    pub idx: u32,
+    /// The traced thread, when perf traced per thread.
+    pub tid: Option<u32>,
+    /// The traced CPU, when perf traced per CPU.
+    pub cpu: Option<u32>,
+    pub data: Vec<u8>,
+}
+
 /// PERF_RECORD_COMM: a thread's name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Comm {
@@ -274,7 +289,7 @@ pub(super) fn decode_data_section(
             .map_err(|e| e.within(&format!("{name} record at 0x{offset:x}")))?;
         pos += size;
         // AUXTRACE records are followed by their payload, which header.size does not count.
-        pos = usize::try_from(trailing_payload)
+        let end = usize::try_from(trailing_payload)
             .ok()
             .and_then(|payload| pos.checked_add(payload))
             .filter(|&end| end <= data.len())
@@ -284,6 +299,12 @@ pub(super) fn decode_data_section(
                 needed: trailing_payload,
                 remaining: (data.len() - pos) as u64,
             })?;
+        if trailing_payload > 0 {
+            if let Some(trace) = out.aux_traces.last_mut() {
+                trace.data = data[pos..end].to_vec();
+            }
+        }
+        pos = end;
     }
     Ok(())
 }
@@ -345,12 +366,24 @@ fn decode_record(
                  record again without -z",
             ));
         }
-        other => {
-            *out.skipped_records.entry(other).or_default() += 1;
-            if other == PERF_RECORD_AUXTRACE {
-                return Reader::new(body, offset).u64("auxtrace size");
-            }
+        PERF_RECORD_AUXTRACE => {
+            let mut r = Reader::new(body, offset);
+            let size = r.u64("auxtrace size")?;
+            let trace_offset = r.u64("auxtrace offset")?;
+            let _reference = r.u64("auxtrace reference")?;
+            let idx = r.u32("auxtrace idx")?;
+            let tid = r.u32("auxtrace tid")?;
+            let cpu = r.u32("auxtrace cpu")?;
+            out.aux_traces.push(AuxTrace {
+                offset: trace_offset,
+                idx,
+                tid: (tid != u32::MAX).then_some(tid),
+                cpu: (cpu != u32::MAX).then_some(cpu),
+                data: Vec::new(),
+            });
+            return Ok(size);
         }
+        other => *out.skipped_records.entry(other).or_default() += 1,
     }
     Ok(0)
 }

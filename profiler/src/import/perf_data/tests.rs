@@ -660,7 +660,15 @@ fn mappings_threads_and_losses_are_decoded() {
     let mut throttle = Bytes::default();
     throttle.u64(10).u64(7).u64(7).u64(10);
     let mut auxtrace = Bytes::default();
-    auxtrace.u64(16).u64(0).u64(0).u32(0).u32(0).u32(0).u32(0);
+    // size 16, offset 0x1000, reference, idx 1, tid -1 (traced per CPU), cpu 3, reserved.
+    auxtrace
+        .u64(16)
+        .u64(0x1000)
+        .u64(0)
+        .u32(1)
+        .u32(u32::MAX)
+        .u32(3)
+        .u32(0);
     let file = timed_event()
         .record(1, MISC_KERNEL, &mmap.take())
         .record(10, MISC_USER, &mmap2_inode.take())
@@ -725,7 +733,17 @@ fn mappings_threads_and_losses_are_decoded() {
             attr_index: Some(0)
         }]
     );
-    assert_eq!(parsed.skipped_records, BTreeMap::from([(68, 3), (71, 1)]));
+    assert_eq!(parsed.skipped_records, BTreeMap::from([(68, 3)]));
+    assert_eq!(
+        parsed.aux_traces,
+        [AuxTrace {
+            offset: 0x1000,
+            idx: 1,
+            tid: None,
+            cpu: Some(3),
+            data: vec![0x55; 16],
+        }]
+    );
 }
 
 #[test]
