@@ -10,7 +10,7 @@ mod plt;
 pub mod vdso;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{btree_map::Entry, BTreeMap, HashMap},
     path::{Path, PathBuf},
 };
 
@@ -158,16 +158,19 @@ impl<'a> FrameTable<'a> {
                         ..Frame::default()
                     };
                     // Only through the descriptor opened while the process lived: by now its
-                    // owner may have put a FIFO, a device or a link at the path.
-                    let file = mapping.file.and_then(|identity| {
-                        Some((identity, self.processes.files.path(identity)?))
-                    });
-                    match file {
-                        Some((identity, path)) => by_file
-                            .entry(identity)
-                            .or_insert_with(|| (path, Vec::new()))
-                            .1
-                            .push((address, frame)),
+                    // owner may have put a FIFO, a device or a link at the path. Looked up once
+                    // per file, not per address.
+                    let frames = match mapping.file.map(|identity| by_file.entry(identity)) {
+                        Some(Entry::Occupied(entry)) => Some(&mut entry.into_mut().1),
+                        Some(Entry::Vacant(entry)) => self
+                            .processes
+                            .files
+                            .path(*entry.key())
+                            .map(|path| &mut entry.insert((path, Vec::new())).1),
+                        None => None,
+                    };
+                    match frames {
+                        Some(frames) => frames.push((address, frame)),
                         None => unresolved.push((address, frame)),
                     }
                 }
