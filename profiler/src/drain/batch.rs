@@ -21,6 +21,8 @@ const ENOTSUPP: i32 = 524;
 /// Bytes of value buffer one batch call fills at most: large enough for few calls, small
 /// enough not to matter for memory whatever the number of CPUs.
 const BATCH_VALUE_BYTES: usize = 8 << 20;
+/// Entries the first batch call of a drain asks for.
+const FIRST_BATCH_ENTRIES: usize = 256;
 
 /// The `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h).
 #[repr(C)]
@@ -74,18 +76,22 @@ fn take_batched<K: Pod, V: Pod>(
 ) -> io::Result<Option<PerCpuEntries<K, V>>> {
     let fd = map.fd().as_fd().as_raw_fd();
     // No batch need hold more than the map can: a map of a few thousand entries gets buffers of
-    // that size, not BATCH_VALUE_BYTES, on every drain.
+    // that size, not BATCH_VALUE_BYTES.
     let entries = map
         .info()
         .map_or(usize::MAX, |info| info.max_entries() as usize);
-    let mut chunk = (BATCH_VALUE_BYTES / (stride * cpus).max(1)).clamp(1, entries.max(1));
+    let largest = (BATCH_VALUE_BYTES / (stride * cpus).max(1)).clamp(1, entries.max(1));
+    // Start small and double after every full batch: a drain of a few new entries (the usual
+    // case at low rates) zeroes kilobytes, not megabytes, and a full map still takes few calls.
+    let mut chunk = FIRST_BATCH_ENTRIES.min(largest);
     let mut entries = Vec::new();
     // The position token of a hash map is a bucket index (4 bytes); 8 leaves room.
     let (mut position, mut next) = (0u64, 0u64);
     let mut first = true;
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
     loop {
-        let mut keys = vec![0u8; chunk * std::mem::size_of::<K>()];
-        let mut values = vec![0u8; chunk * stride * cpus];
+        keys.resize(chunk * std::mem::size_of::<K>(), 0u8);
+        values.resize(chunk * stride * cpus, 0u8);
         let mut attr = BatchAttr {
             in_batch: if first {
                 0
@@ -142,5 +148,8 @@ fn take_batched<K: Pod, V: Pod>(
         }
         position = next;
         first = false;
+        if filled == chunk {
+            chunk = (chunk * 2).min(largest);
+        }
     }
 }
