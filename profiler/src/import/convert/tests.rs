@@ -904,3 +904,21 @@ fn spe_data_lines_and_latencies_through_the_command_line() {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
 }
+
+#[test]
+fn spe_records_without_a_thread_are_counted() {
+    let mut bytes = spe_file();
+    // The user-mode record's context packet becomes padding; the buffer was traced per CPU.
+    let context = hex_bytes("65 34 12 00 00");
+    let at = bytes.windows(5).position(|w| w == context).unwrap();
+    bytes[at..at + 5].fill(0);
+    let profile = profile_from_perf_data(&parse(&bytes).unwrap()).unwrap();
+    assert_eq!(
+        loss_counter(&profile, "Arm SPE records without a thread"),
+        Some(1)
+    );
+    // Still a sample, of thread 0: counted, not dropped or given another thread.
+    assert_eq!(profile.losses.samples_fired, vec![3]);
+    assert!(profile.threads.iter().any(|t| (t.pid, t.tid) == (0, 0)));
+    assert!(!profile.threads.iter().any(|t| t.tid == 0x1234));
+}
