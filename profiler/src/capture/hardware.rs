@@ -83,6 +83,34 @@ pub fn hardware_sampler(spec: &EventSpec) -> HardwareSampler {
     }
 }
 
+/// The software events whose samples never carry a data address: clocks, switches and
+/// migrations. The faults carry the faulting address, and an event this list does not know may.
+const SOFTWARE_WITHOUT_ADDRESSES: [u32; 7] = [
+    bindings::PERF_COUNT_SW_CPU_CLOCK,
+    bindings::PERF_COUNT_SW_TASK_CLOCK,
+    bindings::PERF_COUNT_SW_CONTEXT_SWITCHES,
+    bindings::PERF_COUNT_SW_CPU_MIGRATIONS,
+    bindings::PERF_COUNT_SW_DUMMY,
+    bindings::PERF_COUNT_SW_BPF_OUTPUT,
+    bindings::PERF_COUNT_SW_CGROUP_SWITCHES,
+];
+
+/// Whether `spec`'s samples can carry a data address: precise memory samples and IBS ops, the
+/// software faults, and breakpoints (the watched address).
+pub fn records_data_addresses(spec: &EventSpec) -> bool {
+    match hardware_sampler(spec) {
+        HardwareSampler::IbsOp | HardwareSampler::PebsMemory | HardwareSampler::Precise => true,
+        HardwareSampler::IbsFetch => false,
+        HardwareSampler::Skid => match spec.attr.type_ {
+            PERF_TYPE_SOFTWARE => !SOFTWARE_WITHOUT_ADDRESSES
+                .iter()
+                .any(|&config| u64::from(config) == spec.attr.config),
+            bindings::PERF_TYPE_BREAKPOINT => true,
+            _ => false,
+        },
+    }
+}
+
 /// Whether `spec` (`pmu/term,term=value/`) names the PMU event `event` among its terms.
 fn names_event(spec: &EventSpec, event: &str) -> bool {
     let Some((_, rest)) = spec.name.split_once('/') else {
@@ -332,6 +360,36 @@ mod tests {
             (sample::PHYS_ADDR, sample::WEIGHT_STRUCT),
             (1 << 19, 1 << 24)
         );
+    }
+
+    /// The side-band asks for data mappings only when some event's samples can land in them.
+    #[test]
+    fn only_faults_breakpoints_and_memory_samples_record_data_addresses() {
+        for clock_or_switch in [
+            "cpu-clock",
+            "task-clock",
+            "context-switches",
+            "cpu-migrations",
+            "ibs_fetch//",
+        ] {
+            assert!(
+                !records_data_addresses(&spec(clock_or_switch)),
+                "{clock_or_switch}"
+            );
+        }
+        for with_address in [
+            "page-faults",
+            "minor-faults",
+            "major-faults",
+            "mem-loads",
+            "ibs_op//",
+            "cpu/event=0x3c/pp",
+        ] {
+            assert!(
+                records_data_addresses(&spec(with_address)),
+                "{with_address}"
+            );
+        }
     }
 
     #[test]

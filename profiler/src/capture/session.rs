@@ -23,7 +23,7 @@ use tokio::time::{interval, Instant, Interval};
 use crate::{
     capture::{
         counters::{open_sampling_counters, EventCounter, Target},
-        hardware::{cpu_identity, raw_decoding, samples_latency},
+        hardware::{cpu_identity, raw_decoding, records_data_addresses, samples_latency},
         offcpu::offcpu_config,
         program::{CaptureProgram, Ring},
         raw::RawStream,
@@ -180,7 +180,8 @@ impl CaptureSession {
             }
         }
         program.attach_offcpu()?;
-        let sideband = Sideband::open(&target, &options.pmus, &facts)?;
+        let data_mappings = options.events.iter().any(records_data_addresses);
+        let sideband = Sideband::open(&target, &options.pmus, &facts, data_mappings)?;
         let mut counters =
             open_sampling_counters(&options.events, &target, options.stacks, &facts)?;
         for counter in &mut counters {

@@ -821,7 +821,17 @@ fn redirect_output(counter: &perf_event::Counter, into: &Sampler) -> std::io::Re
 }
 
 impl Sideband {
-    pub fn open(target: &Target, pmus: &PmuRegistry, facts: &SystemFacts) -> Result<Sideband> {
+    /// Opens the side-band of `target`. Mappings of data (files mapped without execute
+    /// permission, anonymous memory) are delivered only with `data_mappings`, where an event
+    /// records data addresses that they describe, as `perf record` asks for them only with
+    /// `-d`: a process maps several times more data than code, and under process churn each
+    /// record costs the agent.
+    pub fn open(
+        target: &Target,
+        pmus: &PmuRegistry,
+        facts: &SystemFacts,
+        data_mappings: bool,
+    ) -> Result<Sideband> {
         let dummy = parse_event("dummy", pmus)?;
         let how = OpenAs {
             scope: match target {
@@ -865,7 +875,7 @@ impl Sideband {
                     .enable_on_exec(matches!(target, Target::Command(_)))
                     .mmap(true)
                     .mmap2(true)
-                    .mmap_data(true)
+                    .mmap_data(data_mappings)
                     .build_id(build_ids)
                     .comm(true)
                     .comm_exec(true)
