@@ -35,7 +35,7 @@ use profiler_common::{
         Fill, IbsRecord, InstructionKey, LatencyKey, LineLatencyKey, LossKind, RawDecoding,
         RawSample, SampleStats, StackCopyHeader, StackCopyRecord, StackKey, ACCESS_UNKNOWN,
         CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
-        CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_STACK_COPY,
+        CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_QUIET_NEW_PROCESSES, CAPTURE_RAW, CAPTURE_STACK_COPY,
         CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES,
         IBS_PAYLOAD_MIN_BYTES, MAX_EVENTS, OFFSETS_SAMPLE_FLAGS,
         STACK_COPY_KERNEL_FRAMES, STACK_COPY_MAX_PAGES, STACK_COPY_PAGE_BYTES,
@@ -936,7 +936,9 @@ fn start_walk<P: Copy + 'static>(
 ) {
     let Some(process) = UNWIND_PROCESSES.get_ptr_mut(&pid) else {
         count_unwind(UnwindCount::ProcessUnknown);
-        request_mappings(pid);
+        if config().flags & CAPTURE_QUIET_NEW_PROCESSES == 0 {
+            request_mappings(pid);
+        }
         return;
     };
     // A thread that is rarely sampled (one that mostly waits) must ask for the tables its own

@@ -12,8 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
     CaptureConfig, KernelOffsets, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
-    CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_RAW, CAPTURE_STACK_COPY,
-    CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, STACK_COPY_PAGE_BYTES,
+    CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_QUIET_NEW_PROCESSES, CAPTURE_RAW,
+    CAPTURE_STACK_COPY, CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, STACK_COPY_PAGE_BYTES,
 };
 
 use crate::{
@@ -205,6 +205,9 @@ pub(crate) fn capture_config(options: &RecordOptions) -> CaptureConfig {
         flags |= CAPTURE_USER_STACKS;
         if unwind_on_this_kernel(options.unwind).walks_tables() {
             flags |= CAPTURE_UNWIND_DWARF;
+            if options.target == TargetSpec::System {
+                flags |= CAPTURE_QUIET_NEW_PROCESSES;
+            }
         }
     }
     if options.stacks.kernel {

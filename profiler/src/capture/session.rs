@@ -46,10 +46,6 @@ use crate::{
 /// How often the side-band records (new mappings, exec, exit) are read.
 const SIDEBAND_INTERVAL: Duration = Duration::from_millis(50);
 
-/// How long the unwinder's requests wait after a sync when the whole machine (or a cgroup of
-/// it) is sampled: a process started meanwhile is published within this long.
-const SYSTEM_WIDE_REQUEST_HOLDOFF: Duration = Duration::from_millis(20);
-
 /// What one window of a capture holds, at address level: symbolized off the capture thread.
 pub struct WindowCapture {
     pub start: SystemTime,
@@ -145,13 +141,7 @@ impl CaptureSession {
         program.filter_cgroups(&options.cgroups)?;
         let unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
             0 => None,
-            _ => {
-                let mut unwinder = program.unwind_loader()?;
-                if options.target == TargetSpec::System {
-                    unwinder.hold_requests(SYSTEM_WIDE_REQUEST_HOLDOFF);
-                }
-                Some(unwinder)
-            }
+            _ => Some(program.unwind_loader()?),
         };
         let map_bytes = held_map_memory();
         let raw = match &options.raw {

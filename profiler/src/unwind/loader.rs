@@ -131,10 +131,6 @@ pub struct UnwindLoader {
     counts: PerCpuArray<MapData, u64>,
     /// Process ids the walker met before their mappings were published.
     requests: KernelRing,
-    /// How long after a sync requests wait (see [`UnwindLoader::hold_requests`]), and till
-    /// when they wait now.
-    request_holdoff: Duration,
-    requests_held_until: tokio::time::Instant,
     cache: TableCache,
     files: HashMap<FileIdentity, Result<Arc<FileTable>, String>>,
     /// Compiled when a process first maps the vDSO.
@@ -174,8 +170,6 @@ impl UnwindLoader {
             processes,
             counts,
             requests,
-            request_holdoff: Duration::ZERO,
-            requests_held_until: tokio::time::Instant::now(),
             cache: TableCache::new(TableCache::default_directory()),
             files: HashMap::new(),
             vdso: None,
@@ -194,22 +188,9 @@ impl UnwindLoader {
 
     /// Waits until the walker meets a process whose mappings are not published, or a table it
     /// needs that is not loaded: the side-band has news to read and [`UnwindLoader::sync`] to
-    /// publish. While requests are held (see [`UnwindLoader::hold_requests`]), not before the
-    /// holdoff since the last sync has passed.
+    /// publish.
     pub async fn requested(&self) -> std::io::Result<()> {
-        tokio::time::sleep_until(self.requests_held_until).await;
         self.requests.readable().await
-    }
-
-    /// Serves the walker's requests at most once per `holdoff` after a sync. Where processes
-    /// the run did not start come and go (a whole machine, a cgroup), nearly every new process
-    /// is sampled before the side-band names it; serving each such request at once woke the
-    /// agent under the bench's churn load about 90 times a second at 99 Hz, four fifths of its
-    /// wake-ups, each a side-band read and a sync, mostly for processes that had already
-    /// exited. A run that starts its command or follows chosen processes serves them at once:
-    /// its few processes are the ones it is about.
-    pub fn hold_requests(&mut self, holdoff: Duration) {
-        self.request_holdoff = holdoff;
     }
 
     /// Publishes every live process's executable mappings that changed since the last call,
@@ -219,7 +200,6 @@ impl UnwindLoader {
     pub fn sync(&mut self, table: &ProcessTable) -> Result<()> {
         // The requests only say "look": every changed process is compared below.
         while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
-        self.requests_held_until = tokio::time::Instant::now() + self.request_holdoff;
         let last_change = table.last_change();
         if last_change == self.synced && self.retry.is_empty() {
             return Ok(());
