@@ -5,10 +5,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::{
     c_workload::{build_dlopened_library, build_no_frame_pointers},
-    profiler, record_to, report_json, temp_dir, workload,
+    profiler, profiler_bin, record_to, report_json, temp_dir, wait_until_recording, workload,
+    Running,
 };
 
 /// The C workload's "mix" mode, built without frame pointers.
@@ -190,6 +193,62 @@ fn a_library_loaded_with_dlopen_mid_run_is_unwound_from_its_first_samples() {
     assert!(
         sorted > 100 && sorted_whole as f64 >= 0.99 * sorted as f64,
         "{sorted_whole} of {sorted} record_key samples reach main through qsort\n{stderr}"
+    );
+}
+
+#[test]
+fn a_process_started_mid_run_of_a_system_wide_recording_is_unwound_after_its_first_side_band_read()
+{
+    // System-wide, the walker does not wake the agent for processes it never published: a new
+    // one is published at the next side-band read (every 50 ms), and only the samples taken
+    // before that are walked by frame pointers, which stop at once in this workload.
+    let dir = temp_dir("unwind-system-wide");
+    let binary = build_no_frame_pointers(&dir, "midrun", &[]);
+    let profile = dir.join("recording.prof");
+    let mut recording = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["record", "-a", "-F", "997", "--duration", "5", "-o"])
+            .arg(&profile)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(recording.id());
+    let ran = Command::new(&binary)
+        .args(["2000", "mix"])
+        .status()
+        .expect("the workload starts");
+    assert!(ran.success(), "the workload failed: {ran}");
+    let output = recording.output_at_most(Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "record -a failed:\n{stderr}");
+    let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
+    let stacks: Vec<(String, u64)> = String::from_utf8_lossy(&folded.stdout)
+        .lines()
+        .filter(|line| line.starts_with("midrun;"))
+        .filter_map(|line| {
+            let (stack, count) = line.rsplit_once(' ')?;
+            Some((stack.to_string(), count.parse().ok()?))
+        })
+        .collect();
+    let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+    assert!(
+        total > 1000,
+        "too few samples of the workload: {total}\n{stderr}"
+    );
+    let (reached, by_frame_pointers) = stacks.iter().fold((0, 0), |(reached, fp), (stack, n)| {
+        (
+            reached + if complete(stack) { *n } else { 0 },
+            fp + if stack.contains("[frame pointers only]") {
+                *n
+            } else {
+                0
+            },
+        )
+    });
+    assert!(
+        reached as f64 >= 0.95 * total as f64,
+        "{reached} of {total} samples reach _start or clone3 ({by_frame_pointers} walked by \
+         frame pointers before the process was published)\n{stderr}"
     );
 }
 
