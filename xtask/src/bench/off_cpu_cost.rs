@@ -58,6 +58,7 @@ pub fn measure(
     work: &Path,
     rounds: u32,
 ) -> Result<Vec<OffCpuCostRow>> {
+    mount_tracefs()?;
     let run_timed = path_arg(&release.join("run_timed"));
     let workload = [
         run_timed.clone(),
@@ -251,6 +252,21 @@ fn elapsed_s(stderr: &str) -> Result<f64> {
         .and_then(|(_, ns)| ns.trim().parse().ok())
         .ok_or_else(|| anyhow!("no elapsed time in {line:?}"))?;
     Ok(ns / 1e9)
+}
+
+/// Mounts tracefs where bpftrace reads the tracepoints' formats, unless it is there: a fresh
+/// machine boots without it, and the references need `sched:sched_switch`.
+fn mount_tracefs() -> Result<()> {
+    if Path::new("/sys/kernel/tracing/events").exists() {
+        return Ok(());
+    }
+    crate::run_command(std::process::Command::new("mount").args([
+        "-t",
+        "tracefs",
+        "tracefs",
+        "/sys/kernel/tracing",
+    ]))
+    .context("mounting tracefs at /sys/kernel/tracing for the bpftrace references")
 }
 
 #[cfg(test)]
