@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::bail;
 use profiler_common::hw::ibs::{IbsErrata, IbsFetchSample, IbsOpSample};
-use profiler_common::hw::spe::{DataSourceEncoding, Records as SpeRecords};
+use profiler_common::hw::spe::{DataSourceEncoding, Records as SpeRecords, SpeRecord};
 use profiler_common::hw::weight::{SampleWeight, WeightFormat};
 use profiler_common::hw::SampleFields;
 use profiler_common::latency::bucket_index;
@@ -117,10 +117,16 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
     };
     let mut aggregates = Aggregates::default();
     let spe_samples = aggregates.spe_samples(data, &events);
-    for sample in data.samples.iter().chain(&spe_samples) {
+    let samples = data.samples.iter().map(|sample| (sample, None)).chain(
+        spe_samples
+            .iter()
+            .map(|(sample, record)| (sample, Some(record))),
+    );
+    for (sample, spe) in samples {
         let attr = &data.attrs[sample.attr_index];
         aggregates.add(
             sample,
+            spe,
             attr,
             &events[sample.attr_index],
             errata,
@@ -419,9 +425,11 @@ impl UserStacks<'_> {
 }
 
 impl Aggregates {
+    /// `spe`: the SPE record `sample` was made of (see [`Aggregates::spe_samples`]).
     fn add(
         &mut self,
         sample: &PerfSample,
+        spe: Option<&SpeRecord>,
         attr: &PerfAttr,
         event: &ImportedEvent,
         errata: IbsErrata,
@@ -482,7 +490,7 @@ impl Aggregates {
             .or_default()
             .add(sample.cpu);
 
-        let (fields, observation) = self.decode(sample, event, errata);
+        let (fields, observation) = self.decode(sample, spe, event, errata);
         let latency = fields.load_latency.unwrap_or(0);
         add_stats(
             self.instructions.entry((pid, index, ip)).or_default(),
@@ -535,10 +543,11 @@ impl Aggregates {
     fn decode(
         &mut self,
         sample: &PerfSample,
+        spe: Option<&SpeRecord>,
         event: &ImportedEvent,
         errata: IbsErrata,
     ) -> (SampleFields, Observation) {
-        let (fields, ibs, spe) = self.decode_fields(sample, event, errata);
+        let (fields, ibs, spe) = self.decode_fields(sample, spe, event, errata);
         let observation = Observation {
             data_source: fields.data_source,
             ibs,
@@ -550,12 +559,13 @@ impl Aggregates {
     fn decode_fields(
         &mut self,
         sample: &PerfSample,
+        spe: Option<&SpeRecord>,
         event: &ImportedEvent,
         errata: IbsErrata,
     ) -> (
         SampleFields,
         Option<(profiler_common::hw::ibs::IbsCaps, IbsSample)>,
-        Option<profiler_common::hw::spe::SpeRecord>,
+        Option<SpeRecord>,
     ) {
         let weight = sample
             .weight
@@ -565,16 +575,19 @@ impl Aggregates {
         let addr = sample.addr.filter(|&addr| addr != 0);
         let kernel =
             SampleFields::from_perf_sample(addr, sample.phys_addr, weight, sample.data_src);
+        if let Some(record) = spe {
+            return (
+                record.sample_fields(event.spe_encoding),
+                None,
+                Some(*record),
+            );
+        }
         let Some(raw) = sample.raw.as_deref() else {
             return (kernel, None, None);
         };
         match event.sampler {
-            Sampler::Kernel => (kernel, None, None),
-            // The record's own packets, put in place of raw data by `spe_samples`.
-            Sampler::Spe => match SpeRecords::new(raw).next() {
-                Some((record, _)) => (record.sample_fields(event.spe_encoding), None, Some(record)),
-                None => (kernel, None, None),
-            },
+            // SPE samples come with their record, decoded once (above).
+            Sampler::Kernel | Sampler::Spe => (kernel, None, None),
             Sampler::IbsOp => match IbsOpSample::parse(raw) {
                 Ok(registers) => {
                     let op = registers.decode(errata);
@@ -610,11 +623,15 @@ impl Aggregates {
         }
     }
 
-    /// The Arm SPE records of the file's AUX trace data as samples of its SPE event: IP the
-    /// record's PC, thread from its context packet (the thread id, where the kernel writes it)
-    /// or the traced thread, the record's packets as raw data. AUX data without an SPE event
-    /// is counted, not read.
-    fn spe_samples(&mut self, data: &PerfData, events: &[ImportedEvent]) -> Vec<PerfSample> {
+    /// The Arm SPE records of the file's AUX trace data as samples of its SPE event, each with
+    /// the record it was made of: IP the record's PC, thread from its context packet (the
+    /// thread id, where the kernel writes it) or the traced thread. AUX data without an SPE
+    /// event is counted, not read.
+    fn spe_samples(
+        &mut self,
+        data: &PerfData,
+        events: &[ImportedEvent],
+    ) -> Vec<(PerfSample, SpeRecord)> {
         let Some(attr_index) = events.iter().position(|e| e.sampler == Sampler::Spe) else {
             self.unread_aux_bytes = data.aux_traces.iter().map(|t| t.data.len() as u64).sum();
             return Vec::new();
@@ -628,7 +645,7 @@ impl Aggregates {
         let mut samples = Vec::new();
         for trace in &data.aux_traces {
             let mut records = SpeRecords::new(&trace.data);
-            for (record, packets) in records.by_ref() {
+            for (record, _) in records.by_ref() {
                 let Some(pc) = record.pc else {
                     self.damaged_spe_records += 1;
                     continue;
@@ -641,7 +658,7 @@ impl Aggregates {
                     self.spe_records_without_thread += 1;
                 }
                 let tid = tid.unwrap_or(0);
-                samples.push(PerfSample {
+                let sample = PerfSample {
                     attr_index,
                     cpumode: if record.exception_level == 0 {
                         CpuMode::User
@@ -653,9 +670,9 @@ impl Aggregates {
                     pid: Some(process_of.get(&tid).copied().unwrap_or(tid)),
                     tid: Some(tid),
                     cpu: trace.cpu,
-                    raw: Some(trace.data[packets].to_vec()),
                     ..PerfSample::default()
-                });
+                };
+                samples.push((sample, record));
             }
             self.damaged_spe_records += records.damage.records_dropped;
         }
