@@ -39,10 +39,6 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-/// Seeded per map like std's; SipHash of every string, frame and mapping key the builder
-/// interns was a few percent of the agent's CPU at 99 Hz.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
@@ -54,6 +50,10 @@ use crate::aggregate::{
 use crate::profile::{
     DataAccess, DataLineSample, EventIndex, EventInfo, Frame, FrameId, Profile, StackSample,
 };
+
+/// Seeded per map like std's; SipHash of every string, frame and mapping key the builder
+/// interns was about 1% of the agent's CPU at 99 Hz under churn.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The messages of profile.proto that pprof reads.
 pub mod proto {
