@@ -47,11 +47,21 @@ struct FileTable {
 /// The row arena map, memory-mapped (it is created `BPF_F_MMAPABLE`): a file's rows are copied
 /// in with one memcpy instead of a system call per row, so a new process's tables are in place
 /// within a millisecond of its exec, before most of its samples.
+///
+/// The kernel maps every page of a mapped BPF array at once, so mapping the whole arena would
+/// make all of it resident in the agent (64 MiB at the default size) however few rows are used.
+/// Its address range is reserved instead, and the map's pages mapped into it a chunk at a time
+/// as first-fit placement reaches them.
 pub struct RowArena {
     rows: *mut UnwindRow,
     len: u32,
-    _map: MapData,
+    /// Rows `0..mapped` are mapped.
+    mapped: u32,
+    map: MapData,
 }
+
+/// Rows mapped at a time: 1 MiB, a whole number of pages.
+const ARENA_CHUNK_ROWS: u32 = (1 << 20) / UnwindRow::SIZE as u32;
 
 impl RowArena {
     pub fn new(map: MapData) -> Result<RowArena> {
@@ -59,68 +69,103 @@ impl RowArena {
             .info()
             .context("reading the unwind-row arena's size")?
             .max_entries();
-        let bytes = len as usize * UnwindRow::SIZE;
-        // SAFETY: maps the map's own memory, `bytes` long (what the kernel allocated for its
-        // entries), shared, at an address the kernel picks; checked for failure below.
+        // SAFETY: reserves address space only (no access, no memory behind it), at an address
+        // the kernel picks; checked for failure below.
         let address = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.fd().as_fd().as_raw_fd(),
+                Self::bytes(len),
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
                 0,
             )
         };
         if address == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error())
-                .context("memory-mapping the unwind-row arena");
+                .context("reserving address space for the unwind-row arena");
         }
         Ok(RowArena {
             rows: address.cast(),
             len,
-            _map: map,
+            mapped: 0,
+            map,
         })
+    }
+
+    fn bytes(rows: u32) -> usize {
+        rows as usize * UnwindRow::SIZE
     }
 
     fn len(&self) -> u32 {
         self.len
     }
 
+    /// Maps the map's pages up to row `end` (at most the arena's length) into the reservation.
+    fn map_through(&mut self, end: u32) -> std::io::Result<()> {
+        if end <= self.mapped {
+            return Ok(());
+        }
+        let to = end
+            .div_ceil(ARENA_CHUNK_ROWS)
+            .saturating_mul(ARENA_CHUNK_ROWS)
+            .min(self.len);
+        let offset = Self::bytes(self.mapped);
+        // SAFETY: replaces part of the reservation made in `new` (`offset..` plus the length
+        // lies within it: `to <= len`) with the map's own pages at the same offset; the offset
+        // is a whole number of chunks, so page-aligned. Checked for failure below.
+        let address = unsafe {
+            libc::mmap(
+                self.rows.cast::<u8>().add(offset).cast(),
+                Self::bytes(to) - offset,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                self.map.fd().as_fd().as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        self.mapped = to;
+        Ok(())
+    }
+
     /// A copy of the rows at `placed`.
     fn read(&self, placed: Placed) -> Vec<UnwindRow> {
-        let end = (placed.start as usize + placed.len as usize).min(self.len as usize);
+        let end = (placed.start as usize + placed.len as usize).min(self.mapped as usize);
         let start = (placed.start as usize).min(end);
-        // SAFETY: `start..end` lies within the mapping (clamped above); UnwindRow is plain
+        // SAFETY: `start..end` lies within the mapped rows (clamped above); UnwindRow is plain
         // data, any bytes a valid value.
         unsafe { std::slice::from_raw_parts(self.rows.add(start), end - start) }.to_vec()
     }
 
     /// Copies `rows` to `start`; `false` when they do not fit.
-    fn write(&mut self, start: u32, rows: &[UnwindRow]) -> bool {
-        let fits = (start as usize)
-            .checked_add(rows.len())
-            .is_some_and(|end| end <= self.len as usize);
-        if fits {
-            // SAFETY: `start..start + rows.len()` lies within the mapping (checked above);
-            // UnwindRow is plain data, and the walker reads these rows only once a mapping
-            // published afterwards names them.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    rows.as_ptr(),
-                    self.rows.add(start as usize),
-                    rows.len(),
-                )
-            };
-        }
-        fits
+    fn write(&mut self, start: u32, rows: &[UnwindRow]) -> Result<bool> {
+        let Some(end) = u32::try_from(rows.len())
+            .ok()
+            .and_then(|len| start.checked_add(len))
+            .filter(|&end| end <= self.len)
+        else {
+            return Ok(false);
+        };
+        self.map_through(end)
+            .context("memory-mapping more of the unwind-row arena")?;
+        // SAFETY: `start..end` lies within the mapped rows (mapped above); UnwindRow is plain
+        // data, and the walker reads these rows only once a mapping published afterwards names
+        // them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(rows.as_ptr(), self.rows.add(start as usize), rows.len())
+        };
+        Ok(true)
     }
 }
 
 impl Drop for RowArena {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`, which nothing references any more.
-        unsafe { libc::munmap(self.rows.cast(), self.len as usize * UnwindRow::SIZE) };
+        // SAFETY: unmaps exactly the reservation made in `new` (and the map's pages mapped into
+        // it), which nothing references any more.
+        unsafe { libc::munmap(self.rows.cast(), Self::bytes(self.len)) };
     }
 }
 
@@ -443,7 +488,7 @@ impl UnwindLoader {
             }
         };
         // Rows first: the walker reaches them only through a mapping published afterwards.
-        if !self.rows.write(placed.start, &table.rows) {
+        if !self.rows.write(placed.start, &table.rows)? {
             self.space.free(placed.start);
             return Ok(None);
         }
@@ -512,7 +557,7 @@ impl UnwindLoader {
                 start: old,
                 len: to.len,
             });
-            if !self.rows.write(to.start, &rows) {
+            if !self.rows.write(to.start, &rows)? {
                 return Ok(false);
             }
             self.space.take(to);
