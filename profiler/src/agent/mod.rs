@@ -87,6 +87,12 @@ pub struct AgentArgs {
     /// Serve Prometheus metrics about the agent on `http://HOST:PORT/metrics`.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
+    /// Give frames their source lines and inlined functions, read from DWARF debug information.
+    /// Without it functions are named from symbol tables (a separate debug file's too), which
+    /// keeps the agent's memory small: DWARF is parsed once per file and kept, tens of MB for
+    /// a large program or glibc's debug file.
+    #[arg(long)]
+    pub source_lines: bool,
     /// The least severe messages logged to standard error.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
@@ -187,6 +193,8 @@ struct Exporter {
     cpu: Option<CpuIdentity>,
     sinks: Vec<Box<dyn WindowSink>>,
     metrics: Arc<Metrics>,
+    /// `--source-lines`.
+    source_lines: bool,
 }
 
 impl Exporter {
@@ -219,7 +227,7 @@ impl Exporter {
         // One symbolizer for every window: the files it parsed, the kernel's symbols and the
         // code symbolized stay cached, so a window costs what its new code costs. Made here: it
         // cannot move threads.
-        let symbols = SymbolCache::default();
+        let symbols = SymbolCache::new(self.source_lines);
         for ClosedWindow { sequence, capture } in windows {
             let exporting = std::time::Instant::now();
             let (start, end) = (capture.start, capture.end);
@@ -517,6 +525,7 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
         sinks,
         metrics,
         target: target_description(&options),
+        source_lines: args.source_lines,
     })?;
     session.start(&options.target).await?;
     log(

@@ -266,7 +266,7 @@ impl Mover {
         let symbolizer = new_symbolizer();
         for (path, indices) in by_module {
             let mut batch: Vec<Frame> = indices.iter().map(|&i| targets[i].1.clone()).collect();
-            fill_from_elf(&symbolizer, &path, &mut batch);
+            fill_from_elf(&symbolizer, &path, true, &mut batch);
             for (index, frame) in indices.into_iter().zip(batch) {
                 targets[index].1 = frame;
             }

@@ -54,6 +54,48 @@ pub fn function_aliases<'d, R: object::ReadRef<'d>>(
         .collect()
 }
 
+/// Names the unnamed `frames` of `module` from its separate debug file's symbol table, which
+/// keeps the functions a distribution strips from the module itself (glibc's
+/// `__memmove_avx_unaligned_erms`): the smallest function holding the frame's address.
+pub fn name_from_debug_file<'d, R: object::ReadRef<'d>>(
+    module: &object::File<'d, R>,
+    frames: &mut [Frame],
+) {
+    let Some(image) = debug_file(module) else {
+        return;
+    };
+    let Ok(debug) = object::File::parse(&image) else {
+        return;
+    };
+    let linked: Vec<(usize, u64)> = frames
+        .iter()
+        .enumerate()
+        .filter(|(_, frame)| frame.function.is_none())
+        .filter_map(|(index, frame)| {
+            Some((index, address_of_file_offset(module, frame.module_offset)?))
+        })
+        .collect();
+    let holds = |start: u64, size: u64, address: u64| {
+        (start..start.saturating_add(size)).contains(&address)
+    };
+    let symbols = sized_symbols(&debug, SymbolKind::Text, |start, size| {
+        linked
+            .iter()
+            .any(|&(_, address)| holds(start, size, address))
+    });
+    for (index, address) in linked {
+        let smallest = symbols
+            .iter()
+            .filter(|symbol| holds(symbol.address, symbol.size, address))
+            .min_by_key(|symbol| symbol.size);
+        if let Some(symbol) = smallest {
+            let frame = &mut frames[index];
+            frame.function = Some(symbol.name.clone());
+            frame.function_address = Some(frame.address - (address - symbol.address));
+        }
+    }
+}
+
 /// The separate debug file of a module, found by its build ID.
 fn debug_file<'d, R: object::ReadRef<'d>>(
     module: &object::File<'d, R>,

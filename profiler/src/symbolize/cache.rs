@@ -4,23 +4,27 @@
 //! tables read anew), about half of the agent's steady CPU time under process churn.
 
 use std::{
-    cell::RefCell,
+    cell::{OnceCell, RefCell},
     collections::{HashMap, HashSet},
     path::Path,
 };
 
 use blazesym::symbolize::Symbolizer;
 
-use super::{fill_from_elf, module_names, new_symbolizer};
+use super::{fill_from_elf, kallsyms::KernelSymbols, module_names, new_symbolizer};
 use crate::{
     capture::sideband::{FileIdentity, MappedFiles},
     profile::{Frame, FunctionAliases, InlinedFrame},
 };
 
-/// The symbolizer (its parsed files and the kernel's symbols) and each open module's
+/// The symbolizer (its parsed files), the kernel's functions, and each open module's
 /// symbolized code, by file and file offset.
 pub struct SymbolCache {
     pub symbolizer: Symbolizer,
+    /// Whether lines and inlined functions are read from DWARF.
+    source_lines: bool,
+    /// Read at the first kernel frame.
+    kernel: OnceCell<KernelSymbols>,
     modules: RefCell<HashMap<FileIdentity, ModuleSymbols>>,
 }
 
@@ -65,16 +69,23 @@ impl Symbol {
     }
 }
 
-impl Default for SymbolCache {
-    fn default() -> Self {
+impl SymbolCache {
+    /// With `source_lines`, frames get their source lines and inlined functions from DWARF
+    /// (parsed once per file and kept: tens of MB for a large program or glibc's debug file);
+    /// without, functions from symbol tables.
+    pub fn new(source_lines: bool) -> SymbolCache {
         SymbolCache {
             symbolizer: new_symbolizer(),
+            source_lines,
+            kernel: OnceCell::new(),
             modules: RefCell::default(),
         }
     }
-}
 
-impl SymbolCache {
+    pub fn kernel_symbols(&self) -> &KernelSymbols {
+        self.kernel.get_or_init(KernelSymbols::of_running_kernel)
+    }
+
     /// Symbolizes `frames` of the module `identity`, open at `path`: offsets seen before from
     /// the cache, the others from the file. Returns the other names of the functions they are
     /// in.
@@ -95,7 +106,7 @@ impl SymbolCache {
         }
         if !missed.is_empty() {
             let mut new: Vec<Frame> = missed.iter().map(|&index| frames[index].clone()).collect();
-            fill_from_elf(&self.symbolizer, path, &mut new);
+            fill_from_elf(&self.symbolizer, path, self.source_lines, &mut new);
             for names in module_names(path, &mut new) {
                 if !module.aliases.contains(&names.names) {
                     module.aliases.push(names.names);
@@ -161,7 +172,7 @@ mod tests {
 
     #[test]
     fn an_offset_symbolized_once_is_filled_from_the_cache_at_any_load_address() {
-        let cache = SymbolCache::default();
+        let cache = SymbolCache::new(true);
         let address = an_offset_symbolized_once_is_filled_from_the_cache_at_any_load_address
             as *const () as u64;
         let (exe, mut first) = frame_of_this_test(file_offset_of(address));
@@ -192,7 +203,7 @@ mod tests {
 
     #[test]
     fn modules_whose_files_closed_are_forgotten() {
-        let cache = SymbolCache::default();
+        let cache = SymbolCache::new(true);
         let (exe, frame) = frame_of_this_test(0x1000);
         cache.fill((1, 2), &exe, &mut [frame]);
         assert_eq!(cache.cached_offsets((1, 2)), 1);

@@ -4,6 +4,7 @@
 
 mod aliases;
 mod cache;
+mod kallsyms;
 pub mod kernel_addresses;
 mod perf_map;
 mod plt;
@@ -15,7 +16,7 @@ use std::{
 };
 
 use blazesym::symbolize::{
-    source::{Elf, Kernel, Source},
+    source::{Elf, Source},
     Input, Sym, Symbolized, Symbolizer,
 };
 
@@ -37,6 +38,7 @@ pub const TRUNCATED_FUNCTION: &str = "[truncated]";
 pub const FRAME_POINTERS_ONLY_FUNCTION: &str = "[frame pointers only]";
 
 pub use cache::SymbolCache;
+use kallsyms::KernelSymbols;
 pub use profiler_common::capture::KERNEL_SPACE_START;
 
 pub fn is_kernel_address(address: u64) -> bool {
@@ -217,7 +219,7 @@ impl<'a> FrameTable<'a> {
             let aliases = match self.cache {
                 Some(cache) => cache.fill(identity, &path, &mut frames),
                 None => {
-                    fill_from_elf(symbolizer, &path, &mut frames);
+                    fill_from_elf(symbolizer, &path, true, &mut frames);
                     module_names(&path, &mut frames)
                 }
             };
@@ -230,12 +232,15 @@ impl<'a> FrameTable<'a> {
         progress.set_message("kernel");
         progress.inc(1);
         if !kernel.is_empty() {
-            let source = Source::Kernel(Kernel::default());
-            let addrs: Vec<u64> = kernel.iter().map(|a| a.address).collect();
-            let results = symbolizer
-                .symbolize(&source, Input::AbsAddr(addrs.as_slice()))
-                .unwrap_or_default();
-            for (index, address) in kernel.into_iter().enumerate() {
+            let own_kernel;
+            let functions = match self.cache {
+                Some(cache) => cache.kernel_symbols(),
+                None => {
+                    own_kernel = KernelSymbols::of_running_kernel();
+                    &own_kernel
+                }
+            };
+            for address in kernel {
                 let mut frame = Frame {
                     address: address.address,
                     kernel: true,
@@ -243,11 +248,9 @@ impl<'a> FrameTable<'a> {
                     module_offset: address.address,
                     ..Frame::default()
                 };
-                if let Some(Symbolized::Sym(sym)) = results.get(index) {
-                    fill(&mut frame, sym, address.address);
-                    if let Some(module) = &sym.module {
-                        frame.module = module.to_string_lossy().into_owned();
-                    }
+                if let Some((name, start)) = functions.lookup(address.address) {
+                    frame.function = Some(name.to_string());
+                    frame.function_address = Some(start);
                 }
                 let id = self.intern(frame);
                 self.resolved.insert(address, id);
@@ -281,7 +284,9 @@ impl<'a> FrameTable<'a> {
 }
 
 /// What the symbolizer does not say, from the module open at `path` (a descriptor path): names
-/// of the frames in its PLT stubs (`memcpy@plt`), and the other names of the frames' functions.
+/// of the frames in its PLT stubs (`memcpy@plt`) or only in its separate debug file's symbol
+/// table (glibc's internal functions, when DWARF is not read), and the other names of the
+/// frames' functions.
 fn module_names(path: &Path, frames: &mut [Frame]) -> Vec<FunctionAliases> {
     let Ok(file) = crate::input::open_regular(path, crate::input::FinalLink::Follow) else {
         return Vec::new();
@@ -299,6 +304,9 @@ fn module_names(path: &Path, frames: &mut [Frame]) -> Vec<FunctionAliases> {
             }
         }
     }
+    if frames.iter().any(|frame| frame.function.is_none()) {
+        aliases::name_from_debug_file(&module, frames);
+    }
     aliases::function_aliases(&module, frames)
 }
 
@@ -311,12 +319,15 @@ pub fn new_symbolizer() -> Symbolizer {
 }
 
 /// Symbolizes frames of the ELF file at `path` in one batch, by their `module_offset` (file
-/// offset); frames the file has no symbol for are left as they are.
-pub fn fill_from_elf(symbolizer: &Symbolizer, path: &Path, frames: &mut [Frame]) {
+/// offset); frames the file has no symbol for are left as they are. With `dwarf`, lines and
+/// inlined functions come from its debug information (its own, or its separate debug file's);
+/// without, names come from its symbol tables only.
+pub fn fill_from_elf(symbolizer: &Symbolizer, path: &Path, dwarf: bool, frames: &mut [Frame]) {
     let offsets: Vec<u64> = frames.iter().map(|frame| frame.module_offset).collect();
-    let source = Source::Elf(Elf::new(path));
+    let mut elf = Elf::new(path);
+    elf.debug_syms = dwarf;
     let results = symbolizer
-        .symbolize(&source, Input::FileOffset(offsets.as_slice()))
+        .symbolize(&Source::Elf(elf), Input::FileOffset(offsets.as_slice()))
         .unwrap_or_default();
     for (frame, result) in frames.iter_mut().zip(results) {
         if let Symbolized::Sym(sym) = result {
