@@ -298,3 +298,100 @@ fn the_agent_says_wakers_are_for_record() {
         "{stderr}"
     );
 }
+
+/// What the agent's windows say about a function: its file, and the lines of the locations in
+/// it (0 where no line is known).
+fn function_lines(profile: &proto::Profile, name: &str) -> (String, Vec<i64>) {
+    let text = |index: i64| profile.string_table[index as usize].as_str();
+    let Some(function) = profile.function.iter().find(|f| text(f.name) == name) else {
+        return (String::new(), Vec::new());
+    };
+    let lines = profile
+        .location
+        .iter()
+        .flat_map(|location| &location.line)
+        .filter(|line| line.function_id == function.id)
+        .map(|line| line.line)
+        .collect();
+    (text(function.filename).to_string(), lines)
+}
+
+/// Runs the agent with `args` while cpu_split and a memcpy-bound python3 run; their windows.
+fn agent_windows_of_workloads(name: &str, args: &[&str]) -> Vec<WindowFile> {
+    let dir = temp_dir(name);
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-F", "499", "--interval", "1", "--output-dir"])
+            .arg(&dir)
+            .args(args)
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let mut cpu_split = Running::spawn(
+        Command::new(workload("cpu_split"))
+            .arg("3000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    // glibc's memcpy, named `__memmove_*_unaligned_erms` only in libc6-dbg's debug file.
+    let mut memcpy = Running::spawn(Command::new("python3").args([
+        "-c",
+        "b = bytes(32 << 20)\nfor _ in range(60): bytearray(b)",
+    ]));
+    assert!(cpu_split.wait_at_most(Duration::from_secs(60)).success());
+    assert!(memcpy.wait_at_most(Duration::from_secs(60)).success());
+    agent.signal(libc::SIGTERM);
+    let output = agent.output_at_most(Duration::from_secs(30));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    paths.sort();
+    paths.iter().map(|path| WindowFile::read(path)).collect()
+}
+
+#[test]
+fn source_lines_are_read_only_when_asked_and_symbol_tables_name_glibcs_internal_functions() {
+    require_root();
+    for source_lines in [false, true] {
+        let args: &[&str] = if source_lines {
+            &["--source-lines"]
+        } else {
+            &[]
+        };
+        let windows = agent_windows_of_workloads("agent-source-lines", args);
+        let found: Vec<(String, Vec<i64>)> = windows
+            .iter()
+            .map(|window| function_lines(&window.profile, "cpu_split::heavy_work"))
+            .filter(|(_, lines)| !lines.is_empty())
+            .collect();
+        let file: Vec<&String> = found.iter().map(|(file, _)| file).collect();
+        let lines: Vec<i64> = found.iter().flat_map(|(_, lines)| lines.clone()).collect();
+        assert!(!lines.is_empty(), "cpu_split::heavy_work was sampled");
+        if source_lines {
+            assert!(
+                file.iter().any(|file| file.ends_with("cpu_split.rs")),
+                "{file:?}"
+            );
+            assert!(lines.iter().all(|&line| line > 0), "{lines:?}");
+        } else {
+            assert!(file.iter().all(|file| file.is_empty()), "{file:?}");
+            assert!(lines.iter().all(|&line| line == 0), "{lines:?}");
+        }
+        // Either way, the debug file's symbol table names memcpy's implementation.
+        assert!(
+            windows.iter().any(|window| {
+                window.profile.function.iter().any(|function| {
+                    let name = &window.profile.string_table[function.name as usize];
+                    name.starts_with("__memmove_") || name.starts_with("__memcpy_")
+                })
+            }),
+            "--source-lines {source_lines}: no window names glibc's memcpy"
+        );
+    }
+}
