@@ -11,7 +11,8 @@ mod plt;
 pub mod vdso;
 
 use std::{
-    collections::{btree_map::Entry, BTreeMap},
+    collections::{btree_map, hash_map::Entry, BTreeMap},
+    hash::BuildHasher,
     path::{Path, PathBuf},
 };
 
@@ -85,7 +86,13 @@ pub struct FrameTable<'a> {
     pub frames: Vec<Frame>,
     /// Other names of the symbolized functions.
     pub aliases: Vec<FunctionAliases>,
-    interned: HashMap<Frame, FrameId>,
+    /// Each frame's id by the frame's hash, so that a frame (its module, function and file
+    /// names) is stored once, in `frames`: a window of a busy machine holds hundreds of
+    /// thousands, and a second copy as the key was a quarter of the agent's heap at 997 Hz.
+    interned: HashMap<u64, FrameId>,
+    /// Frames whose hash an earlier, different frame has: never merged with it.
+    collided: HashMap<Frame, FrameId>,
+    hasher: foldhash::fast::RandomState,
     resolved: HashMap<CodeAddress, FrameId>,
 }
 
@@ -102,17 +109,29 @@ impl<'a> FrameTable<'a> {
             frames: Vec::new(),
             aliases: Vec::new(),
             interned: HashMap::default(),
+            collided: HashMap::default(),
+            hasher: foldhash::fast::RandomState::default(),
             resolved: HashMap::default(),
         }
     }
 
     fn intern(&mut self, frame: Frame) -> FrameId {
-        if let Some(id) = self.interned.get(&frame) {
-            return *id;
-        }
         let id = self.frames.len() as FrameId;
-        self.frames.push(frame.clone());
-        self.interned.insert(frame, id);
+        match self.interned.entry(self.hasher.hash_one(&frame)) {
+            Entry::Occupied(first) if self.frames[*first.get() as usize] == frame => {
+                return *first.get();
+            }
+            Entry::Occupied(_) => match self.collided.get(&frame) {
+                Some(&known) => return known,
+                None => {
+                    self.collided.insert(frame.clone(), id);
+                }
+            },
+            Entry::Vacant(slot) => {
+                slot.insert(id);
+            }
+        }
+        self.frames.push(frame);
         id
     }
 
@@ -167,8 +186,8 @@ impl<'a> FrameTable<'a> {
                     // owner may have put a FIFO, a device or a link at the path. Looked up once
                     // per file, not per address.
                     let frames = match mapping.file.map(|identity| by_file.entry(identity)) {
-                        Some(Entry::Occupied(entry)) => Some(&mut entry.into_mut().1),
-                        Some(Entry::Vacant(entry)) => self
+                        Some(btree_map::Entry::Occupied(entry)) => Some(&mut entry.into_mut().1),
+                        Some(btree_map::Entry::Vacant(entry)) => self
                             .processes
                             .files
                             .path(*entry.key())
@@ -384,4 +403,28 @@ fn code_path(dir: Option<&Path>, file: &std::ffi::OsStr) -> String {
 
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+#[test]
+fn frames_are_interned_once_and_a_hash_collision_never_merges_two() {
+    let processes = ProcessTable::default();
+    let mut table = FrameTable::new(&processes);
+    let frame = |function: &str| Frame {
+        address: 0x1000,
+        module: "/usr/bin/app".into(),
+        function: Some(function.into()),
+        ..Frame::default()
+    };
+    let main = table.intern(frame("main"));
+    assert_eq!(table.intern(frame("main")), main);
+    // Another frame whose hash is already `main`'s.
+    let work_hash = table.hasher.hash_one(frame("work"));
+    table.interned.insert(work_hash, main);
+    let work = table.intern(frame("work"));
+    assert_ne!(work, main);
+    assert_eq!(table.intern(frame("work")), work);
+    assert_eq!(table.frames[work as usize], frame("work"));
+    assert_eq!(table.frames[main as usize], frame("main"));
+    assert_eq!(table.frames.len(), 2);
 }
