@@ -74,6 +74,16 @@ impl WindowFile {
     }
 }
 
+/// The windows written into `dir`, oldest first (their names start with their start time).
+fn window_files(dir: &Path) -> Vec<WindowFile> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    paths.sort();
+    paths.iter().map(|path| WindowFile::read(path)).collect()
+}
+
 fn unix_ns(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
 }
@@ -124,12 +134,7 @@ fn the_agent_exports_a_window_per_interval_until_sigterm() {
         "{log}"
     );
 
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .collect();
-    paths.sort();
-    let windows: Vec<WindowFile> = paths.iter().map(|path| WindowFile::read(path)).collect();
+    let windows = window_files(&dir);
     assert!(windows.len() >= 5, "{} windows:\n{log}", windows.len());
 
     for window in &windows {
@@ -347,12 +352,7 @@ fn agent_windows_of_workloads(name: &str, args: &[&str]) -> Vec<WindowFile> {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .collect();
-    paths.sort();
-    paths.iter().map(|path| WindowFile::read(path)).collect()
+    window_files(&dir)
 }
 
 #[test]

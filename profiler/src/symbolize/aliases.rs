@@ -17,9 +17,10 @@ use crate::{
 const DEBUG_FILES_BY_BUILD_ID: &str = "/usr/lib/debug/.build-id";
 
 /// The alias sets of the functions of `frames` (symbolized frames of one module), from that
-/// module's image and its debug file.
+/// module's image and its `debug` file.
 pub fn function_aliases<'d, R: object::ReadRef<'d>>(
     module: &object::File<'d, R>,
+    debug: Option<&object::File<'d, R>>,
     frames: &[Frame],
 ) -> Vec<FunctionAliases> {
     let Some(path) = frames.first().map(|frame| frame.module.clone()) else {
@@ -39,10 +40,8 @@ pub fn function_aliases<'d, R: object::ReadRef<'d>>(
         .collect();
     let mut names: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
     add_names(module, &linked, &mut names);
-    if let Some(debug) = debug_file(module) {
-        if let Ok(debug) = object::File::parse(&debug) {
-            add_names(&debug, &linked, &mut names);
-        }
+    if let Some(debug) = debug {
+        add_names(debug, &linked, &mut names);
     }
     names
         .into_values()
@@ -54,36 +53,34 @@ pub fn function_aliases<'d, R: object::ReadRef<'d>>(
         .collect()
 }
 
-/// Names the unnamed `frames` of `module` from its separate debug file's symbol table, which
+/// Names the unnamed `frames` of `module` from its separate `debug` file's symbol table, which
 /// keeps the functions a distribution strips from the module itself (glibc's
 /// `__memmove_avx_unaligned_erms`): the smallest function holding the frame's address.
 pub fn name_from_debug_file<'d, R: object::ReadRef<'d>>(
     module: &object::File<'d, R>,
+    debug: &object::File<'d, R>,
     frames: &mut [Frame],
 ) {
-    let Some(image) = debug_file(module) else {
-        return;
-    };
-    let Ok(debug) = object::File::parse(&image) else {
-        return;
-    };
-    let linked: Vec<(usize, u64)> = frames
+    let mut linked: Vec<(u64, usize)> = frames
         .iter()
         .enumerate()
         .filter(|(_, frame)| frame.function.is_none())
         .filter_map(|(index, frame)| {
-            Some((index, address_of_file_offset(module, frame.module_offset)?))
+            Some((address_of_file_offset(module, frame.module_offset)?, index))
         })
         .collect();
+    linked.sort_unstable();
     let holds = |start: u64, size: u64, address: u64| {
         (start..start.saturating_add(size)).contains(&address)
     };
-    let symbols = sized_symbols(&debug, SymbolKind::Text, |start, size| {
+    // By address, so that each symbol looks for a frame inside it with one search.
+    let symbols = sized_symbols(debug, SymbolKind::Text, |start, size| {
+        let first = linked.partition_point(|&(address, _)| address < start);
         linked
-            .iter()
-            .any(|&(_, address)| holds(start, size, address))
+            .get(first)
+            .is_some_and(|&(address, _)| holds(start, size, address))
     });
-    for (index, address) in linked {
+    for (address, index) in linked {
         let smallest = symbols
             .iter()
             .filter(|symbol| holds(symbol.address, symbol.size, address))
@@ -97,7 +94,7 @@ pub fn name_from_debug_file<'d, R: object::ReadRef<'d>>(
 }
 
 /// The separate debug file of a module, found by its build ID.
-fn debug_file<'d, R: object::ReadRef<'d>>(
+pub fn debug_file<'d, R: object::ReadRef<'d>>(
     module: &object::File<'d, R>,
 ) -> Option<crate::input::ModuleImage> {
     let id = crate::aggregate::module_file::build_id(module)?;

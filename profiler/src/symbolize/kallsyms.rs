@@ -35,24 +35,7 @@ impl KernelSymbols {
         let mut symbols = KernelSymbols::default();
         let mut line = String::new();
         while reader.read_line(&mut line).is_ok_and(|read| read > 0) {
-            let mut fields = line.split_ascii_whitespace();
-            let function = (|| {
-                let address = u64::from_str_radix(fields.next()?, 16).ok()?;
-                let kind = fields.next()?;
-                let name = fields.next()?;
-                if address == 0 || !matches!(kind, "t" | "T" | "w" | "W") {
-                    return None;
-                }
-                let name_start = u32::try_from(symbols.names.len()).ok()?;
-                let name_len = u32::try_from(name.len()).ok()?;
-                symbols.names.push_str(name);
-                Some(KernelFunction {
-                    address,
-                    name_start,
-                    name_len,
-                })
-            })();
-            symbols.functions.extend(function);
+            symbols.add(&line);
             line.clear();
         }
         // Modules' functions come after the kernel's; several names may share an address
@@ -62,6 +45,26 @@ impl KernelSymbols {
         symbols.functions.shrink_to_fit();
         symbols.names.shrink_to_fit();
         symbols
+    }
+
+    /// Adds the function of one kallsyms line, when it names one.
+    fn add(&mut self, line: &str) -> Option<()> {
+        let mut fields = line.split_ascii_whitespace();
+        let address = u64::from_str_radix(fields.next()?, 16).ok()?;
+        let kind = fields.next()?;
+        let name = fields.next()?;
+        if address == 0 || !matches!(kind, "t" | "T" | "w" | "W") {
+            return None;
+        }
+        let name_start = u32::try_from(self.names.len()).ok()?;
+        let name_len = u32::try_from(name.len()).ok()?;
+        self.names.push_str(name);
+        self.functions.push(KernelFunction {
+            address,
+            name_start,
+            name_len,
+        });
+        Some(())
     }
 
     /// The function holding `address` and where it starts: the one starting last at or before

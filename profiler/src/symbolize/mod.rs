@@ -323,10 +323,17 @@ fn module_names(path: &Path, frames: &mut [Frame]) -> Vec<FunctionAliases> {
             }
         }
     }
-    if frames.iter().any(|frame| frame.function.is_none()) {
-        aliases::name_from_debug_file(&module, frames);
+    // Read once for both: the names it alone has, and other names of the frames' functions.
+    let debug_image = aliases::debug_file(&module);
+    let debug = debug_image
+        .as_ref()
+        .and_then(|image| object::File::parse(image).ok());
+    if let Some(debug) = &debug {
+        if frames.iter().any(|frame| frame.function.is_none()) {
+            aliases::name_from_debug_file(&module, debug, frames);
+        }
     }
-    aliases::function_aliases(&module, frames)
+    aliases::function_aliases(&module, debug.as_ref(), frames)
 }
 
 /// A symbolizer that reports lines and inlined functions.
