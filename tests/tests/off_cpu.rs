@@ -158,6 +158,27 @@ fn within(actual: u64, expected: u64, tolerance: f64) -> bool {
     (actual as f64 - expected as f64).abs() <= tolerance * expected as f64
 }
 
+/// The by-thread row of the thread named `name`.
+fn thread_row<'a>(off_cpu: &'a Value, name: &str) -> &'a Value {
+    rows(off_cpu, "by_thread")
+        .iter()
+        .find(|row| {
+            row["name"]
+                .as_str()
+                .is_some_and(|row| row.starts_with(&format!("{name} ")))
+        })
+        .unwrap_or(&Value::Null)
+}
+
+/// The stacks (state, blocks, frames) that blocked `ns` or more in all.
+fn stacks_of_at_least(off_cpu: &Value, ns: u64) -> Vec<String> {
+    rows(off_cpu, "by_stack")
+        .iter()
+        .filter(|row| number(row, "total_ns") >= ns)
+        .map(|row| format!("{} {} {}", row["state"], row["blocks"], row["frames"]))
+        .collect()
+}
+
 /// The states of the stacks that pass through `function`.
 fn states_through(off_cpu: &Value, function: &str) -> Vec<String> {
     let mut states: Vec<String> = rows(off_cpu, "by_stack")
@@ -807,7 +828,16 @@ fn histograms_and_exports_carry_off_cpu_time() {
         .iter()
         .partition(|bucket| number(bucket, "to_ns") >= 95_000_000);
     let blocks = |buckets: &[&Value]| buckets.iter().map(|b| number(b, "blocks")).sum::<u64>();
-    assert_eq!(blocks(&sleeps), 10, "{buckets:?}");
+    // Which half failed, if it does: the thread's blocks, or their stacks.
+    assert_eq!(
+        blocks(&sleeps),
+        10,
+        "{buckets:?}; the sleeper thread: {}; the counters: {}; the stacks of 90 ms or more: \
+         {:#?}",
+        thread_row(&off_cpu, "sleeper"),
+        off_cpu["counters"],
+        stacks_of_at_least(&off_cpu, 90_000_000)
+    );
     assert_eq!(
         number(distribution, "blocks"),
         blocks(&sleeps) + blocks(&preempted)
