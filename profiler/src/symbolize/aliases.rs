@@ -27,13 +27,7 @@ pub fn function_aliases<'d, R: object::ReadRef<'d>>(
         return Vec::new();
     };
     // Each function's start, as a file offset, then at its link-time address.
-    let starts: BTreeSet<u64> = frames
-        .iter()
-        .filter_map(|frame| {
-            let into_function = frame.address.checked_sub(frame.function_address?)?;
-            frame.module_offset.checked_sub(into_function)
-        })
-        .collect();
+    let starts: BTreeSet<u64> = frames.iter().filter_map(super::function_start).collect();
     let linked: HashSet<u64> = starts
         .into_iter()
         .filter_map(|offset| address_of_file_offset(module, offset))

@@ -11,7 +11,7 @@ use std::{
 
 use blazesym::symbolize::Symbolizer;
 
-use super::{fill_from_elf, kallsyms::KernelSymbols, module_names, new_symbolizer};
+use super::{fill_from_elf, function_start, kallsyms::KernelSymbols, module_names, new_symbolizer};
 use crate::{
     capture::sideband::{FileIdentity, MappedFiles},
     profile::{Frame, FunctionAliases, InlinedFrame},
@@ -33,6 +33,17 @@ struct ModuleSymbols {
     by_offset: HashMap<u64, Symbol>,
     /// The module's functions with more than one name, of the code symbolized so far.
     aliases: Vec<Vec<String>>,
+    /// The functions (their start's file offset) whose other names were looked up: a new
+    /// offset in one of them needs no reading of the module's symbol tables again.
+    names_read: HashSet<u64>,
+}
+
+impl ModuleSymbols {
+    /// Whether `frame`, symbolized from the module's own symbols, needs the names that only
+    /// reading the module's tables gives: its function's other names, or a name at all.
+    fn needs_names(&self, frame: &Frame) -> bool {
+        function_start(frame).is_none_or(|start| !self.names_read.contains(&start))
+    }
 }
 
 /// What symbolizing a file offset says, apart from where the module is mapped.
@@ -107,9 +118,21 @@ impl SymbolCache {
         if !missed.is_empty() {
             let mut new: Vec<Frame> = missed.iter().map(|&index| frames[index].clone()).collect();
             fill_from_elf(&self.symbolizer, path, self.source_lines, &mut new);
-            for names in module_names(path, &mut new) {
-                if !module.aliases.contains(&names.names) {
-                    module.aliases.push(names.names);
+            // Under churn most new offsets are in functions seen before: the module's tables
+            // are read only for the others.
+            let unnamed: Vec<usize> = (0..new.len())
+                .filter(|&index| module.needs_names(&new[index]))
+                .collect();
+            if !unnamed.is_empty() {
+                let mut naming: Vec<Frame> = unnamed.iter().map(|&i| new[i].clone()).collect();
+                for names in module_names(path, &mut naming) {
+                    if !module.aliases.contains(&names.names) {
+                        module.aliases.push(names.names);
+                    }
+                }
+                for (index, frame) in unnamed.into_iter().zip(naming) {
+                    module.names_read.extend(function_start(&frame));
+                    new[index] = frame;
                 }
             }
             for (index, frame) in missed.into_iter().zip(new) {

@@ -408,8 +408,21 @@ fn code_path(dir: Option<&Path>, file: &std::ffi::OsStr) -> String {
     }
 }
 
+/// The file offset where `frame`'s function starts; `None` for a frame without a function.
+pub fn function_start(frame: &Frame) -> Option<u64> {
+    let into_function = frame.address.checked_sub(frame.function_address?)?;
+    frame.module_offset.checked_sub(into_function)
+}
+
+/// `bytes` in lower-case hex: a build ID as perf and debuginfod spell it.
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(byte & 15)]));
+    }
+    hex
 }
 
 #[cfg(test)]
