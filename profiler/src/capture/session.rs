@@ -43,8 +43,12 @@ use crate::{
     unwind::loader::UnwindLoader,
 };
 
-/// How often the side-band records (new mappings, exec, exit) are read.
-const SIDEBAND_INTERVAL: Duration = Duration::from_millis(50);
+/// How often the side-band records (new mappings, exec, exit) are read. Each read also
+/// publishes new processes to the unwinder and checks the maps' fill: under churn, reading
+/// every 50 ms cost an always-on agent at 99 Hz about 15% more CPU than every 100 ms. A process
+/// the program samples before a read asks for its tables at once (when launched or followed),
+/// or is walked by frame pointers until the read (system-wide).
+const SIDEBAND_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What one window of a capture holds, at address level: symbolized off the capture thread.
 pub struct WindowCapture {
