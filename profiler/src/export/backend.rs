@@ -53,7 +53,8 @@ impl WindowSink for BackendSink {
             // Backends refuse a request without profiles; an idle window has nothing to say.
             return Ok(());
         }
-        let mut gzip = GzEncoder::new(Vec::new(), Compression::default());
+        // As the pprof files: the fastest level (see `write_pprof`).
+        let mut gzip = GzEncoder::new(Vec::new(), Compression::fast());
         gzip.write_all(&(self.encode)(&series)?)?;
         self.delivery.send(gzip.finish()?)
     }

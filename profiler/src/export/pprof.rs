@@ -186,7 +186,9 @@ pub mod proto {
 /// Writes the whole profile, every event, as a gzipped pprof protobuf.
 pub fn write_pprof(profile: &Profile, out: impl Write) -> Result<(), ExportError> {
     let encoded = pprof_profile(profile).encode_to_vec();
-    let mut gzip = GzEncoder::new(out, Compression::default());
+    // The fastest level: an always-on agent writes a window every few seconds, and at 997 Hz
+    // the default level was 8% of its CPU for files about a fifth smaller.
+    let mut gzip = GzEncoder::new(out, Compression::fast());
     gzip.write_all(&encoded)?;
     gzip.finish()?;
     Ok(())
