@@ -5,7 +5,8 @@
 //! counter (1 GHz of virtual time) counts the same instructions. Debian's arm64 cloud kernel
 //! boots with an initramfs holding busybox, the cross-built profiler and a static workload
 //! that retires a known number of instructions in two functions (1:3); the profiler's answers
-//! are checked against those numbers.
+//! are checked against those numbers. The same boot records the off-CPU workload of the
+//! x86-64 kernel matrix (`--off-cpu --wakers`) and checks it as that matrix does.
 //!
 //! QEMU 7.2 (Debian 12) and later fire a general counter's overflow about once per timer tick
 //! rather than at the period (its overflow timer is wrong), while the cycle counter overflows
@@ -63,6 +64,7 @@ step cycles /tmp/cycles.json ./profiler record -e cycles:u -c @PERIOD@ --json /t
 step copy /tmp/copy.json ./profiler record -e cycles:u -c @PERIOD@ --unwind copy --json /tmp/copy.json -- $W
 step instructions /tmp/instructions.json ./profiler record -e instructions:u -c @PERIOD@ --json /tmp/instructions.json -- $W
 step together /tmp/together.json ./profiler record -e cycles:u,instructions:u -c @PERIOD@ --json /tmp/together.json -- $W
+step offcpu /tmp/offcpu.json ./profiler record --off-cpu --wakers --top 0 --json /tmp/offcpu.json -- ./off_cpu /tmp
 ./known_instructions 2000000000 > /dev/null &
 busy=$!
 step rate /tmp/rate.json ./profiler record --target-rate @RATE@ -e cycles:u -p $busy --duration 1 --json /tmp/rate.json
@@ -83,17 +85,30 @@ pub const AARCH64: &str = "aarch64-unknown-linux-gnu";
 /// Cross-builds the profiler for aarch64 with Debian's compiler and its aarch64 `std`; returns
 /// the binary, which embeds the eBPF program built for aarch64 kernels.
 pub fn build_aarch64() -> Result<PathBuf> {
+    cross_build(&["-p", "profiler"])?;
+    Ok(target_dir().join(AARCH64).join("release/profiler"))
+}
+
+/// Cross-builds the tests' workload `name` for aarch64, as [`build_aarch64`] the profiler.
+fn build_aarch64_workload(name: &str) -> Result<PathBuf> {
+    cross_build(&["-p", "integration-tests", "--bin", name])?;
+    Ok(target_dir().join(AARCH64).join("release").join(name))
+}
+
+/// `cargo build --release --target aarch64-unknown-linux-gnu PACKAGE_ARGS` with Debian's
+/// compiler and cross linker.
+fn cross_build(package_args: &[&str]) -> Result<()> {
     crate::setup::aarch64_cross_toolchain()?;
     run_command(
         crate::cargo()
-            .args(["build", "--release", "-p", "profiler", "--target", AARCH64])
+            .args(["build", "--release", "--target", AARCH64])
+            .args(package_args)
             .env("RUSTC", "/usr/bin/rustc")
             .env(
                 "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
                 "aarch64-linux-gnu-gcc",
             ),
-    )?;
-    Ok(target_dir().join(AARCH64).join("release/profiler"))
+    )
 }
 
 /// Which steps a boot runs (the guest reads it from the kernel command line).
@@ -131,11 +146,12 @@ fn bullseye_qemu(cache: &Path) -> Result<(PathBuf, PathBuf)> {
 pub fn run() -> Result<()> {
     apt_install(&["qemu-system-arm"])?;
     let profiler = build_aarch64()?;
+    let off_cpu = build_aarch64_workload("off_cpu")?;
     let cache = target_dir().join("arm-pmu");
     let apt = PrivateApt::new(&cache, &["bookworm"], "arm64")?;
     let vmlinuz = apt.kernel("6.1", "arm64")?;
     let busybox = apt.unpack("busybox-static")?.join("bin/busybox");
-    let initrd = build_initramfs(&cache.join("initramfs"), &profiler, &busybox)?;
+    let initrd = build_initramfs(&cache.join("initramfs"), &profiler, &off_cpu, &busybox)?;
     let (old_qemu, old_libraries) = bullseye_qemu(&cache.join("bullseye"))?;
     let mut old = Command::new(old_qemu);
     old.env("LD_LIBRARY_PATH", old_libraries);
@@ -189,9 +205,14 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-/// The guest's initramfs: busybox, the stripped profiler with the aarch64 libraries it loads,
-/// the workload built static, and its /init ([`STEPS`]).
-fn build_initramfs(root: &Path, profiler: &Path, busybox: &Path) -> Result<PathBuf> {
+/// The guest's initramfs: busybox, the stripped profiler and the off-CPU workload with the
+/// aarch64 libraries they load, the counting workload built static, and its /init ([`STEPS`]).
+fn build_initramfs(
+    root: &Path,
+    profiler: &Path,
+    off_cpu: &Path,
+    busybox: &Path,
+) -> Result<PathBuf> {
     if root.exists() {
         std::fs::remove_dir_all(root)?;
     }
@@ -205,13 +226,16 @@ fn build_initramfs(root: &Path, profiler: &Path, busybox: &Path) -> Result<PathB
             .arg(root.join("work/profiler"))
             .arg(profiler),
     )?;
+    // Its symbols stay: the off-CPU step names its functions.
+    std::fs::copy(off_cpu, root.join("work/off_cpu")).context("copying off_cpu")?;
     // The loader's default path is /lib: the libraries and the loader itself go there.
     let sysroot = Path::new("/usr/aarch64-linux-gnu/lib");
-    for library in needed_libraries(profiler)?
-        .iter()
-        .map(String::as_str)
-        .chain(["ld-linux-aarch64.so.1"])
-    {
+    let mut libraries = needed_libraries(profiler)?;
+    libraries.extend(needed_libraries(off_cpu)?);
+    libraries.push("ld-linux-aarch64.so.1".into());
+    libraries.sort();
+    libraries.dedup();
+    for library in &libraries {
         std::fs::copy(sysroot.join(library), root.join("lib").join(library))
             .with_context(|| format!("copying {library} from {}", sysroot.display()))?;
     }
@@ -292,6 +316,13 @@ fn checks(guest: &Guest, suite: Suite) -> Vec<Check> {
     if suite == Suite::GeneralCounter {
         return checks;
     }
+    // Off-CPU time on arm64: the x86-64 kernels' check, against what the workload measured.
+    let said = guest
+        .said
+        .get("offcpu")
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    checks.push(guest.step_check("offcpu", |document| kernels::check_off_cpu(document, said)));
     // Arm's driver would ignore precise_ip: the profiler refuses it, naming the PMU.
     let precise = guest
         .said

@@ -776,7 +776,7 @@ const OFF_CPU_TOLERANCE: f64 = 0.05;
 /// `record --off-cpu --wakers` of off_cpu: the blocked time under the sleeper's and the pipe
 /// reader's functions is what they measured (`wait KIND tid T count N total_ns NS ...`), and
 /// the pipe reader's waits were ended by the pipe writer.
-fn check_off_cpu(report: &Value, said: &[String]) -> Result<String> {
+pub fn check_off_cpu(report: &Value, said: &[String]) -> Result<String> {
     check_accounting(&report["events"][0], report)?;
     let off_cpu = &report["off_cpu"];
     let measured = |kind: &str| -> Result<u64> {
