@@ -118,6 +118,7 @@ step split /tmp/split.json ./profiler record -e cpu-clock -F 999 --json /tmp/spl
 step faults /tmp/faults.json sh -c './profiler record -e page-faults -c 1 -o /tmp/faults.prof -- ./page_toucher @PAGES@ && ./profiler report -i /tmp/faults.prof --by dcache-line --top 0 --json > /tmp/faults.json'
 step stat /tmp/stat.json ./profiler stat -e page-faults,task-clock --json -o /tmp/stat.json -- ./page_toucher @PAGES@
 step offcpu /tmp/offcpu.json ./profiler record --off-cpu --wakers --top 0 --json /tmp/offcpu.json -- ./off_cpu /tmp
+step unwind /tmp/unwind.json ./profiler record -e cpu-clock -F 999 --top 0 --json /tmp/unwind.json -- ./no_frame_pointers 3000
 echo "@@DONE"
 poweroff -f
 "#;
@@ -399,6 +400,14 @@ fn build_initramfs(root: &Path) -> Result<PathBuf> {
                 .with_context(|| format!("copying {}", library.display()))?;
         }
     }
+    // Built as the unwinding tests build it (`tests/tests/common/c_workload.rs`), and static:
+    // only unwind tables describe its frames and the C library's.
+    run_command(
+        Command::new("gcc")
+            .args(["-O2", "-fomit-frame-pointer", "-pthread", "-static", "-o"])
+            .arg(root.join("work/no_frame_pointers"))
+            .arg(crate::workspace_root().join("tests/workloads/c/no_frame_pointers.c")),
+    )?;
     let init = guest_init(STEPS, STEP_LIMIT)
         .replace("@ROUNDS@", &SPLIT_ROUNDS.to_string())
         .replace("@PAGES@", &TOUCHED_PAGES.to_string());
@@ -624,6 +633,7 @@ impl Guest {
             ("faults", check_faults),
             ("stat", check_stat),
             ("offcpu", check_off_cpu),
+            ("unwind", check_unwind),
         ] {
             let said = self.said.get(step).map(Vec::as_slice).unwrap_or_default();
             checks.push(self.step_check(step, |document| check(document, said)));
@@ -770,6 +780,64 @@ fn check_stat(report: &Value, said: &[String]) -> Result<String> {
     Ok(format!("page-faults {faults} for {pages} touched pages"))
 }
 
+/// The share of samples whose stacks must reach `main` or a thread's start, as the unwinding
+/// tests ask on the host.
+const COMPLETE_STACKS: f64 = 0.95;
+
+/// The first kernel whose in-kernel unwinder walks unwind tables (`bpf_task_pt_regs`); before
+/// it `--unwind dwarf` walks frame pointers.
+const UNWIND_TABLES_SINCE: (u32, u32) = (5, 15);
+
+/// The major and minor version of a kernel release (`5.10.0-32-cloud-amd64`).
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut numbers = release.split(|c: char| !c.is_ascii_digit());
+    Some((numbers.next()?.parse().ok()?, numbers.next()?.parse().ok()?))
+}
+
+/// `record` of no_frame_pointers (`-O2 -fomit-frame-pointer`, static: its C library keeps no
+/// frame pointers either): the stacks the in-kernel unwinder walked reach `main` or
+/// `start_thread` through the sort's callbacks and memcpy. The samples taken before the
+/// process's tables were loaded, walked by frame pointers (here, under TCG, the first tenth of a
+/// second or so), are counted apart: how soon tables load is tested on the host. Where the
+/// kernel predates the unwinder, every stack is walked by frame pointers, and the share is
+/// reported, not asserted.
+fn check_unwind(report: &Value, _: &[String]) -> Result<String> {
+    let event = &report["events"][0];
+    check_accounting(event, report)?;
+    let samples = event["samples"].as_u64().unwrap_or(0);
+    let stacks_through = |function: &str| -> u64 {
+        event["functions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|row| row["function"] == function)
+            .filter_map(|row| row["total_samples"].as_u64())
+            .sum()
+    };
+    let complete = stacks_through("main") + stacks_through("start_thread");
+    let by_frame_pointers = stacks_through("[frame pointers only]");
+    let release = report["meta"]["kernel_release"]
+        .as_str()
+        .unwrap_or_default();
+    let version =
+        kernel_version(release).ok_or_else(|| anyhow!("no kernel release in the report"))?;
+    if version < UNWIND_TABLES_SINCE {
+        return Ok(format!(
+            "{complete} of {samples} samples reach main or start_thread, walked by frame \
+             pointers (unwind tables need 5.15)"
+        ));
+    }
+    let walked = samples.saturating_sub(by_frame_pointers);
+    let said = format!(
+        "{complete} of {walked} stacks walked by unwind tables reach main or start_thread \
+         ({by_frame_pointers} more, taken before the tables loaded, by frame pointers)"
+    );
+    if walked < 100 || (complete as f64) < COMPLETE_STACKS * walked as f64 {
+        bail!("{said}; at least 95% must");
+    }
+    Ok(said)
+}
+
 /// How far blocked time under a function may be from what the workload measured.
 const OFF_CPU_TOLERANCE: f64 = 0.05;
 
@@ -833,6 +901,16 @@ pub fn check_off_cpu(report: &Value, said: &[String]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_versions_are_read_from_releases() {
+        assert_eq!(kernel_version("5.10.0-32-cloud-amd64"), Some((5, 10)));
+        assert_eq!(kernel_version("6.12.95+deb12-cloud-amd64"), Some((6, 12)));
+        assert_eq!(kernel_version("6.1"), Some((6, 1)));
+        assert_eq!(kernel_version("unknown"), None);
+        assert!(kernel_version("5.10.0").unwrap() < UNWIND_TABLES_SINCE);
+        assert!(kernel_version("6.1.0").unwrap() >= UNWIND_TABLES_SINCE);
+    }
 
     #[test]
     fn newest_kernel_package_sorts_last() {
