@@ -363,16 +363,10 @@ fn check_stat(report: &Value) -> Result<String> {
 
 /// Samples of each loop function in one event of `record --json`.
 fn loop_samples(event: &Value) -> (u64, u64) {
-    let samples_in = |function: &str| {
-        event["functions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|row| row["function"] == function)
-            .filter_map(|row| row["total_samples"].as_u64())
-            .sum::<u64>()
-    };
-    (samples_in("one_share"), samples_in("three_shares"))
+    (
+        kernels::stacks_through(event, "one_share"),
+        kernels::stacks_through(event, "three_shares"),
+    )
 }
 
 /// One sampled event: a sample every [`PERIOD`] loop instructions, split 1:3 between the loop

@@ -681,6 +681,17 @@ pub fn check_accounting(event: &Value, report: &Value) -> Result<()> {
     Ok(())
 }
 
+/// The samples of one event of `record --json` whose stacks hold `function`.
+pub fn stacks_through(event: &Value, function: &str) -> u64 {
+    event["functions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|row| row["function"] == function)
+        .filter_map(|row| row["total_samples"].as_u64())
+        .sum()
+}
+
 fn check_split(report: &Value, said: &[String]) -> Result<String> {
     let event = &report["events"][0];
     check_accounting(event, report)?;
@@ -690,16 +701,8 @@ fn check_split(report: &Value, said: &[String]) -> Result<String> {
         .find_map(|line| line.split_once("measured CPU split: "))
         .map(|(_, split)| split.to_string())
         .ok_or_else(|| anyhow!("cpu_split printed no split"))?;
-    let samples_in = |function: &str| -> f64 {
-        let wanted = format!("cpu_split::{function}");
-        event["functions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|row| row["function"] == wanted.as_str())
-            .filter_map(|row| row["total_samples"].as_u64())
-            .sum::<u64>() as f64
-    };
+    let samples_in =
+        |function: &str| stacks_through(event, &format!("cpu_split::{function}")) as f64;
     let all: f64 = ["heavy_work", "medium_work", "light_work"]
         .into_iter()
         .map(samples_in)
@@ -805,17 +808,8 @@ fn check_unwind(report: &Value, _: &[String]) -> Result<String> {
     let event = &report["events"][0];
     check_accounting(event, report)?;
     let samples = event["samples"].as_u64().unwrap_or(0);
-    let stacks_through = |function: &str| -> u64 {
-        event["functions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|row| row["function"] == function)
-            .filter_map(|row| row["total_samples"].as_u64())
-            .sum()
-    };
-    let complete = stacks_through("main") + stacks_through("start_thread");
-    let by_frame_pointers = stacks_through("[frame pointers only]");
+    let complete = stacks_through(event, "main") + stacks_through(event, "start_thread");
+    let by_frame_pointers = stacks_through(event, "[frame pointers only]");
     let release = report["meta"]["kernel_release"]
         .as_str()
         .unwrap_or_default();

@@ -120,17 +120,18 @@ impl SymbolCache {
             fill_from_elf(&self.symbolizer, path, self.source_lines, &mut new);
             // Under churn most new offsets are in functions seen before: the module's tables
             // are read only for the others.
-            let unnamed: Vec<usize> = (0..new.len())
+            let needing_tables: Vec<usize> = (0..new.len())
                 .filter(|&index| module.needs_names(&new[index]))
                 .collect();
-            if !unnamed.is_empty() {
-                let mut naming: Vec<Frame> = unnamed.iter().map(|&i| new[i].clone()).collect();
+            if !needing_tables.is_empty() {
+                let mut naming: Vec<Frame> =
+                    needing_tables.iter().map(|&i| new[i].clone()).collect();
                 for names in module_names(path, &mut naming) {
                     if !module.aliases.contains(&names.names) {
                         module.aliases.push(names.names);
                     }
                 }
-                for (index, frame) in unnamed.into_iter().zip(naming) {
+                for (index, frame) in needing_tables.into_iter().zip(naming) {
                     module.names_read.extend(function_start(&frame));
                     new[index] = frame;
                 }
