@@ -215,3 +215,72 @@ fn a_process_in_another_mount_namespace_is_symbolized_after_it_exits() {
         event["functions"]
     );
 }
+
+/// Under process churn most processes begin and end between two reads of the side-band, and
+/// enter the process table only once a drain finds a sample of them. Those sampled are still
+/// symbolized, after they exited, against the image they ran: the parent's before their exec
+/// (inherited at the fork), their own after.
+#[test]
+fn short_lived_children_are_symbolized_after_they_exit() {
+    // With frame pointers only, nothing asks the agent for a new process's tables: most
+    // children are first read after they exited. With tables, a child sampled early asks
+    // for its tables, and the agent reads it while it lives.
+    for unwind in ["fp", "dwarf"] {
+        short_lived_children_are_symbolized(unwind);
+    }
+}
+
+fn short_lived_children_are_symbolized(unwind: &str) {
+    let dir = common::temp_dir("short-lives");
+    let file = dir.join("churn.prof");
+    let churn = workload("short_processes");
+    // Drains every 50 ms: a child's life is held across several before the run ends.
+    let stderr = common::record_to(
+        &file,
+        &["-F", "20000", "--drain-interval", "50", "--unwind", unwind],
+        &[churn.to_str().unwrap(), "300"],
+    );
+    let profile = profiler::profile::file::read_profile(&file).unwrap();
+    // The parent runs throughout; each child for a millisecond or two.
+    let mut per_pid = std::collections::BTreeMap::<u32, u64>::new();
+    for stack in &profile.stacks {
+        *per_pid.entry(stack.pid).or_default() += stack.count;
+    }
+    let parent = per_pid
+        .iter()
+        .max_by_key(|(_, count)| **count)
+        .map(|(pid, _)| *pid);
+    let mut children = std::collections::BTreeSet::new();
+    let (mut user_leaves, mut in_a_module, mut named) = (0u64, 0u64, 0u64);
+    for stack in profile.stacks.iter().filter(|s| Some(s.pid) != parent) {
+        let user_leaf = stack
+            .frames
+            .iter()
+            .map(|id| &profile.frames[*id as usize])
+            .find(|frame| !frame.kernel);
+        let Some(leaf) = user_leaf else { continue };
+        children.insert(stack.pid);
+        user_leaves += stack.count;
+        if !leaf.module.is_empty() {
+            in_a_module += stack.count;
+        }
+        if leaf.function.is_some() {
+            named += stack.count;
+        }
+    }
+    assert!(
+        children.len() > 50,
+        "--unwind {unwind}: user-space samples in only {} of 300 children\n{stderr}",
+        children.len()
+    );
+    assert!(
+        in_a_module * 100 >= user_leaves * 99,
+        "--unwind {unwind}: {in_a_module} of the children's {user_leaves} user-space leaves are in a known \
+         module\n{stderr}"
+    );
+    assert!(
+        named * 100 >= user_leaves * 90,
+        "--unwind {unwind}: {named} of the children's {user_leaves} user-space leaves are named\n{stderr}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -27,7 +27,7 @@ use crate::{
         offcpu::offcpu_config,
         program::{CaptureProgram, Ring},
         raw::RawStream,
-        sideband::{ProcessTable, Sideband},
+        sideband::{ProcessTable, Settle, Sideband},
         stats::{CaptureStats, ProgramRuns},
     },
     drain::{
@@ -207,7 +207,7 @@ impl CaptureSession {
             stack_copies,
             sideband,
             counters,
-            processes: ProcessTable::default(),
+            processes: ProcessTable::new(options.stack_copy_kib.is_none()),
             drained: Drained::default(),
             run: Run::new(command, pids),
             duration: options.duration,
@@ -386,8 +386,9 @@ impl CaptureSession {
                     drainer.drain(program, drained)?;
                     // A drain later than the one that found them exited: an off-CPU block
                     // ends (and names its waker) only when the woken thread runs again.
-                    processes
-                        .forget_unsampled(*exited_by_last_drain, &drained.referenced_processes());
+                    let sampled = drained.referenced_processes();
+                    processes.forget_unsampled(*exited_by_last_drain, &sampled);
+                    processes.settle_short_lives(&sampled, Settle::AfterDrain);
                     *exited_by_last_drain = exited_by;
                 } else {
                     drainer.drain_if_filling(program, drained)?;
@@ -459,7 +460,7 @@ impl CaptureSession {
         // Exits read before the drain: every sample of those processes is drained below.
         self.read_sideband();
         self.sync_unwinder()?;
-        let exited = self.processes.exited();
+        let mut exited = self.processes.exited();
         if let Some(stream) = &mut self.ibs {
             stream.read_into(&mut self.drained.ibs)?;
         }
@@ -478,12 +479,16 @@ impl CaptureSession {
         self.drainer.drain(&mut self.program, &mut self.drained)?;
         self.compare_unwinders();
         let end = SystemTime::now();
+        let sampled = self.drained.referenced_processes();
+        // Gone before the drain, like the processes in `exited`.
+        exited.extend(
+            self.processes
+                .settle_short_lives(&sampled, Settle::WindowClosed),
+        );
         self.learn_wakers();
         let start = self.window_start;
         let (drained, accounting) = self.take_drained(accounting, end, pending);
-        let processes = self
-            .processes
-            .close_window(&drained.referenced_processes(), &exited);
+        let processes = self.processes.close_window(&sampled, &exited);
         Ok(WindowCapture {
             start,
             end,
@@ -614,6 +619,8 @@ impl CaptureSession {
                 .map(|stream| stream.comparison().render()),
         };
         self.close_off_cpu()?;
+        self.processes
+            .settle_short_lives(&self.drained.referenced_processes(), Settle::WindowClosed);
         self.learn_wakers();
         let start = self.window_start;
         // Nothing is drained after this: no stack needs keeping.

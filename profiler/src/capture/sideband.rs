@@ -26,6 +26,9 @@ type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};
 
+mod short_lives;
+pub use short_lives::Settle;
+
 /// Ring buffer per side-band event.
 const SIDEBAND_BUFFER_BYTES: usize = 512 * 1024;
 
@@ -246,6 +249,11 @@ pub struct ProcessTable {
     /// Each mapped path once: under churn thousands of processes a second map the same few
     /// files, and a new copy of each path per mapping was a tenth of the side-band's time.
     path_names: HashSet<Arc<str>>,
+    /// Processes born and gone between two reads, entered only once sampled.
+    short_lives: short_lives::ShortLives,
+    /// Whether such processes are held back: not where stack copies are unwound as they are
+    /// read (`--unwind copy`), which needs every process's mappings then.
+    hold_short_lives: bool,
 }
 
 /// Parses one line of /proc/PID/maps.
@@ -275,6 +283,14 @@ fn read_comm(path: &str) -> Option<String> {
 }
 
 impl ProcessTable {
+    /// An empty table; `hold_short_lives`: see [`ProcessTable::hold_short_lives`].
+    pub fn new(hold_short_lives: bool) -> ProcessTable {
+        ProcessTable {
+            hold_short_lives,
+            ..ProcessTable::default()
+        }
+    }
+
     /// Whether the table holds `pid`.
     pub fn knows(&self, pid: u32) -> bool {
         self.processes.contains_key(&pid)
@@ -544,11 +560,20 @@ impl ProcessTable {
         if pid == ppid {
             return;
         }
-        let (comm, mappings) = self
-            .processes
+        let (comm, mappings) = self.inherited_from(ppid);
+        self.start_process(pid, comm, mappings);
+    }
+
+    /// What a process forked by `ppid` starts with: its parent's name and address space.
+    fn inherited_from(&self, ppid: u32) -> (String, Arc<Vec<Mapping>>) {
+        self.processes
             .get(&ppid)
             .map(|parent| (parent.comm.clone(), Arc::clone(&parent.mappings)))
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// A new process on `pid` with its parent's name and address space.
+    fn start_process(&mut self, pid: u32, comm: String, mappings: Arc<Vec<Mapping>>) {
         // A reused pid: the exited process's samples may not be drained yet.
         let retired = match self.remove_process(pid) {
             Some(mut gone) if gone.exited => {
@@ -716,6 +741,8 @@ impl ProcessTable {
             by_change: BTreeMap::new(),
             last_read: Cell::new(self.last_change),
             path_names: HashSet::default(),
+            short_lives: short_lives::ShortLives::default(),
+            hold_short_lives: false,
         }
     }
 
@@ -782,6 +809,7 @@ impl ProcessTable {
 }
 
 /// What a side-band record does to the process table.
+#[derive(Debug)]
 enum Change {
     Map(u32, Mapping),
     NameThread {
@@ -966,9 +994,7 @@ impl Sideband {
             }
         }
         changes.sort_by_key(|(time, _)| *time);
-        for (_, change) in changes.drain(..) {
-            table.apply(change);
-        }
+        table.apply_batch(changes);
     }
 }
 

@@ -1,0 +1,394 @@
+//! Processes whose whole life falls between two reads of the side-band. Under process churn
+//! they are nearly every process, and at a production sampling rate nearly none of them is
+//! sampled: entering each into the process table, and forgetting it again at the next drain,
+//! was a third of the agent's CPU. Their changes are held instead, and a process enters the
+//! table only once a drain shows a sample of it.
+
+use std::{collections::BTreeSet, sync::Arc};
+
+use super::{Change, HashMap, Mapping, ProcessTable};
+
+/// One step of a held life.
+#[derive(Debug)]
+enum Held {
+    /// Its fork: the process starts with its parent's name and address space as they were.
+    Forked {
+        comm: String,
+        mappings: Arc<Vec<Mapping>>,
+    },
+    /// What happened to it next, up to its exit.
+    Then(Change),
+}
+
+/// The held lives, as flat lists of steps in time order: under churn hundreds are held and let
+/// go between two drains, and a list per process cost more allocations than the process
+/// table did.
+#[derive(Debug, Default)]
+pub(super) struct ShortLives {
+    /// Held since the last scheduled drain.
+    newer: Vec<(u32, Held)>,
+    /// Held before it: one more drain without a sample of them and they go. The drain after
+    /// a life ends may still miss it: an off-CPU block it woke ends, and is drained, only when
+    /// the woken thread runs again.
+    older: Vec<(u32, Held)>,
+    /// The pids with a life held, in either list, with how many (a pid reused between drains
+    /// has two).
+    pids: HashMap<u32, u32>,
+    /// Scratch of [`whole_lives`], kept to reuse its room.
+    seen: HashMap<u32, Seen>,
+}
+
+/// Counts a life of `pid` no longer held in `pids` (see [`ShortLives::pids`]).
+fn let_go(pids: &mut HashMap<u32, u32>, pid: u32) {
+    if let Some(count) = pids.get_mut(&pid) {
+        *count -= 1;
+        if *count == 0 {
+            pids.remove(&pid);
+        }
+    }
+}
+
+/// When held lives are settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// After a scheduled drain: an unsampled life is kept for one more.
+    AfterDrain,
+    /// As a window closes: what is not sampled now never will be (the window forgets every
+    /// process that exited).
+    WindowClosed,
+}
+
+impl Change {
+    /// The process a change belongs to, if one.
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Change::Map(pid, _) | Change::NameThread { pid, .. } | Change::Fork(pid, _) => {
+                Some(*pid)
+            }
+            Change::Exit(pid) => Some(*pid),
+            Change::ThreadExit(_) | Change::Lost(_) => None,
+        }
+    }
+}
+
+/// What a batch shows of a pid.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Living,
+    Ended,
+    /// Not a whole life in this batch.
+    Other,
+}
+
+/// Marks in `seen` the pids whose whole life is in `changes`, a batch in time order, as
+/// [`Seen::Ended`]: forked as a new process, then exited, with nothing of that pid before the
+/// fork or after the exit (a pid reused within the batch, or records the next read brings
+/// late), and no process of their own forked in the batch (a fork inherits its parent's
+/// address space as it is then).
+fn whole_lives(changes: &[(u64, Change)], seen: &mut HashMap<u32, Seen>) {
+    seen.clear();
+    for (_, change) in changes {
+        match *change {
+            Change::Fork(pid, ppid) if pid != ppid => {
+                seen.insert(ppid, Seen::Other);
+                seen.entry(pid)
+                    .and_modify(|state| *state = Seen::Other)
+                    .or_insert(Seen::Living);
+            }
+            _ => {
+                let Some(pid) = change.pid() else { continue };
+                let state = seen.entry(pid).or_insert(Seen::Other);
+                *state = match (&*state, change) {
+                    (Seen::Living, Change::Exit(_)) => Seen::Ended,
+                    (Seen::Living, _) => Seen::Living,
+                    _ => Seen::Other,
+                };
+            }
+        }
+    }
+}
+
+impl ProcessTable {
+    /// Applies a batch of side-band changes in time order, holding the whole lives in it
+    /// (where [`ProcessTable::hold_short_lives`]) until a drain settles them.
+    pub(super) fn apply_batch(&mut self, changes: &mut Vec<(u64, Change)>) {
+        let mut seen = std::mem::take(&mut self.short_lives.seen);
+        if self.hold_short_lives {
+            whole_lives(changes, &mut seen);
+        }
+        for (_, change) in changes.drain(..) {
+            match change.pid() {
+                Some(pid) if seen.get(&pid) == Some(&Seen::Ended) => self.hold(pid, change),
+                pid => {
+                    // A held life of this pid came first: its process may be needed now (a late
+                    // record of it, or a new process on its pid retiring its mappings).
+                    if let Some(pid) = pid.filter(|pid| self.short_lives.pids.contains_key(pid)) {
+                        self.apply_held(|held| held == pid);
+                    }
+                    self.apply(change);
+                }
+            }
+        }
+        self.short_lives.seen = seen;
+    }
+
+    fn hold(&mut self, pid: u32, change: Change) {
+        let step = match change {
+            Change::Fork(_, ppid) if ppid != pid => {
+                let (comm, mappings) = self.inherited_from(ppid);
+                *self.short_lives.pids.entry(pid).or_default() += 1;
+                Held::Forked { comm, mappings }
+            }
+            change => Held::Then(change),
+        };
+        self.short_lives.newer.push((pid, step));
+    }
+
+    /// Enters into the table the held lives of the pids `chosen` picks, oldest first.
+    fn apply_held(&mut self, chosen: impl Fn(u32) -> bool) {
+        let lives = &mut self.short_lives;
+        let steps: Vec<(u32, Held)> = lives
+            .older
+            .extract_if(.., |(pid, _)| chosen(*pid))
+            .chain(lives.newer.extract_if(.., |(pid, _)| chosen(*pid)))
+            .collect();
+        for (pid, step) in steps {
+            match step {
+                Held::Forked { comm, mappings } => {
+                    let_go(&mut self.short_lives.pids, pid);
+                    self.start_process(pid, comm, mappings);
+                }
+                Held::Then(change) => self.apply(change),
+            }
+        }
+    }
+
+    /// Enters into the table the held lives of the processes a drain found samples of
+    /// (`sampled`), and lets go of the others `when` allows. Returns the pids entered.
+    pub fn settle_short_lives(&mut self, sampled: &BTreeSet<u32>, when: Settle) -> Vec<u32> {
+        let entered: Vec<u32> = self
+            .short_lives
+            .pids
+            .keys()
+            .filter(|pid| sampled.contains(pid))
+            .copied()
+            .collect();
+        if !entered.is_empty() {
+            self.apply_held(|pid| sampled.contains(&pid));
+        }
+        let lives = &mut self.short_lives;
+        for (pid, step) in lives.older.drain(..) {
+            if matches!(step, Held::Forked { .. }) {
+                let_go(&mut lives.pids, pid);
+            }
+        }
+        match when {
+            Settle::AfterDrain => std::mem::swap(&mut lives.older, &mut lives.newer),
+            Settle::WindowClosed => {
+                lives.newer.clear();
+                lives.pids.clear();
+            }
+        }
+        entered
+    }
+
+    /// How many lives are held, for tests.
+    #[cfg(test)]
+    fn held_lives(&self) -> usize {
+        let lives = &self.short_lives;
+        lives
+            .older
+            .iter()
+            .chain(&lives.newer)
+            .filter(|(_, step)| matches!(step, Held::Forked { .. }))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse_maps_line;
+    use super::*;
+
+    fn code(path: &str) -> Mapping {
+        parse_maps_line(&format!("1000-2000 r-xp 0 0:0 0 {path}")).unwrap()
+    }
+
+    fn name(pid: u32, name: &str, exec: bool) -> Change {
+        Change::NameThread {
+            pid,
+            tid: pid,
+            name: name.into(),
+            exec,
+        }
+    }
+
+    /// A shell (1) runs `ls` (10) and `cat` (11), each forked, exec'd and gone before the read;
+    /// 12 is forked and still runs.
+    fn churn_batch() -> Vec<(u64, Change)> {
+        let changes = vec![
+            Change::Fork(10, 1),
+            name(10, "ls", true),
+            Change::Map(10, code("/bin/ls")),
+            Change::Exit(10),
+            Change::Fork(11, 1),
+            name(11, "cat", true),
+            Change::Map(11, code("/bin/cat")),
+            Change::Exit(11),
+            Change::Fork(12, 1),
+        ];
+        changes
+            .into_iter()
+            .enumerate()
+            .map(|(t, c)| (t as u64, c))
+            .collect()
+    }
+
+    fn shell() -> ProcessTable {
+        let mut table = ProcessTable::new(true);
+        table.map(1, code("/bin/sh"));
+        table.name_thread(1, 1, "sh".into(), false);
+        table
+    }
+
+    #[test]
+    fn whole_lives_are_held_and_only_sampled_ones_enter_the_table() {
+        let mut table = shell();
+        table.apply_batch(&mut churn_batch());
+        assert!(!table.knows(10) && !table.knows(11));
+        assert!(table.knows(12), "a living process enters at once");
+        assert_eq!(table.held_lives(), 2);
+
+        // A drain found a sample of `cat`: it enters, as it was, exited.
+        let entered = table.settle_short_lives(&[11].into(), Settle::AfterDrain);
+        assert_eq!(entered, [11]);
+        let cat = &table.processes[&11];
+        assert!(cat.exited);
+        assert_eq!(cat.comm, "cat");
+        assert_eq!(
+            &*table.code_mapping_for(11, 0x1100).unwrap().path,
+            "/bin/cat"
+        );
+        // Sampled before its exec: the shell's image it was forked with.
+        assert_eq!(cat.retired.len(), 1);
+        assert_eq!(&*cat.retired[0][0].path, "/bin/sh");
+        assert_eq!(table.thread_name(11, 11), "cat");
+
+        // `ls` is kept through one more drain (an off-CPU block it woke may end later), then
+        // let go.
+        assert_eq!(table.held_lives(), 1);
+        assert!(table
+            .settle_short_lives(&BTreeSet::new(), Settle::AfterDrain)
+            .is_empty());
+        assert!(!table.knows(10) && table.held_lives() == 0);
+    }
+
+    #[test]
+    fn a_closing_window_lets_go_of_every_unsampled_life() {
+        let mut table = shell();
+        table.apply_batch(&mut churn_batch());
+        assert_eq!(
+            table.settle_short_lives(&[10].into(), Settle::WindowClosed),
+            [10]
+        );
+        assert_eq!(table.held_lives(), 0);
+        assert!(table.knows(10) && !table.knows(11));
+    }
+
+    /// A held life's pid that a later record names again enters the table first: a new process
+    /// on that pid keeps the old one's image for samples drained later, and a late record of
+    /// the old one finds it.
+    #[test]
+    fn a_pid_named_again_enters_its_held_life_first() {
+        let mut table = shell();
+        table.apply_batch(&mut churn_batch());
+        let mut reuse = vec![
+            (20, Change::Fork(10, 1)),
+            (21, Change::Map(10, code("/bin/vi"))),
+        ];
+        table.apply_batch(&mut reuse);
+        assert_eq!(table.held_lives(), 1, "only cat is held");
+        assert_eq!(
+            &*table.code_mapping_for(10, 0x1100).unwrap().path,
+            "/bin/vi"
+        );
+        let images: Vec<&str> = table.processes[&10]
+            .retired
+            .iter()
+            .flat_map(|image| image.iter().map(|mapping| &*mapping.path))
+            .collect();
+        assert_eq!(images, ["/bin/sh", "/bin/ls"]);
+    }
+
+    /// A pid reused between drains has a life in each list: letting the older go keeps the
+    /// newer one known, so a record naming the pid still enters it first.
+    #[test]
+    fn a_pid_held_twice_stays_held_until_both_lives_go() {
+        let mut table = shell();
+        let life = |start: u64| {
+            vec![
+                (start, Change::Fork(10, 1)),
+                (start + 1, name(10, "ls", true)),
+                (start + 2, Change::Exit(10)),
+            ]
+        };
+        table.apply_batch(&mut life(0));
+        table.settle_short_lives(&BTreeSet::new(), Settle::AfterDrain);
+        table.apply_batch(&mut life(10));
+        assert_eq!(table.held_lives(), 2);
+        table.settle_short_lives(&BTreeSet::new(), Settle::AfterDrain);
+        assert_eq!(table.held_lives(), 1);
+        // A late record of the second life.
+        table.apply_batch(&mut vec![(20, Change::Map(10, code("/bin/ls")))]);
+        assert_eq!(table.held_lives(), 0);
+        let ls = &table.processes[&10];
+        assert!(ls.exited && ls.comm == "ls");
+        assert_eq!(
+            &*table.code_mapping_for(10, 0x1100).unwrap().path,
+            "/bin/ls"
+        );
+    }
+
+    /// Not whole lives: a process that forked another in the batch (its child inherits its
+    /// image then), a pid reused within the batch, records of a pid from before its fork, and
+    /// any process while holding is off (stack copies are unwound as they are read).
+    #[test]
+    fn only_whole_lives_without_children_are_held() {
+        let batch = vec![
+            Change::Fork(10, 1),
+            Change::Fork(11, 10),
+            Change::Exit(10),
+            Change::Exit(11),
+            Change::Fork(12, 1),
+            Change::Exit(12),
+            Change::Fork(12, 1),
+            Change::Exit(12),
+            Change::Map(13, code("/bin/late")),
+            Change::Fork(13, 1),
+            Change::Exit(13),
+            Change::Fork(14, 1),
+            Change::Fork(14, 14),
+            Change::ThreadExit(15),
+            Change::Exit(14),
+        ];
+        let batch: Vec<(u64, Change)> = batch
+            .into_iter()
+            .enumerate()
+            .map(|(t, c)| (t as u64, c))
+            .collect();
+        let mut seen = HashMap::default();
+        whole_lives(&batch, &mut seen);
+        let mut whole: Vec<u32> = seen
+            .into_iter()
+            .filter(|(_, state)| *state == Seen::Ended)
+            .map(|(pid, _)| pid)
+            .collect();
+        whole.sort();
+        assert_eq!(whole, [11, 14]);
+
+        let mut table = shell();
+        table.hold_short_lives = false;
+        table.apply_batch(&mut churn_batch());
+        assert!(table.knows(10) && table.knows(11) && table.held_lives() == 0);
+    }
+}
