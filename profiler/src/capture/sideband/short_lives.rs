@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeSet, sync::Arc};
 
-use super::{Change, HashMap, Mapping, ProcessTable};
+use super::{Change, HashMap, HashSet, Mapping, ProcessTable};
 
 /// One step of a held life.
 #[derive(Debug)]
@@ -123,7 +123,7 @@ impl ProcessTable {
                     // A held life of this pid came first: its process may be needed now (a late
                     // record of it, or a new process on its pid retiring its mappings).
                     if let Some(pid) = pid.filter(|pid| self.short_lives.pids.contains_key(pid)) {
-                        self.apply_held(|held| held == pid);
+                        self.apply_held(pid);
                     }
                     self.apply(change);
                 }
@@ -144,52 +144,62 @@ impl ProcessTable {
         self.short_lives.newer.push((pid, step));
     }
 
-    /// Enters into the table the held lives of the pids `chosen` picks, oldest first.
-    fn apply_held(&mut self, chosen: impl Fn(u32) -> bool) {
+    /// Enters into the table the held lives of `pid`, oldest first.
+    fn apply_held(&mut self, pid: u32) {
         let lives = &mut self.short_lives;
         let steps: Vec<(u32, Held)> = lives
             .older
-            .extract_if(.., |(pid, _)| chosen(*pid))
-            .chain(lives.newer.extract_if(.., |(pid, _)| chosen(*pid)))
+            .extract_if(.., |(held, _)| *held == pid)
+            .chain(lives.newer.extract_if(.., |(held, _)| *held == pid))
             .collect();
         for (pid, step) in steps {
-            match step {
-                Held::Forked { comm, mappings } => {
-                    let_go(&mut self.short_lives.pids, pid);
-                    self.start_process(pid, comm, mappings);
-                }
-                Held::Then(change) => self.apply(change),
+            self.enter(pid, step);
+        }
+    }
+
+    /// Applies one held step to the table.
+    fn enter(&mut self, pid: u32, step: Held) {
+        match step {
+            Held::Forked { comm, mappings } => {
+                let_go(&mut self.short_lives.pids, pid);
+                self.start_process(pid, comm, mappings);
             }
+            Held::Then(change) => self.apply(change),
         }
     }
 
     /// Enters into the table the held lives of the processes a drain found samples of
     /// (`sampled`), and lets go of the others `when` allows. Returns the pids entered.
     pub fn settle_short_lives(&mut self, sampled: &BTreeSet<u32>, when: Settle) -> Vec<u32> {
-        let entered: Vec<u32> = self
-            .short_lives
+        let lives = &mut self.short_lives;
+        let entered: HashSet<u32> = lives
             .pids
             .keys()
             .filter(|pid| sampled.contains(pid))
             .copied()
             .collect();
-        if !entered.is_empty() {
-            self.apply_held(|pid| sampled.contains(&pid));
-        }
-        let lives = &mut self.short_lives;
-        for (pid, step) in lives.older.drain(..) {
-            if matches!(step, Held::Forked { .. }) {
-                let_go(&mut lives.pids, pid);
+        // One pass over each list, whose room is kept for the next lives.
+        let mut older = std::mem::take(&mut lives.older);
+        let mut newer = std::mem::take(&mut lives.newer);
+        for (pid, step) in older.drain(..) {
+            if entered.contains(&pid) {
+                self.enter(pid, step);
+            } else if matches!(step, Held::Forked { .. }) {
+                let_go(&mut self.short_lives.pids, pid);
             }
         }
-        match when {
-            Settle::AfterDrain => std::mem::swap(&mut lives.older, &mut lives.newer),
-            Settle::WindowClosed => {
-                lives.newer.clear();
-                lives.pids.clear();
+        for (pid, step) in newer.drain(..) {
+            if entered.contains(&pid) {
+                self.enter(pid, step);
+            } else if when == Settle::AfterDrain {
+                older.push((pid, step));
+            } else if matches!(step, Held::Forked { .. }) {
+                let_go(&mut self.short_lives.pids, pid);
             }
         }
-        entered
+        self.short_lives.older = older;
+        self.short_lives.newer = newer;
+        entered.into_iter().collect()
     }
 
     /// How many lives are held, for tests.
