@@ -62,10 +62,10 @@ impl Change {
     /// The process a change belongs to, if one.
     fn pid(&self) -> Option<u32> {
         match self {
-            Change::Map(pid, _) | Change::NameThread { pid, .. } | Change::Fork(pid, _) => {
-                Some(*pid)
-            }
-            Change::Exit(pid) => Some(*pid),
+            Change::Map(pid, _)
+            | Change::NameThread { pid, .. }
+            | Change::Fork(pid, _)
+            | Change::Exit(pid) => Some(*pid),
             Change::ThreadExit(_) | Change::Lost(_) => None,
         }
     }
