@@ -10,8 +10,8 @@ use std::{
 };
 
 use common::{
-    assert_no_losses, profiler, record_page_faults, second_touched_region, temp_dir,
-    touched_region, workload, Running,
+    assert_no_losses, profiler, profiler_bin, record_page_faults, second_touched_region, temp_dir,
+    touched_region, wait_until_recording, workload, Running,
 };
 use profiler::profile::{file::read_profile, Profile, StackSample};
 use profiler_common::capture::LossKind;
@@ -626,4 +626,64 @@ fn every_data_line_of_a_large_run_is_kept_whatever_the_map_size() {
         assert_eq!(fired, drained, "--map-entries {map_entries}");
         std::fs::remove_dir_all(dir).ok();
     }
+}
+
+#[test]
+fn perf_recording_beside_a_system_wide_capture_gets_intact_mapping_records() {
+    // The kernel reports a new mapping to every session with one shared record header: when
+    // one session asks for build IDs in those records, the others' records carried its mark
+    // over their device and inode numbers, and perf 6.1 overflowed its stack on them.
+    let _cpus = cpus_shared();
+    let dir = temp_dir("beside_perf");
+    let mut capture = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["record", "-a", "--duration", "60", "-o"])
+            .arg(dir.join("system.prof"))
+            .stderr(std::process::Stdio::null()),
+    );
+    wait_until_recording(capture.id());
+    let perf_data = dir.join("perf.data");
+    let recorded = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-o"])
+        .arg(&perf_data)
+        .arg("--")
+        .arg(workload("cpu_split"))
+        .arg("200")
+        .output()
+        .expect("perf runs (Debian: linux-perf)");
+    capture.signal(libc::SIGINT);
+    assert!(capture
+        .wait_at_most(std::time::Duration::from_secs(60))
+        .success());
+    assert!(
+        recorded.status.success(),
+        "perf record beside the profiler: {}",
+        String::from_utf8_lossy(&recorded.stderr)
+    );
+    let script = Command::new("perf")
+        .args(["script", "--show-mmap-events", "-i"])
+        .arg(&perf_data)
+        .output()
+        .unwrap();
+    assert!(script.status.success());
+    let script = String::from_utf8_lossy(&script.stdout);
+    // `... @ 0x2000 fe:01 1234 0]: r-xp /path/cpu_split`: the file's device and inode, as
+    // perf asked, not a build ID (`<hex>`).
+    let code = script
+        .lines()
+        .find(|line| {
+            line.contains("PERF_RECORD_MMAP2")
+                && line.contains("r-xp")
+                && line.ends_with("cpu_split")
+        })
+        .unwrap_or_else(|| panic!("no mapping of cpu_split's code in\n{script}"));
+    let before_protection = code.rsplit_once("]:").unwrap().0;
+    let fields: Vec<&str> = before_protection.split_whitespace().rev().take(3).collect();
+    let [_, inode, device] = fields[..] else {
+        panic!("{code}");
+    };
+    assert!(
+        device.split(':').count() == 2 && inode.parse::<u64>().is_ok_and(|inode| inode > 0),
+        "{code}"
+    );
 }

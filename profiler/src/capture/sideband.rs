@@ -17,7 +17,9 @@ use perf_event::{events::Software, Builder, SampleFlag, Sampler};
 
 use super::counters::{online_cpus, threads_of, Target};
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
-use crate::import::perf_data::{decode_process_record, maps_code, FileId, ProcessRecord};
+use crate::import::perf_data::{
+    decode_process_record, maps_code, FileId, ProcessRecord, PERF_RECORD_MISC_MMAP_BUILD_ID,
+};
 
 /// The table's maps: seeded per map like std's, so paths a user crafts to collide gain little,
 /// and several times faster on the pids and paths that the side-band looks up tens of
@@ -107,6 +109,8 @@ pub struct MappedFiles {
     /// The build ID of each open file (read once), and the open file of each build ID.
     build_ids: HashMap<FileIdentity, Option<Arc<[u8]>>>,
     by_build_id: HashMap<Arc<[u8]>, FileIdentity>,
+    /// Files closed so far: what was kept for a file may go once it closes.
+    closed: u64,
 }
 
 impl MappedFiles {
@@ -170,6 +174,15 @@ impl MappedFiles {
             self.by_identity.insert(identity, Arc::new(file));
         }
         self.by_identity.contains_key(&identity).then_some(identity)
+    }
+
+    pub fn is_open(&self, identity: FileIdentity) -> bool {
+        self.by_identity.contains_key(&identity)
+    }
+
+    /// How many files were closed so far: while it stays, every file is still open.
+    pub fn closed(&self) -> u64 {
+        self.closed
     }
 
     /// A path that reaches the opened file from this process, while the table lives.
@@ -661,9 +674,11 @@ impl ProcessTable {
             .flat_map(ProcessInfo::all_mappings)
             .filter_map(|mapping| mapping.file)
             .collect();
+        let open = self.files.by_identity.len();
         self.files
             .by_identity
             .retain(|identity, _| mapped.contains(identity));
+        self.files.closed += (open - self.files.by_identity.len()) as u64;
         self.files
             .by_path
             .retain(|_, identity| mapped.contains(identity));
@@ -735,6 +750,7 @@ impl ProcessTable {
                 // Only what finding files by path needs: a snapshot opens nothing.
                 build_ids: HashMap::default(),
                 by_build_id: HashMap::default(),
+                closed: 0,
             },
             last_change: self.last_change,
             // A window's table is read, never synced from.
@@ -887,44 +903,31 @@ impl Sideband {
         let mut samplers: Vec<Sampler> = Vec::new();
         let mut redirected = Vec::new();
         let mut ring_of_cpu: HashMap<usize, usize> = HashMap::default();
-        // Build IDs in mmap records exist from Linux 5.12; before, the kernel refuses the bit
-        // and they are read from the mapped files instead.
-        let mut with_build_ids = true;
         for (pid, cpu) in placements {
-            let open = |build_ids: bool| {
-                let mut builder = Builder::new(Software::DUMMY);
-                match pid {
-                    Some(pid) => builder.observe_pid(pid as i32),
-                    None => builder.any_pid(),
-                };
-                builder.one_cpu(cpu);
-                builder
-                    .inherit(!matches!(target, Target::System))
-                    .enable_on_exec(matches!(target, Target::Command(_)))
-                    .mmap(true)
-                    .mmap2(true)
-                    .mmap_data(data_mappings)
-                    .build_id(build_ids)
-                    .comm(true)
-                    .comm_exec(true)
-                    .sample_id_all(true)
-                    .sample(SampleFlag::TIME)
-                    .task(true)
-                    .exclude_kernel(false);
-                builder.build()
+            let mut builder = Builder::new(Software::DUMMY);
+            match pid {
+                Some(pid) => builder.observe_pid(pid as i32),
+                None => builder.any_pid(),
             };
-            let mut opened = open(with_build_ids);
-            if with_build_ids && matches!(&opened, Err(e) if e.raw_os_error() == Some(libc::EINVAL))
-            {
-                opened = open(false);
-                if opened.is_ok() {
-                    with_build_ids = false;
-                    eprintln!(
-                        "note: this kernel puts no build IDs in its mapping records (Linux 5.12 \
-                         does): they are read from the mapped files"
-                    );
-                }
-            }
+            builder.one_cpu(cpu);
+            // No build IDs in the mapping records (`build_id`), though the kernel offers them:
+            // it marks a record as carrying one in a header it shares with every other session
+            // the mapping is reported to, and never unmarks it, so perf sessions running beside
+            // the agent got device and inode numbers flagged as a build ID (perf 6.1 overflows
+            // its stack on them). Build IDs are read from the mapped files the agent opens.
+            builder
+                .inherit(!matches!(target, Target::System))
+                .enable_on_exec(matches!(target, Target::Command(_)))
+                .mmap(true)
+                .mmap2(true)
+                .mmap_data(data_mappings)
+                .comm(true)
+                .comm_exec(true)
+                .sample_id_all(true)
+                .sample(SampleFlag::TIME)
+                .task(true)
+                .exclude_kernel(false);
+            let opened = builder.build();
             let counter = match opened {
                 Ok(counter) => counter,
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
@@ -986,9 +989,11 @@ impl Sideband {
                 let Some((own, time)) = bytes.split_last_chunk::<8>() else {
                     continue;
                 };
-                // A record the kernel wrote short is skipped, as perf does: no sample needs it.
-                if let Ok(Some(parsed)) = decode_process_record(record.ty(), record.misc(), own, 0)
-                {
+                // Another session's build-ID mark may have leaked onto the record (see
+                // `open`): without `build_id` the kernel always writes the file's device and
+                // inode. A record the kernel wrote short is skipped, as perf does.
+                let misc = record.misc() & !PERF_RECORD_MISC_MMAP_BUILD_ID;
+                if let Ok(Some(parsed)) = decode_process_record(record.ty(), misc, own, 0) {
                     changes.push((u64::from_ne_bytes(*time), table.change_of(parsed)));
                 }
             }

@@ -30,7 +30,7 @@ pub use error::PerfDataError;
 pub use features::{BuildId, Features, NrCpus, PmuCap};
 pub use records::{
     decode_process_record, maps_code, AuxTrace, Comm, CommFields, CpuMode, FileId, Mmap,
-    MmapFields, ProcessRecord, TaskEvent, Throttle,
+    MmapFields, ProcessRecord, TaskEvent, Throttle, PERF_RECORD_MISC_MMAP_BUILD_ID,
 };
 pub use sample::{
     BranchEntry, BranchStack, PerfSample, ReadValue, ReadValues, Registers, UserStack, Weight,

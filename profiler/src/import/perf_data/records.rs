@@ -33,7 +33,7 @@ const PERF_RECORD_MISC_CPUMODE_MASK: u16 = 7;
 /// MMAP/MMAP2: a data (non-executable) mapping. COMM: the name changed because of exec.
 const PERF_RECORD_MISC_MMAP_DATA_OR_COMM_EXEC: u16 = 1 << 13;
 /// MMAP2: carries a build id instead of device and inode.
-const PERF_RECORD_MISC_MMAP_BUILD_ID: u16 = 1 << 14;
+pub const PERF_RECORD_MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 
 /// Who was running when the record was made (perf_event_header.misc & 7).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
