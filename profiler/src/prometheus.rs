@@ -71,7 +71,8 @@ impl Metrics {
         *family.series.entry(label_set(labels)).or_default() += delta;
     }
 
-    /// The text exposition format, with this process's resident memory read at scrape time.
+    /// The text exposition format, with this process's resident memory and open files read at
+    /// scrape time.
     pub fn render(&self) -> String {
         self.set(
             "profiler_resident_memory_bytes",
@@ -79,6 +80,15 @@ impl Metrics {
             "Resident memory of the agent.",
             &[],
             resident_bytes() as f64,
+        );
+        // The agent holds each mapped file open while a process maps it: a count that only
+        // grows is a leak that ends in EMFILE.
+        self.set(
+            "profiler_open_files",
+            Kind::Gauge,
+            "File descriptors the agent holds open.",
+            &[],
+            open_files() as f64,
         );
         let families = self.families.lock().unwrap_or_else(|e| e.into_inner());
         let mut text = String::new();
@@ -121,6 +131,10 @@ fn resident_bytes() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     pages * page.max(0) as u64
+}
+
+fn open_files() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |entries| entries.count())
 }
 
 /// Serves `metrics` on `addr` from a thread of its own; the address is checked (and bound)

@@ -1,7 +1,7 @@
 //! `profiler agent --pyroscope URL --otlp URL`: a real agent exports every window to the strict
 //! receiver (tests/receiver) while a workload runs; the receiver goes away for a few windows and
 //! comes back, and the windows it missed arrive from the spool. Its Prometheus metrics say the
-//! same as its log.
+//! same as its log, and show it letting go of what it kept for programs that exited.
 
 mod common;
 mod receiver;
@@ -9,7 +9,10 @@ mod receiver;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{profiler_bin, wait_until_recording, workload, Running};
+use common::{
+    c_workload::build_no_frame_pointers, profiler_bin, read_pprof, wait_until_recording, workload,
+    Running,
+};
 use receiver::Receiver;
 
 /// Stops the agent with SIGTERM; its log, once it exited successfully and the receiver refused
@@ -450,4 +453,101 @@ fn page_fault_data_addresses_reach_pyroscope_and_otlp_by_object_line_and_functio
         })
         .sum();
     assert_eq!(data_samples_in_region, pages as i64);
+}
+
+#[test]
+fn the_agent_lets_go_of_the_files_and_unwind_tables_of_programs_that_exited() {
+    // Sixteen distinct programs (each its own build ID, so its own unwind table), run one after
+    // another: a system-wide agent meets new executables all day, and kept every table and
+    // every file the symbolizer ever read (a descriptor each) until this was fixed.
+    let dir = tempfile::tempdir().unwrap();
+    let programs: Vec<std::path::PathBuf> = (0..16u32)
+        .map(|k| {
+            let build_id = format!("-Wl,--build-id=0x{:032x}", 0xfeed_0000 + k);
+            build_no_frame_pointers(dir.path(), &format!("program_{k}"), &[&build_id])
+        })
+        .collect();
+    let windows = tempfile::tempdir().unwrap();
+    let metrics_addr = metrics_address();
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-F", "999", "--interval", "1"])
+            .arg("--output-dir")
+            .arg(windows.path())
+            .args(["--metrics-addr", &metrics_addr])
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    // Two windows closed: the gauges are set at each.
+    std::thread::sleep(Duration::from_millis(2500));
+    let tables = |scraped: &str| metric(scraped, "profiler_unwind_tables", &[]);
+    let tables_before = tables(&scrape(&metrics_addr));
+    for program in &programs {
+        let mut running = Running::spawn(Command::new(program).arg("300"));
+        assert!(running.wait_at_most(Duration::from_secs(30)).success());
+    }
+    // Three windows later every program's process is gone from the agent's table.
+    std::thread::sleep(Duration::from_millis(3500));
+    let after = scrape(&metrics_addr);
+    let tables_after = tables(&after);
+    let open_files = metric(&after, "profiler_open_files", &[]);
+    let programs_open: Vec<std::path::PathBuf> =
+        std::fs::read_dir(format!("/proc/{}/fd", agent.id()))
+            .unwrap()
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter(|target| programs.contains(target))
+            .collect();
+    agent.signal(libc::SIGTERM);
+    let output = agent.output_at_most(Duration::from_secs(30));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // Every program was sampled and its stacks walked through glibc's qsort to main by its
+    // table (it has no frame pointers): its table was loaded and its file symbolized.
+    let mut unwound_to_main = std::collections::HashSet::new();
+    for window in std::fs::read_dir(windows.path()).unwrap() {
+        let profile = read_pprof(&window.unwrap().path());
+        let profile = &profile;
+        let string = |index: i64| profile.string_table[index as usize].as_str();
+        for sample in &profile.sample {
+            let frames: Vec<(&str, &str)> = sample
+                .location_id
+                .iter()
+                .map(|id| &profile.location[*id as usize - 1])
+                .flat_map(|location| {
+                    let module = profile
+                        .mapping
+                        .get((location.mapping_id as usize).wrapping_sub(1))
+                        .map_or("", |mapping| string(mapping.filename));
+                    location.line.iter().map(move |line| {
+                        let function = &profile.function[line.function_id as usize - 1];
+                        (module, string(function.name))
+                    })
+                })
+                .collect();
+            if let [(module, "record_key"), ref callers @ ..] = frames[..] {
+                if callers.iter().any(|&(_, function)| function == "main") {
+                    unwound_to_main.insert(module.to_string());
+                }
+            }
+        }
+    }
+    for program in &programs {
+        assert!(
+            unwound_to_main.contains(program.to_str().unwrap()),
+            "{} was not unwound from record_key to main",
+            program.display()
+        );
+    }
+    assert!(tables_before > 0.0, "{after}");
+    // Other processes on the machine may start meanwhile: a little slack, well short of 16.
+    assert!(
+        tables_after <= tables_before + 6.0,
+        "tables: {tables_before} before, {tables_after} after\n{after}"
+    );
+    assert!(programs_open.is_empty(), "still open: {programs_open:?}");
+    assert!(open_files > 3.0, "{after}");
 }

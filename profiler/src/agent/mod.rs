@@ -199,7 +199,7 @@ struct Exporter {
 
 impl Exporter {
     /// Symbolizes a window into its profile.
-    fn profile(&self, capture: WindowCapture, symbols: &SymbolCache) -> Profile {
+    fn profile(&self, capture: WindowCapture, symbols: &mut SymbolCache) -> Profile {
         let meta = profile_meta(self.target.clone(), capture.start, capture.end);
         let mut profile = assemble_with(
             meta,
@@ -207,7 +207,7 @@ impl Exporter {
             capture.drained,
             &capture.processes,
             &capture.accounting,
-            Some(symbols),
+            Some(&*symbols),
         );
         symbols.forget_closed(&capture.processes.files);
         profile.hardware.cpu = self.cpu.clone();
@@ -227,14 +227,14 @@ impl Exporter {
         // One symbolizer for every window: the files it parsed, the kernel's symbols and the
         // code symbolized stay cached, so a window costs what its new code costs. Made here: it
         // cannot move threads.
-        let symbols = SymbolCache::new(self.source_lines);
+        let mut symbols = SymbolCache::new(self.source_lines);
         for ClosedWindow { sequence, capture } in windows {
             let exporting = std::time::Instant::now();
             let (start, end) = (capture.start, capture.end);
             let fired: u64 = capture.accounting.samples_fired.iter().sum();
             let lost = capture.accounting.samples_lost();
             self.count_samples(&capture);
-            let profile = self.profile(capture, &symbols);
+            let profile = self.profile(capture, &mut symbols);
             // Sampled events only: the off-CPU "event" counts nanoseconds.
             let sampled = self.events.len() as u32;
             let samples: u64 = profile
@@ -353,6 +353,22 @@ impl Exporter {
                  statistics on: --bpf-stats).",
                 &[("program", &program.name)],
                 program.run_time.as_secs_f64(),
+            );
+        }
+        if let Some(tables) = capture.unwind_tables {
+            metrics.set(
+                "profiler_unwind_tables",
+                Kind::Gauge,
+                "Files whose unwind tables are loaded for the in-kernel unwinder.",
+                &[],
+                tables.files as f64,
+            );
+            metrics.set(
+                "profiler_unwind_table_rows",
+                Kind::Gauge,
+                "Rows of the unwind tables loaded (16 bytes each, within --unwind-table-mib).",
+                &[],
+                tables.rows as f64,
             );
         }
         let kept: u64 = capture
@@ -577,6 +593,8 @@ impl From<crate::record::Capture> for WindowCapture {
             drained: capture.drained,
             accounting: capture.accounting,
             programs: capture.stats.programs,
+            // The agent is stopping: the gauges keep the last full window's.
+            unwind_tables: None,
         }
     }
 }

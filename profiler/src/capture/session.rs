@@ -40,7 +40,7 @@ use crate::{
         capture_config, check_privileges, enable_run_statistics, event_counts, event_info,
         held_map_memory, profile_meta, target_description, Capture, RecordOptions,
     },
-    unwind::loader::UnwindLoader,
+    unwind::loader::{TablesLoaded, UnwindLoader},
 };
 
 /// How often the side-band records (new mappings, exec, exit) are read. Each read also
@@ -61,6 +61,8 @@ pub struct WindowCapture {
     pub accounting: Accounting,
     /// The programs' run-time statistics since they were loaded (zero while they are off).
     pub programs: Vec<ProgramRuns>,
+    /// The unwind tables loaded as it closed (`--unwind dwarf`).
+    pub unwind_tables: Option<TablesLoaded>,
 }
 
 pub struct CaptureSession {
@@ -496,6 +498,7 @@ impl CaptureSession {
             processes,
             accounting,
             programs: self.program.run_statistics()?,
+            unwind_tables: self.unwinder.as_ref().map(UnwindLoader::loaded),
         })
     }
 

@@ -6,10 +6,13 @@
 use std::{
     cell::{OnceCell, RefCell},
     collections::{HashMap, HashSet},
-    path::Path,
+    path::{Path, PathBuf},
 };
 
-use blazesym::symbolize::Symbolizer;
+use blazesym::symbolize::{
+    evict::{self, Evict},
+    Symbolizer,
+};
 
 use super::{fill_from_elf, function_start, kallsyms::KernelSymbols, module_names, new_symbolizer};
 use crate::{
@@ -30,6 +33,9 @@ pub struct SymbolCache {
 
 #[derive(Default)]
 struct ModuleSymbols {
+    /// The descriptor path the symbolizer read the module at: what it caches the module's
+    /// parsed file under.
+    path: PathBuf,
     by_offset: HashMap<u64, Symbol>,
     /// The module's functions with more than one name, of the code symbolized so far.
     aliases: Vec<Vec<String>>,
@@ -108,6 +114,9 @@ impl SymbolCache {
     ) -> Vec<FunctionAliases> {
         let mut modules = self.modules.borrow_mut();
         let module = modules.entry(identity).or_default();
+        if module.path != path {
+            module.path = path.to_path_buf();
+        }
         let mut missed = Vec::new();
         for (index, frame) in frames.iter_mut().enumerate() {
             match module.by_offset.get(&frame.module_offset) {
@@ -162,11 +171,23 @@ impl SymbolCache {
     }
 
     /// Forgets the modules `files` no longer holds open. While a file is open its inode cannot
-    /// name another file; once closed it may, so what was read from it goes.
-    pub fn forget_closed(&self, files: &MappedFiles) {
-        self.modules
-            .borrow_mut()
-            .retain(|identity, _| files.path(*identity).is_some());
+    /// name another file; once closed it may, so what was read from it goes. So does the
+    /// symbolizer's parse of it: the symbolizer keeps every file a path ever named (and a
+    /// descriptor to each), and descriptor paths are reused for other files, so without this
+    /// the agent grew by every distinct executable it ever symbolized.
+    pub fn forget_closed(&mut self, files: &MappedFiles) {
+        let closed: Vec<PathBuf> = self
+            .modules
+            .get_mut()
+            .extract_if(|identity, _| files.path(*identity).is_none())
+            .map(|(_, module)| module.path)
+            .collect();
+        for path in closed {
+            // The path may name an open module by now (a reused descriptor): its parse goes
+            // too, and is read again at its next frame. Evicting what is not cached is no
+            // error.
+            let _ = self.symbolizer.evict(&Evict::Elf(evict::Elf::new(path)));
+        }
     }
 
     #[cfg(test)]
@@ -226,13 +247,29 @@ mod tests {
     }
 
     #[test]
-    fn modules_whose_files_closed_are_forgotten() {
-        let cache = SymbolCache::new(true);
-        let (exe, frame) = frame_of_this_test(0x1000);
-        cache.fill((1, 2), &exe, &mut [frame]);
+    fn modules_whose_files_closed_are_forgotten_with_the_symbolizers_parse_of_them() {
+        // A file of this test's own: the descriptors open on it are the symbolizer's.
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("module");
+        std::fs::copy("/bin/true", &module).unwrap();
+        let descriptors_on_module = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+                .filter(|target| *target == module)
+                .count()
+        };
+        let mut cache = SymbolCache::new(false);
+        let frame = Frame {
+            module_offset: 0x1000,
+            ..Frame::default()
+        };
+        cache.fill((1, 2), &module, &mut [frame]);
         assert_eq!(cache.cached_offsets((1, 2)), 1);
+        assert_eq!(descriptors_on_module(), 1);
         cache.forget_closed(&MappedFiles::default());
         assert_eq!(cache.cached_offsets((1, 2)), 0);
+        assert_eq!(descriptors_on_module(), 0);
     }
 
     /// The file offset of one of the test binary's addresses, from /proc/self/maps.

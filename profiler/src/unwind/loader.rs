@@ -32,7 +32,7 @@ use super::{
 use crate::{
     capture::{
         ring::KernelRing,
-        sideband::{FileIdentity, Mapping, ProcessTable},
+        sideband::{FileIdentity, MappedFiles, Mapping, ProcessTable},
     },
     input::{open_regular, FinalLink, ModuleImage},
     symbolize::vdso::{self, VDSO},
@@ -169,6 +169,13 @@ impl Drop for RowArena {
     }
 }
 
+/// The unwind tables in the walker's arena.
+#[derive(Clone, Copy, Debug)]
+pub struct TablesLoaded {
+    pub files: usize,
+    pub rows: u64,
+}
+
 /// The agent's side of the in-kernel unwinder.
 pub struct UnwindLoader {
     rows: RowArena,
@@ -200,6 +207,8 @@ pub struct UnwindLoader {
     without_table: BTreeMap<&'static str, u64>,
     /// Processes the full process table refused, counted once each.
     refused: HashSet<u32>,
+    /// The process table's count of closed files at the last sync.
+    files_closed: u64,
 }
 
 impl UnwindLoader {
@@ -228,6 +237,7 @@ impl UnwindLoader {
             moved: 0,
             without_table: BTreeMap::new(),
             refused: HashSet::new(),
+            files_closed: 0,
         }
     }
 
@@ -245,6 +255,10 @@ impl UnwindLoader {
     pub fn sync(&mut self, table: &ProcessTable) -> Result<()> {
         // The requests only say "look": every changed process is compared below.
         while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
+        if table.files.closed() != self.files_closed {
+            self.files_closed = table.files.closed();
+            self.release_closed_files(&table.files)?;
+        }
         let last_change = table.last_change();
         if last_change == self.synced && self.retry.is_empty() {
             return Ok(());
@@ -336,6 +350,21 @@ impl UnwindLoader {
                     return Err(error)
                         .with_context(|| format!("publishing the mappings of process {pid}"))
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets go of the tables of the files closed (no process maps them) and frees their rows:
+    /// a system-wide agent meets new executables all day, and kept every table it ever
+    /// loaded. A file mapped again is opened again, and its table read from the disk cache.
+    fn release_closed_files(&mut self, files: &MappedFiles) -> Result<()> {
+        self.files.retain(|identity, _| files.is_open(*identity));
+        for table in self.cache.release_unused() {
+            // Freed while the table lives: its rows are placed by its address, which a table
+            // allocated later may reuse.
+            if let Some(placed) = self.placed.get(&Arc::as_ptr(&table)).copied() {
+                self.repoint(placed.start, None)?;
             }
         }
         Ok(())
@@ -631,6 +660,13 @@ impl UnwindLoader {
         self.use_stamps_read = Some(Instant::now());
     }
 
+    pub fn loaded(&self) -> TablesLoaded {
+        TablesLoaded {
+            files: self.placed.len(),
+            rows: self.space.used_rows(),
+        }
+    }
+
     /// The `--stats` lines: the tables loaded and what the walker did.
     pub fn render_stats(&self) -> String {
         let mut out = String::new();
@@ -645,13 +681,14 @@ impl UnwindLoader {
             .collect();
         let count = |what: UnwindCount| counts[what as usize];
         let mib = |rows: f64| rows * UnwindRow::SIZE as f64 / (1024.0 * 1024.0);
+        let loaded = self.loaded();
         let _ = writeln!(
             out,
             "  unwind tables: {} files, {} rows ({:.1} MiB of {:.1} MiB); compiled {}, from the \
              disk cache {}; evicted {} ({} no longer mapped, {} of idle processes), moved {}",
-            self.placed.len(),
-            self.space.used_rows(),
-            mib(self.space.used_rows() as f64),
+            loaded.files,
+            loaded.rows,
+            mib(loaded.rows as f64),
             mib(f64::from(self.space.capacity())),
             self.cache.stats.compiled,
             self.cache.stats.from_disk,

@@ -767,7 +767,7 @@ pub struct CacheStats {
 #[derive(Debug, Default)]
 pub struct TableCache {
     /// Files that cannot be compiled (no CFI: Go, hand-written assembly) are remembered too, so
-    /// that each process mapping one does not try again.
+    /// that each process mapping one does not try again while it is open.
     memory: HashMap<TableKey, Result<Arc<UnwindTable>, String>>,
     directory: Option<PathBuf>,
     pub stats: CacheStats,
@@ -850,6 +850,17 @@ impl TableCache {
         let table = Arc::new(table);
         self.memory.insert(key, Ok(table.clone()));
         Ok(table)
+    }
+
+    /// Lets go of the tables no one else holds any more (their files closed) and of the
+    /// failures remembered, so that memory follows the files open, not every file ever mapped.
+    /// The tables are handed back for the caller to undo what it did with them before they
+    /// are dropped.
+    pub fn release_unused(&mut self) -> Vec<Arc<UnwindTable>> {
+        self.memory
+            .extract_if(|_, table| !matches!(table, Ok(t) if Arc::strong_count(t) > 1))
+            .filter_map(|(_, table)| table.ok())
+            .collect()
     }
 }
 

@@ -408,6 +408,26 @@ fn tables_are_compiled_once_per_build_id_and_kept_on_disk_across_runs() {
 }
 
 #[test]
+fn tables_no_one_holds_are_let_go_and_read_back_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = build_workload(dir.path(), "program", &[]);
+    let mut cache = TableCache::new(Some(dir.path().join("cache")));
+    let table = cache.table(&open(&program), &program).unwrap();
+    assert!(cache.release_unused().is_empty(), "held, so kept");
+    let compiled = (*table).clone();
+    drop(table);
+    let released = cache.release_unused();
+    assert_eq!(released.len(), 1);
+    assert_eq!(*released[0], compiled);
+    drop(released);
+    assert!(cache.release_unused().is_empty());
+    // Mapped again: read back from disk, not compiled again.
+    let again = cache.table(&open(&program), &program).unwrap();
+    assert_eq!(*again, compiled);
+    assert_eq!((cache.stats.compiled, cache.stats.from_disk), (1, 1));
+}
+
+#[test]
 fn files_without_a_build_id_are_keyed_by_path_size_and_time() {
     let dir = tempfile::tempdir().unwrap();
     let binary = build_workload(dir.path(), "no_build_id", &["-Wl,--build-id=none"]);
