@@ -85,22 +85,39 @@ impl ProcessMappings {
         }; MAX_PROCESS_MAPPINGS],
     };
 
-    /// The mapping containing `address`. Bounded by [`MAPPING_SEARCH_STEPS`] for the verifier,
-    /// and indexes masked to the array (the verifier does not follow the search's own bounds).
+    /// The mapping containing `address`, and its index. Bounded by [`MAPPING_SEARCH_STEPS`] for
+    /// the verifier, and indexes masked to the array (the verifier does not follow the search's
+    /// own bounds). Each index into the array is passed through `opaque` first: in BPF, it hides
+    /// the index's value from the verifier, to which a tracked index makes each step's two
+    /// outcomes states it cannot prune, checked each through the rest of the frame.
     #[inline(always)]
-    pub fn find(&self, address: u64) -> Option<&ExecMapping> {
+    pub fn find_through(
+        &self,
+        address: u64,
+        mut opaque: impl FnMut(u32) -> u32,
+    ) -> Option<(u32, &ExecMapping)> {
         let count = if self.count as usize > MAX_PROCESS_MAPPINGS {
             MAX_PROCESS_MAPPINGS as u32
         } else {
             self.count
         };
-        let at = |i: u32| &self.mappings[i as usize & (MAX_PROCESS_MAPPINGS - 1)];
+        let mut at = |i: u32| &self.mappings[opaque(i) as usize & (MAX_PROCESS_MAPPINGS - 1)];
         let found =
             crate::unwind::find_last_at_or_below(count, MAPPING_SEARCH_STEPS, address, |i| {
                 Some(at(i).start)
             })?;
         let mapping = at(found);
-        (address < mapping.end).then_some(mapping)
+        (address < mapping.end).then_some((found, mapping))
+    }
+
+    /// The mapping at `index` when it contains `address`.
+    #[inline(always)]
+    pub fn at_if_contains(&self, index: u32, address: u64) -> Option<&ExecMapping> {
+        if index >= self.count {
+            return None;
+        }
+        let mapping = &self.mappings[index as usize & (MAX_PROCESS_MAPPINGS - 1)];
+        (mapping.start <= address && address < mapping.end).then_some(mapping)
     }
 }
 
@@ -158,6 +175,38 @@ unsafe impl aya::Pod for ProcessMappings {}
 mod tests {
     use super::*;
 
+    /// The mapping containing `address`, found with indexes passed through as they are, and
+    /// checked against its index.
+    fn find(process: &ProcessMappings, address: u64) -> Option<&ExecMapping> {
+        let (index, mapping) = process.find_through(address, |index| index)?;
+        assert!(core::ptr::eq(
+            process.at_if_contains(index, address).unwrap(),
+            mapping
+        ));
+        Some(mapping)
+    }
+
+    #[test]
+    fn the_last_frames_mapping_is_used_only_when_it_holds_the_address() {
+        let mut process = ProcessMappings::EMPTY;
+        process.mappings[0] = ExecMapping {
+            start: 0x1000,
+            end: 0x2000,
+            ..ExecMapping::default()
+        };
+        process.mappings[1] = ExecMapping {
+            start: 0x5000,
+            end: 0x6000,
+            ..ExecMapping::default()
+        };
+        process.count = 1;
+        assert!(process.at_if_contains(0, 0x1fff).is_some());
+        assert!(process.at_if_contains(0, 0x2000).is_none());
+        // Past the count: a stale index from a process that has fewer mappings now.
+        assert!(process.at_if_contains(1, 0x5000).is_none());
+        assert!(process.at_if_contains(u32::MAX, 0x1000).is_none());
+    }
+
     #[test]
     fn finds_the_mapping_containing_an_address_and_nothing_between_mappings() {
         let mut process = ProcessMappings::EMPTY;
@@ -171,13 +220,13 @@ mod tests {
             };
         }
         process.count = ranges.len() as u32;
-        assert_eq!(process.find(0xfff), None);
-        assert_eq!(process.find(0x1000).map(|m| m.rows_start), Some(0));
-        assert_eq!(process.find(0x1fff).map(|m| m.rows_start), Some(0));
-        assert_eq!(process.find(0x2000), None);
-        assert_eq!(process.find(0x8fff).map(|m| m.rows_start), Some(1));
-        assert_eq!(process.find(0x9000).map(|m| m.rows_start), Some(2));
-        assert_eq!(process.find(0xa000), None);
+        assert_eq!(find(&process, 0xfff), None);
+        assert_eq!(find(&process, 0x1000).map(|m| m.rows_start), Some(0));
+        assert_eq!(find(&process, 0x1fff).map(|m| m.rows_start), Some(0));
+        assert_eq!(find(&process, 0x2000), None);
+        assert_eq!(find(&process, 0x8fff).map(|m| m.rows_start), Some(1));
+        assert_eq!(find(&process, 0x9000).map(|m| m.rows_start), Some(2));
+        assert_eq!(find(&process, 0xa000), None);
     }
 
     #[test]
@@ -198,7 +247,7 @@ mod tests {
             for i in 0..MAX_PROCESS_MAPPINGS {
                 let start = 0x10000 * (i as u64 + 1);
                 assert_eq!(
-                    process.find(start + 0xfff).map(|m| m.rows_start),
+                    find(&process, start + 0xfff).map(|m| m.rows_start),
                     Some(i as u32)
                 );
             }

@@ -47,8 +47,8 @@ use profiler_common::{
     },
     unwind::{find_row_by, step, CfaRule, Caller, Registers, StepEnd, UnwindRow},
     unwind_maps::{
-        use_stamp, ProcessMappings, UnwindCount, FRAME_POINTERS_ONLY_FRAME, MAX_UNWIND_FRAMES,
-        TABLE_NOT_LOADED, TRUNCATED_FRAME,
+        use_stamp, ExecMapping, ProcessMappings, UnwindCount, FRAME_POINTERS_ONLY_FRAME,
+        MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME,
     },
 };
 
@@ -813,7 +813,7 @@ fn unwind_frame(
     state: &mut WalkState,
 ) -> Result<Caller, WalkEnd> {
     let pc = frame.lookup_ip();
-    let Some(mapping) = process.find(pc) else {
+    let Some(mapping) = find_mapping(process, pc, state) else {
         return Err(WalkEnd::Truncated(UnwindCount::TruncatedOutsideMappings));
     };
     let mut table_row = None;
@@ -855,6 +855,34 @@ fn unwind_frame(
     }
 }
 
+/// The mapping holding `pc`: the last frame's when it holds it (most callers are in the
+/// module of the frame they called), else searched for.
+#[inline(always)]
+fn find_mapping<'p>(
+    process: &'p ProcessMappings,
+    pc: u64,
+    state: &mut WalkState,
+) -> Option<&'p ExecMapping> {
+    if let Some(mapping) = process.at_if_contains(state.mapping as u32, pc) {
+        return Some(mapping);
+    }
+    let (index, mapping) = process.find_through(pc, |index| opaque(&mut state.opaque, index))?;
+    state.mapping = u64::from(index);
+    Some(mapping)
+}
+
+/// `value`, written to map memory and read back: the verifier does not track what map memory
+/// holds, so states that differ only in it are one to it. A search through the mappings with
+/// indexes it tracked made the unwinder's verification take 0.5 s of CPU at every start.
+#[inline(always)]
+fn opaque(slot: &mut u64, value: u32) -> u32 {
+    // SAFETY: a field of this CPU's walk state.
+    unsafe {
+        core::ptr::write_volatile(slot, u64::from(value));
+        core::ptr::read_volatile(slot) as u32
+    }
+}
+
 /// Where a user-stack walk is, between the unwinder's tail calls.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -870,6 +898,10 @@ struct WalkState {
     may_request: u64,
     /// 1 once the walk has stepped through a mapping whose table is not loaded.
     met_unloaded_table: u64,
+    /// The index of the mapping the last frame was in.
+    mapping: u64,
+    /// Where [`opaque`] passes values through.
+    opaque: u64,
 }
 
 /// This CPU's sample being unwound, and where its walk is.
@@ -958,6 +990,8 @@ fn start_walk<P: Copy + 'static>(
             depth: 0,
             may_request: u64::from(fresh),
             met_unloaded_table: 0,
+            mapping: 0,
+            opaque: 0,
         };
         unwinder.tail_call(ctx, 0);
     }
