@@ -179,7 +179,7 @@ impl SymbolCache {
         let closed: Vec<PathBuf> = self
             .modules
             .get_mut()
-            .extract_if(|identity, _| files.path(*identity).is_none())
+            .extract_if(|identity, _| !files.is_open(*identity))
             .map(|(_, module)| module.path)
             .collect();
         for path in closed {
