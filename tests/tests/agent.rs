@@ -233,10 +233,7 @@ fn old_windows_are_removed_to_stay_within_max_disk() {
     );
     wait_until_recording(agent.id());
     std::thread::sleep(Duration::from_secs(4));
-    agent.signal(libc::SIGTERM);
-    let output = agent.output_at_most(Duration::from_secs(30));
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{log}");
+    let log = agent.terminate();
     let exported = log.matches("exported to --output-dir").count();
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
@@ -345,13 +342,7 @@ fn agent_windows_of_workloads(name: &str, args: &[&str]) -> Vec<WindowFile> {
     ]));
     assert!(cpu_split.wait_at_most(Duration::from_secs(60)).success());
     assert!(memcpy.wait_at_most(Duration::from_secs(60)).success());
-    agent.signal(libc::SIGTERM);
-    let output = agent.output_at_most(Duration::from_secs(30));
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    agent.terminate();
     window_files(&dir)
 }
 

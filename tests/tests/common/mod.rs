@@ -264,6 +264,16 @@ impl Running {
         }
     }
 
+    /// Stops it with SIGTERM, as a service manager stops the agent: its log (stderr), once it
+    /// exited successfully within 30 s.
+    pub fn terminate(&mut self) -> String {
+        self.signal(libc::SIGTERM);
+        let output = self.output_at_most(std::time::Duration::from_secs(30));
+        let log = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{log}");
+        log
+    }
+
     pub fn signal(&self, signal: i32) {
         // SAFETY: kill(2) on our own child's pid, not reaped yet.
         unsafe { libc::kill(self.0.id() as i32, signal) };
