@@ -467,7 +467,8 @@ impl ProcessTable {
                     file_offset: mmap.pgoff,
                     path: self.path_name(mmap.filename),
                     executable: maps_code(mmap.prot, mmap.data),
-                    build_id: mmap.build_id.map(|id| self.build_id(id)),
+                    // Read from the file below: the side-band asks for none (see `Sideband::open`).
+                    build_id: None,
                     file: None,
                 };
                 // Live only: a pid in a perf.data import may belong to another process now.
@@ -500,14 +501,6 @@ impl ProcessTable {
         let name: Arc<str> = path.into();
         self.path_names.insert(Arc::clone(&name));
         name
-    }
-
-    /// The shared copy of a build ID, where a file with it is open.
-    fn build_id(&self, bytes: &[u8]) -> Arc<[u8]> {
-        match self.files.by_build_id.get_key_value(bytes) {
-            Some((known, _)) => Arc::clone(known),
-            None => Arc::from(bytes),
-        }
     }
 
     fn apply(&mut self, change: Change) {
@@ -990,8 +983,8 @@ impl Sideband {
                     continue;
                 };
                 // Another session's build-ID mark may have leaked onto the record (see
-                // `open`): without `build_id` the kernel always writes the file's device and
-                // inode. A record the kernel wrote short is skipped, as perf does.
+                // `Sideband::open`): without `build_id` the kernel always writes the file's
+                // device and inode. A record the kernel wrote short is skipped, as perf does.
                 let misc = record.misc() & !PERF_RECORD_MISC_MMAP_BUILD_ID;
                 if let Ok(Some(parsed)) = decode_process_record(record.ty(), misc, own, 0) {
                     changes.push((u64::from_ne_bytes(*time), table.change_of(parsed)));
