@@ -539,27 +539,28 @@ fn uncovered(sections: &[Range<u64>], covered: &[Range<u64>]) -> Vec<Range<u64>>
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TableKey {
     BuildId(Vec<u8>),
-    /// For files without a build ID.
+    /// For files without a build ID (Rust's toolchain libraries, programs linked without one):
+    /// the file itself, not a path to it. The loader reaches files through descriptor paths
+    /// (`/proc/self/fd/N`), which differ between runs and each time a file is opened again, so
+    /// a key by path recompiled such a file on every open and stored one more copy on disk.
     File {
-        path: PathBuf,
+        device: u64,
+        inode: u64,
         size: u64,
         mtime_ns: i64,
     },
 }
 
 impl TableKey {
-    /// The key of `file` (at `path`): its build ID, else its path, size and modification time.
-    pub fn of<'d, R: ReadRef<'d>>(
-        elf: &object::File<'d, R>,
-        file: &File,
-        path: &Path,
-    ) -> Result<TableKey> {
+    /// The key of `file`: its build ID, else its device, inode, size and modification time.
+    pub fn of<'d, R: ReadRef<'d>>(elf: &object::File<'d, R>, file: &File) -> Result<TableKey> {
         if let Some(id) = elf.build_id().ok().flatten().filter(|id| !id.is_empty()) {
             return Ok(TableKey::BuildId(id.to_vec()));
         }
         let metadata = file.metadata()?;
         Ok(TableKey::File {
-            path: path.to_path_buf(),
+            device: metadata.dev(),
+            inode: metadata.ino(),
             size: metadata.len(),
             mtime_ns: metadata.mtime() * 1_000_000_000 + metadata.mtime_nsec(),
         })
@@ -570,16 +571,18 @@ impl TableKey {
         match self {
             TableKey::BuildId(id) => [&[0u8][..], id].concat(),
             TableKey::File {
-                path,
+                device,
+                inode,
                 size,
                 mtime_ns,
-            } => {
-                let mut out = vec![1u8];
-                out.extend_from_slice(&size.to_le_bytes());
-                out.extend_from_slice(&mtime_ns.to_le_bytes());
-                out.extend_from_slice(path.as_os_str().as_encoded_bytes());
-                out
-            }
+            } => [
+                &[2u8][..],
+                &device.to_le_bytes(),
+                &inode.to_le_bytes(),
+                &size.to_le_bytes(),
+                &mtime_ns.to_le_bytes(),
+            ]
+            .concat(),
         }
     }
 
@@ -796,13 +799,12 @@ impl TableCache {
         Some(base.join("profiler").join("unwind"))
     }
 
-    /// The table of the ELF file open as `file` (reached at `path`, named in messages and in
-    /// keys of files without a build ID).
+    /// The table of the ELF file open as `file` (reached at `path`, named in messages).
     pub fn table(&mut self, file: &File, path: &Path) -> Result<Arc<UnwindTable>> {
         let image = ModuleImage::new(file.try_clone()?);
         let elf = object::File::parse(&image)
             .map_err(|e| anyhow!("{}: not an ELF file: {e}", path.display()))?;
-        let key = TableKey::of(&elf, file, path)?;
+        let key = TableKey::of(&elf, file)?;
         if let Some(table) = self.memory.get(&key) {
             self.stats.from_memory += 1;
             return table.clone().map_err(|message| anyhow!(message));
