@@ -540,3 +540,96 @@ fn the_agent_lets_go_of_the_files_and_unwind_tables_of_programs_that_exited() {
     assert!(programs_open.is_empty(), "still open: {programs_open:?}");
     assert!(open_files > 3.0, "{after}");
 }
+
+/// Resident bytes of the agent's memory-mapped BPF maps (the unwind-row arena, ring buffers).
+fn bpf_map_resident_bytes(pid: u32) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut in_map = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        match fields.next() {
+            Some(first) if first.contains('-') && !first.ends_with(':') => {
+                in_map = line.ends_with("anon_inode:bpf-map");
+            }
+            Some("Rss:") if in_map => kib += fields.next().unwrap().parse::<u64>().unwrap(),
+            _ => {}
+        }
+    }
+    kib * 1024
+}
+
+#[test]
+fn a_large_unwind_table_leaves_the_agents_memory_when_its_program_exits() {
+    // A program with as many FDEs as a compiler's library has rows to spare: 150,000 small
+    // functions with call-frame information, three rows each, about 7 MB of rows. The agent
+    // kept the arena pages such a table was written to mapped (resident) after it exited.
+    let dir = tempfile::tempdir().unwrap();
+    let assembly = dir.path().join("many_functions.s");
+    let mut text = String::from(".text\n");
+    for k in 0..150_000 {
+        text.push_str(&format!(
+            ".globl many_{k}\nmany_{k}:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n\
+             .cfi_offset %rbp, -16\npop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n"
+        ));
+    }
+    std::fs::write(&assembly, text).unwrap();
+    let program = build_no_frame_pointers(
+        dir.path(),
+        "large_table",
+        &[
+            assembly.to_str().unwrap(),
+            "-Wl,--build-id=0xfeedfacefeedfacefeedfacefeedface",
+        ],
+    );
+    let windows = tempfile::tempdir().unwrap();
+    let metrics_addr = metrics_address();
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-F", "99", "--interval", "1"])
+            .arg("--output-dir")
+            .arg(windows.path())
+            .args(["--metrics-addr", &metrics_addr])
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    std::thread::sleep(Duration::from_millis(2500));
+    let rows = |scraped: &str| metric(scraped, "profiler_unwind_table_rows", &[]);
+    let (rows_before, resident_before) = (
+        rows(&scrape(&metrics_addr)),
+        bpf_map_resident_bytes(agent.id()),
+    );
+
+    let mut running = Running::spawn(Command::new(&program).arg("4000"));
+    let (mut rows_during, mut resident_during) = (0.0f64, 0);
+    while running.0.try_wait().unwrap().is_none() {
+        rows_during = rows_during.max(rows(&scrape(&metrics_addr)));
+        resident_during = resident_during.max(bpf_map_resident_bytes(agent.id()));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Three windows later the program's table is gone from the arena.
+    std::thread::sleep(Duration::from_millis(3500));
+    let (rows_after, resident_after) = (
+        rows(&scrape(&metrics_addr)),
+        bpf_map_resident_bytes(agent.id()),
+    );
+    agent.terminate();
+
+    let table_rows = rows_during - rows_before;
+    assert!(
+        table_rows >= 400_000.0,
+        "{rows_before} rows, {rows_during} with the program"
+    );
+    assert!(
+        resident_during >= resident_before + (5 << 20),
+        "{resident_before} bytes of mapped maps, {resident_during} with the table"
+    );
+    assert!(
+        rows_after < rows_before + 10_000.0,
+        "{rows_after} rows after, {rows_before} before"
+    );
+    assert!(
+        resident_after <= resident_before + (1 << 20),
+        "{resident_before} bytes of mapped maps before, {resident_after} after its program exited"
+    );
+}

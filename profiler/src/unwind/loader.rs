@@ -50,13 +50,15 @@ struct FileTable {
 ///
 /// The kernel maps every page of a mapped BPF array at once, so mapping the whole arena would
 /// make all of it resident in the agent (64 MiB at the default size) however few rows are used.
-/// Its address range is reserved instead, and the map's pages mapped into it a chunk at a time
-/// as first-fit placement reaches them.
+/// Its address range is reserved instead, the map's pages mapped into it a chunk at a time as
+/// tables are written there, and a chunk no table holds any more is handed back to the
+/// reservation: a table as large as a compiler's (25 MB of rows) would otherwise stay in the
+/// agent's resident memory after its program exited.
 pub struct RowArena {
     rows: *mut UnwindRow,
     len: u32,
-    /// Rows `0..mapped` are mapped.
-    mapped: u32,
+    /// Which chunks are mapped.
+    mapped: Vec<bool>,
     map: MapData,
 }
 
@@ -71,16 +73,7 @@ impl RowArena {
             .max_entries();
         // SAFETY: reserves address space only (no access, no memory behind it), at an address
         // the kernel picks; checked for failure below.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                Self::bytes(len),
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
+        let address = unsafe { Self::reserve(std::ptr::null_mut(), Self::bytes(len)) };
         if address == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error())
                 .context("reserving address space for the unwind-row arena");
@@ -88,9 +81,34 @@ impl RowArena {
         Ok(RowArena {
             rows: address.cast(),
             len,
-            mapped: 0,
+            mapped: vec![false; len.div_ceil(ARENA_CHUNK_ROWS) as usize],
             map,
         })
+    }
+
+    /// Reserves `bytes` of address space at `address` (anywhere when null): no access, no memory
+    /// behind it.
+    ///
+    /// # Safety
+    /// A non-null `address` must start a page-aligned range of this arena's reservation, which
+    /// it replaces.
+    unsafe fn reserve(address: *mut UnwindRow, bytes: usize) -> *mut libc::c_void {
+        let fixed = if address.is_null() {
+            0
+        } else {
+            libc::MAP_FIXED
+        };
+        // SAFETY: as the caller promises.
+        unsafe {
+            libc::mmap(
+                address.cast(),
+                bytes,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | fixed,
+                -1,
+                0,
+            )
+        }
     }
 
     fn bytes(rows: u32) -> usize {
@@ -101,43 +119,72 @@ impl RowArena {
         self.len
     }
 
-    /// Maps the map's pages up to row `end` (at most the arena's length) into the reservation.
-    fn map_through(&mut self, end: u32) -> std::io::Result<()> {
-        if end <= self.mapped {
-            return Ok(());
+    /// The rows of chunk `chunk`: its first row and how many.
+    fn chunk_rows(&self, chunk: usize) -> (u32, u32) {
+        let start = chunk as u32 * ARENA_CHUNK_ROWS;
+        (start, ARENA_CHUNK_ROWS.min(self.len - start))
+    }
+
+    /// Maps the map's pages of rows `start..end` (within the arena) into the reservation.
+    fn map_rows(&mut self, start: u32, end: u32) -> std::io::Result<()> {
+        let chunks = (start / ARENA_CHUNK_ROWS) as usize..end.div_ceil(ARENA_CHUNK_ROWS) as usize;
+        for chunk in chunks {
+            if self.mapped[chunk] {
+                continue;
+            }
+            let (first, rows) = self.chunk_rows(chunk);
+            let offset = Self::bytes(first);
+            // SAFETY: replaces one chunk of the reservation made in `new` (it lies within it)
+            // with the map's own pages at the same offset; chunks are a whole number of pages.
+            // Checked for failure below.
+            let address = unsafe {
+                libc::mmap(
+                    self.rows.add(first as usize).cast(),
+                    Self::bytes(rows),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    self.map.fd().as_fd().as_raw_fd(),
+                    offset as libc::off_t,
+                )
+            };
+            if address == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            self.mapped[chunk] = true;
         }
-        let to = end
-            .div_ceil(ARENA_CHUNK_ROWS)
-            .saturating_mul(ARENA_CHUNK_ROWS)
-            .min(self.len);
-        let offset = Self::bytes(self.mapped);
-        // SAFETY: replaces part of the reservation made in `new` (`offset..` plus the length
-        // lies within it: `to <= len`) with the map's own pages at the same offset; the offset
-        // is a whole number of chunks, so page-aligned. Checked for failure below.
-        let address = unsafe {
-            libc::mmap(
-                self.rows.cast::<u8>().add(offset).cast(),
-                Self::bytes(to) - offset,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_FIXED,
-                self.map.fd().as_fd().as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if address == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
+        Ok(())
+    }
+
+    /// Hands the mapped chunks no table holds back to the reservation (the map keeps their
+    /// pages; the agent's resident memory does not).
+    fn unmap_unused(&mut self, space: &ArenaSpace) -> std::io::Result<()> {
+        for chunk in 0..self.mapped.len() {
+            let (first, rows) = self.chunk_rows(chunk);
+            if !self.mapped[chunk] || space.holds_any(first, first + rows) {
+                continue;
+            }
+            // SAFETY: the chunk lies within the reservation made in `new`, at a whole number of
+            // pages; no table's rows are there, so nothing reads it. Checked below.
+            let address =
+                unsafe { Self::reserve(self.rows.add(first as usize), Self::bytes(rows)) };
+            if address == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            self.mapped[chunk] = false;
         }
-        self.mapped = to;
         Ok(())
     }
 
     /// A copy of the rows at `placed`.
-    fn read(&self, placed: Placed) -> Vec<UnwindRow> {
-        let end = (placed.start as usize + placed.len as usize).min(self.mapped as usize);
-        let start = (placed.start as usize).min(end);
-        // SAFETY: `start..end` lies within the mapped rows (clamped above); UnwindRow is plain
-        // data, any bytes a valid value.
-        unsafe { std::slice::from_raw_parts(self.rows.add(start), end - start) }.to_vec()
+    fn read(&mut self, placed: Placed) -> std::io::Result<Vec<UnwindRow>> {
+        let end = placed.start.saturating_add(placed.len).min(self.len);
+        let start = placed.start.min(end);
+        // Mapped already while a table holds them; the map keeps the rows either way.
+        self.map_rows(start, end)?;
+        let (start, end) = (start as usize, end as usize);
+        // SAFETY: `start..end` lies within the arena (clamped above), in chunks mapped above;
+        // UnwindRow is plain data, any bytes a valid value.
+        Ok(unsafe { std::slice::from_raw_parts(self.rows.add(start), end - start) }.to_vec())
     }
 
     /// Copies `rows` to `start`; `false` when they do not fit.
@@ -149,9 +196,9 @@ impl RowArena {
         else {
             return Ok(false);
         };
-        self.map_through(end)
+        self.map_rows(start, end)
             .context("memory-mapping more of the unwind-row arena")?;
-        // SAFETY: `start..end` lies within the mapped rows (mapped above); UnwindRow is plain
+        // SAFETY: `start..end` lies within the arena, in chunks mapped above; UnwindRow is plain
         // data, and the walker reads these rows only once a mapping published afterwards names
         // them.
         unsafe {
@@ -367,7 +414,9 @@ impl UnwindLoader {
                 self.repoint(placed.start, None)?;
             }
         }
-        Ok(())
+        self.rows
+            .unmap_unused(&self.space)
+            .context("unmapping unused chunks of the unwind-row arena")
     }
 
     /// Writes `pid`'s mappings into the walker's table, keeping the stamp of its last sample
@@ -582,10 +631,13 @@ impl UnwindLoader {
         }
         for (old, to) in plan.moves {
             // The new rows first; the old ones stay until no published mapping names them.
-            let rows = self.rows.read(Placed {
-                start: old,
-                len: to.len,
-            });
+            let rows = self
+                .rows
+                .read(Placed {
+                    start: old,
+                    len: to.len,
+                })
+                .context("memory-mapping a table's rows to move them")?;
             if !self.rows.write(to.start, &rows)? {
                 return Ok(false);
             }
