@@ -15,6 +15,7 @@ pub mod drain;
 pub mod events;
 pub mod export;
 pub mod hardware;
+pub mod heap;
 pub mod import;
 pub mod input;
 pub mod launch;

@@ -290,6 +290,10 @@ impl Exporter {
                 &[],
                 exporting.elapsed().as_secs_f64(),
             );
+            // The window, and what the capture side let go of since the last one (tables and
+            // symbols of programs that exited), leave free pages behind.
+            drop(window);
+            crate::heap::release_free_pages();
         }
         for sink in &mut self.sinks {
             if let Err(error) = sink.finish() {

@@ -367,7 +367,8 @@ impl CaptureProgram {
         };
         // The loader holds the kernel's parsed BTF.
         drop(loader);
-        release_loading_memory();
+        // Loading parsed the kernel's BTF, about 19 MB of short-lived allocations here.
+        crate::heap::release_free_pages();
         let generations = [
             take_generation(&mut ebpf, 0)?,
             take_generation(&mut ebpf, 1)?,
@@ -480,16 +481,6 @@ impl CaptureProgram {
         }
         Ok(programs)
     }
-}
-
-/// Loading parsed the kernel's BTF, about 19 MB of short-lived allocations here. glibc keeps
-/// freed heap pages below live ones resident (and after freeing the large read buffer it
-/// serves even large allocations from the heap), so an always-on agent would carry them for
-/// its whole life: they are handed back once loading is done.
-fn release_loading_memory() {
-    // SAFETY: malloc_trim(3) only returns free heap pages to the kernel; it has no
-    // preconditions and touches no live allocation.
-    unsafe { libc::malloc_trim(0) };
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK (64 KiB by default), where the maps
