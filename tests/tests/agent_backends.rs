@@ -443,6 +443,23 @@ fn page_fault_data_addresses_reach_pyroscope_and_otlp_by_object_line_and_functio
     assert_eq!(data_samples_in_region, pages as i64);
 }
 
+/// A system-wide agent sampling at `hz` with 1 s windows written to `windows`, serving metrics
+/// at the address returned, once two windows closed (its gauges are set at each).
+fn agent_of_short_windows(hz: &str, windows: &std::path::Path) -> (Running, String) {
+    let metrics_addr = metrics_address();
+    let agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-F", hz, "--interval", "1"])
+            .arg("--output-dir")
+            .arg(windows)
+            .args(["--metrics-addr", &metrics_addr])
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    std::thread::sleep(Duration::from_millis(2500));
+    (agent, metrics_addr)
+}
+
 #[test]
 fn the_agent_lets_go_of_the_files_and_unwind_tables_of_programs_that_exited() {
     // Sixteen distinct programs (each its own build ID, so its own unwind table), run one after
@@ -456,18 +473,7 @@ fn the_agent_lets_go_of_the_files_and_unwind_tables_of_programs_that_exited() {
         })
         .collect();
     let windows = tempfile::tempdir().unwrap();
-    let metrics_addr = metrics_address();
-    let mut agent = Running::spawn(
-        Command::new(profiler_bin())
-            .args(["agent", "-F", "999", "--interval", "1"])
-            .arg("--output-dir")
-            .arg(windows.path())
-            .args(["--metrics-addr", &metrics_addr])
-            .stderr(Stdio::piped()),
-    );
-    wait_until_recording(agent.id());
-    // Two windows closed: the gauges are set at each.
-    std::thread::sleep(Duration::from_millis(2500));
+    let (mut agent, metrics_addr) = agent_of_short_windows("999", windows.path());
     let tables = |scraped: &str| metric(scraped, "profiler_unwind_tables", &[]);
     let tables_before = tables(&scrape(&metrics_addr));
     for program in &programs {
@@ -583,17 +589,7 @@ fn a_large_unwind_table_leaves_the_agents_memory_when_its_program_exits() {
         ],
     );
     let windows = tempfile::tempdir().unwrap();
-    let metrics_addr = metrics_address();
-    let mut agent = Running::spawn(
-        Command::new(profiler_bin())
-            .args(["agent", "-F", "99", "--interval", "1"])
-            .arg("--output-dir")
-            .arg(windows.path())
-            .args(["--metrics-addr", &metrics_addr])
-            .stderr(Stdio::piped()),
-    );
-    wait_until_recording(agent.id());
-    std::thread::sleep(Duration::from_millis(2500));
+    let (mut agent, metrics_addr) = agent_of_short_windows("99", windows.path());
     let rows = |scraped: &str| metric(scraped, "profiler_unwind_table_rows", &[]);
     let (rows_before, resident_before) = (
         rows(&scrape(&metrics_addr)),
