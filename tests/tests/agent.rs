@@ -118,6 +118,13 @@ fn the_agent_exports_a_window_per_interval_until_sigterm() {
     assert!(cpu_split.wait_at_most(Duration::from_secs(60)).success());
     let workload_end = unix_ns(SystemTime::now());
     std::thread::sleep(Duration::from_millis(2500));
+    // SIGTERM half-way through a window (they start on a grid of the interval): signalled just
+    // after a window closed, the last partial one would be too short to hold a sample.
+    let grid = window_files(&dir).last().unwrap().start_ns();
+    let into_window = (unix_ns(SystemTime::now()) - grid) % 1_000_000_000;
+    std::thread::sleep(Duration::from_nanos(
+        (1_500_000_000 - into_window) % 1_000_000_000,
+    ));
     let signalled = Instant::now();
     let signal_time = unix_ns(SystemTime::now());
     agent.signal(libc::SIGTERM);
