@@ -567,7 +567,7 @@ fn bpf_map_resident_bytes(pid: u32) -> u64 {
 
 #[test]
 fn a_large_unwind_table_leaves_the_agents_memory_when_its_program_exits() {
-    // A program with as many FDEs as a compiler's library has rows to spare: 150,000 small
+    // A program with a table large enough to span several arena chunks: 150,000 small
     // functions with call-frame information, three rows each, about 7 MB of rows. The agent
     // kept the arena pages such a table was written to mapped (resident) after it exited.
     let dir = tempfile::tempdir().unwrap();
