@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{
-    c_workload::build_no_frame_pointers, profiler_bin, read_pprof, wait_until_recording, workload,
-    Running,
+    c_workload::build_no_frame_pointers, metric, metrics_address, profiler_bin, read_pprof, scrape,
+    wait_until_recording, workload, Running,
 };
 use receiver::Receiver;
 
@@ -25,29 +25,6 @@ fn stop_agent(mut agent: Running, receiver: &Receiver) -> String {
         receiver.refusals()
     );
     log
-}
-
-/// `name{labels} value` lines of a scrape whose name and labels contain every part of `parts`.
-fn metric(scrape: &str, name: &str, parts: &[&str]) -> f64 {
-    scrape
-        .lines()
-        .filter(|line| {
-            line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
-        })
-        .filter(|line| parts.iter().all(|part| line.contains(part)))
-        .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
-}
-
-fn scrape(addr: &str) -> String {
-    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
-    agent
-        .get(format!("http://{addr}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap()
 }
 
 #[test]
@@ -163,16 +140,6 @@ fn every_window_reaches_pyroscope_and_otlp_even_across_a_backend_outage() {
     );
     assert!(metric(&scraped, "profiler_samples_fired_total", &["cpu-clock"]) > 0.0);
     assert!(metric(&scraped, "profiler_resident_memory_bytes", &[]) > 1e6);
-}
-
-/// A free local port's address for the agent's metrics.
-fn metrics_address() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
 }
 
 #[test]

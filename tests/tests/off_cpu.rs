@@ -13,8 +13,8 @@ use std::{
 };
 
 use common::{
-    profiler, profiler_bin, read_pprof, report_json, temp_dir, wait_until_recording, workload,
-    Running,
+    metric, metrics_address, profiler, profiler_bin, read_pprof, report_json, scrape, temp_dir,
+    wait_until_recording, workload, Running,
 };
 use serde_json::Value;
 
@@ -1060,30 +1060,39 @@ fn pprof_total_through(
 
 #[test]
 fn the_agent_exports_off_cpu_time_per_window() {
-    // The workload starts once the agent has attached: its shell waits for a line, then execs
-    // it.
+    // The workload waits for a line before it measures anything, and gets it once the agent has
+    // loaded its unwind tables: until then its stacks would be walked by frame pointers, which
+    // the workload's code does not keep (the agent's tables load a sync after it starts, later
+    // than the workload's settling sleep on a loaded machine).
     let dir = disk_dir("agent-off-cpu");
     let mut target = Running::spawn(
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "read go; exec {} {}",
-                path(&workload("off_cpu")),
-                path(&dir)
-            ))
+        Command::new(workload("off_cpu"))
+            .arg(&dir)
+            .arg("--after-a-line")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped()),
     );
     let windows = temp_dir("agent-off-cpu-windows");
+    let metrics_addr = metrics_address();
     let mut agent = Running::spawn(
         Command::new(profiler_bin())
             .args(["agent", "--off-cpu", "--interval", "1", "-p"])
             .arg(target.id().to_string())
             .arg("--output-dir")
             .arg(&windows)
+            .args(["--metrics-addr", &metrics_addr])
             .stderr(Stdio::piped()),
     );
     wait_until_recording(agent.id());
+    // The gauge is set as each window closes; the workload is the only process in scope.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while metric(&scrape(&metrics_addr), "profiler_unwind_tables", &[]) < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent loaded no unwind table of the workload in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mut go = target.0.stdin.take().unwrap();
     go.write_all(b"go\n").unwrap();
     drop(go);

@@ -16,7 +16,9 @@
 //!
 //! The threads start after a settling sleep of the main thread: a profiler loads a new
 //! process's unwind tables after its first samples or blocks, and until then walks its user
-//! stacks by frame pointers; the measured waits are walked with the tables.
+//! stacks by frame pointers; the measured waits are walked with the tables. With
+//! `--after-a-line` it first waits for a line on standard input, so a profiler attached to it
+//! can load its tables before anything is measured.
 
 use std::{
     fs::File,
@@ -173,7 +175,14 @@ fn offcpu_disk_reader(path: std::path::PathBuf) -> Vec<Waits> {
 }
 
 fn main() {
-    let dir = std::env::args().nth(1).expect("usage: off_cpu DIR");
+    let mut args = std::env::args().skip(1);
+    let dir = args.next().expect("usage: off_cpu DIR [--after-a-line]");
+    if args.next().as_deref() == Some("--after-a-line") {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .expect("standard input reads");
+    }
     let mut fds = [0; 2];
     // SAFETY: pipe writes two descriptors into the array.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");

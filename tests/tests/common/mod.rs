@@ -389,3 +389,37 @@ pub fn read_pprof(path: &std::path::Path) -> profiler::export::pprof::proto::Pro
     profiler::export::pprof::proto::Profile::decode(bytes.as_slice())
         .unwrap_or_else(|e| panic!("{} is no pprof profile: {e}", path.display()))
 }
+
+/// A free local port's address for the agent's metrics.
+pub fn metrics_address() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// `name{labels} value` lines of a scrape whose name and labels contain every part of `parts`.
+pub fn metric(scrape: &str, name: &str, parts: &[&str]) -> f64 {
+    scrape
+        .lines()
+        .filter(|line| {
+            line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} "))
+        })
+        .filter(|line| parts.iter().all(|part| line.contains(part)))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// The agent's metrics page at `addr`, as text.
+pub fn scrape(addr: &str) -> String {
+    let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+    agent
+        .get(format!("http://{addr}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
