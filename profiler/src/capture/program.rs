@@ -66,32 +66,36 @@ pub const DEFAULT_STACKS: u32 = 32768;
 /// The smallest ring buffer the kernel takes: one page.
 const SMALLEST_RING_BYTES: u32 = 4096;
 
+/// What a recording can write, which decides the maps it needs at full size.
+#[derive(Clone, Copy, Debug)]
+pub struct MapNeeds {
+    /// An event measures latencies (the histograms).
+    pub latencies: bool,
+    /// An event's samples may carry a data address (the data-line and data-source maps).
+    pub data_addresses: bool,
+    /// `record --raw`.
+    pub raw: bool,
+    /// IBS events (their register ring).
+    pub ibs: bool,
+    /// `--unwind copy` or `check` (the stack-copy ring and scratch).
+    pub stack_copies: bool,
+}
+
 impl MapSizes {
     /// These sizes with the maps a recording cannot fill cut to their smallest, so it locks no
-    /// kernel memory for them (a histogram takes 960 bytes per entry and CPU).
-    pub fn fitted(self, latencies: bool, raw: bool, ibs: bool, stack_copies: bool) -> MapSizes {
+    /// kernel memory for them (a histogram takes 960 bytes per entry and CPU), and the kernel
+    /// does not allocate their entries: a per-CPU hash map's preallocation is a per-CPU
+    /// allocation for each entry, most of a recording's start-up outside the verifier.
+    pub fn fitted(self, needs: MapNeeds) -> MapSizes {
+        let entries = |needed: bool, entries: u32| if needed { entries } else { 1 };
+        let ring = |needed: bool, bytes: u32| if needed { bytes } else { SMALLEST_RING_BYTES };
         MapSizes {
-            latencies: if latencies { self.latencies } else { 1 },
-            ring_buffer_bytes: if raw {
-                self.ring_buffer_bytes
-            } else {
-                SMALLEST_RING_BYTES
-            },
-            ibs_ring_bytes: if ibs {
-                self.ibs_ring_bytes
-            } else {
-                SMALLEST_RING_BYTES
-            },
-            stack_copy_ring_bytes: if stack_copies {
-                self.stack_copy_ring_bytes
-            } else {
-                SMALLEST_RING_BYTES
-            },
-            stack_copy_scratch: if stack_copies {
-                self.stack_copy_scratch
-            } else {
-                1
-            },
+            latencies: entries(needs.latencies, self.latencies),
+            data_lines: entries(needs.data_addresses, self.data_lines),
+            ring_buffer_bytes: ring(needs.raw, self.ring_buffer_bytes),
+            ibs_ring_bytes: ring(needs.ibs, self.ibs_ring_bytes),
+            stack_copy_ring_bytes: ring(needs.stack_copies, self.stack_copy_ring_bytes),
+            stack_copy_scratch: entries(needs.stack_copies, self.stack_copy_scratch),
             ..self
         }
     }
@@ -504,5 +508,65 @@ fn lift_memlock_limit() {
             limit.rlim_cur = limit.rlim_max;
             libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOTHING: MapNeeds = MapNeeds {
+        latencies: false,
+        data_addresses: false,
+        raw: false,
+        ibs: false,
+        stack_copies: false,
+    };
+
+    #[test]
+    fn maps_a_recording_cannot_fill_are_cut_to_their_smallest() {
+        let asked = MapSizes {
+            stack_copy_scratch: 2,
+            ..MapSizes::default()
+        };
+        let clock = asked.fitted(NOTHING);
+        // A clock's samples carry no data address: no data-line or data-source entries.
+        assert_eq!(clock.entries(Fill::DataLines), 1);
+        assert_eq!(clock.entries(Fill::DataSources), 1);
+        assert_eq!(clock.entries(Fill::Histograms), 1);
+        assert_eq!(clock.ring_buffer_bytes, SMALLEST_RING_BYTES);
+        assert_eq!(clock.ibs_ring_bytes, SMALLEST_RING_BYTES);
+        assert_eq!(clock.stack_copy_ring_bytes, SMALLEST_RING_BYTES);
+        assert_eq!(clock.stack_copy_scratch, 1);
+        // What every recording fills keeps its size.
+        assert_eq!(clock.entries(Fill::StackCounts), asked.stack_counts);
+        assert_eq!(clock.entries(Fill::Instructions), asked.instructions);
+        assert_eq!(clock.entries(Fill::StackFrames), asked.stacks);
+
+        let everything = asked.fitted(MapNeeds {
+            latencies: true,
+            data_addresses: true,
+            raw: true,
+            ibs: true,
+            stack_copies: true,
+        });
+        for fill in Fill::ALL {
+            assert_eq!(everything.entries(fill), asked.entries(fill), "{fill:?}");
+        }
+        assert_eq!(everything.ring_buffer_bytes, asked.ring_buffer_bytes);
+        assert_eq!(everything.ibs_ring_bytes, asked.ibs_ring_bytes);
+        assert_eq!(
+            everything.stack_copy_ring_bytes,
+            asked.stack_copy_ring_bytes
+        );
+        assert_eq!(everything.stack_copy_scratch, 2);
+
+        // Page faults record the faulting address: data lines at full size, histograms not.
+        let faults = asked.fitted(MapNeeds {
+            data_addresses: true,
+            ..NOTHING
+        });
+        assert_eq!(faults.entries(Fill::DataLines), asked.data_lines);
+        assert_eq!(faults.entries(Fill::Histograms), 1);
     }
 }

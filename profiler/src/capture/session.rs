@@ -25,7 +25,7 @@ use crate::{
         counters::{open_sampling_counters, EventCounter, Target},
         hardware::{cpu_identity, raw_decoding, records_data_addresses, samples_latency},
         offcpu::offcpu_config,
-        program::{CaptureProgram, Ring},
+        program::{CaptureProgram, MapNeeds, Ring},
         raw::RawStream,
         sideband::{ProcessTable, Settle, Sideband},
         stats::{CaptureStats, ProgramRuns},
@@ -122,12 +122,15 @@ impl CaptureSession {
         let cpu = cpu_identity();
         let raw_decoding = raw_decoding(&options.events, cpu.as_ref());
         let ibs_events = raw_decoding.ibs_events() != 0;
-        let sizes = options.sizes.fitted(
-            samples_latency(&options.events),
-            options.raw.is_some(),
-            ibs_events,
-            options.stack_copy_kib.is_some(),
-        );
+        // Data mappings and data lines only where an event records data addresses.
+        let data_addresses = options.events.iter().any(records_data_addresses);
+        let sizes = options.sizes.fitted(MapNeeds {
+            latencies: samples_latency(&options.events),
+            data_addresses,
+            raw: options.raw.is_some(),
+            ibs: ibs_events,
+            stack_copies: options.stack_copy_kib.is_some(),
+        });
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| anyhow!("counting online CPUs ({what}): {e}"))?
             .len();
@@ -186,8 +189,7 @@ impl CaptureSession {
             }
         }
         program.attach_offcpu()?;
-        let data_mappings = options.events.iter().any(records_data_addresses);
-        let sideband = Sideband::open(&target, &options.pmus, &facts, data_mappings)?;
+        let sideband = Sideband::open(&target, &options.pmus, &facts, data_addresses)?;
         let mut counters =
             open_sampling_counters(&options.events, &target, options.stacks, &facts)?;
         for counter in &mut counters {
