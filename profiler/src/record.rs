@@ -7,6 +7,7 @@
 //! sends it SIGTERM; recording goes on until it exits, for at most [`GRACE`] or until a second
 //! signal, after which it is killed. The recording's outcome says how the command ended.
 
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context, Result};
@@ -25,7 +26,7 @@ use crate::{
         program::MapSizes,
         session::CaptureSession,
         sideband::ProcessTable,
-        stats::{fdinfo_memlock, CaptureStats},
+        stats::{CaptureStats, MapMemory},
     },
     cli::Unwind,
     drain::{Accounting, Drained},
@@ -284,18 +285,25 @@ pub(crate) fn enable_run_statistics() -> Option<std::os::fd::OwnedFd> {
 
 /// Kernel memory locked by the BPF maps this process holds (fdinfo memlock), read from its own
 /// descriptors: looking maps up by id would need CAP_SYS_ADMIN.
-pub(crate) fn held_map_memory() -> u64 {
-    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
-        return 0;
+pub(crate) fn held_map_memory() -> MapMemory {
+    // The kernel sizes per-CPU values for the possible CPUs.
+    let cpus = aya::util::nr_cpus().map_or(1, |cpus| cpus as u64);
+    let mut memory = MapMemory {
+        cpus,
+        ..MapMemory::default()
     };
-    entries
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let link = std::fs::read_link(entry.path()).ok()?;
-            (link.as_os_str() == "anon_inode:bpf-map").then(|| fdinfo_memlock(fd))
-        })
-        .sum()
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return memory;
+    };
+    for entry in entries.flatten() {
+        let is_map = std::fs::read_link(entry.path())
+            .is_ok_and(|link| link.as_os_str() == "anon_inode:bpf-map");
+        let fdinfo = Path::new("/proc/self/fdinfo").join(entry.file_name());
+        if let (true, Ok(text)) = (is_map, std::fs::read_to_string(fdinfo)) {
+            memory += MapMemory::of_fdinfo(&text, cpus).unwrap_or_default();
+        }
+    }
+    memory
 }
 
 /// Capability numbers (linux/capability.h).

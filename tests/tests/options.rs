@@ -1,7 +1,7 @@
 //! The recording options users change, each run end to end with a value that is not its default,
 //! asserting what the profile holds: the raw sample stream and its ring size, kernel stacks left
-//! out, several events at high rates over a long run with deep stacks and resized maps, and the
-//! Oracle-style counter aliases.
+//! out, several events at high rates over a long run with deep stacks and resized maps, the
+//! Oracle-style counter aliases, and the map memory `--stats` projects to a large host.
 
 mod common;
 
@@ -291,4 +291,65 @@ fn oracle_aliases_resolve_to_cache_miss_counters_with_prime_overflows() {
         }
     }
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// `map memory: L MiB locked, P MiB of it per CPU (H MiB with these sizes on a 128-CPU host)`,
+/// as (L, P, H) in MiB.
+fn map_memory(stderr: &str) -> (f64, f64, f64) {
+    let line = stderr
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("map memory: "))
+        .unwrap_or_else(|| panic!("no map memory line: {stderr}"));
+    let numbers: Vec<f64> = line
+        .split([' ', '('])
+        .filter_map(|word| word.parse().ok())
+        .collect();
+    match numbers[..] {
+        [locked, per_cpu, host] if line.ends_with("on a 128-CPU host)") => (locked, per_cpu, host),
+        _ => panic!("unexpected map memory line: {line}"),
+    }
+}
+
+#[test]
+fn stats_say_what_the_map_sizes_lock_per_cpu_and_on_a_large_host() {
+    // Per generation, a stack count (8 bytes) and an instruction's statistics (32 bytes) per
+    // entry and CPU; the data-line (32) and data-source (8) maps only for events that record
+    // data addresses; small per-CPU scratch besides.
+    let dir = temp_dir("map-memory");
+    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let cpus: f64 = possible
+        .trim()
+        .split(',')
+        .map(|range| match range.split_once('-') {
+            Some((first, last)) => {
+                last.parse::<f64>().unwrap() - first.parse::<f64>().unwrap() + 1.0
+            }
+            None => 1.0,
+        })
+        .sum();
+    let mib = |bytes: f64| bytes / (1024.0 * 1024.0);
+    let cost = |args: &[&str]| {
+        let mut all = vec!["--stats", "--unwind", "fp"];
+        all.extend_from_slice(args);
+        map_memory(&record(&dir, &all, &["true"]).1)
+    };
+    let sample_maps = |entries: f64, bytes: f64| mib(entries * bytes * 2.0);
+    for (args, per_cpu) in [
+        (&[][..], sample_maps(16384.0, 40.0)),
+        (&["--map-entries", "1024"][..], sample_maps(1024.0, 40.0)),
+        (&["-e", "page-faults"][..], sample_maps(16384.0, 80.0)),
+    ] {
+        let (locked, measured, host) = cost(args);
+        assert!(
+            measured >= per_cpu && measured < per_cpu + 0.05,
+            "{args:?}: {measured} MiB per CPU, the maps' values are {per_cpu}"
+        );
+        // Printed rounded: the projection within a MiB of the figures it comes from.
+        let projected = locked + (128.0 - cpus) * measured;
+        assert!(
+            (host - projected).abs() < 1.0 + 128.0 * 0.005,
+            "{args:?}: {host} MiB on 128 CPUs, {projected} from {locked} locked and {measured} \
+             per CPU on {cpus}"
+        );
+    }
 }

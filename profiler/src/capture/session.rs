@@ -13,8 +13,8 @@ use std::{
 use anyhow::{anyhow, Context, Result};
 use profiler_common::{
     capture::{
-        CaptureConfig, LossKind, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID,
-        CAPTURE_UNWIND_DWARF, MAX_EVENTS,
+        CaptureConfig, LossKind, StackCopyRecord, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
+        CAPTURE_FILTER_UID, CAPTURE_UNWIND_DWARF, MAX_EVENTS,
     },
     offcpu::{OffCpuCount, OffCpuKey},
 };
@@ -28,7 +28,7 @@ use crate::{
         program::{CaptureProgram, MapNeeds, Ring},
         raw::RawStream,
         sideband::{ProcessTable, Settle, Sideband},
-        stats::{CaptureStats, ProgramRuns},
+        stats::{CaptureStats, MapMemory, ProgramRuns},
     },
     drain::{
         ibs::IbsStream, read_accounting, stack_copy::StackCopyStream, Accounting, Drained, Drainer,
@@ -82,7 +82,7 @@ pub struct CaptureSession {
     run: Run,
     /// `--duration`, counted from the start.
     duration: Option<Duration>,
-    map_bytes: u64,
+    map_memory: MapMemory,
     /// While held, the kernel counts the program's runs and run time (`--stats`).
     _run_statistics: Option<std::os::fd::OwnedFd>,
     start: SystemTime,
@@ -152,7 +152,11 @@ impl CaptureSession {
             0 => None,
             _ => Some(program.unwind_loader()?),
         };
-        let map_bytes = held_map_memory();
+        let mut map_memory = held_map_memory();
+        // The stack-copy scratch array has an entry per possible CPU.
+        if sizes.stack_copy_scratch > 1 {
+            map_memory.per_cpu += std::mem::size_of::<StackCopyRecord>() as u64;
+        }
         let raw = match &options.raw {
             Some(output) => Some(RawStream::create(
                 output,
@@ -215,7 +219,7 @@ impl CaptureSession {
             drained: Drained::default(),
             run: Run::new(command, pids),
             duration: options.duration,
-            map_bytes,
+            map_memory,
             _run_statistics: run_statistics,
             start: now,
             window_start: now,
@@ -610,7 +614,7 @@ impl CaptureSession {
         let accounting = self.accounting()?;
         let stats = CaptureStats {
             programs: self.program.run_statistics()?,
-            map_bytes: self.map_bytes,
+            map_memory: self.map_memory,
             drain_time: self.drainer.drain_time,
             drains: self.drainer.drains,
             stacks_cached: self.drained.stack_cache.distinct() as u64,

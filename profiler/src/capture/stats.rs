@@ -29,8 +29,9 @@ impl ProgramRuns {
 pub struct CaptureStats {
     /// The entry programs' runs; all zero unless the statistics were on.
     pub programs: Vec<ProgramRuns>,
-    /// Memory locked by the program's maps (fdinfo memlock).
-    pub map_bytes: u64,
+    /// Memory locked by the program's maps (fdinfo memlock), and the part that grows with the
+    /// CPUs.
+    pub map_memory: MapMemory,
     pub drain_time: Duration,
     pub drains: u32,
     /// Distinct call stacks in the agent's stack cache, and stacks read from the kernel's
@@ -81,10 +82,15 @@ impl CaptureStats {
                 );
             }
         }
+        let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+        let memory = &self.map_memory;
         let _ = writeln!(
             out,
-            "  map memory: {:.1} MiB locked",
-            self.map_bytes as f64 / (1024.0 * 1024.0)
+            "  map memory: {:.1} MiB locked, {:.2} MiB of it per CPU ({:.0} MiB with these sizes \
+             on a {HOST_CPUS}-CPU host)",
+            mib(memory.locked),
+            mib(memory.per_cpu),
+            mib(memory.on_cpus(HOST_CPUS))
         );
         let drains = self.drains.max(1);
         let _ = writeln!(
@@ -109,16 +115,58 @@ impl CaptureStats {
     }
 }
 
-/// `memlock:` of a BPF map or program file descriptor, from /proc/self/fdinfo.
-pub fn fdinfo_memlock(fd: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
-        .ok()
-        .and_then(|text| {
+/// The CPUs of the large host `--stats` projects map memory to: per-CPU maps hold a value per
+/// possible CPU for every entry, so what a small machine locks says little about a server.
+pub const HOST_CPUS: u64 = 128;
+
+/// Kernel memory locked by BPF maps, and the part of it that grows with the possible CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapMemory {
+    pub locked: u64,
+    /// Bytes per possible CPU: the values of the per-CPU maps (and maps with an entry per CPU).
+    pub per_cpu: u64,
+    /// The possible CPUs the maps were made for.
+    pub cpus: u64,
+}
+
+impl std::ops::AddAssign for MapMemory {
+    fn add_assign(&mut self, other: MapMemory) {
+        self.locked += other.locked;
+        self.per_cpu += other.per_cpu;
+        self.cpus = self.cpus.max(other.cpus);
+    }
+}
+
+impl MapMemory {
+    /// What the same maps would lock with `cpus` possible CPUs.
+    pub fn on_cpus(&self, cpus: u64) -> u64 {
+        let fixed = self.locked.saturating_sub(self.per_cpu * self.cpus);
+        fixed + self.per_cpu * cpus
+    }
+
+    /// A map's memory from its descriptor's fdinfo (`map_type`, `value_size`, `max_entries`,
+    /// `memlock`), made for `cpus` possible CPUs; `None` when the text is no map's.
+    pub fn of_fdinfo(text: &str, cpus: u64) -> Option<MapMemory> {
+        let field = |name: &str| -> Option<u64> {
             text.lines()
-                .find_map(|line| line.strip_prefix("memlock:"))
-                .and_then(|value| value.trim().parse().ok())
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let locked = field("memlock")?;
+        let per_cpu = match field("map_type")? {
+            // Per-CPU hash, array, LRU hash and cgroup storage: a value per CPU per entry,
+            // each rounded up to 8 bytes.
+            5 | 6 | 10 | 21 => field("max_entries")? * field("value_size")?.next_multiple_of(8),
+            _ => 0,
+        };
+        Some(MapMemory {
+            locked,
+            per_cpu,
+            cpus,
         })
-        .unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -138,7 +186,11 @@ mod tests {
                 runs(SAMPLE_PROGRAM, 1000, 1250),
                 runs("offcpu_fork", 0, 0),
             ],
-            map_bytes: 3 * 1024 * 1024,
+            map_memory: MapMemory {
+                locked: 3 * 1024 * 1024,
+                per_cpu: 512 * 1024,
+                cpus: 2,
+            },
             drain_time: Duration::from_millis(10),
             drains: 4,
             stacks_cached: 120,
@@ -155,8 +207,36 @@ mod tests {
             !text.contains("offcpu_fork"),
             "programs that never ran are left out"
         );
-        assert!(text.contains("3.0 MiB locked"));
+        assert!(text.contains("3.0 MiB locked, 0.50 MiB of it per CPU (66 MiB with these sizes"));
         assert!(text.contains("drains: 4 taking 10.0 ms in all, 2.50 ms each"));
         assert!(text.contains("stacks: 120 distinct, 130 read from the kernel"));
+    }
+
+    #[test]
+    fn per_cpu_maps_grow_with_the_cpus_and_the_others_do_not() {
+        // A latency map's fdinfo on a 2-CPU machine (one entry of a 960-byte histogram).
+        let histogram = "pos:\t0\nflags:\t02000002\nmnt_id:\t17\nino:\t1038\nmap_type:\t5\n\
+                         key_size:\t16\nvalue_size:\t960\nmax_entries:\t1\nmap_flags:\t0x0\n\
+                         map_extra:\t0x0\nmemlock:\t2904\nmap_id:\t359424\nfrozen:\t0\n";
+        let latencies = MapMemory::of_fdinfo(histogram, 2).unwrap();
+        assert_eq!(latencies.per_cpu, 960);
+        assert_eq!(latencies.on_cpus(2), 2904);
+        assert_eq!(latencies.on_cpus(128), 2904 + 126 * 960);
+        // A plain hash map (the stack frames), with a value size not a multiple of 8.
+        let frames = "map_type:\t1\nkey_size:\t8\nvalue_size:\t1028\nmax_entries:\t32768\n\
+                      memlock:\t35916800\n";
+        let frames = MapMemory::of_fdinfo(frames, 2).unwrap();
+        assert_eq!((frames.per_cpu, frames.on_cpus(128)), (0, 35916800));
+        let counts = "map_type:\t6\nvalue_size:\t12\nmax_entries:\t10\nmemlock:\t1000\n";
+        let counts = MapMemory::of_fdinfo(counts, 2).unwrap();
+        assert_eq!(counts.per_cpu, 10 * 16, "values are rounded up to 8 bytes");
+        let mut all = latencies;
+        all += frames;
+        all += counts;
+        assert_eq!(
+            all.on_cpus(128),
+            2904 + 126 * 960 + 35916800 + 1000 + 126 * 160
+        );
+        assert_eq!(MapMemory::of_fdinfo("pos:\t0\nflags:\t02\n", 2), None);
     }
 }
