@@ -127,9 +127,12 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_STACKS, value_parser = map_entries)]
     pub stack_map_entries: u32,
     /// Entries of the sample maps (stacks, instructions, data cache lines) per generation, and
-    /// of the `--off-cpu` map (thread, stacks, state).
-    #[arg(long, value_name = "N", default_value_t = 16384, value_parser = map_entries)]
-    pub map_entries: u32,
+    /// of the `--off-cpu` map (thread, stacks, state). By default the sample maps hold twice
+    /// the samples the events fire on every CPU between two drains (16,384 for events sampled
+    /// by period, whose rate is unknown), from 1,024 to 16,384 entries, and within 64 MiB of
+    /// per-CPU values on hosts with many CPUs; the `--off-cpu` map holds 16,384.
+    #[arg(long, value_name = "N", value_parser = map_entries)]
+    pub map_entries: Option<u32>,
     /// Entries of each latency-histogram map (one histogram per process, event and instruction,
     /// and one per process, event and data cache line), and of the `--off-cpu` block-duration
     /// histograms (one per thread, stacks and state).

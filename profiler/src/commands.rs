@@ -7,8 +7,11 @@ use profiler_common::unwind::UnwindRow;
 
 use crate::{
     capture::{
-        btf::Btf, counters::StackCapture, hardware::prepare_sampled_event, offcpu::OffCpuOptions,
-        program::MapSizes,
+        btf::Btf,
+        counters::StackCapture,
+        hardware::{prepare_sampled_event, records_data_addresses},
+        offcpu::OffCpuOptions,
+        program::{default_sample_map_entries, MapSizes, DEFAULT_MAP_ENTRIES},
     },
     cli::{
         Command, RecordArgs, ReportArgs, ReportOutput, SamplingArgs, Unwind,
@@ -196,20 +199,41 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
             None
         }
     };
-    let entries = args.map_entries;
+    let possible_cpus = aya::util::nr_cpus()
+        .map_err(|(what, e)| anyhow::anyhow!("counting possible CPUs ({what}): {e}"))?
+        as u32;
+    let drain_interval = Duration::from_millis(args.drain_interval);
+    let sample_entries = args.map_entries.unwrap_or_else(|| {
+        // Samples a second per CPU, all events together; unknown where one samples by period.
+        let rate = events
+            .iter()
+            .try_fold(0, |sum, event| match event.sampling {
+                Sampling::Frequency(hz) => Some(sum + hz),
+                Sampling::Period(_) => None,
+            });
+        let online_cpus = aya::util::online_cpus().map_or(possible_cpus, |cpus| cpus.len() as u32);
+        default_sample_map_entries(
+            rate,
+            online_cpus,
+            possible_cpus,
+            drain_interval,
+            events.iter().any(records_data_addresses),
+        )
+    });
     let ring_bytes = args.ring_buffer_bytes();
     Ok(RecordOptions {
         events,
         pmus,
         target,
         duration: None,
-        drain_interval: Duration::from_millis(args.drain_interval),
+        drain_interval,
         sizes: MapSizes {
             stacks: args.stack_map_entries,
-            stack_counts: entries,
-            instructions: entries,
-            data_lines: entries,
+            stack_counts: sample_entries,
+            instructions: sample_entries,
+            data_lines: sample_entries,
             latencies: args.latency_map_entries,
+            off_cpu_blocks: args.map_entries.unwrap_or(DEFAULT_MAP_ENTRIES),
             off_cpu_histograms: args.latency_map_entries,
             ring_buffer_bytes: ring_bytes,
             ibs_ring_bytes: ring_bytes,
@@ -218,9 +242,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
                 .saturating_mul(STACK_COPY_RING_FACTOR)
                 .min(MAX_RING_BUFFER_KIB * 1024),
             // One scratch record per CPU the program may run on.
-            stack_copy_scratch: aya::util::nr_cpus()
-                .map_err(|(what, e)| anyhow::anyhow!("counting possible CPUs ({what}): {e}"))?
-                as u32,
+            stack_copy_scratch: possible_cpus,
             unwind_rows: match args.unwind.walks_tables() {
                 true => args.unwind_table_mib * (1024 * 1024 / UnwindRow::SIZE as u32),
                 false => 1,

@@ -310,46 +310,64 @@ fn map_memory(stderr: &str) -> (f64, f64, f64) {
     }
 }
 
+/// CPUs in a sysfs CPU list (`0-3,8`).
+fn cpu_count(list: &str) -> u64 {
+    std::fs::read_to_string(list)
+        .unwrap()
+        .trim()
+        .split(',')
+        .map(|range| match range.split_once('-') {
+            Some((first, last)) => last.parse::<u64>().unwrap() - first.parse::<u64>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
 #[test]
-fn stats_say_what_the_map_sizes_lock_per_cpu_and_on_a_large_host() {
+fn sample_maps_are_sized_to_the_rate_and_stats_say_what_they_lock_on_a_large_host() {
     // Per generation, a stack count (8 bytes) and an instruction's statistics (32 bytes) per
     // entry and CPU; the data-line (32) and data-source (8) maps only for events that record
     // data addresses; small per-CPU scratch besides.
     let dir = temp_dir("map-memory");
-    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
-    let cpus: f64 = possible
-        .trim()
-        .split(',')
-        .map(|range| match range.split_once('-') {
-            Some((first, last)) => {
-                last.parse::<f64>().unwrap() - first.parse::<f64>().unwrap() + 1.0
-            }
-            None => 1.0,
-        })
-        .sum();
-    let mib = |bytes: f64| bytes / (1024.0 * 1024.0);
-    let cost = |args: &[&str]| {
+    let online = cpu_count("/sys/devices/system/cpu/online");
+    let possible = cpu_count("/sys/devices/system/cpu/possible");
+    // By default the sample maps hold twice the samples of a drain interval on every CPU, in
+    // thousands of 1,024, from 1,024 to 16,384, and 64 MiB of per-CPU values at most.
+    let default_entries = |samples_per_drain: Option<u64>, bytes_per_entry: u64| {
+        let wanted = samples_per_drain.map_or(16384, |n| (2 * n).div_ceil(1024) * 1024);
+        let affordable = (64 << 20) / (2 * bytes_per_entry * possible) / 1024 * 1024;
+        wanted.min(affordable).clamp(1024, 16384)
+    };
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    for (args, entries, bytes_per_entry) in [
+        // cpu-clock at its default 997 Hz, drained every second.
+        (&[][..], default_entries(Some(997 * online), 40), 40),
+        // At 20 kHz drained every 100 ms: the same, a tenth of the samples per drain each.
+        (
+            &["-F", "20000", "--drain-interval", "100"][..],
+            default_entries(Some(2000 * online), 40),
+            40,
+        ),
+        // Sampled by period: the rate is unknown.
+        (&["-c", "10000000"][..], default_entries(None, 40), 40),
+        (&["--map-entries", "1024"][..], 1024, 40),
+        // Page faults record the faulting address: the data maps too.
+        (&["-e", "page-faults"][..], default_entries(None, 80), 80),
+    ] {
         let mut all = vec!["--stats", "--unwind", "fp"];
         all.extend_from_slice(args);
-        map_memory(&record(&dir, &all, &["true"]).1)
-    };
-    let sample_maps = |entries: f64, bytes: f64| mib(entries * bytes * 2.0);
-    for (args, per_cpu) in [
-        (&[][..], sample_maps(16384.0, 40.0)),
-        (&["--map-entries", "1024"][..], sample_maps(1024.0, 40.0)),
-        (&["-e", "page-faults"][..], sample_maps(16384.0, 80.0)),
-    ] {
-        let (locked, measured, host) = cost(args);
+        let (locked, per_cpu, host) = map_memory(&record(&dir, &all, &["true"]).1);
+        let values = mib(2 * entries * bytes_per_entry);
         assert!(
-            measured >= per_cpu && measured < per_cpu + 0.05,
-            "{args:?}: {measured} MiB per CPU, the maps' values are {per_cpu}"
+            per_cpu >= values - 0.005 && per_cpu < values + 0.05,
+            "{args:?}: {per_cpu} MiB per CPU, the maps' values of {entries} entries are {values}"
         );
         // Printed rounded: the projection within a MiB of the figures it comes from.
-        let projected = locked + (128.0 - cpus) * measured;
+        let projected = locked + (128 - possible) as f64 * per_cpu;
         assert!(
             (host - projected).abs() < 1.0 + 128.0 * 0.005,
-            "{args:?}: {host} MiB on 128 CPUs, {projected} from {locked} locked and {measured} \
-             per CPU on {cpus}"
+            "{args:?}: {host} MiB on 128 CPUs, {projected} from {locked} locked and {per_cpu} \
+             per CPU on {possible}"
         );
     }
 }

@@ -127,7 +127,7 @@ pub fn offcpu_config(
 }
 
 /// Sizes the off-CPU maps with `--off-cpu`, else to the smallest the kernel takes: distinct
-/// (thread, stacks, state) keys per generation as many as the sample maps' (`--map-entries`),
+/// (thread, stacks, state) keys per generation as `--map-entries` says (16,384 by default),
 /// histograms as many as the latency maps' (`--latency-map-entries`).
 pub fn size_maps(loader: &mut EbpfLoader, enabled: bool, sizes: &MapSizes) {
     let size = |entries: u32| if enabled { entries } else { 1 };
@@ -139,7 +139,7 @@ pub fn size_maps(loader: &mut EbpfLoader, enabled: bool, sizes: &MapSizes) {
             Box::leak(format!("{map}_{generation}").into_boxed_str())
         };
         loader
-            .map_max_entries(name("OFFCPU_STATS"), size(sizes.stack_counts))
+            .map_max_entries(name("OFFCPU_STATS"), size(sizes.off_cpu_blocks))
             .map_max_entries(name("OFFCPU_HISTOGRAMS"), size(sizes.off_cpu_histograms));
     }
 }

@@ -43,6 +43,9 @@ pub struct MapSizes {
     pub data_lines: u32,
     /// Latency histograms, per instruction and (as many again) per data cache line.
     pub latencies: u32,
+    /// `--off-cpu` (thread, stacks, state) keys per generation: blocks come at the rate
+    /// threads switch, not at the sampling rate.
+    pub off_cpu_blocks: u32,
     /// `--off-cpu` block-duration histograms per generation (960 bytes per entry and CPU).
     pub off_cpu_histograms: u32,
     /// Bytes of the raw-sample ring buffer (`record --raw`); a power of two.
@@ -62,6 +65,52 @@ pub struct MapSizes {
 /// Default entries of the stack-frames map: the memory the two generations' 16,384-entry
 /// stack-trace maps took before stacks were content-addressed.
 pub const DEFAULT_STACKS: u32 = 32768;
+
+/// Entries of the sample maps per generation where the sampling rate is unknown, and the most
+/// their default takes.
+pub const DEFAULT_MAP_ENTRIES: u32 = 16384;
+
+/// The fewest entries the sample maps' default takes: a burst of new stacks fills a small map
+/// before the agent is scheduled to drain it.
+const MIN_DEFAULT_MAP_ENTRIES: u32 = 1024;
+
+/// The per-CPU values the sample maps' default may lock: per-CPU maps hold a value per
+/// possible CPU for every entry, so on a host with many CPUs the maps get fewer entries (and
+/// are drained sooner) rather than more memory.
+const SAMPLE_MAPS_PER_CPU_BUDGET: u64 = 64 << 20;
+
+/// Default entries of the sample maps per generation: twice the samples the events fire on
+/// `cpus` CPUs between two drains, at `rate` samples a second per CPU (`None` when an event is
+/// sampled by period: its rate is unknown), in whole thousands (1,024 entries), from 1,024 to
+/// 16,384, and within [`SAMPLE_MAPS_PER_CPU_BUDGET`] on `possible_cpus`.
+pub fn default_sample_map_entries(
+    rate: Option<u64>,
+    cpus: u32,
+    possible_cpus: u32,
+    drain_interval: std::time::Duration,
+    data_addresses: bool,
+) -> u32 {
+    const STEP: u64 = MIN_DEFAULT_MAP_ENTRIES as u64;
+    let wanted = match rate {
+        Some(hz) => {
+            let per_drain = hz as f64 * f64::from(cpus) * drain_interval.as_secs_f64();
+            ((2.0 * per_drain).ceil() as u64).div_ceil(STEP) * STEP
+        }
+        None => u64::from(DEFAULT_MAP_ENTRIES),
+    };
+    // Each entry's values on one CPU, in both generations: a stack count and an instruction's
+    // statistics, and a data line's statistics and a data source's count where addresses are.
+    let mut per_entry = size_of::<u64>() + size_of::<SampleStats>();
+    if data_addresses {
+        per_entry += size_of::<SampleStats>() + size_of::<u64>();
+    }
+    let per_entry = 2 * per_entry as u64 * u64::from(possible_cpus.max(1));
+    let affordable = SAMPLE_MAPS_PER_CPU_BUDGET / per_entry / STEP * STEP;
+    let entries = wanted
+        .min(affordable)
+        .clamp(STEP, u64::from(DEFAULT_MAP_ENTRIES));
+    entries as u32
+}
 
 /// The smallest ring buffer the kernel takes: one page.
 const SMALLEST_RING_BYTES: u32 = 4096;
@@ -125,10 +174,11 @@ impl Default for MapSizes {
     fn default() -> Self {
         MapSizes {
             stacks: DEFAULT_STACKS,
-            stack_counts: 16384,
-            instructions: 16384,
-            data_lines: 16384,
+            stack_counts: DEFAULT_MAP_ENTRIES,
+            instructions: DEFAULT_MAP_ENTRIES,
+            data_lines: DEFAULT_MAP_ENTRIES,
             latencies: 1024,
+            off_cpu_blocks: DEFAULT_MAP_ENTRIES,
             off_cpu_histograms: 1024,
             ring_buffer_bytes: 1 << 22,
             ibs_ring_bytes: 1 << 22,
@@ -568,5 +618,49 @@ mod tests {
         });
         assert_eq!(faults.entries(Fill::DataLines), asked.data_lines);
         assert_eq!(faults.entries(Fill::Histograms), 1);
+    }
+
+    #[test]
+    fn sample_maps_are_sized_to_the_samples_between_drains_within_a_per_cpu_budget() {
+        let second = std::time::Duration::from_secs(1);
+        let entries = |rate, cpus, interval, data| {
+            default_sample_map_entries(rate, cpus, cpus, interval, data)
+        };
+        // 997 Hz on 2 CPUs: 1,994 samples a drain, twice over, in thousands of 1,024.
+        assert_eq!(entries(Some(997), 2, second, false), 4096);
+        // Three events at 997 Hz each.
+        assert_eq!(entries(Some(3 * 997), 2, second, false), 12288);
+        // Few samples: the floor; many: the ceiling; a period's unknown rate: the ceiling.
+        assert_eq!(entries(Some(99), 2, second, false), 1024);
+        assert_eq!(entries(Some(50_000), 2, second, false), 16384);
+        assert_eq!(entries(None, 2, second, false), 16384);
+        // Drained every 100 ms: a tenth.
+        assert_eq!(
+            entries(
+                Some(20_000),
+                2,
+                std::time::Duration::from_millis(100),
+                false
+            ),
+            8192
+        );
+        // 99 Hz on 128 CPUs wants 25,344; 64 MiB of per-CPU values hold 6,553 entries of 80
+        // bytes on 128 CPUs (40 per generation), half as many with data addresses.
+        assert_eq!(entries(Some(99), 128, second, false), 6144);
+        assert_eq!(entries(Some(99), 128, second, true), 3072);
+        assert_eq!(
+            entries(None, 1024, second, true),
+            1024,
+            "never under the floor"
+        );
+        // The budget counts the possible CPUs, the rate the online ones.
+        assert_eq!(
+            default_sample_map_entries(Some(997), 2, 128, second, false),
+            4096
+        );
+        assert_eq!(
+            default_sample_map_entries(Some(997), 8, 512, second, false),
+            1024
+        );
     }
 }
