@@ -298,8 +298,11 @@ pub(crate) fn held_map_memory() -> MapMemory {
     for entry in entries.flatten() {
         let is_map = std::fs::read_link(entry.path())
             .is_ok_and(|link| link.as_os_str() == "anon_inode:bpf-map");
+        if !is_map {
+            continue;
+        }
         let fdinfo = Path::new("/proc/self/fdinfo").join(entry.file_name());
-        if let (true, Ok(text)) = (is_map, std::fs::read_to_string(fdinfo)) {
+        if let Ok(text) = std::fs::read_to_string(fdinfo) {
             memory += MapMemory::of_fdinfo(&text, cpus).unwrap_or_default();
         }
     }
