@@ -111,6 +111,16 @@ pub struct SampleStats {
 }
 
 impl SampleStats {
+    /// Counts one sample with its latency (0: none), as the capture program counts its own.
+    pub fn add_sample(&mut self, latency: u64) {
+        self.count += 1;
+        if latency != 0 {
+            self.latency_count += 1;
+            self.latency_sum += latency;
+            self.latency_max = self.latency_max.max(latency);
+        }
+    }
+
     pub fn merge(&mut self, other: &SampleStats) {
         self.count += other.count;
         self.latency_count += other.latency_count;
@@ -190,10 +200,18 @@ pub enum LossKind {
     /// the thread's time on the CPU could not date it (no BTF, a real-time thread): the block
     /// is lost.
     OffCpuSwitchInMissed = 26,
+    /// Arm SPE: a record's packets did not decode, or it had no PC: the whole sample is lost.
+    SpeRecordsDamaged = 27,
+    /// Arm SPE: no context packet, owning task or switch record named a record's thread: the
+    /// sample is counted under pid 0.
+    SpeRecordsWithoutThread = 28,
+    /// Arm SPE: the kernel truncated the AUX data (the area was full) or lost ring records:
+    /// the records in them are lost, uncounted.
+    SpeTraceLost = 29,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 27;
+    pub const COUNT: usize = 30;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
@@ -222,12 +240,18 @@ impl LossKind {
         LossKind::OffCpuFull,
         LossKind::OffCpuHistogramFull,
         LossKind::OffCpuSwitchInMissed,
+        LossKind::SpeRecordsDamaged,
+        LossKind::SpeRecordsWithoutThread,
+        LossKind::SpeTraceLost,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
     /// it or a secondary view.
     pub const fn loses_sample(self) -> bool {
-        matches!(self, LossKind::StackCountsFull | LossKind::UnknownEvent)
+        matches!(
+            self,
+            LossKind::StackCountsFull | LossKind::UnknownEvent | LossKind::SpeRecordsDamaged
+        )
     }
 
     pub const fn describe(self) -> &'static str {
@@ -272,6 +296,14 @@ impl LossKind {
             LossKind::OffCpuHistogramFull => "off-CPU histograms: map full",
             LossKind::OffCpuSwitchInMissed => {
                 "off-CPU blocks lost: the switch back onto the CPU was not seen"
+            }
+            LossKind::SpeRecordsDamaged => "samples lost: Arm SPE record undecodable or without PC",
+            LossKind::SpeRecordsWithoutThread => {
+                "Arm SPE records without a thread (no context packet, owning task or switch): \
+                 counted under pid 0"
+            }
+            LossKind::SpeTraceLost => {
+                "Arm SPE trace lost: AUX data truncated or ring records lost (records uncounted)"
             }
         }
     }
@@ -706,7 +738,7 @@ mod tests {
             assert_eq!(*kind as usize, i);
         }
         let whole: usize = LossKind::ALL.iter().filter(|k| k.loses_sample()).count();
-        assert_eq!(whole, 2);
+        assert_eq!(whole, 3);
     }
 
     #[test]

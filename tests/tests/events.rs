@@ -102,6 +102,14 @@ fn bad_event_specs_get_clear_errors() {
         let pmu = failing(&["record", "-e", "ibs_op//", "--", "true"]);
         assert!(pmu.contains("ibs_op"), "{pmu}");
     }
+    // Where it has no Arm SPE, what SPE needs is said (live SPE itself: tests/hardware.rs).
+    if !has_pmu("arm_spe_0") {
+        let spe = failing(&["record", "-e", "arm_spe_0//", "--", "true"]);
+        assert!(
+            spe.contains("arm_spe_0: no such PMU on this machine (Arm SPE needs"),
+            "{spe}"
+        );
+    }
     if core_pmu().is_none() {
         let no_pmu = failing(&["record", "-e", "cycles", "--", "true"]);
         assert!(no_pmu.contains("no hardware PMU"), "{no_pmu}");

@@ -1,5 +1,6 @@
-//! Hardware sampling on machines with a hardware PMU: precise cycles, AMD IBS op sampling and
-//! Intel PEBS load latency, recorded with `profiler record -o` and checked in the profile file.
+//! Hardware sampling on machines with a hardware PMU: precise cycles, AMD IBS op sampling,
+//! Intel PEBS load latency and Arm SPE, recorded with `profiler record -o` and checked in the
+//! profile file.
 //!
 //! Each test first checks the PMU it needs in sysfs; without it, it prints
 //! `skipped: no hardware PMU (reason)` and returns. That is the only skip these tests allow.
@@ -86,6 +87,33 @@ fn function(frame: &Frame) -> &str {
     frame.function.as_deref().unwrap_or("")
 }
 
+/// page_toucher's stores (line 5 of each of `pages` pages from `region`) are among the data
+/// lines `sampler` reported, each at touch_pages, and no line of the region is another.
+fn assert_stores_on_line_5(profile: &Profile, region: u64, pages: u64, sampler: &str) {
+    let touched: Vec<u64> = profile
+        .data_lines
+        .iter()
+        .filter(|line| (region..region + pages * 4096).contains(&line.line))
+        .map(|line| {
+            let frame = &profile.frames[line.frame as usize];
+            assert_eq!(function(frame), "page_toucher::touch_pages", "{frame:?}");
+            line.line
+        })
+        .collect();
+    assert!(
+        !touched.is_empty(),
+        "no {sampler} sample carried an address in the touched region {region:#x}: {:?}",
+        profile.data_lines
+    );
+    for line in touched {
+        assert_eq!(
+            (line - region) % 4096,
+            5 * 64,
+            "store at {line:#x} is not on line 5 of its page"
+        );
+    }
+}
+
 #[test]
 fn precise_cycles_land_in_the_hot_function() {
     if let Some(reason) = precise_sampling_missing() {
@@ -139,28 +167,7 @@ fn ibs_op_samples_carry_data_addresses_of_the_touched_pages() {
     let samples: u64 = profile.stacks.iter().map(|s| s.count).sum();
     assert!(samples > 50, "{samples} IBS op samples");
     // The stores of touch_pages write line 5 of each page: IBS reports their linear addresses.
-    let touched: Vec<u64> = profile
-        .data_lines
-        .iter()
-        .filter(|line| (region..region + PAGES * 4096).contains(&line.line))
-        .map(|line| {
-            let frame = &profile.frames[line.frame as usize];
-            assert_eq!(function(frame), "page_toucher::touch_pages", "{frame:?}");
-            line.line
-        })
-        .collect();
-    assert!(
-        !touched.is_empty(),
-        "no IBS op sample carried an address in the touched region {region:#x}: {:?}",
-        profile.data_lines
-    );
-    for line in touched {
-        assert_eq!(
-            (line - region) % 4096,
-            5 * 64,
-            "store at {line:#x} is not on line 5 of its page"
-        );
-    }
+    assert_stores_on_line_5(&profile, region, PAGES, "IBS op");
     // Loads that missed the data cache carry their miss latency.
     assert!(
         profile
@@ -169,6 +176,48 @@ fn ibs_op_samples_carry_data_addresses_of_the_touched_pages() {
             .any(|i| i.stats.latency_count > 0),
         "no op sample carried a data-cache miss latency"
     );
+}
+
+/// Live Arm SPE: its AUX trace read per CPU, each record a sample of the launched command's
+/// threads, with the data addresses of the stores page_toucher makes to line 5 of every page.
+#[test]
+fn spe_records_of_the_command_carry_its_store_addresses() {
+    if sysfs("arm_spe_0", "type").is_none() {
+        return skipped(&format!(
+            "no {DEVICES}/arm_spe_0: Arm SPE needs a Neoverse-class CPU, the arm_spe_pmu \
+             driver and a host kernel"
+        ));
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    const PAGES: u64 = 20_000;
+    let (profile, stderr) = record(
+        dir.path(),
+        "arm_spe_0/period=4096/",
+        "page_toucher",
+        &[&PAGES.to_string(), "5"],
+    );
+    let (region, _, _) = common::touched_region(&stderr);
+    assert!(profile.events[0].precise, "SPE tags the operation itself");
+    let samples: u64 = profile.stacks.iter().map(|s| s.count).sum();
+    assert!(samples > 50, "{samples} SPE samples");
+    assert_eq!(
+        samples, profile.losses.samples_fired[0],
+        "every record read is a sample"
+    );
+    // Attributed to the command's threads, not to pid 0.
+    assert!(
+        profile.threads.iter().all(|t| t.pid != 0),
+        "{:?}",
+        profile.threads
+    );
+    assert_stores_on_line_5(&profile, region, PAGES, "SPE");
+    let spe_operations: u64 = profile
+        .hardware
+        .samples
+        .iter()
+        .filter_map(|s| s.spe.map(|c| c.samples))
+        .sum();
+    assert_eq!(spe_operations, samples, "SPE counters for every record");
 }
 
 #[test]

@@ -59,6 +59,20 @@ pub struct SampleFields {
 }
 
 impl SampleFields {
+    /// The 64-byte line of the data address, where the sample has one.
+    pub fn data_line(&self) -> Option<u64> {
+        self.data_addr
+            .map(|addr| addr & !(crate::capture::CACHE_LINE_BYTES - 1))
+    }
+
+    /// The access as the data-line map keys it (`capture::ACCESS_*`), from the data source.
+    pub fn access(&self) -> u32 {
+        self.data_source
+            .map_or(crate::capture::ACCESS_UNKNOWN, |source| {
+                crate::capture::access_of_data_source(source.encode())
+            })
+    }
+
     /// The fields of a sample the kernel decoded itself (PEBS, and IBS or SPE through their
     /// drivers): PERF_SAMPLE_ADDR, PHYS_ADDR, WEIGHT(_STRUCT) and DATA_SRC, each `None` when the
     /// sample lacks it. The kernel leaves weight parts a CPU does not measure at zero, so a zero

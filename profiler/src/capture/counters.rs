@@ -1,12 +1,15 @@
 //! Opening the perf counters that drive sampling: one per (event, CPU) system-wide, one per
 //! (event, thread) for processes, inherited into new threads and children.
 
-use std::{fs, io};
+use std::{
+    fs, io,
+    os::fd::{AsRawFd, RawFd},
+};
 
 use anyhow::{anyhow, bail, Context, Result};
 use perf_event::{events::Software, Builder, Counter};
 
-use super::hardware::{self, hardware_sample_type};
+use super::hardware::{self, hardware_sample_type, HardwareSampler};
 
 use crate::events::{open_error, EventSpec, OpenAs, Scope, SystemFacts};
 
@@ -87,7 +90,39 @@ fn placements(target: &Target) -> Result<Vec<(Option<u32>, Option<usize>)>> {
     })
 }
 
-fn place(builder: &mut Builder, target: &Target, pid: Option<u32>, cpu: Option<usize>) {
+/// The (task, CPU) pairs to open a mapped event on: the kernel refuses to mmap inherited
+/// per-task events on all CPUs (every child would write one buffer), so they are opened per
+/// (task, CPU), as perf does; system-wide, one per CPU.
+pub fn per_cpu_placements(target: &Target, cpus: &[usize]) -> Vec<(Option<u32>, usize)> {
+    let tasks: Vec<Option<u32>> = match target {
+        Target::Command(pid) => vec![Some(*pid)],
+        Target::Processes(pids) => pids
+            .iter()
+            .flat_map(|pid| threads_of(*pid).unwrap_or_default())
+            .map(Some)
+            .collect(),
+        Target::System => vec![None],
+    };
+    tasks
+        .iter()
+        .flat_map(|task| cpus.iter().map(move |cpu| (*task, *cpu)))
+        .collect()
+}
+
+/// Sends `counter`'s records into the ring buffer of the event `into` (PERF_EVENT_IOC_SET_OUTPUT).
+pub fn redirect_output(counter: &Counter, into: RawFd) -> io::Result<()> {
+    // SAFETY: both file descriptors are open perf events the caller holds for the call's
+    // duration; the ioctl only links their ring buffers.
+    let result = unsafe { perf_event_open_sys::ioctls::SET_OUTPUT(counter.as_raw_fd(), into) };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Puts a counter on `pid` (all when `None`) and `cpu` (any when `None`), following new tasks
+/// and starting at exec as `target` needs.
+pub fn place(builder: &mut Builder, target: &Target, pid: Option<u32>, cpu: Option<usize>) {
     match pid {
         Some(pid) => builder.observe_pid(pid as i32),
         None => builder.any_pid(),
@@ -117,7 +152,12 @@ pub fn open_sampling_counters(
         sampling: true,
     };
     let mut counters = Vec::new();
-    for (index, event) in events.iter().enumerate() {
+    // SPE writes an AUX trace the agent reads (`aux_trace`): no sample runs the program.
+    let sampled = events
+        .iter()
+        .enumerate()
+        .filter(|(_, event)| hardware::hardware_sampler(event) != HardwareSampler::Spe);
+    for (index, event) in sampled {
         let mut opened_any = false;
         for &(pid, cpu) in &placements {
             let mut builder = Builder::new(Software::DUMMY);

@@ -13,7 +13,9 @@ use perf_event_open_sys::bindings;
 use profiler_common::capture::RawDecoding;
 use profiler_common::hw::ibs::IbsErrata;
 
-use crate::events::{catalog::PERF_TYPE_SOFTWARE, EventError, EventSpec, Sampling};
+use crate::events::{
+    catalog::PERF_TYPE_SOFTWARE, spec::SPE_PMU_PREFIX, EventError, EventSpec, Sampling,
+};
 use crate::profile::CpuIdentity;
 
 /// `perf_event_attr.sample_type` bits.
@@ -58,6 +60,8 @@ pub enum HardwareSampler {
     IbsOp,
     /// AMD IBS fetch sampling (`ibs_fetch//`).
     IbsFetch,
+    /// Arm SPE (`arm_spe_0//`): records in the AUX area, read by the agent, not the program.
+    Spe,
     /// Intel PEBS load latency (`cpu/mem-loads/`) or stores (`cpu/mem-stores/`).
     PebsMemory,
     /// Any other event with a precise level (`cycles:pp`).
@@ -71,6 +75,7 @@ pub fn hardware_sampler(spec: &EventSpec) -> HardwareSampler {
     match spec.pmu.as_deref() {
         Some("ibs_op") => return HardwareSampler::IbsOp,
         Some("ibs_fetch") => return HardwareSampler::IbsFetch,
+        Some(pmu) if pmu.starts_with(SPE_PMU_PREFIX) => return HardwareSampler::Spe,
         _ => {}
     }
     let core_pmu = matches!(spec.pmu.as_deref(), Some("cpu" | "cpu_core" | "cpu_atom"));
@@ -99,7 +104,10 @@ const SOFTWARE_WITHOUT_ADDRESSES: [u32; 7] = [
 /// software faults, and breakpoints (the watched address).
 pub fn records_data_addresses(spec: &EventSpec) -> bool {
     match hardware_sampler(spec) {
-        HardwareSampler::IbsOp | HardwareSampler::PebsMemory | HardwareSampler::Precise => true,
+        HardwareSampler::IbsOp
+        | HardwareSampler::Spe
+        | HardwareSampler::PebsMemory
+        | HardwareSampler::Precise => true,
         HardwareSampler::IbsFetch => false,
         HardwareSampler::Skid => match spec.attr.type_ {
             PERF_TYPE_SOFTWARE => !SOFTWARE_WITHOUT_ADDRESSES
@@ -123,8 +131,7 @@ fn names_event(spec: &EventSpec, event: &str) -> bool {
 
 /// Adjusts `spec` to what its sampler accepts (the PMU, or the kernel's clock timer); returns a
 /// notice for each change, for the user, so the periods reports multiply by are the ones the
-/// kernel used. Refuses periods the sampler cannot count (ARM SPE is refused earlier, when its
-/// event is parsed).
+/// kernel used. Refuses periods the sampler cannot count.
 pub fn prepare_sampled_event(spec: &mut EventSpec) -> Result<Vec<String>, EventError> {
     let mut notes = Vec::new();
     if let Some(note) = clock_timer_floor(spec) {
@@ -154,6 +161,23 @@ pub fn prepare_sampled_event(spec: &mut EventSpec) -> Result<Vec<String>, EventE
                 }
             }
         }
+        HardwareSampler::Spe => {
+            let period = spe_period(spec)?;
+            let pmu = spec.pmu.as_deref().unwrap_or_default();
+            let floor = fs::read_to_string(format!(
+                "/sys/bus/event_source/devices/{pmu}/caps/min_interval"
+            ));
+            if let Some(floor) = floor.ok().and_then(|text| text.trim().parse::<u64>().ok()) {
+                if period < floor {
+                    notes.push(format!(
+                        "{}: {pmu} samples at most every {floor} operations (caps/min_interval), \
+                         so the period {period} becomes {floor}",
+                        spec.name
+                    ));
+                    spec.sampling = Sampling::Period(floor);
+                }
+            }
+        }
         HardwareSampler::PebsMemory if spec.attr.precise_ip == 0 => {
             spec.attr.precise_ip = PEBS_MEMORY_PRECISE_IP;
             notes.push(format!(
@@ -165,6 +189,22 @@ pub fn prepare_sampled_event(spec: &mut EventSpec) -> Result<Vec<String>, EventE
         _ => {}
     }
     Ok(notes)
+}
+
+/// The period of an Arm SPE event, which samples every Nth operation and has no frequency mode
+/// (`--target-rate` on a launched command, `-F`, `freq=` ask for one).
+pub fn spe_period(spec: &EventSpec) -> Result<u64, EventError> {
+    match spec.sampling {
+        Sampling::Period(period) => Ok(period),
+        Sampling::Frequency(_) => Err(EventError::InvalidValue {
+            event: spec.text.clone(),
+            term: "freq".to_string(),
+            value: spec.sampling.to_string(),
+            reason: "Arm SPE samples every Nth operation and has no frequency mode: give a \
+                     period (e.g. -c 65536 or arm_spe_0/period=65536/)"
+                .to_string(),
+        }),
+    }
 }
 
 /// The shortest period of the kernel's clock events (cpu-clock, task-clock) in nanoseconds: their
@@ -236,6 +276,12 @@ pub fn hardware_sample_type(spec: &EventSpec, stacks: bool) -> (u64, Vec<String>
                 spec.name
             ));
         }
+        // Its records come through the AUX area (`capture::aux_trace`), not samples.
+        HardwareSampler::Spe => notes.push(format!(
+            "{}: Arm SPE records (PC, data addresses, latencies, data source, events) read from \
+             the AUX area",
+            spec.name
+        )),
         HardwareSampler::Skid => {}
     }
     (sample_type, notes)
@@ -264,7 +310,7 @@ pub fn exact_ip(spec: &EventSpec) -> bool {
     spec.precise()
         || matches!(
             hardware_sampler(spec),
-            HardwareSampler::IbsOp | HardwareSampler::IbsFetch
+            HardwareSampler::IbsOp | HardwareSampler::IbsFetch | HardwareSampler::Spe
         )
 }
 
@@ -272,7 +318,10 @@ pub fn exact_ip(spec: &EventSpec) -> bool {
 pub fn samples_latency(specs: &[EventSpec]) -> bool {
     specs.iter().any(|spec| {
         hardware_sample_type(spec, false).0 & sample::WEIGHT_STRUCT != 0
-            || hardware_sampler(spec) == HardwareSampler::IbsOp
+            || matches!(
+                hardware_sampler(spec),
+                HardwareSampler::IbsOp | HardwareSampler::Spe
+            )
     })
 }
 
@@ -328,6 +377,8 @@ mod tests {
             ("ibs_fetch/format/rand_en", "config:57"),
             ("ibs_fetch/format/l3missonly", "config:59"),
             ("software/type", "1"),
+            ("arm_spe_0/type", "9"),
+            ("arm_spe_0/format/ts_enable", "config:0"),
         ]);
         PmuRegistry::from_sysfs(root.path()).expect("fixture parses")
     }
@@ -561,6 +612,26 @@ mod tests {
             IbsErrata::default()
         );
         assert_eq!(raw_decoding(&specs, None).ibs_errata, 0);
+    }
+
+    #[test]
+    fn spe_samples_by_period_only_with_exact_ips_data_addresses_and_latencies() {
+        let (spe, notes) = prepared("arm_spe_0//");
+        assert_eq!(hardware_sampler(&spe), HardwareSampler::Spe);
+        assert!(exact_ip(&spe) && records_data_addresses(&spe));
+        assert!(samples_latency(std::slice::from_ref(&spe)));
+        assert_eq!(spe.sampling, Sampling::Period(65_536));
+        assert!(notes.is_empty(), "{notes:?}");
+        // No program runs on its records: no sample fields are asked of the kernel.
+        assert_eq!(hardware_sample_type(&spe, true).0, BASE_SAMPLE_TYPE);
+        let mut by_frequency = spec("arm_spe_0/freq=1000/");
+        let err = prepare_sampled_event(&mut by_frequency)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("has no frequency mode: give a period"),
+            "{err}"
+        );
     }
 
     #[test]

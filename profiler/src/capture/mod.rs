@@ -1,6 +1,7 @@
 //! Capture in the kernel: opening perf counters, loading and attaching the eBPF program, and the
 //! side-band stream of process mappings needed to symbolize later.
 
+pub mod aux_trace;
 pub mod btf;
 pub mod counters;
 pub mod hardware;

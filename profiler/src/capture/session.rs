@@ -22,8 +22,12 @@ use tokio::time::{interval, Instant, Interval};
 
 use crate::{
     capture::{
+        aux_trace::AuxTrace,
         counters::{open_sampling_counters, EventCounter, Target},
-        hardware::{cpu_identity, raw_decoding, records_data_addresses, samples_latency},
+        hardware::{
+            cpu_identity, hardware_sampler, raw_decoding, records_data_addresses, samples_latency,
+            spe_period, HardwareSampler,
+        },
         offcpu::offcpu_config,
         program::{CaptureProgram, MapNeeds, Ring},
         raw::RawStream,
@@ -31,9 +35,10 @@ use crate::{
         stats::{CaptureStats, MapMemory, ProgramRuns},
     },
     drain::{
-        ibs::IbsStream, read_accounting, stack_copy::StackCopyStream, Accounting, Drained, Drainer,
+        ibs::IbsStream, read_accounting, spe::SpeStream, stack_copy::StackCopyStream, Accounting,
+        Drained, Drainer,
     },
-    events::SystemFacts,
+    events::{EventSpec, SystemFacts},
     launch::{spawn_stopped, Run, Stop, StopSignals, TargetSpec},
     profile::{CpuIdentity, EventInfo},
     record::{
@@ -74,6 +79,8 @@ pub struct CaptureSession {
     unwinder: Option<UnwindLoader>,
     raw: Option<RawStream>,
     ibs: Option<IbsStream>,
+    /// The Arm SPE event's AUX trace.
+    spe: Option<SpeStream>,
     stack_copies: Option<StackCopyStream>,
     sideband: Sideband,
     counters: Vec<EventCounter>,
@@ -194,6 +201,7 @@ impl CaptureSession {
         }
         program.attach_offcpu()?;
         let sideband = Sideband::open(&target, &options.pmus, &facts, data_addresses)?;
+        let spe = open_spe(&options.events, &target, &facts)?;
         let mut counters =
             open_sampling_counters(&options.events, &target, options.stacks, &facts)?;
         for counter in &mut counters {
@@ -212,6 +220,7 @@ impl CaptureSession {
             unwinder,
             raw,
             ibs,
+            spe,
             stack_copies,
             sideband,
             counters,
@@ -252,6 +261,9 @@ impl CaptureSession {
             self.sync_unwinder()?;
             for counter in &mut self.counters {
                 counter.counter.enable()?;
+            }
+            if let Some(spe) = &mut self.spe {
+                spe.enable()?;
             }
         }
         self.run.begin(self.duration);
@@ -310,6 +322,7 @@ impl CaptureSession {
             unwinder,
             raw,
             ibs,
+            spe,
             stack_copies,
             sideband,
             processes,
@@ -383,7 +396,10 @@ impl CaptureSession {
                 }
                 // The program wakes us only when the IBS ring is half full.
                 if let Some(stream) = ibs {
-                    stream.read_into(&mut drained.ibs)?;
+                    stream.read_into(&mut drained.hardware)?;
+                }
+                if let Some(stream) = spe {
+                    stream.read_into(drained);
                 }
                 // Unwound while the mappings just read are the processes' own.
                 if let Some(stream) = stack_copies {
@@ -425,7 +441,7 @@ impl CaptureSession {
             Wake::Ibs(ready) => {
                 ready.context("waiting on the IBS ring buffer")?;
                 if let Some(stream) = ibs {
-                    stream.read_into(&mut drained.ibs)?;
+                    stream.read_into(&mut drained.hardware)?;
                 }
             }
             Wake::StackCopies(ready) => {
@@ -453,6 +469,13 @@ impl CaptureSession {
         if let Some(stream) = &self.ibs {
             accounting.losses[LossKind::IbsRegistersUnreadable as usize] += stream.unreadable();
         }
+        if let Some((event, counts)) = self.spe.as_ref().map(|s| (s.event(), s.counts())) {
+            // Every record read is a sample fired; the damaged ones are lost whole.
+            accounting.samples_fired[event as usize] += counts.records + counts.damaged;
+            counts.add_losses(&mut accounting.losses);
+            // No counter counts SPE's operations: no event's exact count is claimed.
+            accounting.event_counts.clear();
+        }
         if let Some(stream) = &self.stack_copies {
             for (total, walks) in accounting.losses.iter_mut().zip(stream.losses()) {
                 *total += walks;
@@ -470,7 +493,10 @@ impl CaptureSession {
         self.sync_unwinder()?;
         let mut exited = self.processes.exited();
         if let Some(stream) = &mut self.ibs {
-            stream.read_into(&mut self.drained.ibs)?;
+            stream.read_into(&mut self.drained.hardware)?;
+        }
+        if let Some(stream) = &mut self.spe {
+            stream.read_into(&mut self.drained);
         }
         if let Some(stream) = &mut self.stack_copies {
             stream.read_into(&self.processes, &mut self.drained)?;
@@ -595,6 +621,9 @@ impl CaptureSession {
         for counter in &mut self.counters {
             counter.counter.disable()?;
         }
+        if let Some(spe) = &mut self.spe {
+            spe.disable()?;
+        }
         self.sideband.disable()?;
         let end = SystemTime::now();
         self.read_sideband();
@@ -605,7 +634,10 @@ impl CaptureSession {
             failures.extend(stream.finish()?);
         }
         if let Some(stream) = &mut self.ibs {
-            stream.finish(&mut self.drained.ibs)?;
+            stream.finish(&mut self.drained.hardware)?;
+        }
+        if let Some(stream) = &mut self.spe {
+            stream.read_into(&mut self.drained);
         }
         if let Some(stream) = &mut self.stack_copies {
             stream.finish(&self.processes, &mut self.drained)?;
@@ -645,5 +677,58 @@ impl CaptureSession {
             ending: self.run.ending(stop),
             failures,
         })
+    }
+}
+
+/// The Arm SPE event among `events`, opened for `target`: one at most (a CPU has one SPE unit).
+fn open_spe(
+    events: &[EventSpec],
+    target: &Target,
+    facts: &SystemFacts,
+) -> Result<Option<SpeStream>> {
+    let mut spe = events
+        .iter()
+        .enumerate()
+        .filter(|(_, event)| hardware_sampler(event) == HardwareSampler::Spe);
+    let Some((index, event)) = spe.next() else {
+        return Ok(None);
+    };
+    if let Some((_, second)) = spe.next() {
+        return Err(anyhow!(
+            "cannot sample '{}' beside '{}': a CPU has one SPE unit, which samples one event \
+             at a time; give one SPE event per run (its filters select loads, stores or branches)",
+            second.name,
+            event.name
+        ));
+    }
+    spe_period(event)?;
+    let trace = AuxTrace::open(event, target, facts)?;
+    Ok(Some(SpeStream::new(trace, index as u32, target)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{parse_event, pmu::tests::sysfs_fixture, PmuRegistry};
+
+    #[test]
+    fn one_spe_event_at_a_time() {
+        let root = sysfs_fixture(&[
+            ("arm_spe_0/type", "9"),
+            ("arm_spe_0/format/load_filter", "config:33"),
+        ]);
+        let pmus = PmuRegistry::from_sysfs(root.path()).unwrap();
+        let events = [
+            parse_event("arm_spe_0//", &pmus).unwrap(),
+            parse_event("arm_spe_0/load_filter/", &pmus).unwrap(),
+        ];
+        let err = open_spe(&events, &Target::System, &SystemFacts::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.starts_with("cannot sample 'arm_spe_0/load_filter/' beside 'arm_spe_0//'"),
+            "{err}"
+        );
     }
 }

@@ -15,7 +15,9 @@ use std::{
 use anyhow::{Context, Result};
 use perf_event::{events::Software, Builder, SampleFlag, Sampler};
 
-use super::counters::{online_cpus, threads_of, Target};
+use super::counters::{
+    online_cpus, per_cpu_placements, place, redirect_output, threads_of, Target,
+};
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
 use crate::import::perf_data::{
     decode_process_record, maps_code, FileId, ProcessRecord, PERF_RECORD_MISC_MMAP_BUILD_ID,
@@ -845,18 +847,6 @@ pub struct Sideband {
     changes: Vec<(u64, Change)>,
 }
 
-/// Sends `counter`'s records into `into`'s ring buffer (PERF_EVENT_IOC_SET_OUTPUT).
-fn redirect_output(counter: &perf_event::Counter, into: &Sampler) -> std::io::Result<()> {
-    // SAFETY: both file descriptors are open perf events owned by the caller for the call's
-    // duration; the ioctl only links their ring buffers.
-    let result =
-        unsafe { perf_event_open_sys::ioctls::SET_OUTPUT(counter.as_raw_fd(), into.as_raw_fd()) };
-    if result < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 impl Sideband {
     /// Opens the side-band of `target`. Mappings of data (files mapped without execute
     /// permission, anonymous memory) are delivered only with `data_mappings`, where an event
@@ -877,40 +867,19 @@ impl Sideband {
             },
             sampling: false,
         };
-        // The kernel refuses to mmap inherited per-task events on all CPUs (every child would
-        // write one buffer): open them per (task, CPU), as perf does.
-        let cpus = online_cpus()?;
-        let tasks: Vec<Option<u32>> = match target {
-            Target::Command(pid) => vec![Some(*pid)],
-            Target::Processes(pids) => pids
-                .iter()
-                .flat_map(|pid| threads_of(*pid).unwrap_or_default())
-                .map(Some)
-                .collect(),
-            Target::System => vec![None],
-        };
-        let placements: Vec<(Option<u32>, usize)> = tasks
-            .iter()
-            .flat_map(|task| cpus.iter().map(move |cpu| (*task, *cpu)))
-            .collect();
+        let placements = per_cpu_placements(target, &online_cpus()?);
         let mut samplers: Vec<Sampler> = Vec::new();
         let mut redirected = Vec::new();
         let mut ring_of_cpu: HashMap<usize, usize> = HashMap::default();
         for (pid, cpu) in placements {
             let mut builder = Builder::new(Software::DUMMY);
-            match pid {
-                Some(pid) => builder.observe_pid(pid as i32),
-                None => builder.any_pid(),
-            };
-            builder.one_cpu(cpu);
+            place(&mut builder, target, pid, Some(cpu));
             // No build IDs in the mapping records (`build_id`), though the kernel offers them:
             // it marks a record as carrying one in a header it shares with every other session
             // the mapping is reported to, and never unmarks it, so perf sessions running beside
             // the agent got device and inode numbers flagged as a build ID (perf 6.1 overflows
             // its stack on them). Build IDs are read from the mapped files the agent opens.
             builder
-                .inherit(!matches!(target, Target::System))
-                .enable_on_exec(matches!(target, Target::Command(_)))
                 .mmap(true)
                 .mmap2(true)
                 .mmap_data(data_mappings)
@@ -928,7 +897,7 @@ impl Sideband {
             };
             match ring_of_cpu.get(&cpu) {
                 Some(&ring) => {
-                    redirect_output(&counter, &samplers[ring])
+                    redirect_output(&counter, samplers[ring].as_raw_fd())
                         .context("redirecting a side-band event into its CPU's ring buffer")?;
                     redirected.push(counter);
                 }

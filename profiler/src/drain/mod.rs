@@ -9,6 +9,7 @@
 mod batch;
 pub mod ibs;
 pub mod offcpu;
+pub mod spe;
 pub mod stack_copy;
 pub mod stacks;
 
@@ -69,8 +70,9 @@ pub struct Drained {
     pub line_latencies: HashMap<LineLatencyKey, Vec<u64>>,
     /// Samples per data source (PMUs that report one).
     pub data_sources: HashMap<DataSourceKey, u64>,
-    /// IBS samples, decoded from the registers the program streamed.
-    pub ibs: HardwareAccumulator,
+    /// What precise samplers reported beyond the IP: IBS registers the program streamed, SPE
+    /// records read from the AUX trace.
+    pub hardware: HardwareAccumulator,
     /// `--off-cpu`: blocked time by thread, stacks and state.
     pub offcpu: offcpu::DrainedOffCpu,
 }
@@ -89,7 +91,7 @@ impl Drained {
         pids.extend(self.data_lines.keys().map(|key| key.pid));
         pids.extend(self.latencies.keys().map(|key| key.pid));
         pids.extend(self.data_sources.keys().map(|key| key.pid));
-        pids.extend(self.ibs.code_addresses().map(|address| address.pid));
+        pids.extend(self.hardware.code_addresses().map(|address| address.pid));
         pids.extend(self.offcpu.blocks.keys().map(|key| key.pid));
         let wakers = self.offcpu.blocks.keys().map(|key| key.waker.pid);
         pids.extend(wakers.filter(|pid| *pid != 0));
@@ -394,6 +396,14 @@ fn add_histograms<K: Eq + std::hash::Hash>(
             }
         }
     }
+}
+
+/// Adds one sample on `cpu` to per-CPU counts.
+fn add_on_cpu(total: &mut Vec<u64>, cpu: usize) {
+    if total.len() <= cpu {
+        total.resize(cpu + 1, 0);
+    }
+    total[cpu] += 1;
 }
 
 fn add_per_cpu(total: &mut Vec<u64>, per_cpu: &[u64]) {

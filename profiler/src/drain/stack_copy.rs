@@ -12,7 +12,7 @@ use profiler_common::{
     stack::NO_STACK,
 };
 
-use super::{add_per_cpu, stacks::StackCache, Drained, DrainedStack};
+use super::{add_on_cpu, stacks::StackCache, Drained, DrainedStack};
 use crate::{
     capture::{ring::KernelRing, sideband::ProcessTable},
     unwind::{
@@ -76,10 +76,10 @@ impl StackCopyStream {
                 user: cache.intern(&copied.unwound.frames),
                 kernel: cache.intern(&header.kernel[..kernel_frames]),
             };
-            let cpu = header.cpu as usize;
-            let mut per_cpu = vec![0; cpu + 1];
-            per_cpu[cpu] = 1;
-            add_per_cpu(drained.stacks.entry(stack).or_default(), &per_cpu);
+            add_on_cpu(
+                drained.stacks.entry(stack).or_default(),
+                header.cpu as usize,
+            );
             Ok(())
         })
     }

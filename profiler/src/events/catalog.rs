@@ -16,7 +16,7 @@
 //!   `/period=1/` to see every one);
 //! - rare software events (major faults, migrations, alignment and emulation faults): every one;
 //! - raw and PMU events the catalog does not know: every 1,000,003 ([`UNKNOWN_EVENT_PERIOD`]);
-//!   AMD IBS: [`IBS_PERIOD`].
+//!   AMD IBS: [`IBS_PERIOD`]; Arm SPE: [`SPE_PERIOD`].
 
 use std::sync::OnceLock;
 
@@ -44,6 +44,12 @@ pub const UNKNOWN_EVENT_PERIOD: Sampling = REFERENCE_PERIOD;
 /// a prime (62,501) rather than a prime: about 3,000 samples per second of a 3 GHz CPU.
 pub const IBS_PERIOD: Sampling = Sampling::Period(16 * 62_501);
 
+/// Arm SPE samples one operation in every period (the kernel raises shorter periods to the
+/// PMU's `caps/min_interval`, a few hundred to a few thousand). Each record is 40 to 64 bytes
+/// of trace: every 65,536th operation of a CPU retiring 3 billion a second writes about 3 MB/s,
+/// which the profiler's AUX buffers hold between two reads.
+pub const SPE_PERIOD: Sampling = Sampling::Period(65_536);
+
 /// The unit of a counter's counts (Oracle's "units" column).
 pub mod unit {
     pub const CPU_CYCLES: &str = "CPU-cycles";
@@ -51,6 +57,8 @@ pub mod unit {
     pub const LOAD_EVENTS: &str = "load events";
     pub const STORE_EVENTS: &str = "store events";
     pub const NANOSECONDS: &str = "nanoseconds";
+    /// Operations an Arm SPE event counts between samples.
+    pub const OPERATIONS: &str = "operations";
 }
 
 /// Which part of `profiler list` an event belongs to.

@@ -96,6 +96,12 @@ impl SystemFacts {
     }
 }
 
+fn is_spe(spec: &EventSpec) -> bool {
+    spec.pmu
+        .as_deref()
+        .is_some_and(|pmu| pmu.starts_with(super::spec::SPE_PMU_PREFIX))
+}
+
 /// Opens `spec` for counting, then for sampling, on this process (or, for per-package PMUs, on
 /// the first CPU of their cpumask) and closes it again.
 pub fn probe(spec: &EventSpec, facts: &SystemFacts) -> Availability {
@@ -207,7 +213,8 @@ pub fn explain(spec: &EventSpec, err: &io::Error, how: OpenAs, facts: &SystemFac
             spec.sampling,
             facts.max_sample_rate.unwrap_or_default()
         ),
-        libc::EINVAL if how.scope == Scope::Task && spec.cpumask.is_some() => {
+        // SPE's cpumask names the CPUs that have it, not a package: it follows tasks.
+        libc::EINVAL if how.scope == Scope::Task && spec.cpumask.is_some() && !is_spe(spec) => {
             format!("{pmu} counts per package, not per task: count it system-wide (-a)")
         }
         libc::EOPNOTSUPP if how.sampling => cannot_sample(spec),

@@ -467,17 +467,6 @@ pub fn parse_event(text: &str, pmus: &PmuRegistry) -> Result<EventSpec, EventErr
     let has_term_list = text.contains('/');
 
     let mut resolved = if let Some(pmu) = pmus.get(head).filter(|_| has_term_list) {
-        if pmu.name.starts_with(SPE_PMU_PREFIX) {
-            return Err(EventError::Unavailable {
-                event: text.to_string(),
-                reason: "live Arm SPE sampling is not supported: its records arrive in the perf \
-                         AUX buffer, which live recordings do not read. Record with \
-                         `perf record -e arm_spe_0// -- COMMAND` and read the file with \
-                         `profiler report -i perf.data`, which decodes its SPE records (data \
-                         addresses, latencies, data sources), or sample cycles or instructions"
-                    .to_string(),
-            });
-        }
         resolve_pmu_event(text, pmu, &terms)?
     } else if let Some(found) = catalog::lookup(head) {
         let mut meta = MetaTerms::default();
@@ -585,7 +574,7 @@ pub fn parse_event(text: &str, pmus: &PmuRegistry) -> Result<EventSpec, EventErr
 }
 
 /// Arm's Statistical Profiling Extension PMUs: `arm_spe_0`, one per SPE implementation.
-const SPE_PMU_PREFIX: &str = "arm_spe";
+pub const SPE_PMU_PREFIX: &str = "arm_spe";
 
 /// `rNNNN`: a raw core PMU event, `config` in hex.
 fn parse_raw(head: &str) -> Option<u64> {
@@ -698,12 +687,25 @@ fn resolve_pmu_event(event: &str, pmu: &Pmu, terms: &[Term<'_>]) -> Result<Resol
     let default_sampling = match known {
         Some(event) => event.default_sampling,
         None if pmu.name.starts_with("ibs_") => catalog::IBS_PERIOD,
+        None if pmu.name.starts_with(SPE_PMU_PREFIX) => catalog::SPE_PERIOD,
         None => UNKNOWN_EVENT_PERIOD,
     };
+    // SPE records carry the generic timer's count only with `ts_enable`; system-wide, the
+    // count is what says which thread ran (see `drain::spe`). Off only where the user says so.
+    let timestamps = pmu.formats.get("ts_enable");
+    if let Some(field) = timestamps.filter(|_| pmu.name.starts_with(SPE_PMU_PREFIX)) {
+        if !terms.iter().any(|term| term.key == "ts_enable") {
+            let word = attr.word_mut(field.word);
+            *word = field.insert(*word, 1).unwrap_or(*word);
+        }
+    }
     let unit = unit.unwrap_or_else(|| {
-        known
-            .map_or(catalog::unit::EVENTS, |event| event.unit)
-            .to_string()
+        match known {
+            Some(event) => event.unit,
+            None if pmu.name.starts_with(SPE_PMU_PREFIX) => catalog::unit::OPERATIONS,
+            None => catalog::unit::EVENTS,
+        }
+        .to_string()
     });
     let body_end = event.rfind('/').map_or(event.len(), |close| close + 1);
     Ok(Resolved {
@@ -1082,29 +1084,32 @@ mod tests {
         }
         let spec = parse_event("armv8_pmuv3_0/inst_retired/u", &arm).unwrap();
         assert_eq!((spec.attr.config, spec.attr.precise_ip), (0x08, 0));
-        // Arm's precise counterpart, SPE: refused where it exists, explained where it does not.
+        // Arm's precise counterpart, SPE: explained where it does not exist.
         let err = parse_event("arm_spe_0//", &arm).unwrap_err().to_string();
         assert!(
             err.starts_with("arm_spe_0: no such PMU on this machine (Arm SPE needs"),
             "{err}"
         );
+        // Where it does, sampled every 65,536 operations with timestamps unless told otherwise.
         let with_spe = sysfs_fixture(&[
             ("armv8_pmuv3_0/type", "8"),
             ("armv8_pmuv3_0/cpus", "0"),
             ("arm_spe_0/type", "9"),
             ("arm_spe_0/format/ts_enable", "config:0"),
+            ("arm_spe_0/format/load_filter", "config:33"),
         ]);
         let with_spe = PmuRegistry::from_sysfs(with_spe.path()).unwrap();
-        let err = parse_event("arm_spe_0/ts_enable=1/", &with_spe)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.starts_with(
-                "cannot open event 'arm_spe_0/ts_enable=1/': live Arm SPE sampling is not supported"
-            ),
-            "{err}"
+        let spec = parse_event("arm_spe_0/load_filter/", &with_spe).unwrap();
+        assert_eq!(
+            (spec.attr.type_, spec.attr.config, spec.sampling),
+            (9, (1 << 33) | 1, Sampling::Period(65_536))
         );
-        assert!(err.contains("profiler report -i perf.data"), "{err}");
+        assert_eq!(spec.unit, "operations");
+        let spec = parse_event("arm_spe_0/ts_enable=0,period=4096/", &with_spe).unwrap();
+        assert_eq!(
+            (spec.attr.config, spec.sampling),
+            (0, Sampling::Period(4096))
+        );
         // x86 keeps its precise levels.
         assert_eq!(parse("cycles:pp").unwrap().attr.precise_ip, 2);
     }

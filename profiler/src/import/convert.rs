@@ -11,7 +11,7 @@
 //! in the file's AUX trace data instead of samples: each record becomes a sample of the SPE
 //! event, its packets in place of the raw registers, decoded with `profiler_common::hw::spe`.
 
-use profiler_common::capture::{access_of_data_source, DataLineKey, ACCESS_UNKNOWN};
+use profiler_common::capture::{DataLineKey, LossKind, SampleStats};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::bail;
@@ -37,8 +37,6 @@ use crate::profile::{
 use crate::symbolize::{CodeAddress, FrameTable};
 use crate::unwind::copy::{CopyUnwinder, StackCopy, StackEnd, UserRegisters};
 
-/// Bytes in a data cache line: data addresses are aggregated per line.
-const CACHE_LINE_BYTES: u64 = profiler_common::capture::CACHE_LINE_BYTES;
 /// IBS_OP_CTL bit 19 (the `cnt_ctl` format term): the period counts dispatched ops, not cycles.
 const IBS_OP_COUNTS_OPS: u64 = 1 << 19;
 /// Where the registers the copy unwinder starts from are in PERF_SAMPLE_REGS_USER, by the
@@ -164,7 +162,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
             pid,
             event,
             frame: frame(pid, ip),
-            stats: *stats,
+            stats: Stats::from(stats),
         })
         .collect();
     let data_lines = aggregates
@@ -177,7 +175,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
             event: key.event,
             line: key.line,
             frame: frame(key.pid, key.ip),
-            stats: *stats,
+            stats: Stats::from(stats),
             per_cpu: per_cpu.per_cpu.clone(),
         })
         .collect();
@@ -286,7 +284,7 @@ impl ImportedEvent {
             (Sampler::IbsOp, _) if attr.config & IBS_OP_COUNTS_OPS != 0 => "dispatched ops",
             (Sampler::IbsOp, _) => unit::CPU_CYCLES,
             (Sampler::IbsFetch, _) => "fetches",
-            (Sampler::Spe, _) => "operations",
+            (Sampler::Spe, _) => unit::OPERATIONS,
             (Sampler::Kernel, Some(event)) => event.unit,
             (Sampler::Kernel, None) => unit::EVENTS,
         };
@@ -350,9 +348,9 @@ impl Counts {
 #[derive(Default)]
 struct Aggregates {
     stacks: HashMap<StackKey, Counts>,
-    instructions: BTreeMap<(u32, EventIndex, u64), Stats>,
+    instructions: BTreeMap<(u32, EventIndex, u64), SampleStats>,
     /// Keyed like the live capture's data-line map.
-    data_lines: BTreeMap<DataLineKey, (Stats, Counts)>,
+    data_lines: BTreeMap<DataLineKey, (SampleStats, Counts)>,
     /// Latency buckets per (pid, event, instruction).
     latencies: BTreeMap<(u32, EventIndex, u64), BTreeMap<u16, u64>>,
     /// Latency buckets per (pid, event, data cache line).
@@ -492,15 +490,13 @@ impl Aggregates {
 
         let (fields, observation) = self.decode(sample, spe, event, errata);
         let latency = fields.load_latency.unwrap_or(0);
-        add_stats(
-            self.instructions.entry((pid, index, ip)).or_default(),
-            latency,
-        );
-        let line = fields.data_addr.map(|addr| addr & !(CACHE_LINE_BYTES - 1));
+        self.instructions
+            .entry((pid, index, ip))
+            .or_default()
+            .add_sample(latency);
+        let line = fields.data_line();
         if let Some(line) = line {
-            let access = fields.data_source.map_or(ACCESS_UNKNOWN, |source| {
-                access_of_data_source(source.encode())
-            });
+            let access = fields.access();
             let (stats, counts) = self
                 .data_lines
                 .entry(DataLineKey {
@@ -512,7 +508,7 @@ impl Aggregates {
                     ip,
                 })
                 .or_default();
-            add_stats(stats, latency);
+            stats.add_sample(latency);
             counts.add(sample.cpu);
         }
         if latency != 0 {
@@ -691,15 +687,6 @@ impl Aggregates {
     }
 }
 
-fn add_stats(stats: &mut Stats, latency: u64) {
-    stats.count += 1;
-    if latency != 0 {
-        stats.latency_count += 1;
-        stats.latency_sum += latency;
-        stats.latency_max = stats.latency_max.max(latency);
-    }
-}
-
 /// One side-band record, to be applied in time order.
 enum Change<'a> {
     Fork(&'a TaskEvent),
@@ -839,7 +826,7 @@ fn losses(data: &PerfData, aggregates: &Aggregates) -> Losses {
             aggregates.damaged_spe_records,
         ),
         (
-            "Arm SPE records without a thread (no context packet, traced per CPU)",
+            LossKind::SpeRecordsWithoutThread.describe(),
             aggregates.spe_records_without_thread,
         ),
         (

@@ -22,15 +22,6 @@ use crate::{
     symbolize::{CodeAddress, FrameTable, SymbolCache},
 };
 
-fn stats(s: &profiler_common::capture::SampleStats) -> Stats {
-    Stats {
-        count: s.count,
-        latency_count: s.latency_count,
-        latency_sum: s.latency_sum,
-        latency_max: s.latency_max,
-    }
-}
-
 /// Stack addresses as looked up: the leaf as sampled, callers one byte before their return
 /// address (inside the call instruction), the unwinder's marker frames as they are.
 pub fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
@@ -138,7 +129,7 @@ pub fn assemble_with(
     addresses.extend(drained.data_lines.keys().map(|k| code(k.pid, k.ip)));
     addresses.extend(drained.latencies.keys().map(|k| code(k.pid, k.ip)));
     // Kernel-counted data sources join the streamed IBS samples, keyed alike.
-    let mut hardware = drained.ibs;
+    let mut hardware = drained.hardware;
     for (key, count) in &drained.data_sources {
         let at = HardwareKey {
             pid: key.pid,
@@ -222,7 +213,7 @@ pub fn assemble_with(
             pid: key.pid,
             event: key.event,
             frame: table.frame(code(key.pid, key.ip)),
-            stats: stats(s),
+            stats: Stats::from(s),
         })
         .collect();
     let data_lines = drained
@@ -233,7 +224,7 @@ pub fn assemble_with(
             event: key.event,
             line: key.line,
             frame: table.frame(code(key.pid, key.ip)),
-            stats: stats(s),
+            stats: Stats::from(s),
             per_cpu: per_cpu.clone(),
             tid: Some(key.tid),
             access: DataAccess::from_code(key.access),

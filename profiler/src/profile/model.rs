@@ -234,6 +234,17 @@ pub struct Stats {
     pub latency_max: u64,
 }
 
+impl From<&profiler_common::capture::SampleStats> for Stats {
+    fn from(s: &profiler_common::capture::SampleStats) -> Stats {
+        Stats {
+            count: s.count,
+            latency_count: s.latency_count,
+            latency_sum: s.latency_sum,
+            latency_max: s.latency_max,
+        }
+    }
+}
+
 /// Latency distribution of one (event, instruction): counts per log-linear bucket
 /// (`profiler_common::latency`), sparse.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
