@@ -12,6 +12,7 @@ use crate::{
         hardware::{prepare_sampled_event, records_data_addresses},
         offcpu::OffCpuOptions,
         program::{default_sample_map_entries, MapSizes, DEFAULT_MAP_ENTRIES},
+        stats::HOST_CPUS,
     },
     cli::{
         Command, RecordArgs, ReportArgs, ReportOutput, SamplingArgs, Unwind,
@@ -203,23 +204,25 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
         .map_err(|(what, e)| anyhow::anyhow!("counting possible CPUs ({what}): {e}"))?
         as u32;
     let drain_interval = Duration::from_millis(args.drain_interval);
-    let sample_entries = args.map_entries.unwrap_or_else(|| {
-        // Samples a second per CPU, all events together; unknown where one samples by period.
-        let rate = events
-            .iter()
-            .try_fold(0, |sum, event| match event.sampling {
-                Sampling::Frequency(hz) => Some(sum + hz),
-                Sampling::Period(_) => None,
-            });
-        let online_cpus = aya::util::online_cpus().map_or(possible_cpus, |cpus| cpus.len() as u32);
-        default_sample_map_entries(
-            rate,
-            online_cpus,
-            possible_cpus,
-            drain_interval,
-            events.iter().any(records_data_addresses),
-        )
-    });
+    // Samples a second per CPU, all events together; unknown where one samples by period.
+    let rate = events
+        .iter()
+        .try_fold(0, |sum, event| match event.sampling {
+            Sampling::Frequency(hz) => Some(sum + hz),
+            Sampling::Period(_) => None,
+        });
+    let default_entries = |online_cpus: u32, possible_cpus: u32| {
+        let data = events.iter().any(records_data_addresses);
+        default_sample_map_entries(rate, online_cpus, possible_cpus, drain_interval, data)
+    };
+    let online_cpus = aya::util::online_cpus().map_or(possible_cpus, |cpus| cpus.len() as u32);
+    let sample_entries = args
+        .map_entries
+        .unwrap_or_else(|| default_entries(online_cpus, possible_cpus));
+    let host_sample_entries = match args.map_entries {
+        Some(_) => None,
+        None => Some(default_entries(HOST_CPUS as u32, HOST_CPUS as u32)),
+    };
     let ring_bytes = args.ring_buffer_bytes();
     Ok(RecordOptions {
         events,
@@ -243,6 +246,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
                 .min(MAX_RING_BUFFER_KIB * 1024),
             // One scratch record per CPU the program may run on.
             stack_copy_scratch: possible_cpus,
+            host_sample_entries,
             unwind_rows: match args.unwind.walks_tables() {
                 true => args.unwind_table_mib * (1024 * 1024 / UnwindRow::SIZE as u32),
                 false => 1,

@@ -293,9 +293,9 @@ fn oracle_aliases_resolve_to_cache_miss_counters_with_prime_overflows() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// `map memory: L MiB locked, P MiB of it per CPU (H MiB with these sizes on a 128-CPU host)`,
-/// as (L, P, H) in MiB.
-fn map_memory(stderr: &str) -> (f64, f64, f64) {
+/// `map memory: L MiB locked, P MiB of it per CPU (H MiB on a 128-CPU host with these sizes)`,
+/// or `... with the default sample maps of N entries there)`, as (L, P, H, N) in MiB.
+fn map_memory(stderr: &str) -> (f64, f64, f64, Option<u64>) {
     let line = stderr
         .lines()
         .find_map(|line| line.trim().strip_prefix("map memory: "))
@@ -305,7 +305,12 @@ fn map_memory(stderr: &str) -> (f64, f64, f64) {
         .filter_map(|word| word.parse().ok())
         .collect();
     match numbers[..] {
-        [locked, per_cpu, host] if line.ends_with("on a 128-CPU host)") => (locked, per_cpu, host),
+        [locked, per_cpu, host] if line.ends_with("on a 128-CPU host with these sizes)") => {
+            (locked, per_cpu, host, None)
+        }
+        [locked, per_cpu, host, entries] if line.ends_with("entries there)") => {
+            (locked, per_cpu, host, Some(entries as u64))
+        }
         _ => panic!("unexpected map memory line: {line}"),
     }
 }
@@ -331,43 +336,56 @@ fn sample_maps_are_sized_to_the_rate_and_stats_say_what_they_lock_on_a_large_hos
     let dir = temp_dir("map-memory");
     let online = cpu_count("/sys/devices/system/cpu/online");
     let possible = cpu_count("/sys/devices/system/cpu/possible");
-    // By default the sample maps hold twice the samples of a drain interval on every CPU, in
-    // thousands of 1,024, from 1,024 to 16,384, and 64 MiB of per-CPU values at most.
-    let default_entries = |samples_per_drain: Option<u64>, bytes_per_entry: u64| {
-        let wanted = samples_per_drain.map_or(16384, |n| (2 * n).div_ceil(1024) * 1024);
-        let affordable = (64 << 20) / (2 * bytes_per_entry * possible) / 1024 * 1024;
+    // By default the sample maps hold twice the samples of a drain interval on every online
+    // CPU, in thousands of 1,024, from 1,024 to 16,384, and 64 MiB of per-CPU values at most
+    // on the possible CPUs.
+    let default_entries = |per_cpu_per_drain: Option<u64>, bytes: u64, online: u64, possible| {
+        let wanted = per_cpu_per_drain.map_or(16384, |n| (2 * n * online).div_ceil(1024) * 1024);
+        let affordable = (64 << 20) / (2 * bytes * possible) / 1024 * 1024;
         wanted.min(affordable).clamp(1024, 16384)
     };
     let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
-    for (args, entries, bytes_per_entry) in [
+    // (args, samples per CPU and drain, bytes per entry, --map-entries)
+    for (args, per_drain, bytes_per_entry, given) in [
         // cpu-clock at its default 997 Hz, drained every second.
-        (&[][..], default_entries(Some(997 * online), 40), 40),
+        (&[][..], Some(997), 40, None),
         // At 20 kHz drained every 100 ms: the same, a tenth of the samples per drain each.
         (
             &["-F", "20000", "--drain-interval", "100"][..],
-            default_entries(Some(2000 * online), 40),
+            Some(2000),
             40,
+            None,
         ),
         // Sampled by period: the rate is unknown.
-        (&["-c", "10000000"][..], default_entries(None, 40), 40),
-        (&["--map-entries", "1024"][..], 1024, 40),
+        (&["-c", "10000000"][..], None, 40, None),
+        (&["--map-entries", "1024"][..], Some(997), 40, Some(1024)),
         // Page faults record the faulting address: the data maps too.
-        (&["-e", "page-faults"][..], default_entries(None, 80), 80),
+        (&["-e", "page-faults"][..], None, 80, None),
     ] {
         let mut all = vec!["--stats", "--unwind", "fp"];
         all.extend_from_slice(args);
-        let (locked, per_cpu, host) = map_memory(&record(&dir, &all, &["true"]).1);
+        let (locked, per_cpu, host, host_entries) = map_memory(&record(&dir, &all, &["true"]).1);
+        let entries =
+            given.unwrap_or_else(|| default_entries(per_drain, bytes_per_entry, online, possible));
         let values = mib(2 * entries * bytes_per_entry);
         assert!(
             per_cpu >= values - 0.005 && per_cpu < values + 0.05,
             "{args:?}: {per_cpu} MiB per CPU, the maps' values of {entries} entries are {values}"
         );
+        // On the large host: these per-CPU values on 128 CPUs, and the sample maps at the
+        // entries the defaults pick there (unless given).
+        let expected_host_entries = given
+            .is_none()
+            .then(|| default_entries(per_drain, bytes_per_entry, 128, 128));
+        assert_eq!(host_entries, expected_host_entries, "{args:?}");
+        let resized = host_entries.unwrap_or(entries) as f64 - entries as f64;
+        let projected =
+            locked + (128 - possible) as f64 * per_cpu + mib(2 * bytes_per_entry * 128) * resized;
         // Printed rounded: the projection within a MiB of the figures it comes from.
-        let projected = locked + (128 - possible) as f64 * per_cpu;
         assert!(
             (host - projected).abs() < 1.0 + 128.0 * 0.005,
             "{args:?}: {host} MiB on 128 CPUs, {projected} from {locked} locked and {per_cpu} \
-             per CPU on {possible}"
+             per CPU on {possible}, {host_entries:?} sample map entries there"
         );
     }
 }

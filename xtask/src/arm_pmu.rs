@@ -70,11 +70,16 @@ busy=$!
 step rate /tmp/rate.json ./profiler record --target-rate @RATE@ -e cycles:u -p $busy --duration 1 --json /tmp/rate.json
 kill $busy
 step multiplexed /tmp/multiplexed.json ./profiler stat -e @MULTIPLEXED@ --json -o /tmp/multiplexed.json -- $W
-if ./profiler record -e cycles:pp -- ./known_instructions 1000 2>/tmp/precise.log; then
-    echo "@@SAID precise accepted"
-else
-    echo "@@SAID precise $(tr '\n' ' ' < /tmp/precise.log)"
-fi
+refused() {
+    name=$1; shift
+    if ./profiler record -e "$@" -- ./known_instructions 1000 2>/tmp/$name.log; then
+        echo "@@SAID $name accepted"
+    else
+        echo "@@SAID $name $(tr '\n' ' ' < /tmp/$name.log)"
+    fi
+}
+refused precise cycles:pp
+refused spe arm_spe_0//
 echo "@@DONE"
 poweroff -f
 "#;
@@ -323,18 +328,32 @@ fn checks(guest: &Guest, suite: Suite) -> Vec<Check> {
         .map(Vec::as_slice)
         .unwrap_or_default();
     checks.push(guest.step_check("offcpu", |document| kernels::check_off_cpu(document, said)));
-    // Arm's driver would ignore precise_ip: the profiler refuses it, naming the PMU.
-    let precise = guest
-        .said
-        .get("precise")
-        .and_then(|said| said.first())
-        .map_or("never ran", String::as_str);
-    checks.push(Check {
-        step: "precise",
-        passed: precise.contains("precise sampling (:p) is x86's")
-            && precise.contains("(armv8_pmuv3) has no precise mode"),
-        said: precise.to_string(),
-    });
+    // Arm's driver would ignore precise_ip: the profiler refuses it, naming the PMU. QEMU
+    // emulates no SPE: refused as a PMU this machine lacks, saying what SPE needs.
+    for (step, expected) in [
+        (
+            "precise",
+            &[
+                "precise sampling (:p) is x86's",
+                "(armv8_pmuv3) has no precise mode",
+            ][..],
+        ),
+        (
+            "spe",
+            &["arm_spe_0: no such PMU on this machine (Arm SPE needs"][..],
+        ),
+    ] {
+        let said = guest
+            .said
+            .get(step)
+            .and_then(|said| said.first())
+            .map_or("never ran", String::as_str);
+        checks.push(Check {
+            step,
+            passed: expected.iter().all(|text| said.contains(text)),
+            said: said.to_string(),
+        });
+    }
     checks
 }
 
@@ -579,10 +598,14 @@ mod tests {
         let console = "@@KERNEL 6.1.0-50-cloud-arm64\n@@SAID precise error: cannot open event \
                        'cycles:pp': precise sampling (:p) is x86's (Intel PEBS, AMD IBS); this \
                        machine's PMU (armv8_pmuv3) has no precise mode, so its samples skid\n\
+                       @@SAID spe error: arm_spe_0: no such PMU on this machine (Arm SPE needs \
+                       an Arm CPU with the Statistical Profiling Extension)\n\
                        @@DONE\n";
         let checks = checks(&Guest::parse(console), Suite::Every);
-        let precise = checks.iter().find(|c| c.step == "precise").unwrap();
-        assert!(precise.passed, "{}", precise.said);
+        for step in ["precise", "spe"] {
+            let check = checks.iter().find(|c| c.step == step).unwrap();
+            assert!(check.passed, "{}", check.said);
+        }
         let accepted = checks_of("@@KERNEL 6.1\n@@SAID precise accepted\n@@DONE\n");
         assert!(
             !accepted

@@ -14,7 +14,7 @@ use perf_event::Counter;
 use super::{
     offcpu::{size_maps as size_offcpu_maps, Attachment, OffCpuCapture},
     ring::KernelRing,
-    stats::{ProgramRuns, SAMPLE_PROGRAM},
+    stats::{MapMemory, ProgramRuns, HOST_CPUS, SAMPLE_PROGRAM},
 };
 use profiler_common::{
     capture::{
@@ -56,6 +56,9 @@ pub struct MapSizes {
     pub stack_copy_ring_bytes: u32,
     /// Stack-copy scratch records (one per possible CPU with `--unwind copy`, else 1).
     pub stack_copy_scratch: u32,
+    /// Entries the default sizing would give the sample maps on a [`HOST_CPUS`]-CPU host at
+    /// the same rate (`None` when `--map-entries` sets them): what `--stats` projects to.
+    pub host_sample_entries: Option<u32>,
     /// Rows of the unwind-table arena (`record --unwind dwarf`).
     pub unwind_rows: u32,
     /// Processes whose mappings the unwinder holds (`record --unwind dwarf`).
@@ -98,18 +101,23 @@ pub fn default_sample_map_entries(
         }
         None => u64::from(DEFAULT_MAP_ENTRIES),
     };
-    // Each entry's values on one CPU, in both generations: a stack count and an instruction's
-    // statistics, and a data line's statistics and a data source's count where addresses are.
-    let mut per_entry = size_of::<u64>() + size_of::<SampleStats>();
-    if data_addresses {
-        per_entry += size_of::<SampleStats>() + size_of::<u64>();
-    }
-    let per_entry = 2 * per_entry as u64 * u64::from(possible_cpus.max(1));
+    let per_entry = sample_entry_bytes_per_cpu(data_addresses) * u64::from(possible_cpus.max(1));
     let affordable = SAMPLE_MAPS_PER_CPU_BUDGET / per_entry / STEP * STEP;
     let entries = wanted
         .min(affordable)
         .clamp(STEP, u64::from(DEFAULT_MAP_ENTRIES));
     entries as u32
+}
+
+/// What one entry of every sample map holds on one CPU, in both generations: a stack count and
+/// an instruction's statistics, and a data line's statistics and a data source's count where
+/// samples carry data addresses.
+pub fn sample_entry_bytes_per_cpu(data_addresses: bool) -> u64 {
+    let mut per_entry = size_of::<u64>() + size_of::<SampleStats>();
+    if data_addresses {
+        per_entry += size_of::<SampleStats>() + size_of::<u64>();
+    }
+    2 * per_entry as u64
 }
 
 /// The smallest ring buffer the kernel takes: one page.
@@ -149,6 +157,19 @@ impl MapSizes {
         }
     }
 
+    /// What maps of these sizes, which lock `memory` here, would lock on a [`HOST_CPUS`]-CPU
+    /// host: the per-CPU values for its CPUs, and the sample maps at the entries the default
+    /// sizing gives them there (`data_addresses`: the data-line maps are among them).
+    pub fn on_host(&self, memory: &MapMemory, data_addresses: bool) -> u64 {
+        let scaled = memory.on_cpus(HOST_CPUS);
+        let Some(host) = self.host_sample_entries else {
+            return scaled;
+        };
+        let per_entry = sample_entry_bytes_per_cpu(data_addresses) * HOST_CPUS;
+        (scaled + u64::from(host) * per_entry)
+            .saturating_sub(u64::from(self.stack_counts) * per_entry)
+    }
+
     /// Entries of the maps (of one generation) whose new keys `fill` counts.
     pub fn entries(&self, fill: Fill) -> u32 {
         match fill {
@@ -184,6 +205,7 @@ impl Default for MapSizes {
             ibs_ring_bytes: 1 << 22,
             stack_copy_ring_bytes: 1 << 22,
             stack_copy_scratch: 1,
+            host_sample_entries: None,
             unwind_rows: 1,
             unwind_processes: 1,
         }
@@ -618,6 +640,40 @@ mod tests {
         });
         assert_eq!(faults.entries(Fill::DataLines), asked.data_lines);
         assert_eq!(faults.entries(Fill::Histograms), 1);
+    }
+
+    #[test]
+    fn the_host_projection_resizes_default_sample_maps_to_the_hosts_defaults() {
+        let here = MapMemory {
+            locked: 10 << 20,
+            per_cpu: 1 << 20,
+            cpus: 2,
+        };
+        let given = MapSizes {
+            stack_counts: 4096,
+            ..MapSizes::default()
+        };
+        // Sizes given: the same maps, their per-CPU values on 128 CPUs.
+        assert_eq!(given.on_host(&here, false), (8 << 20) + (128 << 20));
+        // Defaults: 2,048 more entries there, 80 bytes a CPU each (160 with data addresses).
+        let defaults = MapSizes {
+            host_sample_entries: Some(6144),
+            ..given
+        };
+        assert_eq!(
+            defaults.on_host(&here, false),
+            (136 << 20) + 2048 * 80 * 128
+        );
+        assert_eq!(
+            defaults.on_host(&here, true),
+            (136 << 20) + 2048 * 160 * 128
+        );
+        // Fewer entries there than here.
+        let fewer = MapSizes {
+            host_sample_entries: Some(1024),
+            ..given
+        };
+        assert_eq!(fewer.on_host(&here, false), (136 << 20) - 3072 * 80 * 128);
     }
 
     #[test]

@@ -90,6 +90,9 @@ pub struct CaptureSession {
     /// `--duration`, counted from the start.
     duration: Option<Duration>,
     map_memory: MapMemory,
+    /// What the maps would lock on a large host (see [`CaptureStats::host_map_memory`]).
+    host_map_memory: u64,
+    host_sample_entries: Option<u32>,
     /// While held, the kernel counts the program's runs and run time (`--stats`).
     _run_statistics: Option<std::os::fd::OwnedFd>,
     start: SystemTime,
@@ -164,6 +167,7 @@ impl CaptureSession {
         if sizes.stack_copy_scratch > 1 {
             map_memory.per_cpu += std::mem::size_of::<StackCopyRecord>() as u64;
         }
+        let host_map_memory = sizes.on_host(&map_memory, data_addresses);
         let raw = match &options.raw {
             Some(output) => Some(RawStream::create(
                 output,
@@ -229,6 +233,8 @@ impl CaptureSession {
             run: Run::new(command, pids),
             duration: options.duration,
             map_memory,
+            host_map_memory,
+            host_sample_entries: sizes.host_sample_entries,
             _run_statistics: run_statistics,
             start: now,
             window_start: now,
@@ -647,6 +653,7 @@ impl CaptureSession {
         let stats = CaptureStats {
             programs: self.program.run_statistics()?,
             map_memory: self.map_memory,
+            host_map_memory: (self.host_map_memory, self.host_sample_entries),
             drain_time: self.drainer.drain_time,
             drains: self.drainer.drains,
             stacks_cached: self.drained.stack_cache.distinct() as u64,

@@ -32,6 +32,9 @@ pub struct CaptureStats {
     /// Memory locked by the program's maps (fdinfo memlock), and the part that grows with the
     /// CPUs.
     pub map_memory: MapMemory,
+    /// What the maps would lock on a [`HOST_CPUS`]-CPU host, and the sample maps' entries there
+    /// when the default sizing picks them (`None`: the sizes given hold there too).
+    pub host_map_memory: (u64, Option<u32>),
     pub drain_time: Duration,
     pub drains: u32,
     /// Distinct call stacks in the agent's stack cache, and stacks read from the kernel's
@@ -84,13 +87,18 @@ impl CaptureStats {
         }
         let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
         let memory = &self.map_memory;
+        let (host_locked, host_entries) = self.host_map_memory;
+        let host_sizes = match host_entries {
+            Some(entries) => format!("the default sample maps of {entries} entries there"),
+            None => "these sizes".to_string(),
+        };
         let _ = writeln!(
             out,
-            "  map memory: {:.1} MiB locked, {:.2} MiB of it per CPU ({:.0} MiB with these sizes \
-             on a {HOST_CPUS}-CPU host)",
+            "  map memory: {:.1} MiB locked, {:.2} MiB of it per CPU ({:.0} MiB on a \
+             {HOST_CPUS}-CPU host with {host_sizes})",
             mib(memory.locked),
             mib(memory.per_cpu),
-            mib(memory.on_cpus(HOST_CPUS))
+            mib(host_locked)
         );
         let drains = self.drains.max(1);
         let _ = writeln!(
@@ -191,6 +199,7 @@ mod tests {
                 per_cpu: 512 * 1024,
                 cpus: 2,
             },
+            host_map_memory: (66 << 20, None),
             drain_time: Duration::from_millis(10),
             drains: 4,
             stacks_cached: 120,
@@ -207,7 +216,16 @@ mod tests {
             !text.contains("offcpu_fork"),
             "programs that never ran are left out"
         );
-        assert!(text.contains("3.0 MiB locked, 0.50 MiB of it per CPU (66 MiB with these sizes"));
+        assert!(text.contains(
+            "3.0 MiB locked, 0.50 MiB of it per CPU (66 MiB on a 128-CPU host with these sizes)"
+        ));
+        let defaults = CaptureStats {
+            host_map_memory: (40 << 20, Some(6144)),
+            ..stats
+        };
+        assert!(defaults
+            .render(1000)
+            .contains("(40 MiB on a 128-CPU host with the default sample maps of 6144 entries"));
         assert!(text.contains("drains: 4 taking 10.0 ms in all, 2.50 ms each"));
         assert!(text.contains("stacks: 120 distinct, 130 read from the kernel"));
     }
