@@ -205,8 +205,9 @@ pub enum LossKind {
     /// Arm SPE: no context packet, owning task or switch record named a record's thread: the
     /// sample is counted under pid 0.
     SpeRecordsWithoutThread = 28,
-    /// Arm SPE: the kernel truncated the AUX data (the area was full) or lost ring records:
-    /// the records in them are lost, uncounted.
+    /// Arm SPE: the kernel truncated the AUX data (the area was full), the unit dropped records
+    /// that collided (a period too short), or the kernel lost ring records: the records in them
+    /// are lost, uncounted.
     SpeTraceLost = 29,
 }
 
@@ -303,7 +304,8 @@ impl LossKind {
                  counted under pid 0"
             }
             LossKind::SpeTraceLost => {
-                "Arm SPE trace lost: AUX data truncated or ring records lost (records uncounted)"
+                "Arm SPE trace lost: AUX data truncated, records collided or ring records lost \
+                 (records uncounted)"
             }
         }
     }

@@ -205,7 +205,7 @@ impl CaptureSession {
         }
         program.attach_offcpu()?;
         let sideband = Sideband::open(&target, &options.pmus, &facts, data_addresses)?;
-        let spe = open_spe(&options.events, &target, &facts)?;
+        let spe = open_spe(&options.events, &target, &facts, options.raw.is_some())?;
         let mut counters =
             open_sampling_counters(&options.events, &target, options.stacks, &facts)?;
         for counter in &mut counters {
@@ -687,11 +687,13 @@ impl CaptureSession {
     }
 }
 
-/// The Arm SPE event among `events`, opened for `target`: one at most (a CPU has one SPE unit).
+/// The Arm SPE event among `events`, opened for `target`: one at most (a CPU has one SPE unit),
+/// and not with `--raw` (`raw`), whose stream holds the samples the capture program takes.
 fn open_spe(
     events: &[EventSpec],
     target: &Target,
     facts: &SystemFacts,
+    raw: bool,
 ) -> Result<Option<SpeStream>> {
     let mut spe = events
         .iter()
@@ -708,6 +710,15 @@ fn open_spe(
             event.name
         ));
     }
+    if raw {
+        return Err(anyhow!(
+            "cannot stream '{}' with --raw: the raw stream holds the samples the capture \
+             program takes, and Arm SPE's records are read from its AUX trace instead; record \
+             SPE without --raw (its records are in the profile's instruction, data-line, \
+             latency and --hardware views)",
+            event.name
+        ));
+    }
     spe_period(event)?;
     let trace = AuxTrace::open(event, target, facts)?;
     Ok(Some(SpeStream::new(trace, index as u32, target)))
@@ -719,7 +730,7 @@ mod tests {
     use crate::events::{parse_event, pmu::tests::sysfs_fixture, PmuRegistry};
 
     #[test]
-    fn one_spe_event_at_a_time() {
+    fn one_spe_event_at_a_time_and_not_in_the_raw_stream() {
         let root = sysfs_fixture(&[
             ("arm_spe_0/type", "9"),
             ("arm_spe_0/format/load_filter", "config:33"),
@@ -729,13 +740,21 @@ mod tests {
             parse_event("arm_spe_0//", &pmus).unwrap(),
             parse_event("arm_spe_0/load_filter/", &pmus).unwrap(),
         ];
-        let err = open_spe(&events, &Target::System, &SystemFacts::default())
-            .err()
-            .unwrap()
-            .to_string();
+        let err = |events: &[EventSpec], raw| {
+            open_spe(events, &Target::System, &SystemFacts::default(), raw)
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        let two = err(&events, false);
         assert!(
-            err.starts_with("cannot sample 'arm_spe_0/load_filter/' beside 'arm_spe_0//'"),
-            "{err}"
+            two.starts_with("cannot sample 'arm_spe_0/load_filter/' beside 'arm_spe_0//'"),
+            "{two}"
+        );
+        let raw = err(&events[..1], true);
+        assert!(
+            raw.starts_with("cannot stream 'arm_spe_0//' with --raw"),
+            "{raw}"
         );
     }
 }

@@ -41,7 +41,8 @@ pub struct SpeCounts {
     pub damaged: u64,
     /// Records no rule gave a thread (counted under pid 0).
     pub without_thread: u64,
-    /// AUX records the kernel flagged truncated (the area was full) and ring records it lost.
+    /// AUX records the kernel flagged truncated (the area was full) or colliding (the unit
+    /// dropped records), and ring records it lost.
     pub trace_lost: u64,
 }
 
