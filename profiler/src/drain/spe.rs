@@ -55,6 +55,14 @@ impl SpeCounts {
     }
 }
 
+/// Switches kept per CPU at most: records are read within a second of the switches around
+/// them, so only records without timestamps (`ts_enable=0`, which nothing prunes by) could let
+/// an always-on agent's timelines grow without bound.
+const MAX_SWITCHES_PER_CPU: usize = 1 << 16;
+
+/// Threads named by context packets whose process is remembered at most, for the same reason.
+const MAX_CONTEXT_THREADS: usize = 1 << 16;
+
 /// Which thread ran on each CPU from when (system-wide): (perf time, pid, tid), in time order.
 #[derive(Default)]
 struct RunningThreads {
@@ -63,7 +71,11 @@ struct RunningThreads {
 
 impl RunningThreads {
     fn switched(&mut self, cpu: u32, time: u64, pid: u32, tid: u32) {
-        self.per_cpu.entry(cpu).or_default().push((time, pid, tid));
+        let switches = self.per_cpu.entry(cpu).or_default();
+        if switches.len() >= MAX_SWITCHES_PER_CPU {
+            switches.drain(..MAX_SWITCHES_PER_CPU / 2);
+        }
+        switches.push((time, pid, tid));
     }
 
     /// The thread that ran on `cpu` at `time`.
@@ -190,6 +202,9 @@ impl SpeSamples {
         }
         if let Some(tid) = record.context.and_then(|id| u32::try_from(id).ok()) {
             if tid != 0 {
+                if self.process_of.len() >= MAX_CONTEXT_THREADS {
+                    self.process_of.clear();
+                }
                 let pid = *self
                     .process_of
                     .entry(tid)
@@ -532,5 +547,18 @@ mod tests {
         assert_eq!(losses[LossKind::SpeTraceLost as usize], 3);
         // Switches older than the last record's are forgotten, the one still running kept.
         assert_eq!(samples.running.per_cpu[&1], vec![(2_000, 30, 31)]);
+    }
+
+    #[test]
+    fn switches_without_timestamped_records_to_prune_them_stay_bounded() {
+        let mut running = RunningThreads::default();
+        for time in 0..3 * MAX_SWITCHES_PER_CPU as u64 {
+            running.switched(2, time, 1, 1);
+        }
+        let kept = &running.per_cpu[&2];
+        assert!(kept.len() <= MAX_SWITCHES_PER_CPU, "{}", kept.len());
+        // The newest are kept, in order.
+        assert_eq!(kept.last().unwrap().0, 3 * MAX_SWITCHES_PER_CPU as u64 - 1);
+        assert!(kept.windows(2).all(|pair| pair[0].0 < pair[1].0));
     }
 }
