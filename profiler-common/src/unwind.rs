@@ -215,6 +215,27 @@ pub fn find_row_by(len: u32, pc: u32, pc_at: impl FnMut(u32) -> Option<u32>) -> 
     find_last_at_or_below(len, MAX_SEARCH_STEPS, pc, pc_at)
 }
 
+/// Whether `index` is what [`find_row_by`] finds for `pc` among `len` rows: its row's `pc` is at
+/// or below `pc` and the next row's, if any, above it. Checked against the rows as they are, a
+/// remembered answer that passes is the search's answer whatever happened to the table since,
+/// so a cache of answers needs no invalidation. Two row reads, where a search takes up to
+/// [`MAX_SEARCH_STEPS`].
+#[inline(always)]
+pub fn is_row_for(
+    len: u32,
+    pc: u32,
+    index: u32,
+    mut pc_at: impl FnMut(u32) -> Option<u32>,
+) -> bool {
+    if len > MAX_TABLE_ROWS || index >= len {
+        return false;
+    }
+    if !matches!(pc_at(index), Some(at) if at <= pc) {
+        return false;
+    }
+    index + 1 == len || matches!(pc_at(index + 1), Some(next) if next > pc)
+}
+
 /// The index of the last of `len` sorted keys (`key_at(i)` reads key `i`) at or below `key`, in
 /// at most `steps` binary-search steps (enough for `len` below `2^steps`). `None` when `key` is
 /// below the first key, a read fails, or the steps run out before the search ends.
@@ -446,6 +467,29 @@ mod tests {
         assert_eq!(find_row_by(MAX_TABLE_ROWS + 1, 0, Some), None);
         // A failed read ends the search.
         assert_eq!(find_row_by(10, 5, |i| (i != 5).then_some(i)), None);
+    }
+
+    #[test]
+    fn a_remembered_row_index_is_accepted_only_where_the_search_would_find_it() {
+        // Rows at pcs 0, 10, 20, 20, 30: the search takes the last of equal pcs.
+        let pcs = [0u32, 10, 20, 20, 30];
+        let pc_at = |i: u32| pcs.get(i as usize).copied();
+        let len = pcs.len() as u32;
+        for pc in 0..40 {
+            for index in 0..len + 2 {
+                let found = find_row_by(len, pc, pc_at);
+                assert_eq!(
+                    is_row_for(len, pc, index, pc_at),
+                    found == Some(index),
+                    "pc {pc}, index {index}"
+                );
+            }
+        }
+        // A pc below the first row has no row; a failed read accepts nothing.
+        let shifted = |i: u32| pcs.get(i as usize).map(|pc| pc + 5);
+        assert!(!is_row_for(len, 2, 0, shifted));
+        assert!(!is_row_for(len, 15, 1, |i| (i != 2).then_some(10 * i)));
+        assert!(!is_row_for(MAX_TABLE_ROWS + 1, 0, 0, Some));
     }
 
     #[test]
