@@ -96,10 +96,13 @@ impl BlockState {
 }
 
 /// A thread off the CPU, remembered from the switch that took it off until the one that puts
-/// it back (the blocked-threads map, by thread id).
+/// it back (the blocked-threads map, by thread id). The entry outlives the block, closed, until
+/// the thread exits: its next block reuses it in place, with no map insert and delete per
+/// switch.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Blocked {
+    /// When the block began; [`Blocked::CLOSED`] once it has ended.
     pub start_ns: u64,
     pub pid: u32,
     /// A [`BlockState`].
@@ -112,6 +115,15 @@ pub struct Blocked {
 }
 
 impl Blocked {
+    /// `start_ns` of an entry whose block has ended (no switch happens at boot time zero).
+    pub const CLOSED: u64 = 0;
+
+    /// Whether the thread is still off the CPU in this block.
+    #[inline(always)]
+    pub fn is_open(&self) -> bool {
+        self.start_ns != Blocked::CLOSED
+    }
+
     /// The hashes of the stacks a block still running holds: the thread's, and its waker's
     /// once it was woken.
     pub fn stack_hashes(&self) -> [u64; 4] {

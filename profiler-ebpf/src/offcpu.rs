@@ -35,14 +35,15 @@ use profiler_common::{
 use super::{
     add, arch, bump, capture_stack_into, config, continue_walk, enter_generation,
     leave_generation, lose, record_latency, stack_hash, start_walk, user_stack_losses,
-    StackLosses, WalkState, CGROUP_FILTER, EEXIST, SAMPLES_FILTERED,
+    StackLosses, WalkState, CGROUP_FILTER, SAMPLES_FILTERED,
 };
 
 /// Read-only options, set by the agent at load time.
 #[unsafe(no_mangle)]
 static OFFCPU_CONFIG: OffCpuConfig = OffCpuConfig::EMPTY;
 
-/// Thread id -> the block it is in, from its switch off the CPU to its switch back.
+/// Thread id -> the block it is in, from its switch off the CPU to its switch back; closed
+/// after that, and reused by its next block, until the thread exits.
 #[map]
 static OFFCPU_BLOCKED: HashMap<u32, Blocked> = HashMap::with_max_entries(16384, 0);
 /// Process ids in scope (without `OFFCPU_ALL`): the command or `-p` processes and what they fork.
@@ -226,12 +227,19 @@ fn on_switch(
     end_block(options, generation, now, next_tid, next_pid);
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
-    if let Some(state) = state {
-        if in_scope(options, &config, pid) {
+    let tid = pid_tgid as u32;
+    match state {
+        Some(state) if in_scope(options, &config, pid) => {
             // Returns only when the unwinder did not take the block over (it leaves the
             // generation).
-            begin_block(ctx, options, &config, generation, now, pid, pid_tgid as u32, state);
+            begin_block(ctx, options, &config, generation, now, pid, tid, state);
         }
+        Some(_) => {}
+        // SAFETY: only tested for presence.
+        None if unsafe { OFFCPU_BLOCKED.get(&tid) }.is_some() => {
+            let _ = OFFCPU_BLOCKED.remove(&tid);
+        }
+        None => {}
     }
     leave_generation(generation);
 }
@@ -332,6 +340,10 @@ fn note_waker(ctx: &impl EbpfContext, tid: u32) {
     let Some(blocked) = OFFCPU_BLOCKED.get_ptr_mut(&tid) else {
         return;
     };
+    // SAFETY: a map value the kernel keeps alive; only read here.
+    if !unsafe { (*blocked).is_open() } {
+        return;
+    }
     let config = config();
     let generation = enter_generation();
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -348,37 +360,34 @@ fn note_waker(ctx: &impl EbpfContext, tid: u32) {
         kernel_stack: kernel_stack(ctx, &config, generation),
     };
     // SAFETY: the thread's own entry, written only here and at its switches, which a wake-up
-    // of it precedes.
+    // of it precedes (one racing the switch that begins the block finds it closed, or writes a
+    // waker the switch then clears: the block counts as woken unseen).
     unsafe { (*blocked).waker = waker };
     leave_generation(generation);
 }
 
-/// Remembers a thread's block until it runs again. A block still remembered is one whose end
-/// was never seen: it is closed where the thread's time on the CPU since began, or counted
-/// lost, and replaced.
+/// Remembers a thread's block until it runs again, in the thread's entry when it has one. A
+/// block still open there is one whose end was never seen: it is closed where the thread's time
+/// on the CPU since began, or counted lost, and replaced.
 #[inline(always)]
 fn remember(options: &OffCpuConfig, generation: u32, tid: u32, blocked: &Blocked) {
-    match OFFCPU_BLOCKED.insert(&tid, blocked, BPF_NOEXIST as u64) {
-        Ok(()) => {}
-        Err(e) if -i64::from(e) == EEXIST => {
-            // SAFETY: the value is copied out at once.
-            let missed = unsafe { OFFCPU_BLOCKED.get(&tid) }.copied();
-            match (missed, on_cpu_since(options, blocked.start_ns)) {
-                (Some(missed), Some(back)) if back > missed.start_ns => {
+    if let Some(entry) = OFFCPU_BLOCKED.get_ptr_mut(&tid) {
+        // SAFETY: the thread's own entry; its switches do not run at once.
+        let missed = unsafe { *entry };
+        if missed.is_open() {
+            match on_cpu_since(options, blocked.start_ns) {
+                Some(back) if back > missed.start_ns => {
                     close_block(options, generation, back, tid, &missed);
                     count(OffCpuCount::SwitchInRecovered);
                 }
                 _ => lose(LossKind::OffCpuSwitchInMissed),
             }
-            if OFFCPU_BLOCKED.insert(&tid, blocked, 0).is_err() {
-                lose(LossKind::OffCpuBlockedFull);
-                return;
-            }
         }
-        Err(_) => {
-            lose(LossKind::OffCpuBlockedFull);
-            return;
-        }
+        // SAFETY: as above.
+        unsafe { *entry = *blocked };
+    } else if OFFCPU_BLOCKED.insert(&tid, blocked, BPF_NOEXIST as u64).is_err() {
+        lose(LossKind::OffCpuBlockedFull);
+        return;
     }
     count(OffCpuCount::SwitchesOut);
 }
@@ -463,8 +472,16 @@ fn end_block(
     tid: u32,
     pid: impl Fn() -> u32,
 ) {
-    // SAFETY: the value is copied out at once.
-    let Some(blocked) = (unsafe { OFFCPU_BLOCKED.get(&tid) }).copied() else {
+    let open = OFFCPU_BLOCKED.get_ptr_mut(&tid).and_then(|entry| {
+        // SAFETY: the thread's own entry; its switches do not run at once. Copied out, then
+        // closed in place: the thread's next block reuses it.
+        unsafe {
+            let blocked = *entry;
+            (*entry).start_ns = Blocked::CLOSED;
+            blocked.is_open().then_some(blocked)
+        }
+    });
+    let Some(blocked) = open else {
         let pid = pid();
         // SAFETY: only tested for presence.
         if tid != 0 && pid != 0 && unsafe { OFFCPU_SCOPE.get(&pid) }.is_some() {
@@ -472,7 +489,6 @@ fn end_block(
         }
         return;
     };
-    let _ = OFFCPU_BLOCKED.remove(&tid);
     close_block(options, generation, now, tid, &blocked);
 }
 

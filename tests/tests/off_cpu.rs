@@ -385,6 +385,38 @@ fn blocks_shorter_than_the_minimum_are_counted_without_stacks() {
 }
 
 #[test]
+fn threads_that_exit_give_back_their_blocked_thread_entries() {
+    // A thread's entry outlives its blocks, for the next one to reuse, until the thread exits:
+    // more threads than the map holds (16,384), one after another, each blocking once, fit
+    // only if every exit gives its entry back.
+    let threads = 20_000;
+    let file = temp_dir("off-cpu-exits").join("exits.prof");
+    let script = format!(
+        "import threading, time\n\
+         for _ in range({threads}):\n    \
+         t = threading.Thread(target=time.sleep, args=(0.0001,)); t.start(); t.join()"
+    );
+    profiler(&[
+        "record",
+        "--off-cpu",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        &script,
+    ]);
+    let report = report_json(&file, &[]);
+    let full = number(
+        &report["losses"],
+        "off-CPU blocks lost: blocked-threads map full",
+    );
+    assert_eq!(full, 0, "{:#}", report["losses"]);
+    let blocks = number(&report["off_cpu"]["counters"], "blocks with stacks");
+    assert!(blocks >= threads, "{:#}", report["off_cpu"]["counters"]);
+}
+
+#[test]
 fn the_minimum_takes_units_and_says_what_it_cannot_read() {
     let output = std::process::Command::new(common::profiler_bin())
         .args([

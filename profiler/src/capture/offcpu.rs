@@ -24,7 +24,7 @@ use super::{
     program::{take, MapSizes},
 };
 
-/// Entries of the blocked-threads map: threads in scope off the CPU at once.
+/// Entries of the blocked-threads map: threads in scope that have left the CPU, until they exit.
 const BLOCKED_THREADS: u32 = 16384;
 /// Processes the scope map holds: the command's or `-p`'s, and what they fork.
 const SCOPE_PROCESSES: u32 = 16384;
@@ -203,7 +203,9 @@ impl OffCpuCapture {
         let mut hashes = Vec::new();
         for entry in self.blocked.iter() {
             let (_, blocked) = entry.context("reading the off-CPU blocked-threads map")?;
-            hashes.extend(blocked.stack_hashes());
+            if blocked.is_open() {
+                hashes.extend(blocked.stack_hashes());
+            }
         }
         Ok(hashes)
     }
