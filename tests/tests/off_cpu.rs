@@ -388,32 +388,50 @@ fn blocks_shorter_than_the_minimum_are_counted_without_stacks() {
 fn threads_that_exit_give_back_their_blocked_thread_entries() {
     // A thread's entry outlives its blocks, for the next one to reuse, until the thread exits:
     // more threads than the map holds (16,384), one after another, each blocking once, fit
-    // only if every exit gives its entry back.
+    // only if every exit gives its entry back. Both attachments: each tells an exit its own way
+    // (the task's state, the record's reported state).
+    common::require_root();
     let threads = 20_000;
-    let file = temp_dir("off-cpu-exits").join("exits.prof");
     let script = format!(
         "import threading, time\n\
          for _ in range({threads}):\n    \
          t = threading.Thread(target=time.sleep, args=(0.0001,)); t.start(); t.join()"
     );
-    profiler(&[
-        "record",
-        "--off-cpu",
-        "-o",
-        file.to_str().unwrap(),
-        "--",
-        "python3",
-        "-c",
-        &script,
-    ]);
-    let report = report_json(&file, &[]);
-    let full = number(
-        &report["losses"],
-        "off-CPU blocks lost: blocked-threads map full",
-    );
-    assert_eq!(full, 0, "{:#}", report["losses"]);
-    let blocks = number(&report["off_cpu"]["counters"], "blocks with stacks");
-    assert!(blocks >= threads, "{:#}", report["off_cpu"]["counters"]);
+    for (attachment, setup) in [
+        ("tp_btf/sched_switch", ""),
+        // Without BTF, as far as the profiler can tell (see the test below).
+        (
+            "tracepoint sched:sched_switch",
+            "mount -t tmpfs none /sys/kernel/btf && ",
+        ),
+    ] {
+        let file = temp_dir("off-cpu-exits").join("exits.prof");
+        let output = Command::new("unshare")
+            .args(["-m", "sh", "-c", &format!("{setup}exec \"$0\" \"$@\"")])
+            .arg(profiler_bin())
+            .args(["record", "--off-cpu", "-o", &path(&file), "--"])
+            .args(["python3", "-c", &script])
+            .output()
+            .expect("unshare runs (util-linux)");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report = report_json(&file, &[]);
+        assert_eq!(report["off_cpu"]["attachment"], attachment);
+        let full = number(
+            &report["losses"],
+            "off-CPU blocks lost: blocked-threads map full",
+        );
+        assert_eq!(full, 0, "{attachment}: {:#}", report["losses"]);
+        let blocks = number(&report["off_cpu"]["counters"], "blocks with stacks");
+        assert!(
+            blocks >= threads,
+            "{attachment}: {:#}",
+            report["off_cpu"]["counters"]
+        );
+    }
 }
 
 #[test]
