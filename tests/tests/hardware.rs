@@ -114,6 +114,23 @@ fn assert_stores_on_line_5(profile: &Profile, region: u64, pages: u64, sampler: 
     }
 }
 
+/// Records page_toucher (20,000 pages, line 5 of each) under the precise sampler `event`
+/// (`sampler` names it in messages): a precise event, more than 50 samples, the stores among its
+/// data lines. The profile and its samples.
+fn record_page_stores(dir: &Path, event: &str, sampler: &str) -> (Profile, u64) {
+    const PAGES: u64 = 20_000;
+    let (profile, stderr) = record(dir, event, "page_toucher", &[&PAGES.to_string(), "5"]);
+    let (region, _, _) = common::touched_region(&stderr);
+    assert!(
+        profile.events[0].precise,
+        "{sampler} tags the operation itself"
+    );
+    let samples: u64 = profile.stacks.iter().map(|s| s.count).sum();
+    assert!(samples > 50, "{samples} {sampler} samples");
+    assert_stores_on_line_5(&profile, region, PAGES, sampler);
+    (profile, samples)
+}
+
 #[test]
 fn precise_cycles_land_in_the_hot_function() {
     if let Some(reason) = precise_sampling_missing() {
@@ -154,20 +171,8 @@ fn ibs_op_samples_carry_data_addresses_of_the_touched_pages() {
         return skipped(&reason);
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    const PAGES: u64 = 20_000;
-    let (profile, stderr) = record(
-        dir.path(),
-        "ibs_op/period=16000/",
-        "page_toucher",
-        &[&PAGES.to_string(), "5"],
-    );
-    let (region, _, _) = common::touched_region(&stderr);
-
-    assert!(profile.events[0].precise, "IBS tags the instruction itself");
-    let samples: u64 = profile.stacks.iter().map(|s| s.count).sum();
-    assert!(samples > 50, "{samples} IBS op samples");
     // The stores of touch_pages write line 5 of each page: IBS reports their linear addresses.
-    assert_stores_on_line_5(&profile, region, PAGES, "IBS op");
+    let (profile, _) = record_page_stores(dir.path(), "ibs_op/period=16000/", "IBS op");
     // Loads that missed the data cache carry their miss latency.
     assert!(
         profile
@@ -189,17 +194,7 @@ fn spe_records_of_the_command_carry_its_store_addresses() {
         ));
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    const PAGES: u64 = 20_000;
-    let (profile, stderr) = record(
-        dir.path(),
-        "arm_spe_0/period=4096/",
-        "page_toucher",
-        &[&PAGES.to_string(), "5"],
-    );
-    let (region, _, _) = common::touched_region(&stderr);
-    assert!(profile.events[0].precise, "SPE tags the operation itself");
-    let samples: u64 = profile.stacks.iter().map(|s| s.count).sum();
-    assert!(samples > 50, "{samples} SPE samples");
+    let (profile, samples) = record_page_stores(dir.path(), "arm_spe_0/period=4096/", "SPE");
     assert_eq!(
         samples, profile.losses.samples_fired[0],
         "every record read is a sample"
@@ -210,7 +205,6 @@ fn spe_records_of_the_command_carry_its_store_addresses() {
         "{:?}",
         profile.threads
     );
-    assert_stores_on_line_5(&profile, region, PAGES, "SPE");
     let spe_operations: u64 = profile
         .hardware
         .samples

@@ -24,7 +24,7 @@ use super::{add_on_cpu, Drained, DrainedStack};
 use crate::{
     capture::{
         aux_trace::{
-            AuxTrace, CpuRead, PerfClock, SampleId, TraceRecord, PERF_AUX_FLAG_COLLISION,
+            AuxTrace, CpuRead, SampleId, TraceRecord, PERF_AUX_FLAG_COLLISION,
             PERF_AUX_FLAG_TRUNCATED,
         },
         counters::Target,
@@ -175,7 +175,7 @@ impl SpeSamples {
                     let mut records = Records::new(&item.aux);
                     for (record, _) in records.by_ref() {
                         let time = read.clock.zip(record.timestamp);
-                        let time = time.map(|(clock, count)| PerfClock::time_of(&clock, count));
+                        let time = time.map(|(clock, count)| clock.time_of(count));
                         last_time = time.or(last_time);
                         self.add_record(&record, read.cpu, id, time, drained);
                     }
@@ -330,7 +330,7 @@ mod tests {
     use profiler_common::capture::SampleStats;
 
     use super::*;
-    use crate::capture::aux_trace::TraceItem;
+    use crate::capture::aux_trace::{PerfClock, TraceItem};
 
     const USER_PC: u64 = 0xaaaa_e4a9_b600;
     const KERNEL_PC: u64 = 0xffff_8000_1000_0040;
