@@ -260,7 +260,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .iter()
         .map(|workload| workload.calibrate(&tools, &release, settings.duration_s))
         .collect::<Result<_>>()?;
-    let bench_profiler = tools.profiler.clone();
+    let bench_tools = tools.clone();
+    let bench_profiler = &bench_tools.profiler;
     let mut bench = Bench::new(
         tools,
         release.clone(),
@@ -291,17 +292,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .expect("many_threads is a bundled workload");
     let footprint = bench.footprints(threads)?;
     let report_speed = bench.report_speeds(threads, &trials)?;
-    let stack_quality = stack_quality::measure(&bench_profiler, &work)?;
+    let stack_quality = stack_quality::measure(&bench_tools, &work)?;
     // The 30 s runs; the quick bench (CI) keeps the comparison at 10 s.
     let agent_seconds = if settings.quick { 10 } else { 30 };
-    let agent_cost = agent_cost::measure(&bench_profiler, &release, &work, agent_seconds)?;
-    let unwind_cost = unwind_cost::measure(&bench_profiler, &work, settings.repetitions)?;
-    let off_cpu_cost = off_cpu_cost::measure(
-        &bench_profiler,
-        &release,
-        &work,
-        settings.repetitions.max(3),
-    )?;
+    let agent_cost = agent_cost::measure(bench_profiler, &release, &work, agent_seconds)?;
+    let unwind_cost = unwind_cost::measure(bench_profiler, &work, settings.repetitions)?;
+    let off_cpu_cost =
+        off_cpu_cost::measure(bench_profiler, &release, &work, settings.repetitions.max(3))?;
     let other_processes_cpu_percent = CpuTimes::now()?.others_percent_since(&cpu_at_start);
     if other_processes_cpu_percent > NOISY_PERCENT {
         bench.note(format!(

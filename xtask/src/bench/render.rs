@@ -293,29 +293,55 @@ fn report_speed(out: &mut String, results: &Results, shorten: &Shorten) {
 }
 
 fn stack_quality(out: &mut String, results: &Results, shorten: &Shorten) {
+    use super::stack_quality::{BUDGET_VERSUS_PERF_DWARF, PERF_DWARF};
     let _ = writeln!(
         out,
         "\n## 7. Call-stack quality\n\nDebian's own programs (no frame pointers) at 999 Hz. \
          *Complete*: samples whose user stack reaches `_start`, `main` or a thread start, judged \
          by our report for every tool (perf's files through our perf.data import). *Tool CPU*: \
-         record's CPU beyond the bare program's, plus the report's, per sample.\n"
+         record's CPU beyond the bare program's, plus the tool's own report's (`perf report \
+         --stdio` for perf), per sample. *Fixed*: recording `true` and reporting it. *Beyond \
+         fixed*: the tool CPU less the fixed cost, per sample: what a sample costs in a long \
+         run. *vs perf dwarf*: against `{PERF_DWARF}` on the same program (budget: at most \
+         {BUDGET_VERSUS_PERF_DWARF:.2}).\n"
     );
     let _ = writeln!(
         out,
-        "| Program | Unwinder | Samples | Complete % | Mean depth | Tool CPU µs/sample | Record command |"
+        "| Program | Unwinder | Samples | Complete % | Mean depth | Tool CPU µs/sample | vs perf dwarf | Fixed ms | Beyond fixed µs/sample | vs perf dwarf | Record command | Report command |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in &results.stack_quality {
+        let perf_dwarf = results
+            .stack_quality
+            .iter()
+            .find(|other| other.program == row.program && other.unwinder == PERF_DWARF);
+        let versus = |ours: f64, theirs: Option<f64>| match theirs {
+            Some(theirs) if theirs > 0.0 && row.unwinder != PERF_DWARF => {
+                format!("×{:.2}", ours / theirs)
+            }
+            _ => "–".into(),
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.1} | {:.1} | {:.0} | {} |",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.0} | {} | {:.0} | {:.0} | {} | {} | {} |",
             row.program,
             row.unwinder,
             count(row.samples),
             row.complete_percent,
             row.mean_depth,
             row.tool_cpu_us_per_sample,
+            versus(
+                row.tool_cpu_us_per_sample,
+                perf_dwarf.map(|perf| perf.tool_cpu_us_per_sample)
+            ),
+            row.fixed_cpu_ms,
+            row.beyond_fixed_us_per_sample,
+            versus(
+                row.beyond_fixed_us_per_sample,
+                perf_dwarf.map(|perf| perf.beyond_fixed_us_per_sample)
+            ),
             shorten.command(&row.record_command),
+            shorten.command(&row.report_command),
         );
     }
 }

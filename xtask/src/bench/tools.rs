@@ -107,6 +107,7 @@ impl EventSampling {
 }
 
 /// The built binaries the bench runs.
+#[derive(Clone)]
 pub struct Tools {
     pub profiler: PathBuf,
     pub run_timed: PathBuf,
@@ -281,6 +282,19 @@ pub fn ours_capture_cost(stderr: &str) -> Result<CaptureCost> {
     })
 }
 
+/// The capture program's whole run time in the kernel, in seconds, from `record --stats`:
+/// zero when it never ran (`in the kernel: no runs counted`).
+pub fn ours_kernel_time_s(stderr: &str) -> Result<f64> {
+    if stderr
+        .lines()
+        .any(|line| line.trim() == "in the kernel: no runs counted")
+    {
+        return Ok(0.0);
+    }
+    let cost = ours_capture_cost(stderr)?;
+    Ok(cost.ns_per_sample * cost.program_runs as f64 * 1e-9)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,5 +432,11 @@ mod tests {
             }
         );
         assert!(ours_capture_cost("  in the kernel: no runs counted\n").is_err());
+        assert_eq!(ours_kernel_time_s(stderr).unwrap(), 1250.0 * 1000.0 * 1e-9);
+        assert_eq!(
+            ours_kernel_time_s("  in the kernel: no runs counted\n").unwrap(),
+            0.0
+        );
+        assert!(ours_kernel_time_s("Capture cost:\n").is_err());
     }
 }
