@@ -12,6 +12,7 @@ use crate::{
         hardware::{prepare_sampled_event, records_data_addresses},
         offcpu::OffCpuOptions,
         program::{default_sample_map_entries, MapSizes, DEFAULT_MAP_ENTRIES},
+        session::SIDEBAND_INTERVAL,
         stats::HOST_CPUS,
     },
     cli::{
@@ -230,6 +231,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
         target,
         duration: None,
         drain_interval,
+        sideband_interval: SIDEBAND_INTERVAL,
         sizes: MapSizes {
             stacks: args.stack_map_entries,
             stack_counts: sample_entries,

@@ -44,6 +44,8 @@ pub struct RecordOptions {
     pub target: TargetSpec,
     pub duration: Option<Duration>,
     pub drain_interval: Duration,
+    /// How often the side-band is read (see [`crate::capture::session::SIDEBAND_INTERVAL`]).
+    pub sideband_interval: Duration,
     pub sizes: MapSizes,
     pub stacks: StackCapture,
     /// `--unwind copy`: KiB of user stack each sample copies for the agent to unwind.

@@ -23,7 +23,7 @@ use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 use self::log::{log, LogLevel};
 use crate::{
     aggregate::dataspace::capture_data_objects,
-    capture::session::{CaptureSession, WindowCapture},
+    capture::session::{CaptureSession, WindowCapture, AGENT_SIDEBAND_INTERVAL},
     cli::{seconds, SamplingArgs, Unwind},
     commands::{capture_options, target_of},
     export::upload::UploadCounts,
@@ -535,6 +535,7 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
     let target = target_of(&args.sampling, &[], true).expect("-a stands for the whole system");
     let options = RecordOptions {
         stats: args.bpf_stats,
+        sideband_interval: AGENT_SIDEBAND_INTERVAL,
         ..capture_options(&args.sampling, target)?
     };
     let interval = args.interval();
