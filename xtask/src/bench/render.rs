@@ -300,8 +300,8 @@ fn stack_quality(out: &mut String, results: &Results, shorten: &Shorten) {
          *Complete*: samples whose user stack reaches `_start`, `main` or a thread start, judged \
          by our report for every tool (perf's files through our perf.data import). *Tool CPU*: \
          record's CPU beyond the bare program's, plus the tool's own report's (`perf report \
-         --stdio` for perf), per sample. *Fixed*: recording `true` and reporting it. *Beyond \
-         fixed*: the tool CPU less the fixed cost, per sample: what a sample costs in a long \
+         --stdio` for perf), per sample. *Fixed*: recording `true` and reporting it, the median \
+         of five runs. *Beyond fixed*: the tool CPU less the fixed cost, per sample: what a sample costs in a long \
          run. *vs perf dwarf*: against `{PERF_DWARF}` on the same program (budget: at most \
          {BUDGET_VERSUS_PERF_DWARF:.2}).\n"
     );

@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use super::{
     measure,
+    summary::Spread,
     tools::{self, path_arg, Tools},
 };
 
@@ -27,6 +28,9 @@ const RATE_HZ: &str = "999";
 /// third of its CPU per sample.
 pub const PERF_DWARF: &str = "perf --call-graph dwarf";
 pub const BUDGET_VERSUS_PERF_DWARF: f64 = 1.0 / 3.0;
+
+/// Runs of `true` whose median is a tool's fixed cost: one run's varies by half.
+const FIXED_COST_RUNS: usize = 5;
 
 /// One program under one unwinder.
 #[derive(Clone, Debug, Serialize)]
@@ -39,7 +43,8 @@ pub struct StackQualityRow {
     pub mean_depth: f64,
     /// The tool's CPU time recording and reporting, per sample.
     pub tool_cpu_us_per_sample: f64,
-    /// The tool's fixed cost: CPU time of recording `true` and reporting it.
+    /// The tool's fixed cost: CPU time of recording `true` and reporting it (the median of
+    /// [`FIXED_COST_RUNS`]).
     pub fixed_cpu_ms: f64,
     /// What each sample adds beyond the fixed cost: the tool CPU less the fixed cost, per
     /// sample (a long run's cost per sample).
@@ -113,14 +118,17 @@ pub fn measure(tools: &Tools, work: &Path) -> Result<Vec<StackQualityRow>> {
             ],
         ),
     ];
+    let fixed_cpu_s: Vec<f64> = UNWINDERS
+        .iter()
+        .map(|unwinder| unwinder.fixed_cpu_s(tools, work))
+        .collect::<Result<_>>()?;
     let mut rows = Vec::new();
     for (program, argv) in &programs {
-        for unwinder in &UNWINDERS {
-            let fixed = unwinder.record_and_report(tools, work, Path::new("/bin/true"), &[])?;
+        for (unwinder, &fixed_cpu_s) in UNWINDERS.iter().zip(&fixed_cpu_s) {
             let run = unwinder.record_and_report(tools, work, Path::new(&argv[0]), &argv[1..])?;
             let (samples, complete_percent, mean_depth) =
                 user_stacks(&tools.profiler, work, &unwinder.profile(work), program)?;
-            let (tool_cpu_s, fixed_cpu_s) = (run.tool_cpu_s, fixed.tool_cpu_s);
+            let tool_cpu_s = run.tool_cpu_s;
             let per_sample = |cpu_s: f64| 1e6 * cpu_s / samples.max(1) as f64;
             let row = StackQualityRow {
                 program,
@@ -170,6 +178,17 @@ impl Unwinder {
         } else {
             "stacks.prof"
         })
+    }
+
+    /// CPU time of recording `true` and reporting it: the median of [`FIXED_COST_RUNS`].
+    fn fixed_cpu_s(&self, tools: &Tools, work: &Path) -> Result<f64> {
+        let runs = (0..FIXED_COST_RUNS)
+            .map(|_| {
+                self.record_and_report(tools, work, Path::new("/bin/true"), &[])
+                    .map(|recorded| recorded.tool_cpu_s)
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        Ok(Spread::of(runs).map_or(0.0, |spread| spread.median))
     }
 
     /// Records `program` under `run_timed` into [`Unwinder::profile`] and reports it with the
