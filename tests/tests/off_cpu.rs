@@ -406,17 +406,23 @@ fn threads_that_exit_give_back_their_blocked_thread_entries() {
         ),
     ] {
         let file = temp_dir("off-cpu-exits").join("exits.prof");
-        let output = Command::new("unshare")
-            .args(["-m", "sh", "-c", &format!("{setup}exec \"$0\" \"$@\"")])
-            .arg(profiler_bin())
-            .args(["record", "--off-cpu", "-o", &path(&file), "--"])
-            .args(["python3", "-c", &script])
-            .output()
-            .expect("unshare runs (util-linux)");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
+        common::run_checked(
+            "unshare",
+            &[
+                "-m",
+                "sh",
+                "-c",
+                &format!("{setup}exec \"$0\" \"$@\""),
+                &path(&profiler_bin()),
+                "record",
+                "--off-cpu",
+                "-o",
+                &path(&file),
+                "--",
+                "python3",
+                "-c",
+                &script,
+            ],
         );
         let report = report_json(&file, &[]);
         assert_eq!(report["off_cpu"]["attachment"], attachment);

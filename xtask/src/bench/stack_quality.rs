@@ -29,6 +29,9 @@ const RATE_HZ: &str = "999";
 pub const PERF_DWARF: &str = "perf --call-graph dwarf";
 pub const BUDGET_VERSUS_PERF_DWARF: f64 = 1.0 / 3.0;
 
+/// Where a recording's own report writes its output (the JSON report, for ours).
+const REPORT_OUTPUT: &str = "stacks.report";
+
 /// Runs of `true` whose median is a tool's fixed cost: one run's varies by half.
 const FIXED_COST_RUNS: usize = 5;
 
@@ -126,8 +129,18 @@ pub fn measure(tools: &Tools, work: &Path) -> Result<Vec<StackQualityRow>> {
     for (program, argv) in &programs {
         for (unwinder, &fixed_cpu_s) in UNWINDERS.iter().zip(&fixed_cpu_s) {
             let run = unwinder.record_and_report(tools, work, Path::new(&argv[0]), &argv[1..])?;
-            let (samples, complete_percent, mean_depth) =
-                user_stacks(&tools.profiler, work, &unwinder.profile(work), program)?;
+            // Ours' own report is the JSON report; perf's files go through our import.
+            let report_json = if unwinder.perf {
+                let report_json = work.join("stacks.json");
+                measure::run(
+                    &our_report(&tools.profiler, &unwinder.profile(work)),
+                    Some(&report_json),
+                )?;
+                report_json
+            } else {
+                work.join(REPORT_OUTPUT)
+            };
+            let (samples, complete_percent, mean_depth) = user_stacks(&report_json, program)?;
             let tool_cpu_s = run.tool_cpu_s;
             let per_sample = |cpu_s: f64| 1e6 * cpu_s / samples.max(1) as f64;
             let row = StackQualityRow {
@@ -230,15 +243,9 @@ impl Unwinder {
                 .chain([path_arg(&profile)])
                 .collect()
         } else {
-            vec![
-                path_arg(&tools.profiler),
-                "report".into(),
-                "-i".into(),
-                path_arg(&profile),
-                "--json".into(),
-            ]
+            our_report(&tools.profiler, &profile)
         };
-        let report = measure::run(&report, Some(&work.join("stacks.report")))?;
+        let report = measure::run(&report, Some(&work.join(REPORT_OUTPUT)))?;
         let tool_cpu_s = (record.cpu_s - program_cpu_s).max(0.0) + in_kernel_s + report.cpu_s;
         Ok(Recorded {
             record,
@@ -248,26 +255,22 @@ impl Unwinder {
     }
 }
 
-/// Samples, complete % and mean user depth of `profile` by our report, whoever recorded it.
-fn user_stacks(
-    profiler: &Path,
-    work: &Path,
-    profile: &Path,
-    program: &str,
-) -> Result<(u64, f64, f64)> {
-    let report_json = work.join("stacks.json");
-    measure::run(
-        &[
-            path_arg(profiler),
-            "report".into(),
-            "-i".into(),
-            path_arg(profile),
-            "--json".into(),
-        ],
-        Some(&report_json),
-    )?;
+/// `profiler report -i PROFILE --json`: the JSON report on stdout.
+fn our_report(profiler: &Path, profile: &Path) -> Vec<String> {
+    vec![
+        path_arg(profiler),
+        "report".into(),
+        "-i".into(),
+        path_arg(profile),
+        "--json".into(),
+    ]
+}
+
+/// Samples, complete % and mean user depth in the JSON report `report_json` of our report,
+/// whoever recorded the profile.
+fn user_stacks(report_json: &Path, program: &str) -> Result<(u64, f64, f64)> {
     let report: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(&report_json)
+        &std::fs::read_to_string(report_json)
             .with_context(|| format!("reading {}", report_json.display()))?,
     )?;
     let stacks = &report["events"][0]["user_stacks"];
