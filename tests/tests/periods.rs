@@ -278,12 +278,10 @@ fn check_clock(event: &str) {
         );
         std::fs::remove_dir_all(&dir).ok();
     }
-    // -c 1: the kernel's timer fires at most every 10 us. The profile says so and estimates
-    // with 10 us. At that rate the timer is saturated: it misses ticks while a sample is
-    // handled, and the handling, not charged to the workload's own CPU clock, stretches the
-    // run it fires in (perf's -c 10000 took 18% more samples than the CPU time over 10 us
-    // here; ours ranged from 0.6 to 2.6 times it over 18 runs of two builds with the same
-    // per-sample cost). Not within 2%, but not the 10,000x too low of a period of 1.
+    // -c 1: the kernel's timer fires at most every 10 us. The profile says so and samples every
+    // 10 us. The estimate is the counter's own count, which task-clock overshoots at that rate
+    // (1.1 to 6 times the time it ran, in CI too), so a clock's count is capped at its running
+    // time: the estimate is then the task's CPU time, with the sampling's interrupts in it.
     let dir = temp_dir("periods-clock-floor");
     let floor = record(&["-e", event, "-c", "1"], &SPIN, &dir);
     assert_eq!(floor.period, Some(10_000), "{event} -c 1");
@@ -294,7 +292,7 @@ fn check_clock(event: &str) {
     );
     let estimate = floor.estimate.unwrap();
     assert!(
-        estimate > exact as f64 * 0.25 && estimate < exact as f64 * 4.0,
+        estimate > exact as f64 * 0.5 && estimate < exact as f64 * 1.25,
         "{event} -c 1: estimate {estimate} ns of {exact} ns"
     );
     std::fs::remove_dir_all(&dir).ok();

@@ -29,6 +29,8 @@ pub enum Target {
 pub struct EventCounter {
     pub event: u32,
     pub counter: Counter,
+    /// Whether it counts nanoseconds of its own running time (cpu-clock, task-clock).
+    pub clock: bool,
 }
 
 /// Which stacks the program collects; the kernel needs to know for precise events.
@@ -179,6 +181,7 @@ pub fn open_sampling_counters(
                     counters.push(EventCounter {
                         event: index as u32,
                         counter,
+                        clock: hardware::is_clock(event),
                     });
                 }
                 // A thread that exits while we open counters is not an error; the others stay.

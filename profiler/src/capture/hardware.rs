@@ -212,15 +212,20 @@ pub fn spe_period(spec: &EventSpec) -> Result<u64, EventError> {
 /// asked for, so a shorter period would make every estimate too small by the difference.
 pub const CLOCK_MIN_PERIOD_NS: u64 = 10_000;
 
-/// Raises a clock event's period (or frequency's period) to the timer's floor, saying so.
-fn clock_timer_floor(spec: &mut EventSpec) -> Option<String> {
-    let clock = spec.attr.type_ == PERF_TYPE_SOFTWARE
+/// Whether `spec` is one of the kernel's clock events (cpu-clock, task-clock): it counts the
+/// nanoseconds its counter runs, driven by an hrtimer.
+pub fn is_clock(spec: &EventSpec) -> bool {
+    spec.attr.type_ == PERF_TYPE_SOFTWARE
         && matches!(
             spec.attr.config,
             c if c == u64::from(bindings::PERF_COUNT_SW_CPU_CLOCK)
                 || c == u64::from(bindings::PERF_COUNT_SW_TASK_CLOCK)
-        );
-    if !clock {
+        )
+}
+
+/// Raises a clock event's period (or frequency's period) to the timer's floor, saying so.
+fn clock_timer_floor(spec: &mut EventSpec) -> Option<String> {
+    if !is_clock(spec) {
         return None;
     }
     let asked = match spec.sampling {
