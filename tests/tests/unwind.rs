@@ -559,7 +559,8 @@ fn a_full_table_memory_evicts_idle_and_exited_processes_tables_for_the_busy_ones
     // then waits on a FIFO, idle, while sqlite3 runs: python's tables make room for sqlite3's
     // (once python has been idle for half a second, however slowly it started on a busy
     // machine). Once sqlite3 has exited, python3.11 wakes and runs: its tables come back in
-    // place of sqlite3's.
+    // place of sqlite3's. sqlite3 runs about 2 s: the samples it takes before the first
+    // side-band read publishes it (77 ms of them once in CI) are walked by frame pointers.
     let dir = temp_dir("unwind-evict");
     let fifo = dir.join("wake");
     let ready = dir.join("ready");
@@ -578,7 +579,7 @@ fn a_full_table_memory_evicts_idle_and_exited_processes_tables_for_the_busy_ones
              read up < {ready}\n\
              sleep 0.5\n\
              sqlite3 :memory: \"create table t(a, b); with recursive c(x) as (select 1 union \
-             all select x + 1 from c where x < 600000) insert into t select x, \
+             all select x + 1 from c where x < 1200000) insert into t select x, \
              hex(randomblob(16)) from c; create index i on t(b);\"\n\
              echo go > {fifo}\n\
              wait\n",
