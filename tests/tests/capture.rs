@@ -596,8 +596,12 @@ fn every_data_line_of_a_large_run_is_kept_whatever_the_map_size() {
     let _cpus = cpus_shared();
     // 100,000 distinct data lines in one function, then 1,000 in another: more new keys than
     // the data-line map holds, faster than timer drains come. With maps of the default size and
-    // a quarter of it, every line must reach the view.
-    for map_entries in ["16384", "4096"] {
+    // half of it, every line must reach the view. The larger a map, the longer a stall of the
+    // draining thread it outlasts: with a quarter of the default, a stall of a few milliseconds
+    // on a shared host lets this loop of page faults fill it (CI once lost 264 of 100,000
+    // lines), so there every line must reach the view or be counted lost.
+    for map_entries in ["16384", "8192", "4096"] {
+        let lossless = map_entries != "4096";
         let dir = temp_dir("large-dataspace");
         let file = dir.join("lines.prof");
         let output = record_page_faults(
@@ -607,20 +611,38 @@ fn every_data_line_of_a_large_run_is_kept_whatever_the_map_size() {
         );
         let stderr = String::from_utf8_lossy(&output.stderr);
         let profile = read_profile(&file).unwrap();
-        assert_no_losses(&profile, &[]);
+        let view_full = "data cache-line view: map full";
+        let explained = if lossless { vec![] } else { vec![view_full] };
+        assert_no_losses(&profile, &explained);
+        let counted_lost = profile.losses.counters.get(view_full).copied().unwrap_or(0);
+        let mut missing = 0;
         for region in [touched_region(&stderr), second_touched_region(&stderr)] {
             let (_, pages, line) = region;
             let expected: Vec<(u64, u64)> = (0..pages)
                 .map(|page| (page * PAGE + line * 64, 1))
                 .collect();
             let sampled = sampled_line_offsets(&profile, region);
-            assert_eq!(
-                sampled.len(),
-                expected.len(),
-                "--map-entries {map_entries}: data lines of the {pages}-page region"
-            );
-            assert_eq!(sampled, expected, "--map-entries {map_entries}");
+            if lossless {
+                assert_eq!(
+                    sampled.len(),
+                    expected.len(),
+                    "--map-entries {map_entries}: data lines of the {pages}-page region"
+                );
+                assert_eq!(sampled, expected, "--map-entries {map_entries}");
+            } else {
+                assert!(
+                    sampled.iter().all(|&(offset, count)| count == 1
+                        && offset % PAGE == line * 64
+                        && offset / PAGE < pages),
+                    "--map-entries {map_entries}: a line that was not touched"
+                );
+                missing += expected.len() - sampled.len();
+            }
         }
+        assert!(
+            missing as u64 <= counted_lost,
+            "--map-entries {map_entries}: {missing} lines missing, {counted_lost} counted lost"
+        );
         let fired: u64 = profile.losses.samples_fired.iter().sum();
         let drained: u64 = profile.stacks.iter().map(|s| s.count).sum();
         assert_eq!(fired, drained, "--map-entries {map_entries}");
