@@ -144,16 +144,29 @@ fn perf_samples(event: &str, period: u64, workload: &Workload, dir: &Path) -> u6
     String::from_utf8_lossy(&script.stdout).lines().count() as u64
 }
 
+/// How far one run's count of `event` may be from another run's. A clock runs while its task is
+/// on a CPU, so it also holds what the host's steal of this VM took while the task ran, which
+/// the task's own CPU time (the spin workload stops by it) does not: in CI one run took 7.8%
+/// more cpu-clock samples than stat's count over the period, another 4% more task-clock.
+fn run_to_run(event: &str) -> f64 {
+    if event.ends_with("-clock") {
+        0.15
+    } else {
+        0.02
+    }
+}
+
 /// Checks one event sampled with `sampling`, expecting the kernel to have used `period`.
 fn check_period(event: &str, sampling: &[&str], period: u64, workload: &Workload, exact: u64) {
     let dir = temp_dir(&format!("periods-{}", event.replace('/', "_")));
     let sampled = record(sampling, workload, &dir);
     let what = format!("{event} {sampling:?}");
     assert_eq!(sampled.period, Some(period), "{what}: the period reported");
-    // Samples = count / period, within one period of quantization per thread and 2% of
+    // Samples = count / period, within one period of quantization per thread and the
     // run-to-run change.
+    let drift = run_to_run(event);
     let expected = exact as f64 / period as f64;
-    let tolerance = expected * 0.02 + workload.threads as f64;
+    let tolerance = expected * drift + workload.threads as f64;
     assert!(
         (sampled.fired as f64 - expected).abs() <= tolerance,
         "{what}: {} samples, expected {expected:.1} ({exact} events / {period})",
@@ -161,14 +174,15 @@ fn check_period(event: &str, sampling: &[&str], period: u64, workload: &Workload
     );
     let estimate = sampled.estimate.expect("an estimate");
     assert!(
-        (estimate - exact as f64).abs() <= exact as f64 * 0.02 + (period * workload.threads) as f64,
+        (estimate - exact as f64).abs()
+            <= exact as f64 * drift + (period * workload.threads) as f64,
         "{what}: estimate {estimate}, stat counted {exact}"
     );
     let perf = perf_samples(event, period, workload, &dir);
     // perf counts its own run of the workload: scheduling adds a few events from run to run
     // (context switches: 37 and 39 samples at period 1000 seen), so 5% + 2 around it.
     assert!(
-        (sampled.fired as f64 - perf as f64).abs() <= perf as f64 * 0.05 + 2.0,
+        (sampled.fired as f64 - perf as f64).abs() <= perf as f64 * drift.max(0.05) + 2.0,
         "{what}: we took {} samples, perf record -c {period} took {perf}",
         sampled.fired
     );
@@ -247,8 +261,8 @@ fn frequency_sampled_page_faults_estimate_the_exact_count() {
 }
 
 /// Clock events: a period in nanoseconds of CPU time. Where the kernel's timer is not saturated
-/// the estimate matches the exact CPU time; below the timer's 10 us floor the period used is
-/// said and reported, not the one asked for.
+/// the estimate matches the exact CPU time (within [`run_to_run`]); below the timer's 10 us
+/// floor the period used is said and reported, not the one asked for.
 fn check_clock(event: &str) {
     let exact = exact_count(event, &SPIN);
     assert!(exact > 400_000_000, "{event}: {exact} ns");
@@ -273,7 +287,7 @@ fn check_clock(event: &str) {
         let sampled = record(sampling, &SPIN, &dir);
         let estimate = sampled.estimate.expect("an estimate");
         assert!(
-            (estimate - exact as f64).abs() <= exact as f64 * 0.02,
+            (estimate - exact as f64).abs() <= exact as f64 * run_to_run(event),
             "{event} {sampling:?}: estimate {estimate} ns, exact {exact} ns"
         );
         std::fs::remove_dir_all(&dir).ok();
