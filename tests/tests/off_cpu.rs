@@ -312,11 +312,12 @@ fn blocked_time_per_stack_matches_what_the_workload_measured() {
 
 #[test]
 fn full_off_cpu_maps_count_every_block_they_lose() {
-    // Room for 8 (thread, stacks, state) keys and 2 histograms a generation: the workload's
-    // 7 threads wait in more ways than that within one drain.
+    // Room for 2 (thread, stacks, state) keys and 2 histograms a generation: the workload's
+    // 7 threads wait in more ways than that within one drain. (With room for 8, the drains a
+    // map a quarter full asks for once kept up with them in CI: nothing was lost.)
     let (_, file) = record_file(
         "off-cpu-full",
-        &["--map-entries", "8", "--latency-map-entries", "2"],
+        &["--map-entries", "2", "--latency-map-entries", "2"],
     );
     let report = report_json(&file, &[]);
     let off_cpu = &report["off_cpu"];
