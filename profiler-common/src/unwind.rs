@@ -206,13 +206,19 @@ pub const MAX_TABLE_ROWS: u32 = (1 << MAX_SEARCH_STEPS) - 1;
 /// The index of the last row whose `pc` is at or below `pc`, among `len` rows sorted by `pc`,
 /// where `pc_at(i)` reads row `i`'s `pc` (a slice index, or a map lookup in BPF). `None` when
 /// `pc` is below the first row, when a read fails, or when `len` exceeds [`MAX_TABLE_ROWS`].
-/// Takes at most [`MAX_SEARCH_STEPS`] steps.
+/// Takes at most [`MAX_SEARCH_STEPS`] steps, whose bounds pass through `settle` (see
+/// [`find_last_at_or_below`]).
 #[inline(always)]
-pub fn find_row_by(len: u32, pc: u32, pc_at: impl FnMut(u32) -> Option<u32>) -> Option<u32> {
+pub fn find_row_by(
+    len: u32,
+    pc: u32,
+    pc_at: impl FnMut(u32) -> Option<u32>,
+    settle: impl FnMut(u32) -> u32,
+) -> Option<u32> {
     if len > MAX_TABLE_ROWS {
         return None;
     }
-    find_last_at_or_below(len, MAX_SEARCH_STEPS, pc, pc_at)
+    find_last_at_or_below(len, MAX_SEARCH_STEPS, pc, pc_at, settle)
 }
 
 /// Whether `index` is what [`find_row_by`] finds for `pc` among `len` rows: its row's `pc` is at
@@ -238,41 +244,46 @@ pub fn is_row_for(
 
 /// The index of the last of `len` sorted keys (`key_at(i)` reads key `i`) at or below `key`, in
 /// at most `steps` binary-search steps (enough for `len` below `2^steps`). `None` when `key` is
-/// below the first key, a read fails, or the steps run out before the search ends.
+/// below the first key, a read fails, or the steps run out before the search ends. Each step's
+/// bounds pass through `settle`: the identity, but in BPF it hides their values from the
+/// verifier, which then sees every path through a step as one state. With the bounds tracked it
+/// keeps each step's two outcomes apart (later branches depend on them): up to 2^steps states,
+/// each checked through the rest of the program.
 #[inline(always)]
 pub fn find_last_at_or_below<K: PartialOrd + Copy>(
     len: u32,
     steps: u32,
     key: K,
     mut key_at: impl FnMut(u32) -> Option<K>,
+    mut settle: impl FnMut(u32) -> u32,
 ) -> Option<u32> {
-    // The answer is `found`, or an index in lo..hi.
+    // Keys below `lo` are at or below `key`, keys from `hi` on above it: once the two meet, the
+    // answer is the one before `lo`.
     let mut lo = 0u32;
     let mut hi = len;
-    let mut found = None;
     for _ in 0..steps {
+        lo = settle(lo);
+        hi = settle(hi);
         if lo >= hi {
-            return found;
+            break;
         }
         let mid = lo + (hi - lo) / 2;
         if key_at(mid)? <= key {
-            found = Some(mid);
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    if lo >= hi {
-        found
-    } else {
-        None
+    if lo < hi {
+        return None;
     }
+    lo.checked_sub(1)
 }
 
 /// [`find_row_by`] over a slice: the row covering `pc`.
 pub fn find_row(rows: &[UnwindRow], pc: u32) -> Option<&UnwindRow> {
     let len = u32::try_from(rows.len()).ok()?;
-    let index = find_row_by(len, pc, |i| rows.get(i as usize).map(|row| row.pc))?;
+    let index = find_row_by(len, pc, |i| rows.get(i as usize).map(|row| row.pc), |i| i)?;
     rows.get(index as usize)
 }
 
@@ -458,15 +469,15 @@ mod tests {
         let len = 1_000_003u32;
         for pc in [0, 1, 2, 500_000, len - 2, len - 1, len + 10] {
             let expected = pc.min(len - 1);
-            assert_eq!(find_row_by(len, pc, Some), Some(expected), "pc {pc}");
+            assert_eq!(find_row_by(len, pc, Some, |i| i), Some(expected), "pc {pc}");
         }
         assert_eq!(
-            find_row_by(MAX_TABLE_ROWS, MAX_TABLE_ROWS, Some),
+            find_row_by(MAX_TABLE_ROWS, MAX_TABLE_ROWS, Some, |i| i),
             Some(MAX_TABLE_ROWS - 1)
         );
-        assert_eq!(find_row_by(MAX_TABLE_ROWS + 1, 0, Some), None);
+        assert_eq!(find_row_by(MAX_TABLE_ROWS + 1, 0, Some, |i| i), None);
         // A failed read ends the search.
-        assert_eq!(find_row_by(10, 5, |i| (i != 5).then_some(i)), None);
+        assert_eq!(find_row_by(10, 5, |i| (i != 5).then_some(i), |i| i), None);
     }
 
     #[test]
@@ -477,7 +488,7 @@ mod tests {
         let len = pcs.len() as u32;
         for pc in 0..40 {
             for index in 0..len + 2 {
-                let found = find_row_by(len, pc, pc_at);
+                let found = find_row_by(len, pc, pc_at, |i| i);
                 assert_eq!(
                     is_row_for(len, pc, index, pc_at),
                     found == Some(index),

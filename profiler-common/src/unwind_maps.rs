@@ -87,25 +87,27 @@ impl ProcessMappings {
 
     /// The mapping containing `address`, and its index. Bounded by [`MAPPING_SEARCH_STEPS`] for
     /// the verifier, and indexes masked to the array (the verifier does not follow the search's
-    /// own bounds). Each index into the array is passed through `opaque` first: in BPF, it hides
-    /// the index's value from the verifier, to which a tracked index makes each step's two
-    /// outcomes states it cannot prune, checked each through the rest of the frame.
+    /// own bounds). The search's bounds pass through `opaque`, which in BPF hides their values
+    /// from the verifier (see [`crate::unwind::find_last_at_or_below`]).
     #[inline(always)]
     pub fn find_through(
         &self,
         address: u64,
-        mut opaque: impl FnMut(u32) -> u32,
+        opaque: impl FnMut(u32) -> u32,
     ) -> Option<(u32, &ExecMapping)> {
         let count = if self.count as usize > MAX_PROCESS_MAPPINGS {
             MAX_PROCESS_MAPPINGS as u32
         } else {
             self.count
         };
-        let mut at = |i: u32| &self.mappings[opaque(i) as usize & (MAX_PROCESS_MAPPINGS - 1)];
-        let found =
-            crate::unwind::find_last_at_or_below(count, MAPPING_SEARCH_STEPS, address, |i| {
-                Some(at(i).start)
-            })?;
+        let at = |i: u32| &self.mappings[i as usize & (MAX_PROCESS_MAPPINGS - 1)];
+        let found = crate::unwind::find_last_at_or_below(
+            count,
+            MAPPING_SEARCH_STEPS,
+            address,
+            |i| Some(at(i).start),
+            opaque,
+        )?;
         let mapping = at(found);
         (address < mapping.end).then_some((found, mapping))
     }
