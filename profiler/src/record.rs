@@ -35,7 +35,10 @@ use crate::{
     output::Output,
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
     stat::count::Count,
-    symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+    symbolize::{
+        kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+        SymbolCache,
+    },
 };
 
 pub struct RecordOptions {
@@ -105,18 +108,22 @@ impl Capture {
     /// file, or a report of one function's instructions), the sampled functions' code, which
     /// takes reading and line-mapping every sampled function.
     pub fn assemble(self, with_code: bool) -> Recording {
+        // One symbolizer for the frames and the code's lines: a module's parse (glibc's debug
+        // file takes 30-40 ms to decompress) serves both.
+        let symbols = SymbolCache::new(true);
         let mut profile = assemble(
             self.meta,
             self.events,
             self.drained,
             &self.processes,
             &self.accounting,
+            &symbols,
         );
         profile.hardware.cpu = self.cpu;
         // What offline reports need from files that may be gone by then: the sampled functions'
         // code and the processes' data mappings and variables.
         if with_code {
-            capture_code(&mut profile, &self.processes);
+            capture_code(&mut profile, &self.processes, &symbols.symbolizer);
         }
         capture_data_objects(&mut profile, &self.processes);
         // The profile file, exports and reports alike.

@@ -35,7 +35,7 @@ use crate::{
         sink::{Window, WindowSink},
     },
     launch::{signal_name, Stop, StopSignals},
-    profile::{from_capture::assemble_with, CpuIdentity, EventInfo, Profile},
+    profile::{from_capture::assemble, CpuIdentity, EventInfo, Profile},
     prometheus::{serve, Kind, Metrics},
     record::{profile_meta, target_description, RecordOptions},
     symbolize::{
@@ -201,13 +201,13 @@ impl Exporter {
     /// Symbolizes a window into its profile.
     fn profile(&self, capture: WindowCapture, symbols: &mut SymbolCache) -> Profile {
         let meta = profile_meta(self.target.clone(), capture.start, capture.end);
-        let mut profile = assemble_with(
+        let mut profile = assemble(
             meta,
             self.events.clone(),
             capture.drained,
             &capture.processes,
             &capture.accounting,
-            Some(&*symbols),
+            symbols,
         );
         symbols.forget_closed(&capture.processes.files);
         profile.hardware.cpu = self.cpu.clone();

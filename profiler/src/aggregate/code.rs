@@ -50,7 +50,7 @@ const MAX_FUNCTION_BYTES: u64 = 1 << 20;
 /// details view disassembles offline. Kernel functions are skipped (their text is not in a file
 /// this profiler reads), as are functions whose module was not opened, is not ELF, or was
 /// replaced by a file with another build ID since it was sampled.
-pub fn capture_code(profile: &mut Profile, processes: &ProcessTable) {
+pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer: &Symbolizer) {
     let mut wanted: BTreeMap<FunctionStart, Option<String>> = BTreeMap::new();
     let mut pids: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
     for sample in &profile.instructions {
@@ -70,10 +70,6 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable) {
             .or_default()
             .push((*start, build_id));
     }
-    let symbolizer = Symbolizer::builder()
-        .enable_code_info(true)
-        .enable_inlined_fns(true)
-        .build();
     let mut captured = Vec::new();
     for (module, functions) in by_module {
         let pids = pids.get(module).cloned().unwrap_or_default();
@@ -117,7 +113,7 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable) {
                 file_offset: start,
                 address,
                 bytes: code.to_vec(),
-                lines: line_table(&symbolizer, &path, start, code, address),
+                lines: line_table(symbolizer, &path, start, code, address),
             });
         }
     }
@@ -359,7 +355,11 @@ mod tests {
         // The test binary, opened as the side-band opens a live process's modules.
         let mut processes = ProcessTable::default();
         processes.scan_process(std::process::id());
-        capture_code(&mut profile, &processes);
+        capture_code(
+            &mut profile,
+            &processes,
+            &crate::symbolize::new_symbolizer(),
+        );
         let code = code_of(&profile, &profile.frames[0]).expect("the probe's code is captured");
         assert_eq!(code.address, symbol.address);
         assert_eq!(code.bytes.len() as u64, symbol.size);

@@ -79,26 +79,17 @@ pub fn sparse_buckets(buckets: &[u64]) -> Vec<(u16, u64)> {
         .collect()
 }
 
+/// The profile of what a capture drained: frames symbolized through `symbols`, which may
+/// outlive it (the agent's, across windows).
 pub fn assemble(
     meta: ProfileMeta,
     events: Vec<EventInfo>,
     drained: Drained,
     processes: &ProcessTable,
     accounting: &Accounting,
+    symbols: &SymbolCache,
 ) -> Profile {
-    assemble_with(meta, events, drained, processes, accounting, None)
-}
-
-/// [`assemble`] with symbols that outlive the profile (the agent's, across windows).
-pub fn assemble_with(
-    meta: ProfileMeta,
-    events: Vec<EventInfo>,
-    drained: Drained,
-    processes: &ProcessTable,
-    accounting: &Accounting,
-    symbols: Option<&SymbolCache>,
-) -> Profile {
-    let mut table = FrameTable::with_cache(processes, symbols);
+    let mut table = FrameTable::with_cache(processes, Some(symbols));
     let mut addresses = Vec::new();
     let cache = &drained.stack_cache;
     // Each distinct stack once: a kernel stack is the same code in every process, a user stack
