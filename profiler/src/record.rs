@@ -123,7 +123,7 @@ impl Capture {
         // What offline reports need from files that may be gone by then: the sampled functions'
         // code and the processes' data mappings and variables.
         if with_code {
-            capture_code(&mut profile, &self.processes, &symbols.symbolizer);
+            capture_code(&mut profile, &self.processes, &symbols.symbolizer());
         }
         capture_data_objects(&mut profile, &self.processes);
         // The profile file, exports and reports alike.

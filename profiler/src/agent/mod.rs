@@ -209,7 +209,6 @@ impl Exporter {
             &capture.accounting,
             symbols,
         );
-        symbols.forget_closed(&capture.processes.files);
         profile.hardware.cpu = self.cpu.clone();
         // What the sampled data addresses belong to, while the window's processes are at hand:
         // the exports name the variable, heap, stack or file of each data cache line.
@@ -219,6 +218,9 @@ impl Exporter {
         if !kernel_addresses_shown() {
             hide_kernel_addresses(&mut profile);
         }
+        // With the window's share of the open files gone, what nobody else holds is closed.
+        drop(capture.processes);
+        symbols.forget_closed();
         profile
     }
 

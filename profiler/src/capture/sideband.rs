@@ -182,6 +182,11 @@ impl MappedFiles {
         self.by_identity.contains_key(&identity)
     }
 
+    /// The open file `identity`, shared by every copy of the table that holds it.
+    pub fn file(&self, identity: FileIdentity) -> Option<&Arc<fs::File>> {
+        self.by_identity.get(&identity)
+    }
+
     /// How many files were closed so far: while it stays, every file is still open.
     pub fn closed(&self) -> u64 {
         self.closed

@@ -4,9 +4,11 @@
 //! tables read anew), about half of the agent's steady CPU time under process churn.
 
 use std::{
-    cell::{OnceCell, RefCell},
+    cell::{OnceCell, Ref, RefCell},
     collections::{HashMap, HashSet},
+    fs::File,
     path::{Path, PathBuf},
+    sync::{Arc, Weak},
 };
 
 use blazesym::symbolize::{
@@ -16,14 +18,14 @@ use blazesym::symbolize::{
 
 use super::{fill_from_elf, function_start, kallsyms::KernelSymbols, module_names, new_symbolizer};
 use crate::{
-    capture::sideband::{FileIdentity, MappedFiles},
+    capture::sideband::FileIdentity,
     profile::{Frame, FunctionAliases, InlinedFrame},
 };
 
 /// The symbolizer (its parsed files), the kernel's functions, and each open module's
 /// symbolized code, by file and file offset.
 pub struct SymbolCache {
-    pub symbolizer: Symbolizer,
+    symbolizer: RefCell<Symbolizer>,
     /// Whether lines and inlined functions are read from DWARF.
     source_lines: bool,
     /// Read at the first kernel frame.
@@ -33,6 +35,9 @@ pub struct SymbolCache {
 
 #[derive(Default)]
 struct ModuleSymbols {
+    /// The open file this was read from. While anyone holds it open (the side-band, for the
+    /// processes that map it), its inode names no other file, and what was read stays true.
+    file: Weak<File>,
     /// The descriptor path the symbolizer read the module at: what it caches the module's
     /// parsed file under.
     path: PathBuf,
@@ -92,28 +97,46 @@ impl SymbolCache {
     /// without, functions from symbol tables.
     pub fn new(source_lines: bool) -> SymbolCache {
         SymbolCache {
-            symbolizer: new_symbolizer(),
+            symbolizer: RefCell::new(new_symbolizer()),
             source_lines,
             kernel: OnceCell::new(),
             modules: RefCell::default(),
         }
     }
 
+    /// The symbolizer, for other reads of the modules it parsed (a recording's code lines).
+    pub fn symbolizer(&self) -> Ref<'_, Symbolizer> {
+        self.symbolizer.borrow()
+    }
+
     pub fn kernel_symbols(&self) -> &KernelSymbols {
         self.kernel.get_or_init(KernelSymbols::of_running_kernel)
     }
 
-    /// Symbolizes `frames` of the module `identity`, open at `path`: offsets seen before from
-    /// the cache, the others from the file. Returns the other names of the functions they are
-    /// in.
+    /// Symbolizes `frames` of the module `identity`, the open `file`, read at `path`: offsets
+    /// seen before from the cache, the others from the file. Returns the other names of the
+    /// functions they are in.
     pub fn fill(
         &self,
         identity: FileIdentity,
+        file: &Arc<File>,
         path: &Path,
         frames: &mut [Frame],
     ) -> Vec<FunctionAliases> {
         let mut modules = self.modules.borrow_mut();
         let module = modules.entry(identity).or_default();
+        // Another open of the identity: the file it was read from closed in between, and its
+        // inode may name another file now.
+        if !std::ptr::eq(module.file.as_ptr(), Arc::as_ptr(file)) {
+            if !module.path.as_os_str().is_empty() {
+                let parse = Evict::Elf(evict::Elf::new(&module.path));
+                let _ = self.symbolizer.borrow_mut().evict(&parse);
+            }
+            *module = ModuleSymbols {
+                file: Arc::downgrade(file),
+                ..ModuleSymbols::default()
+            };
+        }
         if module.path != path {
             module.path = path.to_path_buf();
         }
@@ -126,7 +149,7 @@ impl SymbolCache {
         }
         if !missed.is_empty() {
             let mut new: Vec<Frame> = missed.iter().map(|&index| frames[index].clone()).collect();
-            fill_from_elf(&self.symbolizer, path, self.source_lines, &mut new);
+            fill_from_elf(&self.symbolizer(), path, self.source_lines, &mut new);
             // Under churn most new offsets are in functions seen before: the module's tables
             // are read only for the others.
             let needing_tables: Vec<usize> = (0..new.len())
@@ -170,23 +193,28 @@ impl SymbolCache {
             .collect()
     }
 
-    /// Forgets the modules `files` no longer holds open. While a file is open its inode cannot
-    /// name another file; once closed it may, so what was read from it goes. So does the
-    /// symbolizer's parse of it: the symbolizer keeps every file a path ever named (and a
-    /// descriptor to each), and descriptor paths are reused for other files, so without this
-    /// the agent grew by every distinct executable it ever symbolized.
-    pub fn forget_closed(&mut self, files: &MappedFiles) {
+    /// Forgets the modules whose files closed: nothing holds them open any more (the
+    /// side-band closes a file once no process maps it). Once closed, its inode may name
+    /// another file, so what was read from it goes. So does the symbolizer's parse of it: the
+    /// symbolizer keeps every file a path ever named (and a descriptor to each), and
+    /// descriptor paths are reused for other files, so without this the agent grew by every
+    /// distinct executable it ever symbolized. A module a window did not sample stays while
+    /// its file is open: forgetting it with the window re-read its tables at its next samples.
+    pub fn forget_closed(&mut self) {
         let closed: Vec<PathBuf> = self
             .modules
             .get_mut()
-            .extract_if(|identity, _| !files.is_open(*identity))
+            .extract_if(|_, module| module.file.strong_count() == 0)
             .map(|(_, module)| module.path)
             .collect();
         for path in closed {
             // The path may name an open module by now (a reused descriptor): its parse goes
             // too, and is read again at its next frame. Evicting what is not cached is no
             // error.
-            let _ = self.symbolizer.evict(&Evict::Elf(evict::Elf::new(path)));
+            let _ = self
+                .symbolizer
+                .get_mut()
+                .evict(&Evict::Elf(evict::Elf::new(path)));
         }
     }
 
@@ -223,8 +251,9 @@ mod tests {
         let (exe, mut first) = frame_of_this_test(file_offset_of(address));
         first.address = address;
         let identity = (1, 2);
+        let file = Arc::new(File::open(&exe).unwrap());
         let mut frames = [first.clone()];
-        cache.fill(identity, &exe, &mut frames);
+        cache.fill(identity, &file, &exe, &mut frames);
         let symbolized = frames[0].clone();
         assert!(
             symbolized
@@ -240,15 +269,16 @@ mod tests {
         let mut elsewhere = first.clone();
         elsewhere.address += 0x10_0000;
         let mut frames = [elsewhere];
-        cache.fill(identity, Path::new("/nonexistent"), &mut frames);
+        cache.fill(identity, &file, Path::new("/nonexistent"), &mut frames);
         assert_eq!(frames[0].function, symbolized.function);
         assert_eq!(frames[0].function_address, Some(address + 0x10_0000));
         assert_eq!(frames[0].line, symbolized.line);
     }
 
     #[test]
-    fn modules_whose_files_closed_are_forgotten_with_the_symbolizers_parse_of_them() {
-        // A file of this test's own: the descriptors open on it are the symbolizer's.
+    fn modules_are_kept_while_their_files_are_open_and_forgotten_with_the_parse_once_closed() {
+        // A file of this test's own: the descriptors open on it are the test's and the
+        // symbolizer's.
         let dir = tempfile::tempdir().unwrap();
         let module = dir.path().join("module");
         std::fs::copy("/bin/true", &module).unwrap();
@@ -264,10 +294,22 @@ mod tests {
             module_offset: 0x1000,
             ..Frame::default()
         };
-        cache.fill((1, 2), &module, &mut [frame]);
+        let file = Arc::new(File::open(&module).unwrap());
+        cache.fill((1, 2), &file, &module, &mut [frame.clone()]);
         assert_eq!(cache.cached_offsets((1, 2)), 1);
+        assert_eq!(descriptors_on_module(), 2);
+        // Open elsewhere (the side-band's table), if not in this window: kept.
+        cache.forget_closed();
+        assert_eq!(cache.cached_offsets((1, 2)), 1);
+        assert_eq!(descriptors_on_module(), 2);
+        // The identity opened again (its file closed in between): read anew.
+        let reopened = Arc::new(File::open(&module).unwrap());
+        cache.fill((1, 2), &reopened, Path::new("/nonexistent"), &mut [frame]);
+        assert_eq!(cache.cached_offsets((1, 2)), 1);
+        drop(file);
         assert_eq!(descriptors_on_module(), 1);
-        cache.forget_closed(&MappedFiles::default());
+        drop(reopened);
+        cache.forget_closed();
         assert_eq!(cache.cached_offsets((1, 2)), 0);
         assert_eq!(descriptors_on_module(), 0);
     }

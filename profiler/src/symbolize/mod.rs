@@ -12,8 +12,10 @@ pub mod vdso;
 
 use std::{
     collections::{btree_map, hash_map::Entry, BTreeMap},
+    fs,
     hash::BuildHasher,
-    path::{Path, PathBuf},
+    path::Path,
+    sync::Arc,
 };
 
 use blazesym::symbolize::{
@@ -145,7 +147,7 @@ impl<'a> FrameTable<'a> {
     pub fn resolve(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) {
         let mut kernel = Vec::new();
         // ELF file -> its path to open, and (address, frame template with its file offset)
-        type FileFrames = (PathBuf, Vec<(CodeAddress, Frame)>);
+        type FileFrames = (Arc<fs::File>, Vec<(CodeAddress, Frame)>);
         let mut by_file: BTreeMap<FileIdentity, FileFrames> = BTreeMap::new();
         let mut unresolved = Vec::new();
         for address in addresses {
@@ -190,8 +192,8 @@ impl<'a> FrameTable<'a> {
                         Some(btree_map::Entry::Vacant(entry)) => self
                             .processes
                             .files
-                            .path(*entry.key())
-                            .map(|path| &mut entry.insert((path, Vec::new())).1),
+                            .file(*entry.key())
+                            .map(|file| &mut entry.insert((Arc::clone(file), Vec::new())).1),
                         None => None,
                     };
                     match frames {
@@ -217,16 +219,11 @@ impl<'a> FrameTable<'a> {
                 )),
             }
         }
-        let own;
-        let symbolizer = match self.cache {
-            Some(cache) => &cache.symbolizer,
-            None => {
-                own = new_symbolizer();
-                &own
-            }
-        };
+        // Without a cache, the table's own (with one, unused: it is cheap to make).
+        let own = new_symbolizer();
         let progress = progress_bar(by_file.len() as u64 + 1, "symbolizing");
-        for (identity, (path, entries)) in by_file {
+        for (identity, (file, entries)) in by_file {
+            let path = crate::input::descriptor_path(&file);
             progress.set_message(
                 path.file_name()
                     .map(|name| name.to_string_lossy().into_owned())
@@ -236,9 +233,9 @@ impl<'a> FrameTable<'a> {
             let (addresses, mut frames): (Vec<CodeAddress>, Vec<Frame>) =
                 entries.into_iter().unzip();
             let aliases = match self.cache {
-                Some(cache) => cache.fill(identity, &path, &mut frames),
+                Some(cache) => cache.fill(identity, &file, &path, &mut frames),
                 None => {
-                    fill_from_elf(symbolizer, &path, true, &mut frames);
+                    fill_from_elf(&own, &path, true, &mut frames);
                     module_names(&path, &mut frames)
                 }
             };
