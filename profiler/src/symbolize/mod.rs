@@ -146,7 +146,8 @@ impl<'a> FrameTable<'a> {
     /// kernel.
     pub fn resolve(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) {
         let mut kernel = Vec::new();
-        // ELF file -> its path to open, and (address, frame template with its file offset)
+        // ELF file -> the file as the side-band opened it, and (address, frame template with
+        // its file offset)
         type FileFrames = (Arc<fs::File>, Vec<(CodeAddress, Frame)>);
         let mut by_file: BTreeMap<FileIdentity, FileFrames> = BTreeMap::new();
         let mut unresolved = Vec::new();
@@ -219,8 +220,8 @@ impl<'a> FrameTable<'a> {
                 )),
             }
         }
-        // Without a cache, the table's own (with one, unused: it is cheap to make).
-        let own = new_symbolizer();
+        // Without a cache, the table's own, made at its first file.
+        let mut own = None;
         let progress = progress_bar(by_file.len() as u64 + 1, "symbolizing");
         for (identity, (file, entries)) in by_file {
             let path = crate::input::descriptor_path(&file);
@@ -235,7 +236,12 @@ impl<'a> FrameTable<'a> {
             let aliases = match self.cache {
                 Some(cache) => cache.fill(identity, &file, &path, &mut frames),
                 None => {
-                    fill_from_elf(&own, &path, true, &mut frames);
+                    fill_from_elf(
+                        own.get_or_insert_with(new_symbolizer),
+                        &path,
+                        true,
+                        &mut frames,
+                    );
                     module_names(&path, &mut frames)
                 }
             };
