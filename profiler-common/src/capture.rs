@@ -1,6 +1,7 @@
 //! Map keys, map values and configuration of the in-kernel capture program.
 
 use crate::hw::ibs::IbsErrata;
+use crate::unwind_maps::UNWIND_FRAMES_PER_RUN_QUICK_START;
 
 /// Most events one recording can sample at once; event indices are `0..MAX_EVENTS`.
 pub const MAX_EVENTS: usize = 16;
@@ -368,6 +369,10 @@ pub struct CaptureConfig {
     /// With `CAPTURE_STACK_COPY`: pages of user stack each sample copies, from the page the
     /// stack pointer is in (at most [`STACK_COPY_MAX_PAGES`]).
     pub stack_copy_pages: u32,
+    /// With `CAPTURE_UNWIND_DWARF`: frames one run of the unwinder walks before it tail-calls
+    /// itself, from [`UNWIND_FRAMES_PER_RUN_QUICK_START`] to
+    /// [`crate::unwind_maps::UNWIND_FRAMES_PER_RUN_LONG_RUNNING`].
+    pub unwind_frames_per_run: u32,
 }
 
 impl CaptureConfig {
@@ -394,6 +399,7 @@ impl CaptureConfig {
         uid: 0,
         drain_request_steps: [0; Fill::COUNT],
         stack_copy_pages: 0,
+        unwind_frames_per_run: UNWIND_FRAMES_PER_RUN_QUICK_START,
     };
 }
 

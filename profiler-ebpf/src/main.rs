@@ -48,7 +48,8 @@ use profiler_common::{
     unwind::{find_row_by, is_row_for, step, CfaRule, Caller, Registers, StepEnd, UnwindRow},
     unwind_maps::{
         use_stamp, ExecMapping, ProcessMappings, UnwindCount, FRAME_POINTERS_ONLY_FRAME,
-        MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME,
+        MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME, UNWIND_FRAMES_PER_RUN_LONG_RUNNING,
+        UNWIND_FRAMES_PER_RUN_QUICK_START,
     },
 };
 
@@ -1000,13 +1001,10 @@ struct WalkState {
 static PENDING_SAMPLE: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static WALK_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
-/// Index 0: the `unwind_user` program, which walks `FRAMES_PER_CALL` frames a run and tail-calls
-/// itself until the stack is walked, so that each run stays within the verifier's budget.
+/// Index 0: the `unwind_user` program, which walks a few frames a run and tail-calls itself until
+/// the stack is walked, so that each run stays within the verifier's budget.
 #[map]
 static UNWINDER: ProgramArray = ProgramArray::with_max_entries(1, 0);
-
-/// Frames one run of `unwind_user` walks; its tail calls reach `MAX_UNWIND_FRAMES`.
-const FRAMES_PER_CALL: usize = 8;
 
 /// Stamps the process as walked now, for the agent's choice of tables to evict (written once
 /// a period, not on every walk); true the first time in a period, when the walk may ask the
@@ -1097,7 +1095,7 @@ fn request_mappings(pid: u32) {
     }
 }
 
-/// Walks up to `FRAMES_PER_CALL` more frames of the pending sample's user stack, then goes on
+/// Walks a few more frames of the pending sample's user stack, then goes on
 /// in a new run of itself, or counts the sample once the walk has ended.
 #[perf_event]
 pub fn unwind_user(ctx: PerfEventContext) -> u32 {
@@ -1128,7 +1126,7 @@ pub fn unwind_user(ctx: PerfEventContext) -> u32 {
 
 /// One run of an unwinder program (`programs[0]`, a program of `ctx`'s type) on process
 /// `pid`'s stack, whose walk is in `walk` and whose frames so far are in `scratch`: walks up to
-/// `FRAMES_PER_CALL` more frames and goes on in a new run of the program, or, once the walk has
+/// `unwind_frames_per_run` more frames and goes on in a new run of the program, or, once the walk has
 /// ended, interns the stack and returns its hash.
 #[inline(always)]
 fn continue_walk(
@@ -1147,7 +1145,7 @@ fn continue_walk(
     let (state, stack) = unsafe { (&mut *state, &mut *buffer) };
     // SAFETY: the value is only read.
     let end = match unsafe { UNWIND_PROCESSES.get(&pid) } {
-        Some(process) => walk_frames(process, state, stack),
+        Some(process) => walk_frames(process, state, stack, config.unwind_frames_per_run),
         None => Some(WalkEnd::Truncated(UnwindCount::TruncatedNoCaller)),
     };
     let end = match end {
@@ -1191,14 +1189,20 @@ fn continue_walk(
     Some(intern_frames(config, generation & 1, stack, &losses))
 }
 
-/// Records and steps up to `FRAMES_PER_CALL` frames; how the walk ended, `None` while it goes on.
+/// Records and steps up to `frames` frames; how the walk ended, `None` while it goes on.
 #[inline(always)]
 fn walk_frames(
     process: &ProcessMappings,
     state: &mut WalkState,
     stack: &mut StackFrames,
+    frames: u32,
 ) -> Option<WalkEnd> {
-    for _ in 0..FRAMES_PER_CALL {
+    // A constant to the verifier (the configuration is read-only), which checks this many.
+    let frames = frames.clamp(
+        UNWIND_FRAMES_PER_RUN_QUICK_START,
+        UNWIND_FRAMES_PER_RUN_LONG_RUNNING,
+    );
+    for _ in 0..frames {
         let depth = state.depth as usize;
         if depth >= MAX_UNWIND_FRAMES {
             return None;

@@ -348,8 +348,8 @@ fn rust_code_built_without_frame_pointers_is_unwound_whole_and_frame_pointers_ar
 #[test]
 fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
     // A Rust binary linked with its text segment starting mid-page (file offset and address
-    // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 8
-    // frames a run.
+    // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 4
+    // frames a run under `record`.
     let dir = temp_dir("unwind-deep");
     let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), &["20000"]);
     let (total, whole) = sixty_frames_whole(&stacks);
@@ -368,6 +368,45 @@ fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
     assert!(
         whole as f64 >= 0.9 * total as f64,
         "{whole} of {total} leaf samples carry _start, deep_stack::main and frame_01..frame_60\n{stderr}"
+    );
+}
+
+#[test]
+fn a_stack_deeper_than_the_walk_ends_truncated_after_its_126_frames() {
+    // 200 frames, 1 KiB of stack each, frameless: the walk takes 126 (32 runs of 4 frames, one
+    // short of the kernel's 33 tail calls), then marks the stack cut short and counts why.
+    let dir = temp_dir("unwind-too-deep");
+    let binary = build_workload(&dir);
+    let (stacks, stderr) = record("dwarf", &dir, &binary, &["2000", "deep", "200"]);
+    let leaf: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(stack, _)| stack.ends_with(";record_key"))
+        .collect();
+    let total: u64 = leaf.iter().map(|(_, n)| n).sum();
+    assert!(
+        total > 500,
+        "too few samples in record_key: {total}\n{stderr}"
+    );
+    // The process name, the marker, 125 callers and the leaf.
+    let cut_at_the_depth: u64 = leaf
+        .iter()
+        .filter(|(stack, _)| {
+            let frames: Vec<&str> = stack.split(';').collect();
+            frames.len() == 2 + 126
+                && frames[1] == "[truncated]"
+                && frames[2..127].iter().all(|frame| *frame == "descend")
+        })
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        cut_at_the_depth as f64 >= 0.95 * total as f64,
+        "{cut_at_the_depth} of {total} leaf samples hold 126 frames and the marker\n{stderr}"
+    );
+    let counts = unwinder_counts(&stderr);
+    let (walked, too_deep) = (counts[0], counts[7]);
+    assert!(
+        too_deep as f64 >= 0.95 * walked as f64,
+        "{too_deep} of {walked} walks counted too deep\n{stderr}"
     );
 }
 
