@@ -1095,8 +1095,8 @@ fn request_mappings(pid: u32) {
     }
 }
 
-/// Walks a few more frames of the pending sample's user stack, then goes on
-/// in a new run of itself, or counts the sample once the walk has ended.
+/// Walks a few more frames of the pending sample's user stack, then goes on in a new run of
+/// itself, or counts the sample once the walk has ended.
 #[perf_event]
 pub fn unwind_user(ctx: PerfEventContext) -> u32 {
     let Some(pending) = PENDING_SAMPLE.get(0) else {
@@ -1126,8 +1126,8 @@ pub fn unwind_user(ctx: PerfEventContext) -> u32 {
 
 /// One run of an unwinder program (`programs[0]`, a program of `ctx`'s type) on process
 /// `pid`'s stack, whose walk is in `walk` and whose frames so far are in `scratch`: walks up to
-/// `unwind_frames_per_run` more frames and goes on in a new run of the program, or, once the walk has
-/// ended, interns the stack and returns its hash.
+/// `config.unwind_frames_per_run` more frames and goes on in a new run of the program, or, once
+/// the walk has ended, interns the stack and returns its hash.
 #[inline(always)]
 fn continue_walk(
     ctx: &impl EbpfContext,
