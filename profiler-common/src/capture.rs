@@ -711,7 +711,7 @@ mod tests {
         assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
         assert_eq!(size_of::<KernelOffsets>(), 56);
-        assert_eq!(size_of::<CaptureConfig>(), 92);
+        assert_eq!(size_of::<CaptureConfig>(), 96);
         assert_eq!(size_of::<crate::stack::StackFrames>(), 1024);
         assert_eq!(size_of::<RawDecoding>(), 16);
         assert_eq!(size_of::<IbsRecord>(), 120);
