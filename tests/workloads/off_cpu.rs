@@ -4,8 +4,9 @@
 //! - `sleeper`: sleeps 100 ms, 10 times, in `offcpu_sleeper`;
 //! - `pipe-reader`: blocks reading a pipe in `offcpu_pipe_reader` that `pipe-writer` feeds one
 //!   byte every 50 ms, 20 times;
-//! - `locker-0`, `locker-1`: contend a mutex in `offcpu_locker`, each holding it 20 ms at a
-//!   time (asleep in `offcpu_hold`), 12 times each, yielding the CPU after each hold;
+//! - `locker-0`, `locker-1`: take turns at a mutex in `offcpu_locker`, 12 turns each, each
+//!   turn a 20 ms hold (asleep in `offcpu_hold`) while the other waits on a condition variable
+//!   for its own turn, woken by the holder's notification;
 //! - `disk-reader`: writes a 256 MiB file, drops it from the page cache and reads it back in
 //!   `offcpu_disk_reader` (uninterruptible disk waits).
 //!
@@ -24,7 +25,7 @@ use std::{
     fs::File,
     io::{Read, Write},
     os::fd::{AsRawFd, FromRawFd},
-    sync::Mutex,
+    sync::{Condvar, Mutex},
     time::{Duration, Instant},
 };
 
@@ -134,21 +135,33 @@ fn offcpu_hold() {
     std::hint::black_box(());
 }
 
+/// Whose turn it is at the lockers' mutex, and the condition variable each waits on for it.
+struct Turns {
+    next: Mutex<usize>,
+    changed: Condvar,
+}
+
 #[inline(never)]
-fn offcpu_locker(lock: &Mutex<u64>) -> Vec<Waits> {
+fn offcpu_locker(turns: &Turns, me: usize) -> Vec<Waits> {
     let mut waits = Waits::new("lock");
     let mut holds = Waits::new("hold");
-    let mut yields = Waits::new("yield");
+    let mut next = turns.next.lock().expect("not poisoned");
+    // Strict turns, where a bare contended mutex is not fair: its holder may take it back
+    // before the woken waiter runs, every time on a loaded machine, and then the other thread
+    // never waits at all. Here each wait for a turn but the first is ended by the other's
+    // notification.
     for _ in 0..12 {
-        let mut guard = waits.time(|| lock.lock().expect("not poisoned"));
+        next = waits.time(|| {
+            turns
+                .changed
+                .wait_while(next, |next| *next != me)
+                .expect("not poisoned")
+        });
         holds.time(offcpu_hold);
-        *guard += 1;
-        drop(guard);
-        // Leaves the other thread time to take the lock: the mutex is not fair. On a loaded
-        // machine the yield waits for the CPU.
-        yields.time(std::thread::yield_now);
+        *next = 1 - me;
+        turns.changed.notify_one();
     }
-    vec![waits, holds, yields]
+    vec![waits, holds]
 }
 
 #[inline(never)]
@@ -188,15 +201,18 @@ fn main() {
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
     // SAFETY: the descriptors are new and owned by these files alone.
     let (reader, writer) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
-    let lock: &'static Mutex<u64> = Box::leak(Box::new(Mutex::new(0)));
+    let turns: &'static Turns = Box::leak(Box::new(Turns {
+        next: Mutex::new(0),
+        changed: Condvar::new(),
+    }));
     let path = std::path::Path::new(&dir).join(format!("off_cpu.{}", std::process::id()));
     nap(Duration::from_millis(150));
     let threads = [
         spawn("sleeper", offcpu_sleeper),
         spawn("pipe-reader", move || offcpu_pipe_reader(reader)),
         spawn("pipe-writer", move || offcpu_pipe_writer(writer)),
-        spawn("locker-0", move || offcpu_locker(lock)),
-        spawn("locker-1", move || offcpu_locker(lock)),
+        spawn("locker-0", move || offcpu_locker(turns, 0)),
+        spawn("locker-1", move || offcpu_locker(turns, 1)),
         spawn("disk-reader", move || offcpu_disk_reader(path)),
     ];
     let lines: Vec<String> = threads
