@@ -140,6 +140,7 @@ fn kernel_stacks_are_left_out_when_asked() {
     let command = [events.to_str().unwrap(), "pipe-round-trips", "30000"];
     let (with, _) = record(&dir, &["-e", "cpu-clock/freq=20000/"], &command);
     let (with_kernel, total) = kernel_stack_share(&with);
+    eprintln!("{with_kernel} of {total} samples in the kernel");
     assert!(
         with_kernel * 2 > total,
         "{with_kernel} of {total} samples in the kernel"

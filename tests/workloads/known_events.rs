@@ -2,8 +2,10 @@
 //! checked against an exact count.
 //!
 //! Usage: known_events KIND N
-//! - `pipe-round-trips N`: two threads pass a byte back and forth over two pipes N times; each
-//!   round trip blocks each thread once, so about 2N context switches.
+//! - `pipe-round-trips N`: two threads pass a byte back and forth over two pipes N times, both
+//!   on one CPU: each round trip hands the CPU from one to the other and back, 2N context
+//!   switches. (On two CPUs a thread whose answer came before it read would not block, and
+//!   how often that happens changes with the load.)
 //! - `migrations N`: moves itself between the first two CPUs it may run on N times (one
 //!   migration each); needs two CPUs.
 //! - `major-faults N`: writes an N-page file, drops it from the page cache, maps it with
@@ -33,6 +35,8 @@ fn pipe() -> (File, File) {
 
 #[inline(never)]
 fn pipe_round_trips(n: u64) {
+    // The echo thread inherits the CPU.
+    run_on(allowed_cpus()[0]);
     let (mut ping_read, mut ping_write) = pipe();
     let (mut pong_read, mut pong_write) = pipe();
     let echo = std::thread::spawn(move || {
@@ -64,16 +68,21 @@ fn run_on(cpu: usize) {
     }
 }
 
-#[inline(never)]
-fn migrations(n: u64) {
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    let allowed: Vec<usize> = unsafe {
+    unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
         (0..libc::CPU_SETSIZE as usize)
             .filter(|cpu| libc::CPU_ISSET(*cpu, &set))
             .collect()
-    };
+    }
+}
+
+#[inline(never)]
+fn migrations(n: u64) {
+    let allowed = allowed_cpus();
     assert!(allowed.len() >= 2, "migrations need two CPUs");
     for i in 0..n {
         run_on(allowed[(i % 2) as usize]);
