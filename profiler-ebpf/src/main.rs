@@ -185,15 +185,64 @@ static UNWIND_COUNTS: PerCpuArray<u64> =
 const EEXIST: i64 = 17;
 const EFAULT: i64 = 14;
 
-/// The maps of one generation.
-struct Generation {
-    index: u32,
-    stack_counts: &'static PerCpuHashMap<StackKey, u64>,
-    instructions: &'static PerCpuHashMap<InstructionKey, SampleStats>,
-    data_lines: &'static PerCpuHashMap<DataLineKey, SampleStats>,
-    latencies: &'static PerCpuHashMap<LatencyKey, LatencyBuckets>,
-    line_latencies: &'static PerCpuHashMap<LineLatencyKey, LatencyBuckets>,
-    data_sources: &'static PerCpuHashMap<DataSourceKey, u64>,
+/// The generation a sample or an off-CPU block entered, whose maps count it. Each map is picked
+/// where it is used, from the number read anew: once the map's pointers are dead the
+/// verifier's states of both generations are the same again and it checks what follows once.
+/// Maps picked once, up front, stay in its state to the end, and it checked everything after
+/// the pick twice (the kernel stack's hashing among it).
+#[derive(Clone, Copy)]
+struct Generation<'a> {
+    entered: &'a u32,
+}
+
+impl Generation<'_> {
+    /// 0 or 1. A volatile load, so the compiler keeps no copy that an earlier pick narrowed,
+    /// and the `& 1` is a new value to the verifier, whose branch on it narrows nothing else.
+    #[inline(always)]
+    fn index(self) -> u32 {
+        // SAFETY: a reference is valid for reads.
+        (unsafe { core::ptr::read_volatile(self.entered) }) & 1
+    }
+
+    /// In code: BPF data sections cannot hold the maps' relocations.
+    #[inline(always)]
+    fn pick<T>(self, zero: &'static T, one: &'static T) -> &'static T {
+        if self.index() == 0 {
+            zero
+        } else {
+            one
+        }
+    }
+
+    #[inline(always)]
+    fn stack_counts(self) -> &'static PerCpuHashMap<StackKey, u64> {
+        self.pick(&STACK_COUNTS_0, &STACK_COUNTS_1)
+    }
+
+    #[inline(always)]
+    fn instructions(self) -> &'static PerCpuHashMap<InstructionKey, SampleStats> {
+        self.pick(&INSTRUCTIONS_0, &INSTRUCTIONS_1)
+    }
+
+    #[inline(always)]
+    fn data_lines(self) -> &'static PerCpuHashMap<DataLineKey, SampleStats> {
+        self.pick(&DATA_LINES_0, &DATA_LINES_1)
+    }
+
+    #[inline(always)]
+    fn latencies(self) -> &'static PerCpuHashMap<LatencyKey, LatencyBuckets> {
+        self.pick(&LATENCIES_0, &LATENCIES_1)
+    }
+
+    #[inline(always)]
+    fn line_latencies(self) -> &'static PerCpuHashMap<LineLatencyKey, LatencyBuckets> {
+        self.pick(&LINE_LATENCIES_0, &LINE_LATENCIES_1)
+    }
+
+    #[inline(always)]
+    fn data_sources(self) -> &'static PerCpuHashMap<DataSourceKey, u64> {
+        self.pick(&DATA_SOURCES_0, &DATA_SOURCES_1)
+    }
 }
 
 /// What the kernel's `perf_sample_data` told us beyond the registers.
@@ -373,33 +422,12 @@ fn finish_sample(
     user_stack: u64,
     copied: bool,
 ) {
-    let generation = sample.generation & 1;
-    // Map pointers are chosen in code: BPF data sections cannot hold relocations.
-    let maps = if generation == 0 {
-        Generation {
-            index: 0,
-            stack_counts: &STACK_COUNTS_0,
-            instructions: &INSTRUCTIONS_0,
-            data_lines: &DATA_LINES_0,
-            latencies: &LATENCIES_0,
-            line_latencies: &LINE_LATENCIES_0,
-            data_sources: &DATA_SOURCES_0,
-        }
-    } else {
-        Generation {
-            index: 1,
-            stack_counts: &STACK_COUNTS_1,
-            instructions: &INSTRUCTIONS_1,
-            data_lines: &DATA_LINES_1,
-            latencies: &LATENCIES_1,
-            line_latencies: &LINE_LATENCIES_1,
-            data_sources: &DATA_SOURCES_1,
-        }
-    };
     record(
         ctx,
         config,
-        &maps,
+        Generation {
+            entered: &sample.generation,
+        },
         sample.pid,
         sample.tid,
         sample.cgroup,
@@ -408,7 +436,7 @@ fn finish_sample(
         user_stack,
         copied,
     );
-    leave_generation(generation);
+    leave_generation(sample.generation);
 }
 
 #[inline(always)]
@@ -1270,7 +1298,7 @@ fn add_stats(stats: &mut SampleStats, latency: u64) {
 fn record(
     ctx: &PerfEventContext,
     config: &CaptureConfig,
-    maps: &Generation,
+    generation: Generation,
     pid: u32,
     tid: u32,
     cgroup: u64,
@@ -1293,7 +1321,7 @@ fn record(
         stack_hash(
             capture_stack(ctx, 0, losses.failed),
             config,
-            maps.index,
+            generation.index(),
             &losses,
         )
     } else {
@@ -1311,26 +1339,26 @@ fn record(
     };
     if !copied
         && bump(
-            maps.stack_counts,
+            generation.stack_counts(),
             &key,
             &1,
             |count| *count += 1,
             LossKind::StackCountsFull,
         )
     {
-        count_new_keys(config, maps.index, Fill::StackCounts, 1);
+        count_new_keys(config, generation.index(), Fill::StackCounts, 1);
     }
 
     let mut first = SampleStats::default();
     add_stats(&mut first, data.latency);
     if bump(
-        maps.instructions,
+        generation.instructions(),
         &InstructionKey { pid, event, ip },
         &first,
         |stats| add_stats(stats, data.latency),
         LossKind::InstructionsFull,
     ) {
-        count_new_keys(config, maps.index, Fill::Instructions, 1);
+        count_new_keys(config, generation.index(), Fill::Instructions, 1);
     }
     if data.flags & sample_flags::ADDR != 0 {
         let access = if data.flags & sample_flags::DATA_SRC != 0 {
@@ -1347,18 +1375,18 @@ fn record(
             ip,
         };
         if bump(
-            maps.data_lines,
+            generation.data_lines(),
             &line,
             &first,
             |stats| add_stats(stats, data.latency),
             LossKind::DataLinesFull,
         ) {
-            count_new_keys(config, maps.index, Fill::DataLines, 1);
+            count_new_keys(config, generation.index(), Fill::DataLines, 1);
         }
     }
     if data.latency != 0 {
         let mut created = record_latency(
-            maps.latencies,
+            generation.latencies(),
             &LatencyKey { pid, event, ip },
             data.latency,
             LossKind::LatencyFull,
@@ -1370,14 +1398,14 @@ fn record(
                 line: data.addr & !(CACHE_LINE_BYTES - 1),
             };
             created += record_latency(
-                maps.line_latencies,
+                generation.line_latencies(),
                 &key,
                 data.latency,
                 LossKind::LineLatencyFull,
             );
         }
         if created != 0 {
-            count_new_keys(config, maps.index, Fill::Histograms, created);
+            count_new_keys(config, generation.index(), Fill::Histograms, created);
         }
     }
     let decoding = raw_decoding();
@@ -1406,13 +1434,13 @@ fn record(
             data_src: data.data_src,
         };
         if bump(
-            maps.data_sources,
+            generation.data_sources(),
             &key,
             &1,
             |count| *count += 1,
             LossKind::DataSourcesFull,
         ) {
-            count_new_keys(config, maps.index, Fill::DataSources, 1);
+            count_new_keys(config, generation.index(), Fill::DataSources, 1);
         }
     }
     if config.flags & CAPTURE_RAW != 0 {

@@ -33,9 +33,9 @@ use profiler_common::{
 };
 
 use super::{
-    add, arch, bump, capture_stack_into, config, continue_walk, enter_generation,
-    leave_generation, lose, record_latency, stack_hash, start_walk, user_stack_losses,
-    StackLosses, WalkState, CGROUP_FILTER, SAMPLES_FILTERED,
+    add, arch, bump, capture_stack_into, config, continue_walk, enter_generation, leave_generation,
+    lose, record_latency, stack_hash, start_walk, user_stack_losses, Generation, StackLosses,
+    WalkState, CGROUP_FILTER, SAMPLES_FILTERED,
 };
 
 /// Read-only options, set by the agent at load time.
@@ -521,10 +521,8 @@ fn close_block(options: &OffCpuConfig, generation: u32, now: u64, tid: u32, bloc
     {
         count(OffCpuCount::WakerNotSeen);
     }
-    let (stats, histograms) = if generation == 0 {
-        (&OFFCPU_STATS_0, &OFFCPU_HISTOGRAMS_0)
-    } else {
-        (&OFFCPU_STATS_1, &OFFCPU_HISTOGRAMS_1)
+    let generation = Generation {
+        entered: &generation,
     };
     let first = OffCpuStats {
         total_ns: blocked_ns,
@@ -532,7 +530,7 @@ fn close_block(options: &OffCpuConfig, generation: u32, now: u64, tid: u32, bloc
         max_ns: blocked_ns,
     };
     bump(
-        stats,
+        generation.pick(&OFFCPU_STATS_0, &OFFCPU_STATS_1),
         &key,
         &first,
         |stats| {
@@ -546,7 +544,7 @@ fn close_block(options: &OffCpuConfig, generation: u32, now: u64, tid: u32, bloc
     );
     // Zero-length blocks have no bucket of their own worth keeping: the unit's first bucket.
     record_latency(
-        histograms,
+        generation.pick(&OFFCPU_HISTOGRAMS_0, &OFFCPU_HISTOGRAMS_1),
         &key,
         blocked_ns / HISTOGRAM_UNIT_NS,
         LossKind::OffCpuHistogramFull,
