@@ -4,14 +4,15 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{
     c_workload::{build_dlopened_library, build_no_frame_pointers},
-    profiler, profiler_bin, record_to, report_json, temp_dir, wait_until_recording, workload,
-    Running,
+    profiler, profiler_bin, read_pprof, record_to, report_json, temp_dir, wait_until_recording,
+    workload, Running,
 };
 
 /// The C workload's "mix" mode, built without frame pointers.
@@ -407,6 +408,87 @@ fn a_stack_deeper_than_the_walk_ends_truncated_after_its_126_frames() {
     assert!(
         too_deep as f64 >= 0.95 * walked as f64,
         "{too_deep} of {walked} walks counted too deep\n{stderr}"
+    );
+}
+
+#[test]
+fn the_agents_longer_runs_end_a_deep_walk_at_the_same_126_frames() {
+    // The agent walks 8 frames a run where `record` walks 4 (it loads once and walks for as
+    // long as it runs): 126 frames are then 16 runs, and the walk must still stop there.
+    let dir = temp_dir("unwind-agent-too-deep");
+    let binary = build_workload(&dir);
+    let windows = dir.join("windows");
+    std::fs::create_dir(&windows).unwrap();
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-F", "499", "--interval", "1", "--output-dir"])
+            .arg(&windows)
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let ran = Command::new(&binary)
+        .args(["3000", "deep", "200"])
+        .stdout(Stdio::null())
+        .status()
+        .expect("the workload starts");
+    assert!(ran.success(), "the workload failed: {ran}");
+    let stderr = agent.terminate();
+    // Leaf first, as pprof lists a sample's locations.
+    let mut leaf_stacks: Vec<(Vec<String>, u64)> = Vec::new();
+    for entry in std::fs::read_dir(&windows).unwrap() {
+        let profile = read_pprof(&entry.unwrap().path());
+        let text = |index: i64| profile.string_table[index as usize].clone();
+        let function_of_location: HashMap<u64, String> = profile
+            .location
+            .iter()
+            .map(|location| {
+                let function = location.line.first().map_or(0, |line| line.function_id);
+                let name = profile
+                    .function
+                    .iter()
+                    .find(|f| f.id == function)
+                    .map_or_else(String::new, |f| text(f.name));
+                (location.id, name)
+            })
+            .collect();
+        for sample in &profile.sample {
+            let frames: Vec<String> = sample
+                .location_id
+                .iter()
+                .map(|id| function_of_location[id].clone())
+                .collect();
+            if frames.first().is_some_and(|leaf| leaf == "record_key") {
+                leaf_stacks.push((frames, sample.value[0] as u64));
+            }
+        }
+    }
+    // Samples taken before the agent published the new process are walked by frame pointers,
+    // which stop at once here; the rest are walked by tables.
+    let walked: Vec<&(Vec<String>, u64)> = leaf_stacks
+        .iter()
+        .filter(|(frames, _)| !frames.iter().any(|frame| frame == "[frame pointers only]"))
+        .collect();
+    let total: u64 = walked.iter().map(|(_, n)| n).sum();
+    assert!(
+        total > 300,
+        "too few samples in record_key walked by tables: {total}\n{stderr}"
+    );
+    // The leaf, 125 callers and the marker.
+    let cut_at_the_depth: u64 = walked
+        .iter()
+        .filter(|(frames, _)| {
+            frames.len() == 127
+                && frames[1..126].iter().all(|frame| frame == "descend")
+                && frames[126] == "[truncated]"
+        })
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("{cut_at_the_depth} of {total} leaf samples walked by tables cut at 126 frames");
+    assert!(
+        cut_at_the_depth as f64 >= 0.99 * total as f64,
+        "{cut_at_the_depth} of {total} leaf samples walked by tables hold 126 frames and the \
+         marker; one: {:?}\n{stderr}",
+        walked.first()
     );
 }
 
