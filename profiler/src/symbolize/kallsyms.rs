@@ -1,6 +1,6 @@
 //! The kernel's functions, from /proc/kallsyms, in a compact table. An always-on agent keeps
-//! them for its whole life: an address and a name's place per function plus the names in one
-//! string (5 MB for 122,000 functions) where a symbol object each took 10.7 MB.
+//! them for its whole life: an address and a name's place per function plus the names end to
+//! end in one buffer (5 MB for 122,000 functions) where a symbol object each took 10.7 MB.
 
 use std::io::{BufRead, BufReader};
 
