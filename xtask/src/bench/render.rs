@@ -400,8 +400,9 @@ fn unwind_cost(out: &mut String, results: &Results, shorten: &Shorten) {
         "\n## 9. In-kernel cost of unwinding\n\nRun time of our BPF program per sample (BPF \
          run-time statistics, `record --stats`) on the tests' C workload built with `-O2 \
          -fomit-frame-pointer`, recursing to a fixed depth, median (min–max) over the rounds. \
-         `--unwind fp` walks two frames there. Per unwound frame: the slope of `--unwind dwarf` \
-         between the two depths.\n"
+         `--unwind fp` walks two frames there. Per unwound frame: the median over the rounds (at \
+         least three, both depths in each) of each round's slope of `--unwind dwarf` between \
+         the two depths.\n"
     );
     let _ = writeln!(
         out,

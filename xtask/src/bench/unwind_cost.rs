@@ -1,8 +1,8 @@
 //! What unwinding by tables costs in the kernel: our program's run time per sample (the kernel's
 //! BPF run-time statistics, through `record --stats`) on the tests' C workload built without
 //! frame pointers, recursing to 10 and to 30 user frames, under `--unwind dwarf` and, as the
-//! baseline that walks two frames, `--unwind fp`. The cost of one unwound frame is the slope
-//! between the two depths, against the budget of [`BUDGET_NS_PER_FRAME`].
+//! baseline that walks two frames, `--unwind fp`. The cost of one unwound frame is the median of
+//! each round's slope between the two depths, against the budget of [`BUDGET_NS_PER_FRAME`].
 
 use std::path::Path;
 
@@ -44,15 +44,22 @@ pub struct UnwindCost {
     pub budget_ns_per_frame: f64,
 }
 
+/// The fewest rounds, even in the quick bench: one slow spell of the host in a single round
+/// moved a CI run's slope to 366 ns a frame, while `--unwind fp`, which walks two frames at
+/// both depths, slowed as much.
+const MIN_ROUNDS: u32 = 3;
+
 pub fn measure(profiler: &Path, work: &Path, rounds: u32) -> Result<UnwindCost> {
     let workload = build_workload(work)?;
-    let mut rows = Vec::new();
-    for frames in DEPTHS {
-        let mut dwarf = Vec::new();
-        let mut fp = Vec::new();
-        let mut dwarf_command = String::new();
-        for _ in 0..rounds {
-            for (unwind, costs) in [("dwarf", &mut dwarf), ("fp", &mut fp)] {
+    // Per depth, each round's cost per sample under each unwinder.
+    let mut dwarf: [Vec<f64>; DEPTHS.len()] = Default::default();
+    let mut fp: [Vec<f64>; DEPTHS.len()] = Default::default();
+    let mut dwarf_commands: [String; DEPTHS.len()] = Default::default();
+    // Every round runs both depths one after the other, so a slow spell of the host weighs on
+    // both ends of that round's slope rather than on every run of one depth.
+    for _ in 0..rounds.max(MIN_ROUNDS) {
+        for (depth, frames) in DEPTHS.into_iter().enumerate() {
+            for unwind in ["dwarf", "fp"] {
                 let argv: Vec<String> = [
                     path_arg(profiler).as_str(),
                     "record",
@@ -78,35 +85,44 @@ pub fn measure(profiler: &Path, work: &Path, rounds: u32) -> Result<UnwindCost> 
                      per sample",
                     cost.ns_per_sample
                 );
-                costs.push(cost.ns_per_sample);
                 if unwind == "dwarf" {
-                    dwarf_command = run.command;
+                    dwarf[depth].push(cost.ns_per_sample);
+                    dwarf_commands[depth] = run.command;
+                } else {
+                    fp[depth].push(cost.ns_per_sample);
                 }
             }
         }
-        rows.push(UnwindCostRow {
-            user_frames: frames,
-            dwarf_ns_per_sample: Spread::of(dwarf),
-            fp_ns_per_sample: Spread::of(fp),
-            dwarf_command,
-        });
     }
+    let rows = DEPTHS
+        .into_iter()
+        .zip(dwarf.iter().zip(&fp).zip(dwarf_commands))
+        .map(
+            |(user_frames, ((dwarf, fp), dwarf_command))| UnwindCostRow {
+                user_frames,
+                dwarf_ns_per_sample: Spread::of(dwarf.iter().copied()),
+                fp_ns_per_sample: Spread::of(fp.iter().copied()),
+                dwarf_command,
+            },
+        )
+        .collect();
+    let [shallow, deep] = &dwarf;
     Ok(UnwindCost {
-        ns_per_frame: ns_per_frame(&rows),
         rows,
+        ns_per_frame: ns_per_frame(shallow, deep),
         budget_ns_per_frame: BUDGET_NS_PER_FRAME,
     })
 }
 
-/// The slope of the `--unwind dwarf` medians between the shallowest and the deepest row.
-fn ns_per_frame(rows: &[UnwindCostRow]) -> Option<f64> {
-    let (shallow, deep) = (rows.first()?, rows.last()?);
-    let frames = deep
-        .user_frames
-        .checked_sub(shallow.user_frames)
-        .filter(|&n| n > 0)?;
-    let cost = deep.dwarf_ns_per_sample?.median - shallow.dwarf_ns_per_sample?.median;
-    Some(cost / f64::from(frames))
+/// The median over the rounds of each round's slope of `--unwind dwarf` between the two depths,
+/// from the costs per sample at the shallow and the deep one, round by round.
+fn ns_per_frame(shallow: &[f64], deep: &[f64]) -> Option<f64> {
+    let frames = f64::from(DEPTHS[1] - DEPTHS[0]);
+    let slopes = shallow
+        .iter()
+        .zip(deep)
+        .map(|(shallow, deep)| (deep - shallow) / frames);
+    Spread::of(slopes).map(|slope| slope.median)
 }
 
 /// tests/workloads/c/no_frame_pointers.c built with `gcc -O2 -fomit-frame-pointer` into `work`.
@@ -133,17 +149,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cost_per_frame_is_the_slope_between_the_depths() {
-        let row = |user_frames, ns: &[f64]| UnwindCostRow {
-            user_frames,
-            dwarf_ns_per_sample: Spread::of(ns.iter().copied()),
-            fp_ns_per_sample: Spread::of([1000.0]),
-            dwarf_command: String::new(),
-        };
-        // Medians 2000 and 3600 over 20 more frames.
-        let rows = [row(10, &[2000.0, 1900.0, 2500.0]), row(30, &[3600.0])];
-        assert_eq!(ns_per_frame(&rows), Some(80.0));
-        assert_eq!(ns_per_frame(&rows[..1]), None);
-        assert_eq!(ns_per_frame(&[row(10, &[]), row(30, &[3600.0])]), None);
+    fn the_cost_per_frame_is_the_median_of_each_rounds_slope() {
+        // 20 more frames: slopes of 80, 345 (a slow spell at the deep run) and 82.5 ns.
+        let (shallow, deep) = ([2000.0, 2100.0, 2050.0], [3600.0, 9000.0, 3700.0]);
+        assert_eq!(ns_per_frame(&shallow, &deep), Some(82.5));
+        // A slow round slows both of its depths: its slope stays.
+        assert_eq!(
+            ns_per_frame(&[2000.0, 8000.0], &[3600.0, 9600.0]),
+            Some(80.0)
+        );
+        assert_eq!(ns_per_frame(&[], &[3600.0]), None);
     }
 }
