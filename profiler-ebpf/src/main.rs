@@ -204,7 +204,8 @@ impl Generation<'_> {
         (unsafe { core::ptr::read_volatile(self.entered) }) & 1
     }
 
-    /// In code: BPF data sections cannot hold the maps' relocations.
+    /// This generation's map of the pair; picked in code, as BPF data sections cannot hold the
+    /// maps' relocations.
     #[inline(always)]
     fn pick<T>(self, zero: &'static T, one: &'static T) -> &'static T {
         if self.index() == 0 {
@@ -212,36 +213,6 @@ impl Generation<'_> {
         } else {
             one
         }
-    }
-
-    #[inline(always)]
-    fn stack_counts(self) -> &'static PerCpuHashMap<StackKey, u64> {
-        self.pick(&STACK_COUNTS_0, &STACK_COUNTS_1)
-    }
-
-    #[inline(always)]
-    fn instructions(self) -> &'static PerCpuHashMap<InstructionKey, SampleStats> {
-        self.pick(&INSTRUCTIONS_0, &INSTRUCTIONS_1)
-    }
-
-    #[inline(always)]
-    fn data_lines(self) -> &'static PerCpuHashMap<DataLineKey, SampleStats> {
-        self.pick(&DATA_LINES_0, &DATA_LINES_1)
-    }
-
-    #[inline(always)]
-    fn latencies(self) -> &'static PerCpuHashMap<LatencyKey, LatencyBuckets> {
-        self.pick(&LATENCIES_0, &LATENCIES_1)
-    }
-
-    #[inline(always)]
-    fn line_latencies(self) -> &'static PerCpuHashMap<LineLatencyKey, LatencyBuckets> {
-        self.pick(&LINE_LATENCIES_0, &LINE_LATENCIES_1)
-    }
-
-    #[inline(always)]
-    fn data_sources(self) -> &'static PerCpuHashMap<DataSourceKey, u64> {
-        self.pick(&DATA_SOURCES_0, &DATA_SOURCES_1)
     }
 }
 
@@ -1339,7 +1310,7 @@ fn record(
     };
     if !copied
         && bump(
-            generation.stack_counts(),
+            generation.pick(&STACK_COUNTS_0, &STACK_COUNTS_1),
             &key,
             &1,
             |count| *count += 1,
@@ -1352,7 +1323,7 @@ fn record(
     let mut first = SampleStats::default();
     add_stats(&mut first, data.latency);
     if bump(
-        generation.instructions(),
+        generation.pick(&INSTRUCTIONS_0, &INSTRUCTIONS_1),
         &InstructionKey { pid, event, ip },
         &first,
         |stats| add_stats(stats, data.latency),
@@ -1375,7 +1346,7 @@ fn record(
             ip,
         };
         if bump(
-            generation.data_lines(),
+            generation.pick(&DATA_LINES_0, &DATA_LINES_1),
             &line,
             &first,
             |stats| add_stats(stats, data.latency),
@@ -1386,7 +1357,7 @@ fn record(
     }
     if data.latency != 0 {
         let mut created = record_latency(
-            generation.latencies(),
+            generation.pick(&LATENCIES_0, &LATENCIES_1),
             &LatencyKey { pid, event, ip },
             data.latency,
             LossKind::LatencyFull,
@@ -1398,7 +1369,7 @@ fn record(
                 line: data.addr & !(CACHE_LINE_BYTES - 1),
             };
             created += record_latency(
-                generation.line_latencies(),
+                generation.pick(&LINE_LATENCIES_0, &LINE_LATENCIES_1),
                 &key,
                 data.latency,
                 LossKind::LineLatencyFull,
@@ -1434,7 +1405,7 @@ fn record(
             data_src: data.data_src,
         };
         if bump(
-            generation.data_sources(),
+            generation.pick(&DATA_SOURCES_0, &DATA_SOURCES_1),
             &key,
             &1,
             |count| *count += 1,

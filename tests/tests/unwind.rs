@@ -372,6 +372,15 @@ fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
     );
 }
 
+/// Whether the deep workload's stack `leaf_first` is the leaf, 125 callers and the marker: cut
+/// where the walk stops, after 126 frames.
+fn cut_at_the_walks_depth<'a>(leaf_first: impl Iterator<Item = &'a str>) -> bool {
+    let frames: Vec<&str> = leaf_first.collect();
+    frames.len() == 127
+        && frames[1..126].iter().all(|frame| *frame == "descend")
+        && frames[126] == "[truncated]"
+}
+
 #[test]
 fn a_stack_deeper_than_the_walk_ends_truncated_after_its_126_frames() {
     // 200 frames, 1 KiB of stack each, frameless: the walk takes 126 (32 runs of 4 frames, one
@@ -388,14 +397,13 @@ fn a_stack_deeper_than_the_walk_ends_truncated_after_its_126_frames() {
         total > 500,
         "too few samples in record_key: {total}\n{stderr}"
     );
-    // The process name, the marker, 125 callers and the leaf.
+    // The process name, then the stack.
     let cut_at_the_depth: u64 = leaf
         .iter()
         .filter(|(stack, _)| {
-            let frames: Vec<&str> = stack.split(';').collect();
-            frames.len() == 2 + 126
-                && frames[1] == "[truncated]"
-                && frames[2..127].iter().all(|frame| *frame == "descend")
+            stack
+                .split_once(';')
+                .is_some_and(|(_, frames)| cut_at_the_walks_depth(frames.rsplit(';')))
         })
         .map(|(_, n)| n)
         .sum();
@@ -473,14 +481,9 @@ fn the_agents_longer_runs_end_a_deep_walk_at_the_same_126_frames() {
         total > 300,
         "too few samples in record_key walked by tables: {total}\n{stderr}"
     );
-    // The leaf, 125 callers and the marker.
     let cut_at_the_depth: u64 = walked
         .iter()
-        .filter(|(frames, _)| {
-            frames.len() == 127
-                && frames[1..126].iter().all(|frame| frame == "descend")
-                && frames[126] == "[truncated]"
-        })
+        .filter(|(frames, _)| cut_at_the_walks_depth(frames.iter().map(String::as_str)))
         .map(|(_, n)| n)
         .sum();
     eprintln!("{cut_at_the_depth} of {total} leaf samples walked by tables cut at 126 frames");
