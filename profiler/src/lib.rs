@@ -11,6 +11,7 @@ mod alloc_meter;
 pub mod capture;
 pub mod cli;
 pub mod commands;
+pub mod disk_cache;
 pub mod drain;
 pub mod events;
 pub mod export;

@@ -4,7 +4,7 @@
 //! tables read anew), about half of the agent's steady CPU time under process churn.
 
 use std::{
-    cell::{OnceCell, Ref, RefCell},
+    cell::{Ref, RefCell},
     collections::{HashMap, HashSet},
     fs::File,
     path::{Path, PathBuf},
@@ -29,7 +29,8 @@ pub struct SymbolCache {
     /// Whether lines and inlined functions are read from DWARF.
     source_lines: bool,
     /// Read at the first kernel frame.
-    kernel: OnceCell<KernelSymbols>,
+    /// Replaced by /proc/kallsyms read whole when a window has an address it does not cover.
+    kernel: RefCell<Option<KernelSymbols>>,
     modules: RefCell<HashMap<FileIdentity, ModuleSymbols>>,
 }
 
@@ -99,7 +100,7 @@ impl SymbolCache {
         SymbolCache {
             symbolizer: RefCell::new(new_symbolizer()),
             source_lines,
-            kernel: OnceCell::new(),
+            kernel: RefCell::default(),
             modules: RefCell::default(),
         }
     }
@@ -109,8 +110,19 @@ impl SymbolCache {
         self.symbolizer.borrow()
     }
 
-    pub fn kernel_symbols(&self) -> &KernelSymbols {
-        self.kernel.get_or_init(KernelSymbols::of_running_kernel)
+    /// The kernel's functions, enough to name `addresses`.
+    pub fn kernel_symbols(&self, addresses: &[u64]) -> Ref<'_, KernelSymbols> {
+        let covered = self
+            .kernel
+            .borrow()
+            .as_ref()
+            .is_some_and(|symbols| addresses.iter().all(|&address| symbols.covers(address)));
+        if !covered {
+            *self.kernel.borrow_mut() = Some(KernelSymbols::of_running_kernel(addresses));
+        }
+        Ref::map(self.kernel.borrow(), |symbols| {
+            symbols.as_ref().expect("filled above")
+        })
     }
 
     /// Symbolizes `frames` of the module `identity`, the open `file`, read at `path`: offsets

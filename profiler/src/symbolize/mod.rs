@@ -254,11 +254,15 @@ impl<'a> FrameTable<'a> {
         progress.set_message("kernel");
         progress.inc(1);
         if !kernel.is_empty() {
-            let own_kernel;
-            let functions = match self.cache {
-                Some(cache) => cache.kernel_symbols(),
+            let addresses: Vec<u64> = kernel.iter().map(|address| address.address).collect();
+            let (own_kernel, cached_kernel);
+            let functions: &KernelSymbols = match self.cache {
+                Some(cache) => {
+                    cached_kernel = cache.kernel_symbols(&addresses);
+                    &cached_kernel
+                }
                 None => {
-                    own_kernel = KernelSymbols::of_running_kernel();
+                    own_kernel = KernelSymbols::of_running_kernel(&addresses);
                     &own_kernel
                 }
             };

@@ -7,16 +7,15 @@
 //!
 //! A [`TableCache`] compiles each file once, keyed by its build ID (else its path, size and
 //! modification time), so that a library mapped by many processes costs one compilation, and
-//! keeps the tables on disk across runs. Cache files are written through [`crate::output`] and
-//! read back as untrusted input: every count is bounded by the file's size, every row checked,
-//! and the whole file by a checksum; a bad file is refused with the reason and recompiled.
+//! keeps the tables on disk across runs ([`crate::disk_cache`]): every count is bounded by the
+//! file's size, every row checked, and the whole file by a checksum; a bad file is refused with
+//! the reason and recompiled.
 
 use std::{
     collections::{BTreeMap, HashMap},
     fs::File,
-    io::{Read, Write},
     ops::Range,
-    os::unix::fs::{DirBuilderExt, MetadataExt},
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -29,8 +28,8 @@ use gimli::{
 use object::{Object, ObjectSection, ReadRef, SectionKind};
 use profiler_common::unwind::{CfaRule, SavedAt, UnwindRow, MAX_TABLE_ROWS};
 
-use crate::input::{open_regular, FinalLink, ModuleImage};
-use crate::output::Checker;
+use crate::disk_cache::{end_file, start_file, CacheBytes, CacheDir};
+use crate::input::ModuleImage;
 
 /// x86-64 DWARF register numbers (System V psABI, figure 3.36).
 const RBP: Register = Register(6);
@@ -610,9 +609,7 @@ const MAX_CACHE_FILE: u64 = (MAX_TABLE_ROWS as u64) * UnwindRow::SIZE as u64 + (
 
 /// A table's cache file: header, key, table, CRC-32 of everything before it.
 fn encode_table(key: &TableKey, table: &UnwindTable) -> Vec<u8> {
-    let mut out = Vec::with_capacity(table.row_bytes() + 256);
-    out.extend_from_slice(CACHE_MAGIC);
-    out.extend_from_slice(&CACHE_VERSION.to_le_bytes());
+    let mut out = start_file(CACHE_MAGIC, CACHE_VERSION, table.row_bytes() + 256);
     let key = key.encode();
     out.extend_from_slice(&(key.len() as u32).to_le_bytes());
     out.extend_from_slice(&key);
@@ -640,67 +637,12 @@ fn encode_table(key: &TableKey, table: &UnwindTable) -> Vec<u8> {
     for row in &table.rows {
         out.extend_from_slice(&row.to_bytes());
     }
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    out
-}
-
-/// Reads a cache file's bytes, each read bounded by what is left.
-struct Bytes<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Bytes<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
-        if n > self.rest.len() {
-            bail!(
-                "truncated: {what} needs {n} bytes, {} are left",
-                self.rest.len()
-            );
-        }
-        let (taken, rest) = self.rest.split_at(n);
-        self.rest = rest;
-        Ok(taken)
-    }
-
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        Ok(self.take(N, what)?.try_into().expect("took N bytes"))
-    }
-
-    fn u32(&mut self, what: &str) -> Result<u32> {
-        self.array(what).map(u32::from_le_bytes)
-    }
-
-    fn u64(&mut self, what: &str) -> Result<u64> {
-        self.array(what).map(u64::from_le_bytes)
-    }
-
-    /// A count of `item_len`-byte items, refused when the file cannot hold that many.
-    fn count(&mut self, item_len: usize, what: &str) -> Result<usize> {
-        let count = self.u32(what)? as usize;
-        if count.saturating_mul(item_len) > self.rest.len() {
-            bail!("{what} says {count}, more than the file holds");
-        }
-        Ok(count)
-    }
+    end_file(out)
 }
 
 /// Decodes and checks a cache file written for `key`.
 fn decode_table(bytes: &[u8], key: &TableKey) -> Result<UnwindTable> {
-    let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
-        bail!("truncated: {} bytes", bytes.len());
-    };
-    let mut r = Bytes { rest: body };
-    if r.take(CACHE_MAGIC.len(), "magic")? != CACHE_MAGIC {
-        bail!("not an unwind-table cache file (wrong magic)");
-    }
-    let version = r.u32("version")?;
-    if version != CACHE_VERSION {
-        bail!("format version {version}, this profiler writes {CACHE_VERSION}");
-    }
-    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
-        bail!("checksum mismatch: the file is corrupt");
-    }
+    let mut r = CacheBytes::checked(bytes, CACHE_MAGIC, CACHE_VERSION, "an unwind-table")?;
     let key_len = r.count(1, "key length")?;
     if r.take(key_len, "key")? != key.encode().as_slice() {
         bail!("it holds another file's table");
@@ -745,8 +687,8 @@ fn decode_table(bytes: &[u8], key: &TableKey) -> Result<UnwindTable> {
     if rows.last().map(|row| row.cfa_rule) != Some(CfaRule::NoInfo as u8) {
         bail!("the last row does not end the table");
     }
-    if !r.rest.is_empty() {
-        bail!("{} bytes after the rows", r.rest.len());
+    if !r.rest().is_empty() {
+        bail!("{} bytes after the rows", r.rest().len());
     }
     Ok(UnwindTable {
         base,
@@ -772,7 +714,7 @@ pub struct TableCache {
     /// Files that cannot be compiled (no CFI: Go, hand-written assembly) are remembered too, so
     /// that each process mapping one does not try again while it is open.
     memory: HashMap<TableKey, Result<Arc<UnwindTable>, String>>,
-    directory: Option<PathBuf>,
+    directory: Option<CacheDir>,
     pub stats: CacheStats,
 }
 
@@ -780,23 +722,14 @@ impl TableCache {
     /// A cache kept in memory and, with `directory`, on disk there.
     pub fn new(directory: Option<PathBuf>) -> TableCache {
         TableCache {
-            directory,
+            directory: directory.map(CacheDir::new),
             ..TableCache::default()
         }
     }
 
-    /// Where tables are kept across runs: `/var/cache/profiler/unwind` for root, else
-    /// `$XDG_CACHE_HOME/profiler/unwind` (default `~/.cache`).
+    /// Where tables are kept across runs (see [`CacheDir::default_for`]).
     pub fn default_directory() -> Option<PathBuf> {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } == 0 {
-            return Some(PathBuf::from("/var/cache/profiler/unwind"));
-        }
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .filter(|path| path.is_absolute())
-            .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?;
-        Some(base.join("profiler").join("unwind"))
+        CacheDir::default_for("unwind").map(|dir| dir.path().to_path_buf())
     }
 
     /// The table of the ELF file open as `file` (reached at `path`, named in messages).
@@ -809,20 +742,20 @@ impl TableCache {
             self.stats.from_memory += 1;
             return table.clone().map_err(|message| anyhow!(message));
         }
-        let cached = self.directory.clone().and_then(|dir| {
-            let cache_file = dir.join(key.file_name());
-            match load(&dir, &cache_file, &key) {
+        let cached = self
+            .directory
+            .as_ref()
+            .and_then(|dir| match load(dir, &key) {
                 Ok(table) => table,
                 Err(error) => {
                     self.stats.problems.push(format!(
                         "unwind-table cache file {}: {error:#}; it is ignored and the table \
                          recompiled",
-                        cache_file.display()
+                        dir.path().join(key.file_name()).display()
                     ));
                     None
                 }
-            }
-        });
+            });
         let table = match cached {
             Some(table) => {
                 self.stats.from_disk += 1;
@@ -866,48 +799,11 @@ impl TableCache {
     }
 }
 
-/// Refuses a cache directory or file another user could have written: its tables steer the
-/// walker, so only the profiler's own user may have made them.
-fn check_owner(path: &Path, metadata: &std::fs::Metadata) -> Result<()> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if metadata.uid() != me {
-        bail!(
-            "{} belongs to uid {}, not to this user (uid {me})",
-            path.display(),
-            metadata.uid()
-        );
-    }
-    if metadata.mode() & 0o022 != 0 {
-        bail!(
-            "{} is writable by other users (mode {:o})",
-            path.display(),
-            metadata.mode() & 0o7777
-        );
-    }
-    Ok(())
-}
-
 /// The table stored for `key`, `None` when there is none.
-fn load(dir: &Path, cache_file: &Path, key: &TableKey) -> Result<Option<UnwindTable>> {
-    let file = match open_regular(cache_file, FinalLink::Refuse) {
-        Ok(file) => file,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(error.into()),
-    };
-    check_owner(dir, &std::fs::metadata(dir)?)?;
-    let metadata = file.metadata()?;
-    check_owner(cache_file, &metadata)?;
-    if metadata.len() > MAX_CACHE_FILE {
-        bail!("{} bytes, more than any table needs", metadata.len());
-    }
-    let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    (&file).take(metadata.len()).read_to_end(&mut bytes)?;
-    let table = decode_table(&bytes, key)?;
-    // The modification time is the last use: pruning goes by it. Failing only costs the
-    // table its place in that order.
-    let _ = file.set_modified(std::time::SystemTime::now());
-    Ok(Some(table))
+fn load(dir: &CacheDir, key: &TableKey) -> Result<Option<UnwindTable>> {
+    dir.read(&key.file_name(), MAX_CACHE_FILE)?
+        .map(|bytes| decode_table(&bytes, key))
+        .transpose()
 }
 
 /// What the cache directory holds at most: every build of every program a machine runs would
@@ -944,23 +840,13 @@ fn prune(dir: &Path, limit: u64) -> Result<()> {
 }
 
 /// Writes `table` into the cache directory (created private to this user).
-fn store(dir: &Path, key: &TableKey, table: &UnwindTable) -> Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| {
-            format!(
-                "cannot create the unwind-table cache directory {}",
-                dir.display()
-            )
-        })?;
-    check_owner(dir, &std::fs::metadata(dir)?)?;
-    let bytes = encode_table(key, table);
-    Checker::default()
-        .check("unwind-table cache", &dir.join(key.file_name()))?
-        .write(|out| Ok(out.write_all(&bytes)?))?;
-    prune(dir, MAX_CACHE_BYTES)
+fn store(dir: &CacheDir, key: &TableKey, table: &UnwindTable) -> Result<()> {
+    dir.write(
+        "unwind-table cache",
+        &key.file_name(),
+        &encode_table(key, table),
+    )?;
+    prune(dir.path(), MAX_CACHE_BYTES)
 }
 
 #[cfg(test)]

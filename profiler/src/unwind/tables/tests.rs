@@ -15,6 +15,7 @@ use gimli::{
 use profiler_common::unwind::{step, Registers, StepEnd};
 
 use super::*;
+use crate::input::{open_regular, FinalLink};
 
 #[path = "../../../../tests/tests/common/c_workload.rs"]
 mod c_workload;

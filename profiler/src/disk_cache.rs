@@ -1,0 +1,258 @@
+//! Directories of what the profiler keeps across runs (compiled unwind tables, the kernel's
+//! functions): private to the user who made them, written through [`crate::output`] (a
+//! temporary file renamed into place, mode 0600), and read back as untrusted input. Their files
+//! steer the unwinder and name kernel addresses, so a directory or file another user could
+//! have written is refused, and every read is bounded by the file's size.
+
+use std::{
+    fs::File,
+    io::{Read, Write},
+    os::unix::fs::{DirBuilderExt, MetadataExt},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::input::{open_regular, FinalLink};
+use crate::output::Checker;
+
+/// One cache directory, made private to this user when first written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheDir {
+    path: PathBuf,
+}
+
+impl CacheDir {
+    pub fn new(path: PathBuf) -> CacheDir {
+        CacheDir { path }
+    }
+
+    /// `/var/cache/profiler/KIND` for root, else `$XDG_CACHE_HOME/profiler/KIND` (default
+    /// `~/.cache`); none without a home.
+    pub fn default_for(kind: &str) -> Option<CacheDir> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let base = if unsafe { libc::geteuid() } == 0 {
+            PathBuf::from("/var/cache")
+        } else {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .filter(|path| path.is_absolute())
+                .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?
+        };
+        Some(CacheDir::new(base.join("profiler").join(kind)))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The bytes of the file `name`, `None` when there is none. Refused: a link, anything but
+    /// a regular file, a file or directory another user owns or may write, a file over
+    /// `max_len` bytes. A file read has its modification time set to now: pruning goes by
+    /// last use.
+    pub fn read(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
+        let path = self.path.join(name);
+        let file = match open_regular(&path, FinalLink::Refuse) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(error.into()),
+        };
+        check_owner(&self.path, &std::fs::metadata(&self.path)?)?;
+        let metadata = file.metadata()?;
+        check_owner(&path, &metadata)?;
+        if metadata.len() > max_len {
+            bail!("{} bytes, more than such a file needs", metadata.len());
+        }
+        let mut bytes = Vec::with_capacity(metadata.len() as usize);
+        (&file).take(metadata.len()).read_to_end(&mut bytes)?;
+        // Failing only costs the file its place in the pruning order.
+        let _ = File::set_modified(&file, std::time::SystemTime::now());
+        Ok(Some(bytes))
+    }
+
+    /// Writes `bytes` as the file `name`, creating the directory (mode 0700) if need be.
+    pub fn write(&self, what: &'static str, name: &str, bytes: &[u8]) -> Result<()> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.path)
+            .with_context(|| {
+                format!("cannot create the {what} directory {}", self.path.display())
+            })?;
+        check_owner(&self.path, &std::fs::metadata(&self.path)?)?;
+        Checker::default()
+            .check(what, &self.path.join(name))?
+            .write(|out| Ok(out.write_all(bytes)?))
+    }
+}
+
+/// Refuses a cache directory or file another user could have written.
+fn check_owner(path: &Path, metadata: &std::fs::Metadata) -> Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if metadata.uid() != me {
+        bail!(
+            "{} belongs to uid {}, not to this user (uid {me})",
+            path.display(),
+            metadata.uid()
+        );
+    }
+    if metadata.mode() & 0o022 != 0 {
+        bail!(
+            "{} is writable by other users (mode {:o})",
+            path.display(),
+            metadata.mode() & 0o7777
+        );
+    }
+    Ok(())
+}
+
+/// Reads a cache file's bytes, each read bounded by what is left.
+pub struct CacheBytes<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> CacheBytes<'a> {
+    pub fn new(bytes: &'a [u8]) -> CacheBytes<'a> {
+        CacheBytes { rest: bytes }
+    }
+
+    /// What is left unread.
+    pub fn rest(&self) -> &'a [u8] {
+        self.rest
+    }
+
+    pub fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        if n > self.rest.len() {
+            bail!(
+                "truncated: {what} needs {n} bytes, {} are left",
+                self.rest.len()
+            );
+        }
+        let (taken, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(taken)
+    }
+
+    pub fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        Ok(self.take(N, what)?.try_into().expect("took N bytes"))
+    }
+
+    pub fn u32(&mut self, what: &str) -> Result<u32> {
+        self.array(what).map(u32::from_le_bytes)
+    }
+
+    pub fn u64(&mut self, what: &str) -> Result<u64> {
+        self.array(what).map(u64::from_le_bytes)
+    }
+
+    /// A count of `item_len`-byte items, refused when the file cannot hold that many.
+    pub fn count(&mut self, item_len: usize, what: &str) -> Result<usize> {
+        let count = self.u32(what)? as usize;
+        if count.saturating_mul(item_len) > self.rest.len() {
+            bail!("{what} says {count}, more than the file holds");
+        }
+        Ok(count)
+    }
+
+    /// Checks the header every cache file starts with (magic, format version) and the CRC-32
+    /// of the whole file that ends it; returns a reader of what lies between.
+    pub fn checked(
+        bytes: &'a [u8],
+        magic: &[u8; 8],
+        version: u32,
+        kind: &str,
+    ) -> Result<CacheBytes<'a>> {
+        let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
+            bail!("truncated: {} bytes", bytes.len());
+        };
+        let mut reader = CacheBytes::new(body);
+        if reader.take(magic.len(), "magic")? != magic {
+            bail!("not {kind} cache file (wrong magic)");
+        }
+        let found = reader.u32("version")?;
+        if found != version {
+            bail!("format version {found}, this profiler writes {version}");
+        }
+        if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+            bail!("checksum mismatch: the file is corrupt");
+        }
+        Ok(reader)
+    }
+}
+
+/// A cache file's first bytes: magic and format version, as [`CacheBytes::checked`] reads them.
+pub fn start_file(magic: &[u8; 8], version: u32, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity + 16);
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_le_bytes());
+    out
+}
+
+/// Ends a cache file begun by [`start_file`] with the CRC-32 of everything before.
+pub fn end_file(mut out: Vec<u8>) -> Vec<u8> {
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn files_round_trip_in_a_private_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CacheDir::new(dir.path().join("profiler/test"));
+        assert_eq!(cache.read("entry", 100).unwrap(), None);
+        cache.write("test cache", "entry", b"bytes").unwrap();
+        assert_eq!(cache.read("entry", 100).unwrap().unwrap(), b"bytes");
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().mode() & 0o777;
+        assert_eq!(mode(cache.path()), 0o700);
+        assert_eq!(mode(&cache.path().join("entry")), 0o600);
+        // Larger than the caller's bound: refused, not read.
+        let error = cache.read("entry", 4).unwrap_err().to_string();
+        assert!(error.contains("5 bytes, more than"), "{error}");
+    }
+
+    #[test]
+    fn links_and_directories_others_may_write_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CacheDir::new(dir.path().join("cache"));
+        cache.write("test cache", "entry", b"bytes").unwrap();
+        std::fs::write(dir.path().join("elsewhere"), b"planted").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), cache.path().join("link"))
+            .unwrap();
+        assert!(cache.read("link", 100).is_err(), "a link is not followed");
+        std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let error = cache.read("entry", 100).unwrap_err().to_string();
+        assert!(
+            error.contains("is writable by other users (mode 777)"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn checked_files_need_their_magic_version_and_checksum() {
+        let file = end_file([start_file(b"TESTFILE", 3, 4), b"data".to_vec()].concat());
+        let mut reader = CacheBytes::checked(&file, b"TESTFILE", 3, "a test").unwrap();
+        assert_eq!(reader.take(4, "data").unwrap(), b"data");
+        assert!(reader.rest().is_empty());
+        let refusal = |bytes: &[u8], version| {
+            CacheBytes::checked(bytes, b"TESTFILE", version, "a test")
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        assert!(refusal(&file, 4).starts_with("format version 3"));
+        let mut flipped = file.clone();
+        flipped[13] ^= 1;
+        assert!(refusal(&flipped, 3).starts_with("checksum mismatch"));
+        assert!(refusal(b"OTHERFIL\x03\0\0\0\0\0\0\0", 3).starts_with("not a test cache file"));
+        assert!(refusal(b"abc", 3).starts_with("truncated"));
+        // Counts larger than the rest of the file are refused before anything is allocated.
+        let mut reader = CacheBytes::new(&[0xff, 0xff, 0xff, 0xff, 1, 2]);
+        assert!(reader.count(1, "items").is_err());
+    }
+}
