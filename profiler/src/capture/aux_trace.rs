@@ -9,13 +9,14 @@
 //! a lost record counts ring records the kernel could not write. The AUX bytes are copied out
 //! before the tail moves past them.
 
-use std::{ops::Range, os::fd::AsRawFd, ptr::NonNull, sync::atomic};
+use std::{os::fd::AsRawFd, ptr::NonNull, sync::atomic};
 
 use anyhow::{anyhow, Context, Result};
 use perf_event::{events::Software, Builder, Counter, SampleFlag};
 use perf_event_open_sys::bindings::perf_event_mmap_page;
 
 use super::counters::{online_cpus, per_cpu_placements, place, redirect_output, Target};
+use super::perf_ring::{map_event, page_size, wrapped, PerfRing};
 use crate::events::{open_error, EventSpec, OpenAs, Scope, SystemFacts};
 
 /// The data ring of each CPU: AUX, switch and lost records, a few dozen bytes each.
@@ -107,15 +108,6 @@ pub fn parse_record(bytes: &[u8]) -> Option<TraceRecord> {
     })
 }
 
-/// Where `count` bytes from stream position `at` lie in a ring of `len` bytes: a first piece up
-/// to the ring's end and the rest from its start.
-pub fn wrapped(len: usize, at: u64, count: usize) -> [Range<usize>; 2] {
-    let start = (at % len as u64) as usize;
-    let count = count.min(len);
-    let first = count.min(len - start);
-    [start..start + first, 0..count - first]
-}
-
 /// The perf clock as the kernel describes the CPU's counter in the mmap page
 /// (`cap_user_time_zero`): SPE timestamps are counts of the generic timer, and this turns them
 /// into the times of the ring's records.
@@ -161,10 +153,7 @@ pub struct CpuRead {
 
 /// The ring and AUX area of one event, mapped.
 struct AuxMapping {
-    /// The mmap page and the data ring after it.
-    base: NonNull<u8>,
-    base_len: usize,
-    ring_len: usize,
+    ring: PerfRing,
     /// The AUX area and its length; `None` for events that write none (tests read a software
     /// event's ring with the same code).
     aux: Option<(NonNull<u8>, usize)>,
@@ -174,51 +163,28 @@ impl AuxMapping {
     /// Maps `fd`'s ring (`ring_bytes`) and AUX area (`aux_bytes`), each rounded up to a power
     /// of two pages.
     fn map(fd: i32, ring_bytes: usize, aux_bytes: Option<usize>) -> std::io::Result<AuxMapping> {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let ring_len = ring_bytes.max(page).next_power_of_two();
-        let base_len = page + ring_len;
-        let map = |len: usize, offset: usize| {
-            // SAFETY: a new shared mapping of a perf event descriptor the caller holds open;
-            // the kernel checks the length and offset.
-            let address = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    offset as libc::off_t,
-                )
-            };
-            match address {
-                libc::MAP_FAILED => Err(std::io::Error::last_os_error()),
-                address => Ok(NonNull::new(address as *mut u8).expect("mmap never maps page 0")),
-            }
-        };
         let mut mapping = AuxMapping {
-            base: map(base_len, 0)?,
-            base_len,
-            ring_len,
+            ring: PerfRing::map(fd, ring_bytes)?,
             aux: None,
         };
         if let Some(aux_bytes) = aux_bytes {
-            let aux_len = aux_bytes.max(page).next_power_of_two();
+            let aux_len = aux_bytes.max(page_size()).next_power_of_two();
             let page = mapping.page();
+            let aux_offset = mapping.ring.mapped_len();
             // SAFETY: `page` is the event's mmap page, mapped above; the kernel reads
             // aux_offset and aux_size when the AUX area is mapped next.
             unsafe {
-                std::ptr::addr_of_mut!((*page).aux_offset).write_volatile(base_len as u64);
+                std::ptr::addr_of_mut!((*page).aux_offset).write_volatile(aux_offset as u64);
                 std::ptr::addr_of_mut!((*page).aux_size).write_volatile(aux_len as u64);
             }
             // On failure `mapping` unmaps the ring as it drops.
-            mapping.aux = Some((map(aux_len, base_len)?, aux_len));
+            mapping.aux = Some((map_event(fd, aux_len, aux_offset)?, aux_len));
         }
         Ok(mapping)
     }
 
     fn page(&self) -> *mut perf_event_mmap_page {
-        self.base.as_ptr() as *mut perf_event_mmap_page
+        self.ring.page()
     }
 
     /// The clock conversion the kernel publishes, read under the page's sequence lock.
@@ -257,24 +223,18 @@ impl AuxMapping {
         }
     }
 
-    /// Copies `count` bytes from stream position `at` of the ring (`data`) or the AUX area
-    /// (nothing where there is none).
-    fn copy(&self, data: bool, at: u64, count: usize) -> Vec<u8> {
-        let (start, len) = match (data, self.aux) {
-            // The kernel puts the data ring one page after the mmap page.
-            (true, _) => {
-                let offset = self.base_len - self.ring_len;
-                // SAFETY: the data ring lies inside the base mapping, after the mmap page.
-                (unsafe { self.base.as_ptr().add(offset) }, self.ring_len)
-            }
-            (false, Some((aux, aux_len))) => (aux.as_ptr(), aux_len),
-            (false, None) => return Vec::new(),
+    /// Copies `count` bytes from stream position `at` of the AUX area (nothing where there is
+    /// none).
+    fn copy_aux(&self, at: u64, count: usize) -> Vec<u8> {
+        let Some((aux, len)) = self.aux else {
+            return Vec::new();
         };
         let mut out = Vec::with_capacity(count.min(len));
         for piece in wrapped(len, at, count) {
-            // SAFETY: `wrapped` keeps each piece inside the `len` mapped bytes at `start`; the
-            // bytes between the tail and the head are the reader's until the tail moves on.
-            let bytes = unsafe { std::slice::from_raw_parts(start.add(piece.start), piece.len()) };
+            // SAFETY: `wrapped` keeps each piece inside the `len` mapped bytes at `aux`; the
+            // bytes between the AUX tail and head are the reader's until the tail moves on.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(aux.as_ptr().add(piece.start), piece.len()) };
             out.extend_from_slice(bytes);
         }
         out
@@ -283,47 +243,32 @@ impl AuxMapping {
     /// Takes every record the kernel finished, with the AUX bytes AUX records name, and hands
     /// the ring and the AUX area back up to the end of what was taken.
     fn take(&mut self) -> Vec<TraceItem> {
-        let page = self.page();
-        // SAFETY: `page` is the mapped mmap page; data_head is written by the kernel, read once
-        // and ordered before the data it covers by the fence.
-        let (head, tail) = unsafe {
-            let head = std::ptr::addr_of!((*page).data_head).read_volatile();
-            atomic::fence(atomic::Ordering::Acquire);
-            (head, std::ptr::addr_of!((*page).data_tail).read_volatile())
-        };
         let mut items = Vec::new();
-        let mut position = tail;
         let mut aux_end = None;
-        while position + 8 <= head {
-            let header = self.copy(true, position, 8);
-            let size = u16::from_ne_bytes([header[6], header[7]]) as u64;
-            if size < 8 || position + size > head {
-                // A size the kernel never writes: skip what is left rather than loop.
-                position = head;
-                break;
-            }
-            let bytes = self.copy(true, position, size as usize);
-            position += size;
-            let Some(record) = parse_record(&bytes) else {
-                continue;
-            };
-            let aux = match record {
+        // The AUX bytes stay the reader's until the AUX tail moves: they are copied after the
+        // ring's records are read.
+        let mut records = Vec::new();
+        self.ring
+            .read_records(|record| records.push(parse_record(record.bytes)));
+        for record in records.into_iter().flatten() {
+            let aux_bytes = match record {
                 TraceRecord::Aux { offset, size, .. } => {
                     aux_end = Some(offset + size);
-                    self.copy(false, offset, size as usize)
+                    self.copy_aux(offset, size as usize)
                 }
                 _ => Vec::new(),
             };
-            items.push(TraceItem { record, aux });
+            items.push(TraceItem {
+                record,
+                aux: aux_bytes,
+            });
         }
-        atomic::fence(atomic::Ordering::Release);
-        // SAFETY: the records up to `position` and the AUX bytes up to `aux_end` were copied
-        // out; writing the tails hands that room back to the kernel.
-        unsafe {
-            std::ptr::addr_of_mut!((*page).data_tail).write_volatile(position);
-            if let Some(end) = aux_end {
-                std::ptr::addr_of_mut!((*page).aux_tail).write_volatile(end);
-            }
+        if let Some(end) = aux_end {
+            let page = self.page();
+            atomic::fence(atomic::Ordering::Release);
+            // SAFETY: the AUX bytes up to `end` were copied out; writing the tail hands that
+            // room back to the kernel.
+            unsafe { std::ptr::addr_of_mut!((*page).aux_tail).write_volatile(end) };
         }
         items
     }
@@ -331,12 +276,10 @@ impl AuxMapping {
 
 impl Drop for AuxMapping {
     fn drop(&mut self) {
-        // SAFETY: both mappings were made by `map` with these lengths and are not used after.
-        unsafe {
-            if let Some((aux, aux_len)) = self.aux {
-                libc::munmap(aux.as_ptr() as *mut libc::c_void, aux_len);
-            }
-            libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.base_len);
+        if let Some((aux, aux_len)) = self.aux {
+            // SAFETY: mapped by `map` with this length and not used after; the ring unmaps
+            // itself.
+            unsafe { libc::munmap(aux.as_ptr() as *mut libc::c_void, aux_len) };
         }
     }
 }
@@ -538,14 +481,6 @@ mod tests {
             Some(TraceRecord::Other)
         );
         assert_eq!(parse_record(&[1, 2, 3]), None);
-    }
-
-    #[test]
-    fn stream_positions_wrap_at_the_ring_end() {
-        assert_eq!(wrapped(4096, 100, 50), [100..150, 0..0]);
-        assert_eq!(wrapped(4096, 4096 * 3 + 4000, 200), [4000..4096, 0..104]);
-        // Never more than the ring holds.
-        assert_eq!(wrapped(4096, 10, 10_000), [10..4096, 0..10]);
     }
 
     /// The ring reader against the real kernel: a software event's switch records on CPU 0,

@@ -13,11 +13,12 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use perf_event::{events::Software, Builder, SampleFlag, Sampler};
+use perf_event::{events::Software, Builder, Counter, SampleFlag};
 
 use super::counters::{
     online_cpus, per_cpu_placements, place, redirect_output, threads_of, Target,
 };
+use super::perf_ring::PerfRing;
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
 use crate::import::perf_data::{
     decode_process_record, maps_code, FileId, ProcessRecord, PERF_RECORD_MISC_MMAP_BUILD_ID,
@@ -845,8 +846,9 @@ enum Change {
 /// CPU, the other events of that CPU (one per thread) redirected into it, as perf does, so a
 /// process with many threads does not lock a buffer per thread.
 pub struct Sideband {
-    samplers: Vec<Sampler>,
-    redirected: Vec<perf_event::Counter>,
+    /// Each CPU's ring and the event that owns it.
+    rings: Vec<(Counter, PerfRing)>,
+    redirected: Vec<Counter>,
     /// The changes one read found, with their times: kept across reads, so that its room is
     /// allocated once, not grown anew 20 times a second.
     changes: Vec<(u64, Change)>,
@@ -873,7 +875,7 @@ impl Sideband {
             sampling: false,
         };
         let placements = per_cpu_placements(target, &online_cpus()?);
-        let mut samplers: Vec<Sampler> = Vec::new();
+        let mut rings: Vec<(Counter, PerfRing)> = Vec::new();
         let mut redirected = Vec::new();
         let mut ring_of_cpu: HashMap<usize, usize> = HashMap::default();
         for (pid, cpu) in placements {
@@ -902,31 +904,29 @@ impl Sideband {
             };
             match ring_of_cpu.get(&cpu) {
                 Some(&ring) => {
-                    redirect_output(&counter, samplers[ring].as_raw_fd())
+                    redirect_output(&counter, rings[ring].0.as_raw_fd())
                         .context("redirecting a side-band event into its CPU's ring buffer")?;
                     redirected.push(counter);
                 }
                 None => {
-                    ring_of_cpu.insert(cpu, samplers.len());
-                    samplers.push(
-                        counter
-                            .sampled(SIDEBAND_BUFFER_BYTES)
-                            .context("mapping the side-band ring buffer")?,
-                    );
+                    ring_of_cpu.insert(cpu, rings.len());
+                    let ring = PerfRing::map(counter.as_raw_fd(), SIDEBAND_BUFFER_BYTES)
+                        .context("mapping the side-band ring buffer")?;
+                    rings.push((counter, ring));
                 }
             }
         }
         Ok(Sideband {
-            samplers,
+            rings,
             redirected,
             changes: Vec::new(),
         })
     }
 
-    fn counters(&mut self) -> impl Iterator<Item = &mut perf_event::Counter> {
-        self.samplers
+    fn counters(&mut self) -> impl Iterator<Item = &mut Counter> {
+        self.rings
             .iter_mut()
-            .map(|sampler| sampler.as_counter_mut())
+            .map(|(counter, _)| counter)
             .chain(self.redirected.iter_mut())
     }
 
@@ -949,21 +949,20 @@ impl Sideband {
     /// another's, and applying the COMM last would erase the mappings.
     pub fn read_into(&mut self, table: &mut ProcessTable) {
         let changes = &mut self.changes;
-        for sampler in &mut self.samplers {
-            while let Some(record) = sampler.next_record() {
-                let bytes = record.to_contiguous();
+        for (_, ring) in &mut self.rings {
+            ring.read_records(|record| {
                 // With sample_id_all and only PERF_SAMPLE_TIME, every record ends in its time.
-                let Some((own, time)) = bytes.split_last_chunk::<8>() else {
-                    continue;
+                let Some((own, time)) = record.body().split_last_chunk::<8>() else {
+                    return;
                 };
                 // Another session's build-ID mark may have leaked onto the record (see
                 // `Sideband::open`): without `build_id` the kernel always writes the file's
                 // device and inode. A record the kernel wrote short is skipped, as perf does.
                 let misc = record.misc() & !PERF_RECORD_MISC_MMAP_BUILD_ID;
-                if let Ok(Some(parsed)) = decode_process_record(record.ty(), misc, own, 0) {
+                if let Ok(Some(parsed)) = decode_process_record(record.kind(), misc, own, 0) {
                     changes.push((u64::from_ne_bytes(*time), table.change_of(parsed)));
                 }
-            }
+            });
         }
         changes.sort_by_key(|(time, _)| *time);
         table.apply_batch(changes);
