@@ -70,6 +70,50 @@ impl CacheDir {
         Ok(Some(bytes))
     }
 
+    /// The path of the file `name`, for a reader that opens it itself (blazesym maps the files
+    /// it reads), after the checks [`CacheDir::read`] makes; `None` when there is none. Only
+    /// this user can replace a file in its private directory after the check.
+    pub fn checked_path(&self, name: &str) -> Result<Option<PathBuf>> {
+        let path = self.path.join(name);
+        let file = match open_regular(&path, FinalLink::Refuse) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(error.into()),
+        };
+        check_owner(&self.path, &std::fs::metadata(&self.path)?)?;
+        check_owner(&path, &file.metadata()?)?;
+        let _ = File::set_modified(&file, std::time::SystemTime::now());
+        Ok(Some(path))
+    }
+
+    /// Removes the least recently used `.EXTENSION` files of the directory until they take at
+    /// most three quarters of `limit`, once they take more than `limit`: only its own regular
+    /// files, never through a link.
+    pub fn prune(&self, extension: &str, limit: u64) -> Result<()> {
+        let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
+        for entry in std::fs::read_dir(&self.path)? {
+            let entry = entry?;
+            let path = entry.path();
+            let metadata = entry.metadata()?;
+            if metadata.file_type().is_file() && path.extension().is_some_and(|e| e == extension) {
+                files.push((metadata.modified()?, metadata.len(), path));
+            }
+        }
+        let mut total: u64 = files.iter().map(|(_, len, _)| len).sum();
+        if total <= limit {
+            return Ok(());
+        }
+        files.sort();
+        for (_, len, path) in files {
+            if total <= limit / 4 * 3 {
+                break;
+            }
+            std::fs::remove_file(&path).with_context(|| format!("pruning {}", path.display()))?;
+            total -= len;
+        }
+        Ok(())
+    }
+
     /// Writes `bytes` as the file `name`, creating the directory (mode 0700) if need be.
     pub fn write(&self, what: &'static str, name: &str, bytes: &[u8]) -> Result<()> {
         std::fs::DirBuilder::new()
@@ -231,6 +275,36 @@ mod tests {
             error.contains("is writable by other users (mode 777)"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn the_directory_keeps_its_most_recently_used_files_within_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = std::time::SystemTime::now();
+        // Four 100-byte tables, the first used longest ago; a file of another kind is left alone.
+        for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+            let path = dir.path().join(format!("{name}.unwind"));
+            std::fs::write(&path, [0u8; 100]).unwrap();
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(now - std::time::Duration::from_secs(100 - i as u64))
+                .unwrap();
+        }
+        std::fs::write(dir.path().join("notes.txt"), [0u8; 1000]).unwrap();
+        let left = |dir: &Path| {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            names
+        };
+        // Within the bound: nothing goes.
+        let cache = CacheDir::new(dir.path().to_path_buf());
+        cache.prune("unwind", 400).unwrap();
+        assert_eq!(left(dir.path()).len(), 5);
+        // Over 300: down to three quarters (225), the least recently used first.
+        cache.prune("unwind", 300).unwrap();
+        assert_eq!(left(dir.path()), ["c.unwind", "d.unwind", "notes.txt"]);
     }
 
     #[test]

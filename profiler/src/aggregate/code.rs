@@ -7,10 +7,7 @@ use std::{
     path::Path,
 };
 
-use blazesym::symbolize::{
-    source::{Elf, Source},
-    Input, Symbolized, Symbolizer,
-};
+use blazesym::symbolize::{Symbolized, Symbolizer};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, GasFormatter, Instruction};
 use object::{ReadRef, SymbolKind};
 
@@ -132,10 +129,7 @@ fn line_table(
         .iter()
         .map(|i| file_offset + u64::from(i.offset))
         .collect();
-    let source = Source::Elf(Elf::new(path));
-    let Ok(results) = symbolizer.symbolize(&source, Input::FileOffset(&offsets)) else {
-        return Vec::new();
-    };
+    let results = crate::symbolize::symbolize_offsets(symbolizer, path, true, &offsets);
     offsets
         .iter()
         .zip(results)

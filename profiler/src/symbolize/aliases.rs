@@ -91,13 +91,24 @@ pub fn name_from_debug_file<'d, R: object::ReadRef<'d>>(
 pub fn debug_file<'d, R: object::ReadRef<'d>>(
     module: &object::File<'d, R>,
 ) -> Option<crate::input::ModuleImage> {
-    let id = crate::aggregate::module_file::build_id(module)?;
-    if id.len() < 3 {
+    let path = debug_file_path(&crate::aggregate::module_file::build_id(module)?)?;
+    let file = crate::input::open_regular(&path, crate::input::FinalLink::Follow).ok()?;
+    Some(crate::input::ModuleImage::new(file))
+}
+
+/// Where the separate debug file of the module with `build_id` (in hex) would be.
+pub fn debug_file_path(build_id: &str) -> Option<std::path::PathBuf> {
+    if build_id.len() < 3 {
         return None;
     }
-    let path = format!("{DEBUG_FILES_BY_BUILD_ID}/{}/{}.debug", &id[..2], &id[2..]);
-    let file = crate::input::open_regular(path.as_ref(), crate::input::FinalLink::Follow).ok()?;
-    Some(crate::input::ModuleImage::new(file))
+    Some(
+        format!(
+            "{DEBUG_FILES_BY_BUILD_ID}/{}/{}.debug",
+            &build_id[..2],
+            &build_id[2..]
+        )
+        .into(),
+    )
 }
 
 /// Adds the names of the functions of `file` that start at one of the `linked` addresses.

@@ -7,6 +7,7 @@ mod cache;
 mod kallsyms;
 pub mod kernel_addresses;
 mod perf_map;
+mod plain_debug;
 mod plt;
 pub mod vdso;
 
@@ -357,17 +358,55 @@ pub fn new_symbolizer() -> Symbolizer {
 /// without, names come from its symbol tables only.
 pub fn fill_from_elf(symbolizer: &Symbolizer, path: &Path, dwarf: bool, frames: &mut [Frame]) {
     let offsets: Vec<u64> = frames.iter().map(|frame| frame.module_offset).collect();
-    let mut elf = Elf::new(path);
-    elf.debug_syms = dwarf;
-    let results = symbolizer
-        .symbolize(&Source::Elf(elf), Input::FileOffset(offsets.as_slice()))
-        .unwrap_or_default();
+    let results = symbolize_offsets(symbolizer, path, dwarf, &offsets);
     for (frame, result) in frames.iter_mut().zip(results) {
         if let Symbolized::Sym(sym) = result {
             let address = frame.address;
             fill(frame, &sym, address);
         }
     }
+}
+
+/// What blazesym says of each file offset of the ELF file at `path`; with `dwarf`, from its
+/// debug information (its own, or its separate debug file's: through an uncompressed copy,
+/// which names them alike, where that file is compressed); an empty list when it cannot be
+/// read.
+pub fn symbolize_offsets<'s>(
+    symbolizer: &'s Symbolizer,
+    path: &Path,
+    dwarf: bool,
+    offsets: &[u64],
+) -> Vec<Symbolized<'s>> {
+    match dwarf.then(|| plain_debug_source(path, offsets)).flatten() {
+        Some((copy, addresses)) => {
+            let mut elf = Elf::new(copy);
+            elf.debug_syms = true;
+            symbolizer.symbolize(&Source::Elf(elf), Input::VirtOffset(addresses.as_slice()))
+        }
+        None => {
+            let mut elf = Elf::new(path);
+            elf.debug_syms = dwarf;
+            symbolizer.symbolize(&Source::Elf(elf), Input::FileOffset(offsets))
+        }
+    }
+    .unwrap_or_default()
+}
+
+/// The uncompressed copy of the separate debug file of the module at `path` (see
+/// [`plain_debug`]), with `offsets` as the link-time addresses it is read by; `None` when the
+/// module has no separate debug file with compressed sections, or an offset lies outside its
+/// segments.
+fn plain_debug_source(path: &Path, offsets: &[u64]) -> Option<(std::path::PathBuf, Vec<u64>)> {
+    let file = crate::input::open_regular(path, crate::input::FinalLink::Follow).ok()?;
+    let image = crate::input::ModuleImage::new(file);
+    let module = object::File::parse(&image).ok()?;
+    let build_id = crate::aggregate::module_file::build_id(&module)?;
+    let addresses = offsets
+        .iter()
+        .map(|&offset| crate::aggregate::module_file::address_of_file_offset(&module, offset))
+        .collect::<Option<Vec<u64>>>()?;
+    let copy = plain_debug::uncompressed_copy(&build_id, &aliases::debug_file_path(&build_id)?)?;
+    Some((copy, addresses))
 }
 
 /// A progress bar on stderr when it is a terminal (symbolizing a large profile takes seconds);

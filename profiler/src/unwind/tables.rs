@@ -810,35 +810,6 @@ fn load(dir: &CacheDir, key: &TableKey) -> Result<Option<UnwindTable>> {
 /// otherwise stay there (an agent's directory grew to 1.6 GB in a day of test runs).
 const MAX_CACHE_BYTES: u64 = 256 << 20;
 
-/// Removes the least recently used tables of `dir` until they take at most three quarters of
-/// `limit`, once they take more than `limit`: only the directory's own regular `.unwind`
-/// files, never through a link.
-fn prune(dir: &Path, limit: u64) -> Result<()> {
-    let mut tables: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let path = entry.path();
-        let metadata = entry.metadata()?;
-        if metadata.file_type().is_file() && path.extension().is_some_and(|e| e == "unwind") {
-            tables.push((metadata.modified()?, metadata.len(), path));
-        }
-    }
-    let mut total: u64 = tables.iter().map(|(_, len, _)| len).sum();
-    if total <= limit {
-        return Ok(());
-    }
-    tables.sort();
-    for (_, len, path) in tables {
-        if total <= limit / 4 * 3 {
-            break;
-        }
-        std::fs::remove_file(&path)
-            .with_context(|| format!("pruning the unwind-table cache: {}", path.display()))?;
-        total -= len;
-    }
-    Ok(())
-}
-
 /// Writes `table` into the cache directory (created private to this user).
 fn store(dir: &CacheDir, key: &TableKey, table: &UnwindTable) -> Result<()> {
     dir.write(
@@ -846,7 +817,7 @@ fn store(dir: &CacheDir, key: &TableKey, table: &UnwindTable) -> Result<()> {
         &key.file_name(),
         &encode_table(key, table),
     )?;
-    prune(dir.path(), MAX_CACHE_BYTES)
+    dir.prune("unwind", MAX_CACHE_BYTES)
 }
 
 #[cfg(test)]

@@ -699,32 +699,3 @@ fn a_malformed_fde_loses_only_its_own_addresses() {
     }
     assert!(table.no_cfi.iter().any(|r| r.contains(&range.start)));
 }
-
-#[test]
-fn the_cache_directory_keeps_its_most_recently_used_tables_within_its_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let now = std::time::SystemTime::now();
-    // Four 100-byte tables, the first used longest ago; a file of another kind is left alone.
-    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
-        let path = dir.path().join(format!("{name}.unwind"));
-        std::fs::write(&path, [0u8; 100]).unwrap();
-        let file = std::fs::File::options().write(true).open(&path).unwrap();
-        file.set_modified(now - std::time::Duration::from_secs(100 - i as u64))
-            .unwrap();
-    }
-    std::fs::write(dir.path().join("notes.txt"), [0u8; 1000]).unwrap();
-    let left = |dir: &Path| {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        names
-    };
-    // Within the bound: nothing goes.
-    prune(dir.path(), 400).unwrap();
-    assert_eq!(left(dir.path()).len(), 5);
-    // Over 300: down to three quarters (225), the least recently used first.
-    prune(dir.path(), 300).unwrap();
-    assert_eq!(left(dir.path()), ["c.unwind", "d.unwind", "notes.txt"]);
-}
