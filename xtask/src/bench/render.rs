@@ -400,9 +400,9 @@ fn unwind_cost(out: &mut String, results: &Results, shorten: &Shorten) {
         "\n## 9. In-kernel cost of unwinding\n\nRun time of our BPF program per sample (BPF \
          run-time statistics, `record --stats`) on the tests' C workload built with `-O2 \
          -fomit-frame-pointer`, recursing to a fixed depth, median (min–max) over the rounds. \
-         `--unwind fp` walks two frames there. Per unwound frame: the median over the rounds (at \
-         least three, both depths in each) of each round's slope of `--unwind dwarf` between \
-         the two depths.\n"
+         `--unwind fp` walks two frames there. Per unwound frame: the slope of `--unwind dwarf` \
+         between the fastest run at each depth over the rounds (at least five, both depths in \
+         each): this host's slow spells only add to a run's cost.\n"
     );
     let _ = writeln!(
         out,
@@ -420,6 +420,10 @@ fn unwind_cost(out: &mut String, results: &Results, shorten: &Shorten) {
         );
     }
     let per_frame = match cost.ns_per_frame {
+        Some(ns) if ns <= 0.0 => format!(
+            "{ns:.0} ns per unwound frame: the runs spread by more than the deeper stacks cost, \
+             so this run measured no cost per frame"
+        ),
         Some(ns) => format!(
             "{ns:.0} ns per unwound frame, {} the budget of {:.0} ns",
             if ns <= cost.budget_ns_per_frame {
