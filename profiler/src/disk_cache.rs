@@ -51,22 +51,15 @@ impl CacheDir {
     /// `max_len` bytes. A file read has its modification time set to now: pruning goes by
     /// last use.
     pub fn read(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
-        let path = self.path.join(name);
-        let file = match open_regular(&path, FinalLink::Refuse) {
-            Ok(file) => file,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => return Err(error.into()),
+        let Some((_, file)) = self.open(name)? else {
+            return Ok(None);
         };
-        check_owner(&self.path, &std::fs::metadata(&self.path)?)?;
-        let metadata = file.metadata()?;
-        check_owner(&path, &metadata)?;
-        if metadata.len() > max_len {
-            bail!("{} bytes, more than such a file needs", metadata.len());
+        let len = file.metadata()?.len();
+        if len > max_len {
+            bail!("{len} bytes, more than such a file needs");
         }
-        let mut bytes = Vec::with_capacity(metadata.len() as usize);
-        (&file).take(metadata.len()).read_to_end(&mut bytes)?;
-        // Failing only costs the file its place in the pruning order.
-        let _ = File::set_modified(&file, std::time::SystemTime::now());
+        let mut bytes = Vec::with_capacity(len as usize);
+        (&file).take(len).read_to_end(&mut bytes)?;
         Ok(Some(bytes))
     }
 
@@ -74,6 +67,11 @@ impl CacheDir {
     /// it reads), after the checks [`CacheDir::read`] makes; `None` when there is none. Only
     /// this user can replace a file in its private directory after the check.
     pub fn checked_path(&self, name: &str) -> Result<Option<PathBuf>> {
+        Ok(self.open(name)?.map(|(path, _)| path))
+    }
+
+    /// The file `name` opened and checked, with its path; its modification time set to now.
+    fn open(&self, name: &str) -> Result<Option<(PathBuf, File)>> {
         let path = self.path.join(name);
         let file = match open_regular(&path, FinalLink::Refuse) {
             Ok(file) => file,
@@ -82,8 +80,9 @@ impl CacheDir {
         };
         check_owner(&self.path, &std::fs::metadata(&self.path)?)?;
         check_owner(&path, &file.metadata()?)?;
+        // Failing only costs the file its place in the pruning order.
         let _ = File::set_modified(&file, std::time::SystemTime::now());
-        Ok(Some(path))
+        Ok(Some((path, file)))
     }
 
     /// Removes the least recently used `.EXTENSION` files of the directory until they take at

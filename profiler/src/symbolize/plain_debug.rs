@@ -13,6 +13,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use object::{endian::Endian, Endianness};
 
 use crate::disk_cache::CacheDir;
 use crate::input::{open_regular, FinalLink};
@@ -94,45 +95,23 @@ const COMPRESSION_HEADER_BYTES: usize = 24;
 
 /// Reads and writes the file's fields in its byte order.
 #[derive(Clone, Copy)]
-struct Fields {
-    little: bool,
-}
+struct Fields(Endianness);
 
 impl Fields {
     fn u16(self, bytes: &[u8], at: usize) -> Result<u16> {
-        let raw: [u8; 2] = field(bytes, at)?;
-        Ok(if self.little {
-            u16::from_le_bytes(raw)
-        } else {
-            u16::from_be_bytes(raw)
-        })
+        Ok(self.0.read_u16(field(bytes, at)?))
     }
 
     fn u32(self, bytes: &[u8], at: usize) -> Result<u32> {
-        let raw: [u8; 4] = field(bytes, at)?;
-        Ok(if self.little {
-            u32::from_le_bytes(raw)
-        } else {
-            u32::from_be_bytes(raw)
-        })
+        Ok(self.0.read_u32(field(bytes, at)?))
     }
 
     fn u64(self, bytes: &[u8], at: usize) -> Result<u64> {
-        let raw: [u8; 8] = field(bytes, at)?;
-        Ok(if self.little {
-            u64::from_le_bytes(raw)
-        } else {
-            u64::from_be_bytes(raw)
-        })
+        Ok(self.0.read_u64(field(bytes, at)?))
     }
 
     fn set_u64(self, bytes: &mut [u8], at: usize, value: u64) {
-        let raw = if self.little {
-            value.to_le_bytes()
-        } else {
-            value.to_be_bytes()
-        };
-        bytes[at..at + 8].copy_from_slice(&raw);
+        bytes[at..at + 8].copy_from_slice(&self.0.write_u64(value));
     }
 }
 
@@ -159,8 +138,8 @@ pub fn decompressed(elf: &[u8]) -> Result<Option<Vec<u8>>> {
         bail!("not an ELF64 file");
     }
     let fields = match elf.get(EI_DATA) {
-        Some(&ELFDATA2LSB) => Fields { little: true },
-        Some(&ELFDATA2MSB) => Fields { little: false },
+        Some(&ELFDATA2LSB) => Fields(Endianness::Little),
+        Some(&ELFDATA2MSB) => Fields(Endianness::Big),
         other => bail!("unknown ELF byte order {other:?}"),
     };
     let phoff = fields.u64(elf, 32)?;
