@@ -2,10 +2,7 @@
 //! line table per instruction), disassembled at report time with iced-x86 in the GNU (AT&T)
 //! syntax that objdump prints.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    path::Path,
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 use blazesym::symbolize::{Symbolized, Symbolizer};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, GasFormatter, Instruction};
@@ -84,6 +81,7 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer:
         let symbols = sized_symbols(&elf, SymbolKind::Text, |address, _| {
             starts.contains_key(&address)
         });
+        let mut module_code: Vec<(CodeBytes, Vec<u64>)> = Vec::new();
         for (start, sampled_build_id) in functions {
             // A file rebuilt since the recording started has other code at these offsets.
             if sampled_build_id.is_some()
@@ -104,35 +102,49 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer:
             let Ok(code) = (&image).read_bytes_at(start, symbol.size) else {
                 continue;
             };
-            captured.push(CodeBytes {
-                module: module.to_string(),
-                build_id: file_build_id.clone(),
-                file_offset: start,
-                address,
-                bytes: code.to_vec(),
-                lines: line_table(symbolizer, &path, start, code, address),
-            });
+            let offsets = disassemble(code, address)
+                .iter()
+                .map(|i| start + u64::from(i.offset))
+                .collect();
+            module_code.push((
+                CodeBytes {
+                    module: module.to_string(),
+                    build_id: file_build_id.clone(),
+                    file_offset: start,
+                    address,
+                    bytes: code.to_vec(),
+                    lines: Vec::new(),
+                },
+                offsets,
+            ));
+        }
+        // Every instruction of the module's sampled functions in one symbolization: finding
+        // the module's debug information is done once, not per function.
+        let offsets: Vec<u64> = module_code
+            .iter()
+            .flat_map(|(_, offsets)| offsets.iter().copied())
+            .collect();
+        let mut results =
+            crate::symbolize::symbolize_offsets(symbolizer, &path, true, &offsets).into_iter();
+        for (mut code, offsets) in module_code {
+            let symbolized = results.by_ref().take(offsets.len());
+            code.lines = line_table(code.file_offset, &offsets, symbolized);
+            captured.push(code);
         }
     }
     profile.code.extend(captured);
 }
 
-/// The innermost source location of every instruction of a function that has one.
-fn line_table(
-    symbolizer: &Symbolizer,
-    path: &Path,
+/// The innermost source location of every instruction of a function (at `offsets`, as
+/// `symbolized`) that has one.
+fn line_table<'s>(
     file_offset: u64,
-    bytes: &[u8],
-    address: u64,
+    offsets: &[u64],
+    symbolized: impl Iterator<Item = Symbolized<'s>>,
 ) -> Vec<CodeLine> {
-    let offsets: Vec<u64> = disassemble(bytes, address)
-        .iter()
-        .map(|i| file_offset + u64::from(i.offset))
-        .collect();
-    let results = crate::symbolize::symbolize_offsets(symbolizer, path, true, &offsets);
     offsets
         .iter()
-        .zip(results)
+        .zip(symbolized)
         .filter_map(|(offset, result)| {
             let Symbolized::Sym(sym) = result else {
                 return None;
@@ -285,7 +297,7 @@ mod tests {
     }
 
     /// (address, mnemonic) of every instruction objdump prints for `symbol`.
-    fn objdump(binary: &Path, symbol: &str) -> Vec<(u64, String)> {
+    fn objdump(binary: &std::path::Path, symbol: &str) -> Vec<(u64, String)> {
         let output = std::process::Command::new("objdump")
             .args([
                 "-d",
