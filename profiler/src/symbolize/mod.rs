@@ -27,6 +27,7 @@ use blazesym::symbolize::{
 use profiler_common::unwind_maps::{FRAME_POINTERS_ONLY_FRAME, TRUNCATED_FRAME};
 
 use crate::{
+    aggregate::module_file::demangle,
     capture::sideband::{FileIdentity, ProcessTable},
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
@@ -344,11 +345,14 @@ fn module_names(path: &Path, frames: &mut [Frame]) -> Vec<FunctionAliases> {
     aliases::function_aliases(&module, debug.as_ref(), frames)
 }
 
-/// A symbolizer that reports lines and inlined functions.
+/// A symbolizer that reports lines and inlined functions. Names come back as the module spells
+/// them: [`fill`] demangles those it keeps (blazesym would try every name of every instruction
+/// a line table is read for, C names included).
 pub fn new_symbolizer() -> Symbolizer {
     Symbolizer::builder()
         .enable_code_info(true)
         .enable_inlined_fns(true)
+        .enable_demangling(false)
         .build()
 }
 
@@ -427,7 +431,7 @@ pub fn progress_bar(length: u64, what: &'static str) -> indicatif::ProgressBar {
 }
 
 fn fill(frame: &mut Frame, sym: &Sym<'_>, address: u64) {
-    frame.function = Some(sym.name.to_string());
+    frame.function = Some(demangle(&sym.name));
     frame.function_address = Some(address - sym.offset as u64);
     if let Some(info) = &sym.code_info {
         frame.file = Some(code_path(info.dir.as_deref(), &info.file));
@@ -437,7 +441,7 @@ fn fill(frame: &mut Frame, sym: &Sym<'_>, address: u64) {
         .inlined
         .iter()
         .map(|inlined| InlinedFrame {
-            function: inlined.name.to_string(),
+            function: demangle(&inlined.name),
             file: inlined
                 .code_info
                 .as_ref()
