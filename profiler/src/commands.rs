@@ -11,6 +11,7 @@ use crate::{
         counters::StackCapture,
         hardware::{prepare_sampled_event, records_data_addresses},
         offcpu::OffCpuOptions,
+        offsets_cache::running_kernel_offsets,
         program::{default_sample_map_entries, MapSizes, DEFAULT_MAP_ENTRIES},
         session::SIDEBAND_INTERVAL,
         stats::HOST_CPUS,
@@ -187,14 +188,14 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
     let mut events = resolve_events(args, &pmus)?;
     let cgroups = resolve_cgroups(args)?;
     let uid = args.uid.as_deref().map(resolve_uid).transpose()?;
-    let btf = match &args.btf {
-        Some(path) => Btf::from_file(path),
-        None => Btf::from_sys_fs(),
+    let offsets = match &args.btf {
+        Some(path) => Btf::from_file(path).and_then(|btf| btf.kernel_offsets()),
+        None => running_kernel_offsets(),
     };
     if let Some(rate) = args.target_rate {
         calibrate_events(&mut events, &target, rate)?;
     }
-    let offsets = match btf.and_then(|btf| btf.kernel_offsets()) {
+    let offsets = match offsets {
         Ok(offsets) => Some(offsets),
         Err(e) => {
             eprintln!("warning: {e}");

@@ -6,6 +6,7 @@ pub mod btf;
 pub mod counters;
 pub mod hardware;
 pub mod offcpu;
+pub mod offsets_cache;
 pub mod perf_ring;
 pub mod program;
 pub mod raw;
