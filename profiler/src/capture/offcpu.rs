@@ -115,7 +115,8 @@ pub fn offcpu_config(
     };
     let fields = Btf::from_sys_fs().ok().and_then(|btf| task(&btf));
     match fields {
-        Some(fields) if aya::Btf::from_sys_fs().is_ok() => {
+        // aya parses the BTF again to attach the programs: only once, in `load`.
+        Some(fields) => {
             config = fields;
             if dwarf {
                 config.flags |= OFFCPU_DWARF;

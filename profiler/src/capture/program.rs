@@ -441,10 +441,12 @@ impl CaptureProgram {
             }
             None => None,
         };
-        // The loader holds the kernel's parsed BTF.
         drop(loader);
-        // Loading parsed the kernel's BTF, about 19 MB of short-lived allocations here.
-        crate::heap::release_free_pages();
+        // Attaching the off-CPU programs to BTF tracepoints parsed the kernel's BTF, about 19
+        // MB of short-lived allocations here.
+        if offcpu.is_some() {
+            crate::heap::release_free_pages();
+        }
         let generations = [
             take_generation(&mut ebpf, 0)?,
             take_generation(&mut ebpf, 1)?,
