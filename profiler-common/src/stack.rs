@@ -43,14 +43,14 @@ impl StackFrames {
         stack
     }
 
-    /// Valid frames, never more than the buffer holds.
+    /// Valid frames, never more than the buffer holds. Masked, not clamped: writers never store
+    /// a larger depth, and a clamp is a branch, on which the verifier walks every loop over the
+    /// frames once with a depth below the buffer's and once with the buffer's (a tenth of the
+    /// unwinder's checked instructions).
     #[inline(always)]
     pub fn depth(&self) -> usize {
-        if self.depth > MAX_STACK_DEPTH as u64 {
-            MAX_STACK_DEPTH
-        } else {
-            self.depth as usize
-        }
+        const { assert!((MAX_STACK_DEPTH + 1).is_power_of_two()) };
+        (self.depth & MAX_STACK_DEPTH as u64) as usize
     }
 
     /// The valid frames, leaf first.
@@ -260,10 +260,14 @@ mod tests {
         let deep: Vec<u64> = (0..200).collect();
         let cut = stack(&deep);
         assert_eq!(cut.frames(), &deep[..MAX_STACK_DEPTH]);
-        let mut corrupt = cut;
-        corrupt.depth = 1000;
-        assert_eq!(corrupt.depth(), MAX_STACK_DEPTH);
-        assert_eq!(corrupt.hash(), cut.hash());
+        // No writer stores a depth past the buffer; one read from a damaged buffer still stays
+        // within it.
+        for depth in [128, 1000, u64::MAX] {
+            let mut corrupt = cut;
+            corrupt.depth = depth;
+            assert!(corrupt.depth() <= MAX_STACK_DEPTH);
+            assert_eq!(corrupt.frames().len(), corrupt.depth());
+        }
     }
 
     #[test]

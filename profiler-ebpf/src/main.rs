@@ -879,26 +879,25 @@ fn table_row_of(
     let pc_at = |i: u32| UNWIND_ROWS.get(start.wrapping_add(i)).map(|row| row.pc);
     let key = u64::from(start) << 32 | u64::from(offset);
     let slot = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as u32 & (ROW_CACHE_SLOTS - 1);
-    let remembered = ROW_CACHE.get_ptr_mut(slot);
-    if let Some(remembered) = remembered {
-        // SAFETY: a map value the kernel keeps alive; a racing write from another CPU can only
-        // make the entry fail the check.
-        let RememberedRow { key: at, index, .. } = unsafe { *remembered };
-        if at == key && is_row_for(len, offset, index, pc_at) {
-            return UNWIND_ROWS.get(start.wrapping_add(index));
-        }
+    // The slot is within the array, so the lookup cannot fail; were it to, the frame would go
+    // without a row. One path into the search below instead of one with and one without a
+    // slot: the verifier checks the search's steps once for each.
+    let remembered = ROW_CACHE.get_ptr_mut(slot)?;
+    // SAFETY: a map value the kernel keeps alive; a racing write from another CPU can only
+    // make the entry fail the check.
+    let RememberedRow { key: at, index, .. } = unsafe { *remembered };
+    if at == key && is_row_for(len, offset, index, pc_at) {
+        return UNWIND_ROWS.get(start.wrapping_add(index));
     }
     let index = find_row_by(len, offset, pc_at, |bound| opaque(&mut state.opaque, bound))?;
-    if let Some(remembered) = remembered {
-        // SAFETY: as above.
-        unsafe {
-            *remembered = RememberedRow {
-                key,
-                index,
-                _pad: 0,
-            }
-        };
-    }
+    // SAFETY: as above.
+    unsafe {
+        *remembered = RememberedRow {
+            key,
+            index,
+            _pad: 0,
+        }
+    };
     UNWIND_ROWS.get(start.wrapping_add(index))
 }
 
