@@ -353,69 +353,46 @@ pub struct KernelOffsets {
     pub raw_frag_size: u32,
 }
 
-impl KernelOffsets {
-    /// How many fields, all `u32`: what the offsets cache stores.
-    pub const WORDS: usize = 14;
+/// [`KernelOffsets`] as words and back, from one list of its fields: what the offsets cache
+/// stores.
+macro_rules! offsets_as_words {
+    ($($field:ident),+ $(,)?) => {
+        impl KernelOffsets {
+            /// How many fields, all `u32`.
+            pub const WORDS: usize = [$(stringify!($field)),+].len();
 
-    /// The fields in declaration order.
-    pub fn to_words(&self) -> [u32; Self::WORDS] {
-        // Destructured, so a new field cannot be left out.
-        let KernelOffsets {
-            valid,
-            ctx_data,
-            ctx_event,
-            sample_flags,
-            addr,
-            phys_addr,
-            weight,
-            data_src,
-            raw,
-            event_parent,
-            event_id,
-            event_sample_type,
-            raw_frag_data,
-            raw_frag_size,
-        } = *self;
-        [
-            valid,
-            ctx_data,
-            ctx_event,
-            sample_flags,
-            addr,
-            phys_addr,
-            weight,
-            data_src,
-            raw,
-            event_parent,
-            event_id,
-            event_sample_type,
-            raw_frag_data,
-            raw_frag_size,
-        ]
-    }
+            /// The fields in declaration order.
+            pub fn to_words(&self) -> [u32; Self::WORDS] {
+                // Destructured, so a field left out of the list does not compile.
+                let KernelOffsets { $($field),+ } = *self;
+                [$($field),+]
+            }
 
-    /// The offsets [`KernelOffsets::to_words`] gave these words.
-    pub fn from_words(words: [u32; Self::WORDS]) -> KernelOffsets {
-        let [valid, ctx_data, ctx_event, sample_flags, addr, phys_addr, weight, data_src, raw, event_parent, event_id, event_sample_type, raw_frag_data, raw_frag_size] =
-            words;
-        KernelOffsets {
-            valid,
-            ctx_data,
-            ctx_event,
-            sample_flags,
-            addr,
-            phys_addr,
-            weight,
-            data_src,
-            raw,
-            event_parent,
-            event_id,
-            event_sample_type,
-            raw_frag_data,
-            raw_frag_size,
+            /// The offsets [`KernelOffsets::to_words`] gave these words.
+            pub fn from_words(words: [u32; Self::WORDS]) -> KernelOffsets {
+                let [$($field),+] = words;
+                KernelOffsets { $($field),+ }
+            }
         }
-    }
+    };
 }
+
+offsets_as_words!(
+    valid,
+    ctx_data,
+    ctx_event,
+    sample_flags,
+    addr,
+    phys_addr,
+    weight,
+    data_src,
+    raw,
+    event_parent,
+    event_id,
+    event_sample_type,
+    raw_frag_data,
+    raw_frag_size,
+);
 
 /// Capture options, a read-only global of the program (`CAPTURE_CONFIG`).
 #[repr(C)]

@@ -198,14 +198,16 @@ impl<'a> CacheBytes<'a> {
         Ok(count)
     }
 
-    /// Checks the header every cache file starts with (magic, format version) and the CRC-32
-    /// of the whole file that ends it; returns a reader of what lies between.
+    /// Checks the header every cache file starts with (magic, format version, the key of what
+    /// it was written for) and the CRC-32 of the whole file that ends it; returns a reader of
+    /// what lies between, `None` when the file was written for another key.
     pub fn checked(
         bytes: &'a [u8],
         magic: &[u8; 8],
         version: u32,
         kind: &str,
-    ) -> Result<CacheBytes<'a>> {
+        key: &[u8],
+    ) -> Result<Option<CacheBytes<'a>>> {
         let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
             bail!("truncated: {} bytes", bytes.len());
         };
@@ -220,15 +222,19 @@ impl<'a> CacheBytes<'a> {
         if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
             bail!("checksum mismatch: the file is corrupt");
         }
-        Ok(reader)
+        let key_len = reader.count(1, "key length")?;
+        Ok((reader.take(key_len, "key")? == key).then_some(reader))
     }
 }
 
-/// A cache file's first bytes: magic and format version, as [`CacheBytes::checked`] reads them.
-pub fn start_file(magic: &[u8; 8], version: u32, capacity: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(capacity + 16);
+/// A cache file's first bytes: magic, format version and the key of what it holds, as
+/// [`CacheBytes::checked`] reads them.
+pub fn start_file(magic: &[u8; 8], version: u32, key: &[u8], capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity + key.len() + 20);
     out.extend_from_slice(magic);
     out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(key);
     out
 }
 
@@ -308,12 +314,16 @@ mod tests {
 
     #[test]
     fn checked_files_need_their_magic_version_and_checksum() {
-        let file = end_file([start_file(b"TESTFILE", 3, 4), b"data".to_vec()].concat());
-        let mut reader = CacheBytes::checked(&file, b"TESTFILE", 3, "a test").unwrap();
+        let file = end_file([start_file(b"TESTFILE", 3, b"key", 4), b"data".to_vec()].concat());
+        let mut reader = CacheBytes::checked(&file, b"TESTFILE", 3, "a test", b"key")
+            .unwrap()
+            .expect("written for this key");
         assert_eq!(reader.take(4, "data").unwrap(), b"data");
         assert!(reader.rest().is_empty());
+        let other_key = CacheBytes::checked(&file, b"TESTFILE", 3, "a test", b"kez").unwrap();
+        assert!(other_key.is_none(), "another key's file is not read");
         let refusal = |bytes: &[u8], version| {
-            CacheBytes::checked(bytes, b"TESTFILE", version, "a test")
+            CacheBytes::checked(bytes, b"TESTFILE", version, "a test", b"key")
                 .err()
                 .unwrap()
                 .to_string()

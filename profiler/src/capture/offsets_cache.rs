@@ -64,9 +64,7 @@ fn load(cache: &CacheDir, key: &[u8]) -> Result<Option<KernelOffsets>> {
 /// Key, the offsets as words, CRC-32.
 fn encode(key: &[u8], offsets: &KernelOffsets) -> Vec<u8> {
     let words = offsets.to_words();
-    let mut out = start_file(CACHE_MAGIC, CACHE_VERSION, key.len() + 4 * words.len() + 4);
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(key);
+    let mut out = start_file(CACHE_MAGIC, CACHE_VERSION, key, 4 * words.len());
     for word in words {
         out.extend_from_slice(&word.to_le_bytes());
     }
@@ -76,11 +74,11 @@ fn encode(key: &[u8], offsets: &KernelOffsets) -> Vec<u8> {
 /// The offsets a cache file holds, `None` when it was written for another boot than `key`'s;
 /// refused when damaged.
 fn decode(bytes: &[u8], key: &[u8]) -> Result<Option<KernelOffsets>> {
-    let mut r = CacheBytes::checked(bytes, CACHE_MAGIC, CACHE_VERSION, "a kernel-offset")?;
-    let key_len = r.count(1, "key length")?;
-    if r.take(key_len, "key")? != key {
+    let Some(mut r) =
+        CacheBytes::checked(bytes, CACHE_MAGIC, CACHE_VERSION, "a kernel-offset", key)?
+    else {
         return Ok(None);
-    }
+    };
     let mut words = [0; KernelOffsets::WORDS];
     for word in &mut words {
         *word = r.u32("offset")?;
@@ -154,11 +152,9 @@ mod tests {
         let error = decode(&flipped, key).unwrap_err().to_string();
         assert!(error.contains("checksum"), "{error}");
         // Re-framed with a valid CRC: one word short, one word more.
-        let body = &file[12..file.len() - 4];
+        let body = &file[..file.len() - 4];
         for body in [&body[..body.len() - 4], &[body, &[0; 4]].concat()[..]] {
-            let mut out = start_file(CACHE_MAGIC, CACHE_VERSION, body.len());
-            out.extend_from_slice(body);
-            assert!(decode(&end_file(out), key).is_err());
+            assert!(decode(&end_file(body.to_vec()), key).is_err());
         }
         // The profiler goes on with the offsets from BTF, and rewrites the file.
         let dir = tempfile::tempdir().unwrap();

@@ -303,10 +303,9 @@ fn encode(key: &[u8], ranges: &[Range<u64>], symbols: &KernelSymbols) -> Vec<u8>
     let mut out = start_file(
         CACHE_MAGIC,
         CACHE_VERSION,
+        key,
         16 * functions.len() + names.len(),
     );
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(key);
     out.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
     for range in ranges {
         out.extend_from_slice(&range.start.to_le_bytes());
@@ -326,11 +325,11 @@ fn encode(key: &[u8], ranges: &[Range<u64>], symbols: &KernelSymbols) -> Vec<u8>
 /// The table a cache file holds, `None` when it was written for another kernel than `key`'s;
 /// refused when damaged.
 fn decode(bytes: &[u8], key: &[u8]) -> Result<Option<KernelSymbols>> {
-    let mut r = CacheBytes::checked(bytes, CACHE_MAGIC, CACHE_VERSION, "a kernel-symbol")?;
-    let key_len = r.count(1, "key length")?;
-    if r.take(key_len, "key")? != key {
+    let Some(mut r) =
+        CacheBytes::checked(bytes, CACHE_MAGIC, CACHE_VERSION, "a kernel-symbol", key)?
+    else {
         return Ok(None);
-    }
+    };
     let mut ranges = Vec::new();
     for _ in 0..r.count(16, "range count")? {
         let range = r.u64("range start")?..r.u64("range end")?;

@@ -609,10 +609,12 @@ const MAX_CACHE_FILE: u64 = (MAX_TABLE_ROWS as u64) * UnwindRow::SIZE as u64 + (
 
 /// A table's cache file: header, key, table, CRC-32 of everything before it.
 fn encode_table(key: &TableKey, table: &UnwindTable) -> Vec<u8> {
-    let mut out = start_file(CACHE_MAGIC, CACHE_VERSION, table.row_bytes() + 256);
-    let key = key.encode();
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(&key);
+    let mut out = start_file(
+        CACHE_MAGIC,
+        CACHE_VERSION,
+        &key.encode(),
+        table.row_bytes() + 256,
+    );
     out.extend_from_slice(&table.base.to_le_bytes());
     let stats = &table.stats;
     for value in [
@@ -642,11 +644,16 @@ fn encode_table(key: &TableKey, table: &UnwindTable) -> Vec<u8> {
 
 /// Decodes and checks a cache file written for `key`.
 fn decode_table(bytes: &[u8], key: &TableKey) -> Result<UnwindTable> {
-    let mut r = CacheBytes::checked(bytes, CACHE_MAGIC, CACHE_VERSION, "an unwind-table")?;
-    let key_len = r.count(1, "key length")?;
-    if r.take(key_len, "key")? != key.encode().as_slice() {
+    let Some(mut r) = CacheBytes::checked(
+        bytes,
+        CACHE_MAGIC,
+        CACHE_VERSION,
+        "an unwind-table",
+        &key.encode(),
+    )?
+    else {
         bail!("it holds another file's table");
-    }
+    };
     let base = r.u64("base")?;
     let mut stats = CompileStats {
         fdes: r.u64("FDE count")?,
