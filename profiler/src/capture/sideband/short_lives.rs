@@ -172,10 +172,10 @@ impl ProcessTable {
     /// (`sampled`), and lets go of the others `when` allows. Returns the pids entered.
     pub fn settle_short_lives(&mut self, sampled: &BTreeSet<u32>, when: Settle) -> Vec<u32> {
         let lives = &mut self.short_lives;
-        let entered: HashSet<u32> = lives
-            .pids
-            .keys()
-            .filter(|pid| sampled.contains(pid))
+        // From the drain's processes, fewer than the lives held under churn.
+        let entered: HashSet<u32> = sampled
+            .iter()
+            .filter(|pid| lives.pids.contains_key(pid))
             .copied()
             .collect();
         // One pass over each list, whose room is kept for the next lives.
