@@ -15,6 +15,7 @@ pub mod disk_cache;
 pub mod drain;
 pub mod events;
 pub mod export;
+pub mod fast_hash;
 pub mod hardware;
 pub mod heap;
 pub mod import;

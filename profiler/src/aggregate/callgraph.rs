@@ -1,7 +1,7 @@
 //! The call graph around one function (its callers and callees with sample counts) and the
 //! hottest call paths, from the sampled call stacks.
 
-use std::collections::{HashMap, HashSet};
+use crate::fast_hash::{HashMap, HashSet};
 
 use crate::profile::{EventIndex, Profile};
 
@@ -53,7 +53,7 @@ pub fn neighbours(
         self_samples: 0,
         neighbours: Vec::new(),
     };
-    let mut counts: HashMap<Option<FunctionName>, u64> = HashMap::new();
+    let mut counts: HashMap<Option<FunctionName>, u64> = HashMap::default();
     for stack in profile
         .stacks
         .iter()
@@ -75,7 +75,7 @@ pub fn neighbours(
         if positions[0] == 0 {
             result.self_samples += stack.count;
         }
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         for position in positions {
             // Stacks are leaf first: the caller is one frame further, the callee one nearer.
             let neighbour = match direction {
@@ -113,7 +113,7 @@ pub fn hot_paths(
     through: Option<&FunctionName>,
     limit: usize,
 ) -> Vec<CallPath> {
-    let mut paths: HashMap<Vec<String>, u64> = HashMap::new();
+    let mut paths: HashMap<Vec<String>, u64> = HashMap::default();
     for stack in profile
         .stacks
         .iter()

@@ -9,7 +9,9 @@
 //! Latency is the sampled instruction's: rows get the latency of the instructions they hold;
 //! threads have none (the latency maps are kept per process).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use crate::fast_hash::{HashMap, HashSet};
 
 use crate::profile::{DataLineSample, EventIndex, Frame, FrameId, Profile};
 
@@ -297,7 +299,7 @@ pub fn build_view(
     options: &ViewOptions,
 ) -> View {
     let selection = Selection::new(profile, options.filter);
-    let mut groups: HashMap<GroupKey, Group> = HashMap::new();
+    let mut groups: HashMap<GroupKey, Group> = HashMap::default();
     let total_samples = match kind {
         ViewKind::Thread
         | ViewKind::Process
@@ -424,7 +426,7 @@ fn group_stacks(
         }
         if kind == ViewKind::Function {
             // Total samples: each function once per stack, however deep the recursion.
-            let mut seen = HashSet::new();
+            let mut seen = HashSet::default();
             for id in &stack.frames {
                 let frame = &profile.frames[*id as usize];
                 let name = FunctionName::of(frame);

@@ -24,11 +24,7 @@ use crate::import::perf_data::{
     decode_process_record, maps_code, FileId, ProcessRecord, PERF_RECORD_MISC_MMAP_BUILD_ID,
 };
 
-/// The table's maps: seeded per map like std's, so paths a user crafts to collide gain little,
-/// and several times faster on the pids and paths that the side-band looks up tens of
-/// thousands of times a second.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+use crate::fast_hash::{HashMap, HashSet};
 use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};
 
 mod short_lives;

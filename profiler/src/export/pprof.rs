@@ -51,9 +51,7 @@ use crate::profile::{
     DataAccess, DataLineSample, EventIndex, EventInfo, Frame, FrameId, Profile, StackSample,
 };
 
-/// Seeded per map like std's; SipHash of every string, frame and mapping key the builder
-/// interns was about 1% of the agent's CPU at 99 Hz under churn.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+use crate::fast_hash::HashMap;
 
 /// The messages of profile.proto that pprof reads.
 pub mod proto {

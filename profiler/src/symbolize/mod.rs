@@ -32,9 +32,7 @@ use crate::{
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
 
-/// Frames and addresses are hashed on every symbolization: foldhash, seeded per table like the
-/// side-band's, is several times faster than SipHash on them.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+use crate::fast_hash::HashMap;
 
 /// What a stack the unwinder could not finish ends in (its `TRUNCATED_FRAME`).
 pub const TRUNCATED_FUNCTION: &str = "[truncated]";
