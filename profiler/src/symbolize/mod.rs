@@ -4,6 +4,7 @@
 
 mod aliases;
 mod cache;
+pub mod demangle;
 mod kallsyms;
 pub mod kernel_addresses;
 mod perf_map;
@@ -27,12 +28,11 @@ use blazesym::symbolize::{
 use profiler_common::unwind_maps::{FRAME_POINTERS_ONLY_FRAME, TRUNCATED_FRAME};
 
 use crate::{
-    aggregate::module_file::demangle,
     capture::sideband::{FileIdentity, ProcessTable},
+    fast_hash::HashMap,
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
-
-use crate::fast_hash::HashMap;
+use demangle::demangle;
 
 /// What a stack the unwinder could not finish ends in (its `TRUNCATED_FRAME`).
 pub const TRUNCATED_FUNCTION: &str = "[truncated]";
