@@ -102,9 +102,9 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer:
             let Ok(code) = (&image).read_bytes_at(start, symbol.size) else {
                 continue;
             };
-            let offsets = disassemble(code, address)
-                .iter()
-                .map(|i| start + u64::from(i.offset))
+            // Only where instructions start: formatting them would take half the capture.
+            let offsets = decode(code, address)
+                .map(|instruction| start + (instruction.ip() - address))
                 .collect();
             module_code.push((
                 CodeBytes {
@@ -181,9 +181,14 @@ pub fn can_disassemble(architecture: &str) -> bool {
     matches!(architecture, "x86_64" | "")
 }
 
-/// Decodes x86-64 code that starts at `address`.
-pub fn disassemble(bytes: &[u8], address: u64) -> Vec<DecodedInstruction> {
+/// The instructions of x86-64 code that starts at `address`.
+fn decode(bytes: &[u8], address: u64) -> impl Iterator<Item = Instruction> + '_ {
     let mut decoder = Decoder::with_ip(64, bytes, address, DecoderOptions::NONE);
+    std::iter::from_fn(move || decoder.can_decode().then(|| decoder.decode()))
+}
+
+/// Decodes x86-64 code that starts at `address`, and formats it.
+pub fn disassemble(bytes: &[u8], address: u64) -> Vec<DecodedInstruction> {
     let mut formatter = GasFormatter::new();
     let options = formatter.options_mut();
     // objdump's layout: the mnemonic padded to 7 columns, lowercase hex.
@@ -192,10 +197,8 @@ pub fn disassemble(bytes: &[u8], address: u64) -> Vec<DecodedInstruction> {
     options.set_uppercase_hex(false);
     options.set_rip_relative_addresses(true);
     let end = address + bytes.len() as u64;
-    let mut instruction = Instruction::default();
     let mut decoded = Vec::new();
-    while decoder.can_decode() {
-        decoder.decode_out(&mut instruction);
+    for instruction in decode(bytes, address) {
         let mut mnemonic = String::new();
         let mut text = String::new();
         if instruction.is_invalid() {
