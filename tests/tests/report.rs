@@ -10,8 +10,8 @@ use std::{
 };
 
 use common::{
-    google_pprof, profiler, profiler_bin, record_page_faults, report_json, temp_dir,
-    touched_region, workload,
+    c_workload::build_no_frame_pointers, google_pprof, profiler, profiler_bin, record_page_faults,
+    report_json, temp_dir, touched_region, workload,
 };
 use serde_json::Value;
 
@@ -146,6 +146,42 @@ fn function_details_disassemble_the_hot_function_by_cache_line() {
     )
     .unwrap();
     assert!(text.contains("-----"), "{text}");
+}
+
+#[test]
+fn function_details_have_source_lines_where_the_module_has_debug_information() {
+    // A sampled function's code is kept whether or not its module has debug information; its
+    // instructions are line-mapped only where the sampled addresses have lines.
+    let dir = temp_dir("code-lines");
+    for (name, flags, lines) in [
+        ("with_lines", &["-g"][..], true),
+        ("without", &[][..], false),
+    ] {
+        let binary = build_no_frame_pointers(&dir, name, flags);
+        let file = dir.join(format!("{name}.prof"));
+        profiler(&[
+            "record",
+            "-F",
+            "999",
+            "-o",
+            file.to_str().unwrap(),
+            "--",
+            binary.to_str().unwrap(),
+            "1000",
+            "mix",
+        ]);
+        let details = report_json(&file, &["--function", "leaf_mix"]);
+        let function = &details["events"][0]["function_details"];
+        assert_eq!(function["code"], "disassembled", "{name}: {function:#}");
+        let rows = function["rows"].as_array().unwrap();
+        let instructions = rows.iter().filter(|r| r["row"] == "instruction").count();
+        assert!(instructions > 5, "{name}: {function:#}");
+        assert_eq!(
+            rows.iter().any(|r| r["row"] == "statement"),
+            lines,
+            "{name}: {function:#}"
+        );
+    }
 }
 
 #[test]

@@ -47,6 +47,9 @@ const MAX_FUNCTION_BYTES: u64 = 1 << 20;
 pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer: &Symbolizer) {
     let mut wanted: BTreeMap<FunctionStart, Option<String>> = BTreeMap::new();
     let mut pids: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+    // Modules with a source line at some sampled address: the others (no debug information)
+    // have none at any, and their instructions are not looked up one by one.
+    let mut with_lines: BTreeSet<&str> = BTreeSet::new();
     for sample in &profile.instructions {
         let frame = &profile.frames[sample.frame as usize];
         if frame.kernel || !frame.module.starts_with('/') {
@@ -55,6 +58,9 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer:
         if let Some(start) = function_file_offset(frame) {
             wanted.insert((frame.module.clone(), start), frame.build_id.clone());
             pids.entry(&frame.module).or_default().insert(sample.pid);
+        }
+        if frame.line.is_some() || frame.inlined.iter().any(|inlined| inlined.line.is_some()) {
+            with_lines.insert(&frame.module);
         }
     }
     let mut by_module: BTreeMap<&str, Vec<(u64, &Option<String>)>> = BTreeMap::new();
@@ -102,10 +108,14 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer:
             let Ok(code) = (&image).read_bytes_at(start, symbol.size) else {
                 continue;
             };
-            // Only where instructions start: formatting them would take half the capture.
-            let offsets = decode(code, address)
-                .map(|instruction| start + (instruction.ip() - address))
-                .collect();
+            // Where instructions start, to line-map them (formatting them would take half the
+            // capture).
+            let offsets = match with_lines.contains(module) {
+                true => decode(code, address)
+                    .map(|instruction| start + (instruction.ip() - address))
+                    .collect(),
+                false => Vec::new(),
+            };
             module_code.push((
                 CodeBytes {
                     module: module.to_string(),
@@ -124,8 +134,11 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer:
             .iter()
             .flat_map(|(_, offsets)| offsets.iter().copied())
             .collect();
-        let mut results =
-            crate::symbolize::symbolize_offsets(symbolizer, &path, true, &offsets).into_iter();
+        let mut results = match offsets.is_empty() {
+            true => Vec::new(),
+            false => crate::symbolize::symbolize_offsets(symbolizer, &path, true, &offsets),
+        }
+        .into_iter();
         for (mut code, offsets) in module_code {
             let symbolized = results.by_ref().take(offsets.len());
             code.lines = line_table(code.file_offset, &offsets, symbolized);
