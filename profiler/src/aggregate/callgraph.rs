@@ -5,7 +5,10 @@ use crate::fast_hash::{HashMap, HashSet};
 
 use crate::profile::{EventIndex, Profile};
 
-use super::{filter::Selection, functions::FunctionName};
+use super::{
+    filter::Selection,
+    functions::{FunctionName, FunctionNumbers},
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
@@ -53,20 +56,23 @@ pub fn neighbours(
         self_samples: 0,
         neighbours: Vec::new(),
     };
-    let mut counts: HashMap<Option<FunctionName>, u64> = HashMap::default();
+    let mut numbers = FunctionNumbers::new(profile);
+    let wanted = numbers.number(function);
+    // Neighbours by number; `None` past the stack's ends.
+    let mut counts: HashMap<Option<u32>, u64> = HashMap::default();
+    let mut functions = Vec::new();
     for stack in profile
         .stacks
         .iter()
         .filter(|s| s.event == event && selection.thread(s.pid, s.tid))
     {
         result.event_samples += stack.count;
-        let names: Vec<FunctionName> = stack
-            .frames
-            .iter()
-            .flat_map(|id| FunctionName::logical(&profile.frames[*id as usize]))
-            .collect();
-        let positions: Vec<usize> = (0..names.len())
-            .filter(|i| names[*i] == *function)
+        functions.clear();
+        for id in &stack.frames {
+            functions.extend_from_slice(numbers.logical(*id));
+        }
+        let positions: Vec<usize> = (0..functions.len())
+            .filter(|i| functions[*i] == wanted)
             .collect();
         if positions.is_empty() {
             continue;
@@ -79,17 +85,20 @@ pub fn neighbours(
         for position in positions {
             // Stacks are leaf first: the caller is one frame further, the callee one nearer.
             let neighbour = match direction {
-                Direction::Callers => names.get(position + 1).cloned(),
-                Direction::Callees => position.checked_sub(1).map(|i| names[i].clone()),
+                Direction::Callers => functions.get(position + 1).copied(),
+                Direction::Callees => position.checked_sub(1).map(|i| functions[i]),
             };
-            if seen.insert(neighbour.clone()) {
+            if seen.insert(neighbour) {
                 *counts.entry(neighbour).or_default() += stack.count;
             }
         }
     }
     result.neighbours = counts
         .into_iter()
-        .map(|(function, samples)| Neighbour { function, samples })
+        .map(|(function, samples)| Neighbour {
+            function: function.map(|number| numbers.function(number).clone()),
+            samples,
+        })
         .collect();
     result
         .neighbours
@@ -113,39 +122,46 @@ pub fn hot_paths(
     through: Option<&FunctionName>,
     limit: usize,
 ) -> Vec<CallPath> {
-    let mut paths: HashMap<Vec<String>, u64> = HashMap::default();
+    let mut numbers = FunctionNumbers::new(profile);
+    let through = through.map(|function| numbers.number(function));
+    // Paths of bare names, by number.
+    let mut paths: HashMap<Vec<u32>, u64> = HashMap::default();
+    let mut functions = Vec::new();
     for stack in profile
         .stacks
         .iter()
         .filter(|s| s.event == event && selection.thread(s.pid, s.tid))
     {
-        let frames = stack.frames.iter().map(|id| &profile.frames[*id as usize]);
-        if let Some(function) = through {
-            if !frames
-                .clone()
-                .flat_map(FunctionName::logical)
-                .any(|f| f == *function)
-            {
-                continue;
-            }
+        functions.clear();
+        for id in &stack.frames {
+            functions.extend_from_slice(numbers.logical(*id));
         }
-        let functions = frames
-            .flat_map(FunctionName::logical)
-            .map(|f| f.name)
+        if through.is_some_and(|through| !functions.contains(&through)) {
+            continue;
+        }
+        let path = functions
+            .iter()
+            .map(|&function| numbers.name_number(function))
             .collect();
-        *paths.entry(functions).or_default() += stack.count;
+        *paths.entry(path).or_default() += stack.count;
     }
-    let mut paths: Vec<CallPath> = paths
-        .into_iter()
-        .map(|(functions, samples)| CallPath { functions, samples })
-        .collect();
-    paths.sort_by(|a, b| {
-        b.samples
-            .cmp(&a.samples)
-            .then(a.functions.cmp(&b.functions))
+    let mut paths: Vec<(Vec<u32>, u64)> = paths.into_iter().collect();
+    fn names<'a>(numbers: &'a FunctionNumbers, path: &'a [u32]) -> impl Iterator<Item = &'a str> {
+        path.iter().map(|&name| numbers.name(name))
+    }
+    paths.sort_by(|(a, a_samples), (b, b_samples)| {
+        b_samples
+            .cmp(a_samples)
+            .then_with(|| names(&numbers, a).cmp(names(&numbers, b)))
     });
     paths.truncate(limit);
     paths
+        .into_iter()
+        .map(|(path, samples)| CallPath {
+            functions: names(&numbers, &path).map(str::to_string).collect(),
+            samples,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use super::{
 };
 
 /// What a data address belongs to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DataObject {
     /// Global variables overlapping the cache line, by address.
     Variables(Vec<DataSymbol>),

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 
-use crate::profile::{module_basename, EventIndex, Frame, Profile};
+use crate::{
+    fast_hash::HashMap,
+    profile::{module_basename, EventIndex, Frame, FrameId, Profile},
+};
 
 use super::filter::Selection;
 
@@ -38,6 +41,93 @@ impl FunctionName {
                 module: module.to_string(),
             })
             .chain(std::iter::once(FunctionName::of(frame)))
+    }
+}
+
+/// Numbers for the functions of a profile's frames, each frame named once: a pass over every
+/// frame of every stack hashes and compares small numbers where it would build two strings a
+/// frame (a third of a report's time). Functions are numbered, and so are their bare names
+/// (call paths merge functions of one name whatever their module).
+pub struct FunctionNumbers<'p> {
+    frames: &'p [Frame],
+    numbers: HashMap<FunctionName, u32>,
+    /// By number: the function and the number of its bare name.
+    functions: Vec<(FunctionName, u32)>,
+    name_numbers: HashMap<String, u32>,
+    names: Vec<String>,
+    /// By frame: the number of [`FunctionName::of`].
+    own: Vec<Option<u32>>,
+    /// By frame: the numbers of [`FunctionName::logical`].
+    logical: Vec<Option<Box<[u32]>>>,
+}
+
+impl<'p> FunctionNumbers<'p> {
+    pub fn new(profile: &'p Profile) -> FunctionNumbers<'p> {
+        FunctionNumbers {
+            frames: &profile.frames,
+            numbers: HashMap::default(),
+            functions: Vec::new(),
+            name_numbers: HashMap::default(),
+            names: Vec::new(),
+            own: vec![None; profile.frames.len()],
+            logical: vec![None; profile.frames.len()],
+        }
+    }
+
+    /// The number of `function`, numbered now if no frame's function was.
+    pub fn number(&mut self, function: &FunctionName) -> u32 {
+        if let Some(&number) = self.numbers.get(function) {
+            return number;
+        }
+        let name = match self.name_numbers.get(&function.name) {
+            Some(&name) => name,
+            None => {
+                let name = self.names.len() as u32;
+                self.names.push(function.name.clone());
+                self.name_numbers.insert(function.name.clone(), name);
+                name
+            }
+        };
+        let number = self.functions.len() as u32;
+        self.functions.push((function.clone(), name));
+        self.numbers.insert(function.clone(), number);
+        number
+    }
+
+    /// The number of the function holding frame `id`.
+    pub fn own(&mut self, id: FrameId) -> u32 {
+        if let Some(number) = self.own[id as usize] {
+            return number;
+        }
+        let number = self.number(&FunctionName::of(&self.frames[id as usize]));
+        self.own[id as usize] = Some(number);
+        number
+    }
+
+    /// The numbers of the functions frame `id` stands for, innermost first (see
+    /// [`FunctionName::logical`]).
+    pub fn logical(&mut self, id: FrameId) -> &[u32] {
+        if self.logical[id as usize].is_none() {
+            let numbers = FunctionName::logical(&self.frames[id as usize])
+                .map(|function| self.number(&function))
+                .collect();
+            self.logical[id as usize] = Some(numbers);
+        }
+        self.logical[id as usize].as_deref().unwrap_or_default()
+    }
+
+    pub fn function(&self, number: u32) -> &FunctionName {
+        &self.functions[number as usize].0
+    }
+
+    /// The number of the bare name of function `number`.
+    pub fn name_number(&self, number: u32) -> u32 {
+        self.functions[number as usize].1
+    }
+
+    /// The bare name numbered `name` (see [`FunctionNumbers::name_number`]).
+    pub fn name(&self, name: u32) -> &str {
+        &self.names[name as usize]
     }
 }
 

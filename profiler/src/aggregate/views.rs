@@ -18,7 +18,7 @@ use crate::profile::{DataLineSample, EventIndex, Frame, FrameId, Profile};
 use super::{
     dataspace::{describe_data_address, DataObject},
     filter::{EventScale, SampleFilter, Selection},
-    functions::FunctionName,
+    functions::{FunctionName, FunctionNumbers},
     latency::{LatencyAccumulator, LatencySummary, LineHistograms},
 };
 
@@ -79,8 +79,9 @@ impl SortKey {
     }
 }
 
-/// What a row counts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a row counts. Ordered (after samples and names) so that rows that tie, such as
+/// functions of one name in two modules, keep one order whatever the order they were grouped in.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum RowKey {
     Thread {
         pid: u32,
@@ -370,6 +371,7 @@ fn sort_rows(rows: &mut [ViewRow], sort: SortKey) {
                 .cmp(&a.samples)
                 .then(b.total_samples.cmp(&a.total_samples))
                 .then_with(|| a.key.name().cmp(&b.key.name()))
+                .then_with(|| a.key.cmp(&b.key))
         }),
         SortKey::Latency => rows.sort_by(|a, b| {
             // `None` sorts below every latency, so descending order puts those rows last.
@@ -378,12 +380,14 @@ fn sort_rows(rows: &mut [ViewRow], sort: SortKey) {
                 .unwrap_or(std::cmp::Ordering::Equal)
                 .then(b.samples.cmp(&a.samples))
                 .then_with(|| a.key.name().cmp(&b.key.name()))
+                .then_with(|| a.key.cmp(&b.key))
         }),
         SortKey::Name => rows.sort_by(|a, b| {
             a.key
                 .name()
                 .cmp(&b.key.name())
                 .then(b.samples.cmp(&a.samples))
+                .then_with(|| a.key.cmp(&b.key))
         }),
     }
 }
@@ -397,6 +401,10 @@ fn group_stacks(
     groups: &mut HashMap<GroupKey, Group>,
 ) -> u64 {
     let mut total = 0;
+    // Function view: each function's total samples and frames, by number.
+    let mut numbers = FunctionNumbers::new(profile);
+    let mut totals: HashMap<u32, Group> = HashMap::default();
+    let mut seen = HashSet::default();
     for stack in profile
         .stacks
         .iter()
@@ -426,16 +434,24 @@ fn group_stacks(
         }
         if kind == ViewKind::Function {
             // Total samples: each function once per stack, however deep the recursion.
-            let mut seen = HashSet::default();
+            seen.clear();
             for id in &stack.frames {
-                let frame = &profile.frames[*id as usize];
-                let name = FunctionName::of(frame);
-                if selection.module(frame) && seen.insert(name.clone()) {
-                    let group = groups.entry(GroupKey::Function(name)).or_default();
+                if selection.module(&profile.frames[*id as usize]) && seen.insert(numbers.own(*id))
+                {
+                    let group = totals.entry(numbers.own(*id)).or_default();
                     group.total_samples += stack.count;
                     group.frames.entry(*id).or_default();
                 }
             }
+        }
+    }
+    for (number, function) in totals {
+        let group = groups
+            .entry(GroupKey::Function(numbers.function(number).clone()))
+            .or_default();
+        group.total_samples += function.total_samples;
+        for id in function.frames.into_keys() {
+            group.frames.entry(id).or_default();
         }
     }
     total
@@ -630,6 +646,7 @@ mod tests {
     use super::*;
     use crate::aggregate::test_samples::{self, HEAP_LINE, SHARED_LINE};
     use crate::export::test_profile;
+    use crate::profile::StackSample;
 
     fn view(profile: &Profile, kind: ViewKind, event: EventIndex, filter: &SampleFilter) -> View {
         build_view(
@@ -711,6 +728,51 @@ mod tests {
         );
         assert_eq!(functions.rows[3].total_percent, Some(85.0));
         assert_eq!(functions.rows[2].cumulative_percent, 100.0);
+    }
+
+    #[test]
+    fn functions_of_one_name_in_two_modules_keep_one_order() {
+        // Two `twin` functions, in app and in libblob, with the same samples: whichever was
+        // grouped first, app's comes first.
+        let twin = |module: &str| Frame {
+            address: 0x9000,
+            module: module.into(),
+            module_offset: 0x9000,
+            function: Some("twin".into()),
+            function_address: Some(0x9000),
+            ..Frame::default()
+        };
+        let mut rows = Vec::new();
+        for modules in [
+            [test_profile::APP, test_profile::LIBBLOB],
+            [test_profile::LIBBLOB, test_profile::APP],
+        ] {
+            let mut profile = test_samples::profile();
+            for module in modules {
+                profile.frames.push(twin(module));
+                profile.stacks.push(StackSample {
+                    pid: 100,
+                    tid: 100,
+                    frames: vec![profile.frames.len() as FrameId - 1],
+                    count: 7,
+                    ..StackSample::default()
+                });
+            }
+            let functions = view(&profile, ViewKind::Function, 0, &SampleFilter::default());
+            let twins: Vec<String> = functions
+                .rows
+                .iter()
+                .filter_map(|row| match &row.key {
+                    RowKey::Function(function) if function.name == "twin" => {
+                        Some(function.module.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+            rows.push(twins);
+        }
+        assert_eq!(rows[0], ["app", "libblob.so"], "module basenames");
+        assert_eq!(rows[0], rows[1]);
     }
 
     #[test]

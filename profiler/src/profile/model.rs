@@ -329,7 +329,7 @@ pub struct MemoryMapping {
 }
 
 /// A global variable of a module, at its address in one process.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DataSymbol {
     pub pid: u32,
     pub address: u64,
