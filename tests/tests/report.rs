@@ -11,7 +11,7 @@ use std::{
 
 use common::{
     c_workload::build_no_frame_pointers, google_pprof, profiler, profiler_bin, record_page_faults,
-    report_json, temp_dir, touched_region, workload,
+    record_to, report_json, temp_dir, touched_region, workload,
 };
 use serde_json::Value;
 
@@ -159,17 +159,11 @@ fn function_details_have_source_lines_where_the_module_has_debug_information() {
     ] {
         let binary = build_no_frame_pointers(&dir, name, flags);
         let file = dir.join(format!("{name}.prof"));
-        profiler(&[
-            "record",
-            "-F",
-            "999",
-            "-o",
-            file.to_str().unwrap(),
-            "--",
-            binary.to_str().unwrap(),
-            "1000",
-            "mix",
-        ]);
+        record_to(
+            &file,
+            &["-F", "999"],
+            &[binary.to_str().unwrap(), "1000", "mix"],
+        );
         let details = report_json(&file, &["--function", "leaf_mix"]);
         let function = &details["events"][0]["function_details"];
         assert_eq!(function["code"], "disassembled", "{name}: {function:#}");
