@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{capture::program::DEFAULT_STACKS, hardware::HardwareArgs, report::ViewArgs};
+use crate::{hardware::HardwareArgs, report::ViewArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -123,9 +123,10 @@ pub struct SamplingArgs {
           value_parser = clap::value_parser!(u64).range(10..=MAX_DRAIN_INTERVAL_MS))]
     pub drain_interval: u64,
     /// Distinct call stacks the kernel holds until the agent takes them into its stack cache
-    /// (1 KiB each); the agent empties the map before it fills.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_STACKS, value_parser = map_entries)]
-    pub stack_map_entries: u32,
+    /// (1 KiB each); the agent empties the map before it fills. By default twice the sample
+    /// maps' entries (a sample stores up to two stacks), from 2,048 to 32,768.
+    #[arg(long, value_name = "N", value_parser = map_entries)]
+    pub stack_map_entries: Option<u32>,
     /// Entries of the sample maps (stacks, instructions, data cache lines) per generation, and
     /// of the `--off-cpu` map (thread, stacks, state). By default the sample maps hold twice
     /// the samples the events fire on every CPU between two drains (16,384 for events sampled

@@ -12,7 +12,9 @@ use crate::{
         hardware::{prepare_sampled_event, records_data_addresses},
         offcpu::OffCpuOptions,
         offsets_cache::running_kernel_offsets,
-        program::{default_sample_map_entries, MapSizes, DEFAULT_MAP_ENTRIES},
+        program::{
+            default_sample_map_entries, default_stack_entries, MapSizes, DEFAULT_MAP_ENTRIES,
+        },
         session::SIDEBAND_INTERVAL,
         stats::HOST_CPUS,
     },
@@ -225,6 +227,15 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
         Some(_) => None,
         None => Some(default_entries(HOST_CPUS as u32, HOST_CPUS as u32)),
     };
+    let stacks = args
+        .stack_map_entries
+        .unwrap_or_else(|| default_stack_entries(sample_entries));
+    let host_stacks = match args.stack_map_entries {
+        Some(_) => None,
+        None => Some(default_stack_entries(
+            host_sample_entries.unwrap_or(sample_entries),
+        )),
+    };
     let ring_bytes = args.ring_buffer_bytes();
     Ok(RecordOptions {
         events,
@@ -234,7 +245,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
         drain_interval,
         sideband_interval: SIDEBAND_INTERVAL,
         sizes: MapSizes {
-            stacks: args.stack_map_entries,
+            stacks,
             stack_counts: sample_entries,
             instructions: sample_entries,
             data_lines: sample_entries,
@@ -250,6 +261,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
             // One scratch record per CPU the program may run on.
             stack_copy_scratch: possible_cpus,
             host_sample_entries,
+            host_stacks,
             unwind_rows: match args.unwind.walks_tables() {
                 true => args.unwind_table_mib * (1024 * 1024 / UnwindRow::SIZE as u32),
                 false => 1,

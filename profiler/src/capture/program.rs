@@ -59,15 +59,32 @@ pub struct MapSizes {
     /// Entries the default sizing would give the sample maps on a [`HOST_CPUS`]-CPU host at
     /// the same rate (`None` when `--map-entries` sets them): what `--stats` projects to.
     pub host_sample_entries: Option<u32>,
+    /// The same for the stack-frames map (`None` when `--stack-map-entries` sets it).
+    pub host_stacks: Option<u32>,
     /// Rows of the unwind-table arena (`record --unwind dwarf`).
     pub unwind_rows: u32,
     /// Processes whose mappings the unwinder holds (`record --unwind dwarf`).
     pub unwind_processes: u32,
 }
 
-/// Default entries of the stack-frames map: the memory the two generations' 16,384-entry
-/// stack-trace maps took before stacks were content-addressed.
+/// The most entries the stack-frames map's default takes: the memory the two generations'
+/// 16,384-entry stack-trace maps took before stacks were content-addressed.
 pub const DEFAULT_STACKS: u32 = 32768;
+
+/// What one entry of the stack-frames map locks: its frames and hash key, the kernel's element
+/// header (48 bytes) and its share of the buckets (16 bytes), as the map's fdinfo reports it.
+const STACK_FRAMES_ENTRY_BYTES: u64 = size_of::<StackFrames>() as u64 + 8 + 48 + 16;
+
+/// Default entries of the stack-frames map: twice the sample maps' (a sample stores up to two
+/// new stacks, its kernel and its user stack), from 2,048 to [`DEFAULT_STACKS`]. The map is
+/// emptied from a quarter full like the sample maps, and it is preallocated: at a fixed 32,768
+/// entries it locked 35 MB and took a tenth of a recording's start-up where a 997 Hz recording
+/// on two CPUs needs 8,192 and the agent at 99 Hz 2,048.
+pub fn default_stack_entries(sample_entries: u32) -> u32 {
+    sample_entries
+        .saturating_mul(2)
+        .clamp(2 * MIN_DEFAULT_MAP_ENTRIES, DEFAULT_STACKS)
+}
 
 /// Entries of the sample maps per generation where the sampling rate is unknown, and the most
 /// their default takes.
@@ -161,13 +178,19 @@ impl MapSizes {
     /// host: the per-CPU values for its CPUs, and the sample maps at the entries the default
     /// sizing gives them there (`data_addresses`: the data-line maps are among them).
     pub fn on_host(&self, memory: &MapMemory, data_addresses: bool) -> u64 {
-        let scaled = memory.on_cpus(HOST_CPUS);
-        let Some(host) = self.host_sample_entries else {
-            return scaled;
+        let resized = |here: u32, host: Option<u32>, per_entry: u64| match host {
+            Some(host) => (i64::from(host) - i64::from(here)) * per_entry as i64,
+            None => 0,
         };
-        let per_entry = sample_entry_bytes_per_cpu(data_addresses) * HOST_CPUS;
-        (scaled + u64::from(host) * per_entry)
-            .saturating_sub(u64::from(self.stack_counts) * per_entry)
+        let samples = resized(
+            self.stack_counts,
+            self.host_sample_entries,
+            sample_entry_bytes_per_cpu(data_addresses) * HOST_CPUS,
+        );
+        let stacks = resized(self.stacks, self.host_stacks, STACK_FRAMES_ENTRY_BYTES);
+        memory
+            .on_cpus(HOST_CPUS)
+            .saturating_add_signed(samples + stacks)
     }
 
     /// Entries of the maps (of one generation) whose new keys `fill` counts.
@@ -206,6 +229,7 @@ impl Default for MapSizes {
             stack_copy_ring_bytes: 1 << 22,
             stack_copy_scratch: 1,
             host_sample_entries: None,
+            host_stacks: None,
             unwind_rows: 1,
             unwind_processes: 1,
         }
@@ -676,6 +700,27 @@ mod tests {
             ..given
         };
         assert_eq!(fewer.on_host(&here, false), (136 << 20) - 3072 * 80 * 128);
+        // A default stack-frames map of 8,192 entries here and 12,288 there: 1,096 bytes an
+        // entry, not per CPU.
+        let frames = MapSizes {
+            stacks: 8192,
+            host_stacks: Some(12288),
+            ..defaults
+        };
+        assert_eq!(
+            frames.on_host(&here, false),
+            (136 << 20) + 2048 * 80 * 128 + 4096 * 1096
+        );
+    }
+
+    #[test]
+    fn the_stack_frames_map_holds_two_stacks_for_each_sample_entry() {
+        // 997 Hz on 2 CPUs: 4,096 sample entries.
+        assert_eq!(default_stack_entries(4096), 8192);
+        // The agent's 99 Hz: the floor; a period's unknown rate: the old fixed size.
+        assert_eq!(default_stack_entries(1024), 2048);
+        assert_eq!(default_stack_entries(DEFAULT_MAP_ENTRIES), DEFAULT_STACKS);
+        assert_eq!(default_stack_entries(1), 2048, "never under the floor");
     }
 
     #[test]
