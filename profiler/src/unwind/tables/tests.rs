@@ -417,6 +417,16 @@ fn tables_no_one_holds_are_let_go_and_read_back_from_disk() {
     assert!(cache.release_unused().is_empty(), "held, so kept");
     let compiled = (*table).clone();
     drop(table);
+    assert!(
+        cache.release_unused().is_empty(),
+        "kept through the first release that finds it unused"
+    );
+    // Mapped again in between: served from memory, and held again.
+    let table = cache.table(&open(&program), &program).unwrap();
+    assert_eq!(cache.stats.from_memory, 1);
+    assert!(cache.release_unused().is_empty(), "held again, so kept");
+    drop(table);
+    assert!(cache.release_unused().is_empty());
     let released = cache.release_unused();
     assert_eq!(released.len(), 1);
     assert_eq!(*released[0], compiled);
