@@ -40,8 +40,14 @@ struct ModuleSymbols {
     /// processes that map it), its inode names no other file, and what was read stays true.
     file: Weak<File>,
     /// The descriptor path the symbolizer read the module at: what it caches the module's
-    /// parsed file under.
+    /// parsed file under. Empty once the file closed (the parse is evicted then).
     path: PathBuf,
+    /// The module's build ID (hex): a file opened again under the same identity with the same
+    /// build ID is the same code, and what was read from it stays true.
+    build_id: Option<String>,
+    /// The file had closed at the last [`SymbolCache::forget_closed`]: at the next, the module
+    /// goes unless the file was opened again.
+    closed: bool,
     by_offset: HashMap<u64, Symbol>,
     /// The module's functions with more than one name, of the code symbolized so far.
     aliases: Vec<Vec<String>>,
@@ -138,16 +144,25 @@ impl SymbolCache {
         let mut modules = self.modules.borrow_mut();
         let module = modules.entry(identity).or_default();
         // Another open of the identity: the file it was read from closed in between, and its
-        // inode may name another file now.
+        // inode may name another file now, unless the build ID says it is the same code (the
+        // same program started again, under churn every few hundred milliseconds).
         if !std::ptr::eq(module.file.as_ptr(), Arc::as_ptr(file)) {
             if !module.path.as_os_str().is_empty() {
                 let parse = Evict::Elf(evict::Elf::new(&module.path));
                 let _ = self.symbolizer.borrow_mut().evict(&parse);
             }
-            *module = ModuleSymbols {
-                file: Arc::downgrade(file),
-                ..ModuleSymbols::default()
-            };
+            let build_id = frames.first().and_then(|frame| frame.build_id.clone());
+            if build_id.is_some() && module.build_id == build_id {
+                module.file = Arc::downgrade(file);
+                module.path = PathBuf::new();
+                module.closed = false;
+            } else {
+                *module = ModuleSymbols {
+                    file: Arc::downgrade(file),
+                    build_id,
+                    ..ModuleSymbols::default()
+                };
+            }
         }
         if module.path != path {
             module.path = path.to_path_buf();
@@ -206,19 +221,27 @@ impl SymbolCache {
     }
 
     /// Forgets the modules whose files closed: nothing holds them open any more (the
-    /// side-band closes a file once no process maps it). Once closed, its inode may name
-    /// another file, so what was read from it goes. So does the symbolizer's parse of it: the
-    /// symbolizer keeps every file a path ever named (and a descriptor to each), and
+    /// side-band closes a file once no process maps it). The symbolizer's parse of it goes at
+    /// once: the symbolizer keeps every file a path ever named (and a descriptor to each), and
     /// descriptor paths are reused for other files, so without this the agent grew by every
-    /// distinct executable it ever symbolized. A module a window did not sample stays while
-    /// its file is open: forgetting it with the window re-read its tables at its next samples.
+    /// distinct executable it ever symbolized. What was read from it stays until the next
+    /// call, for the same code opened again (see [`SymbolCache::fill`]); a module without a
+    /// build ID goes at once, since its inode may name another file. A module a window did not
+    /// sample stays while its file is open: forgetting it with the window re-read its tables at
+    /// its next samples.
     pub fn forget_closed(&mut self) {
-        let closed: Vec<PathBuf> = self
-            .modules
-            .get_mut()
-            .extract_if(|_, module| module.file.strong_count() == 0)
-            .map(|(_, module)| module.path)
-            .collect();
+        let mut closed = Vec::new();
+        self.modules.get_mut().retain(|_, module| {
+            if module.file.strong_count() > 0 {
+                return true;
+            }
+            if !module.path.as_os_str().is_empty() {
+                closed.push(std::mem::take(&mut module.path));
+            }
+            let keep = module.build_id.is_some() && !module.closed;
+            module.closed = true;
+            keep
+        });
         for path in closed {
             // The path may name an open module by now (a reused descriptor): its parse goes
             // too, and is read again at its next frame. Evicting what is not cached is no
@@ -324,6 +347,64 @@ mod tests {
         cache.forget_closed();
         assert_eq!(cache.cached_offsets((1, 2)), 0);
         assert_eq!(descriptors_on_module(), 0);
+    }
+
+    #[test]
+    fn a_closed_module_is_kept_one_more_window_for_the_same_build_id_opened_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("module");
+        std::fs::copy("/bin/true", &module).unwrap();
+        let descriptors_on_module = || {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+                .filter(|target| *target == module)
+                .count()
+        };
+        let mut cache = SymbolCache::new(false);
+        let frame = |build_id: &str| Frame {
+            module_offset: 0x1000,
+            build_id: Some(build_id.to_string()),
+            ..Frame::default()
+        };
+        let file = Arc::new(File::open(&module).unwrap());
+        cache.fill((1, 2), &file, &module, &mut [frame("ab")]);
+        drop(file);
+        // Closed: the symbolizer's parse (and its descriptor) goes at once, what was read stays.
+        cache.forget_closed();
+        assert_eq!(descriptors_on_module(), 0);
+        assert_eq!(cache.cached_offsets((1, 2)), 1);
+        // Opened again with the same build ID: served from the cache, no file read.
+        let reopened = Arc::new(File::open("/dev/null").unwrap());
+        let mut frames = [frame("ab")];
+        cache.fill((1, 2), &reopened, Path::new("/nonexistent"), &mut frames);
+        assert_eq!(cache.cached_offsets((1, 2)), 1);
+        // Open again: kept however many windows pass.
+        cache.forget_closed();
+        cache.forget_closed();
+        assert_eq!(cache.cached_offsets((1, 2)), 1);
+        drop(reopened);
+        cache.forget_closed();
+        assert_eq!(cache.cached_offsets((1, 2)), 1, "one more window");
+        cache.forget_closed();
+        assert_eq!(cache.cached_offsets((1, 2)), 0, "then forgotten");
+        // Another build ID under the identity: read anew.
+        let file = Arc::new(File::open(&module).unwrap());
+        cache.fill((1, 2), &file, &module, &mut [frame("ab")]);
+        drop(file);
+        cache.forget_closed();
+        let other = Arc::new(File::open(&module).unwrap());
+        cache.fill(
+            (1, 2),
+            &other,
+            Path::new("/nonexistent"),
+            &mut [frame("cd")],
+        );
+        assert_eq!(cache.cached_offsets((1, 2)), 1);
+        assert_eq!(
+            cache.modules.borrow()[&(1, 2)].build_id.as_deref(),
+            Some("cd")
+        );
     }
 
     /// The file offset of one of the test binary's addresses, from /proc/self/maps.
