@@ -101,11 +101,35 @@ impl<'a> ReadRef<'a> for &'a ModuleImage {
         (&self.cache).read_bytes_at(offset, size)
     }
 
-    /// Strings: the cache looks for the delimiter in at most 4 KiB.
+    /// Strings, looked for in at most [`MAX_STRING`] bytes. Symbol names are read one after
+    /// another from tables of thousands, and the cache read each with a seek and a read of its
+    /// own: the block of the table around a string is read once and searched in memory; a
+    /// string across the block's end is read by the cache.
     fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
+        let block_start = range.start - range.start % STRING_BLOCK;
+        let block_end = block_start.saturating_add(STRING_BLOCK).min(range.end);
+        if block_end > range.start {
+            if let Ok(block) = (&self.cache).read_bytes_at(block_start, block_end - block_start) {
+                let within = &block[(range.start - block_start) as usize..];
+                let searched = &within[..within.len().min(MAX_STRING)];
+                match searched.iter().position(|&byte| byte == delimiter) {
+                    Some(len) => return Ok(&within[..len]),
+                    None if searched.len() == MAX_STRING || block_end == range.end => {
+                        return Err(())
+                    }
+                    None => {}
+                }
+            }
+        }
         (&self.cache).read_bytes_at_until(range, delimiter)
     }
 }
+
+/// Bytes of a module read at once around a string (see [`ModuleImage`]'s reads).
+const STRING_BLOCK: u64 = 64 << 10;
+
+/// The longest string looked for in a module, as `object`'s cache bounds it.
+const MAX_STRING: usize = 4096;
 
 /// The bytes of an input file (`report -i`): a regular file, read up to the size it had when
 /// opened (a file still growing is read as it was then). Anything else is refused: a device
@@ -178,8 +202,46 @@ mod tests {
         assert_eq!((&image).read_bytes_at(0, MAX_MODULE_READ + 1), Err(()));
         // A string with no end is looked for in a bounded range.
         assert_eq!((&image).read_bytes_at_until(0..64 << 30, b'x'), Err(()));
+        assert_eq!(
+            (&image).read_bytes_at_until((1 << 30) - 10..64 << 30, b'x'),
+            Err(())
+        );
         // Not ELF: refused at once, whatever it is big.
         assert!(object::File::parse(&image).is_err());
+    }
+
+    #[test]
+    fn strings_are_read_a_block_at_a_time_as_the_cache_reads_them() {
+        // Strings of every length up to past the longest looked for, some across the block's
+        // end, a last one without its delimiter.
+        let mut bytes = Vec::new();
+        let mut starts = Vec::new();
+        let mut length = 0;
+        while bytes.len() < 3 * STRING_BLOCK as usize {
+            starts.push(bytes.len() as u64);
+            bytes.extend(std::iter::repeat_n(b'a' + (length % 26) as u8, length));
+            bytes.push(0);
+            length = (length * 7 + 13) % (MAX_STRING + 100);
+        }
+        starts.push(bytes.len() as u64);
+        bytes.extend_from_slice(b"unterminated");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("strings");
+        std::fs::write(&path, &bytes).unwrap();
+        let image = ModuleImage::new(File::open(&path).unwrap());
+        let end = bytes.len() as u64;
+        for &start in &starts {
+            for range in [start..end, start..(start + 100).min(end)] {
+                // A cache of its own for each: the cache answers a string it read before
+                // whatever the range.
+                let cache = ReadCache::new(File::open(&path).unwrap());
+                assert_eq!(
+                    (&image).read_bytes_at_until(range.clone(), 0),
+                    (&cache).read_bytes_at_until(range, 0),
+                    "the string at {start}"
+                );
+            }
+        }
     }
 
     #[test]
