@@ -302,7 +302,8 @@ impl UnwindLoader {
     pub fn sync(&mut self, table: &ProcessTable) -> Result<()> {
         // The requests only say "look": every changed process is compared below.
         while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
-        if table.files.closed() != self.files_closed {
+        // Files closed since, or tables found unused at the last release: they go at this one.
+        if table.files.closed() != self.files_closed || self.cache.holds_unused() {
             self.files_closed = table.files.closed();
             self.release_closed_files(&table.files)?;
         }

@@ -796,12 +796,18 @@ impl TableCache {
         Ok(table)
     }
 
+    /// Whether the last release found tables unused and kept them for the next.
+    pub fn holds_unused(&self) -> bool {
+        !self.idle.is_empty()
+    }
+
     /// Lets go of the tables no one else holds any more (their files closed) and of the
     /// failures remembered, so that memory follows the files open, not every file ever mapped.
-    /// A table is let go at the second release that finds it unused: under process churn the
-    /// same program starts again as soon as its last process exits, and reading its table back
-    /// from disk and placing its rows again was a twelfth of the agent's CPU. The tables are
-    /// handed back for the caller to undo what it did with them before they are dropped.
+    /// A table is let go at the second release that finds it unused (the loader releases again
+    /// at its next sync while [`TableCache::holds_unused`]): under process churn the same
+    /// program starts again as soon as its last process exits, and reading its table back from
+    /// disk and placing its rows again was a twelfth of the agent's CPU. The tables are handed
+    /// back for the caller to undo what it did with them before they are dropped.
     pub fn release_unused(&mut self) -> Vec<Arc<UnwindTable>> {
         let unused = |table: &Result<Arc<UnwindTable>, String>| !matches!(table, Ok(t) if Arc::strong_count(t) > 1);
         let idle = std::mem::take(&mut self.idle);
