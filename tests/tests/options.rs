@@ -380,8 +380,14 @@ fn sample_maps_are_sized_to_the_rate_and_stats_say_what_they_lock_on_a_large_hos
             .then(|| default_entries(per_drain, bytes_per_entry, 128, 128));
         assert_eq!(host_entries, expected_host_entries, "{args:?}");
         let resized = host_entries.unwrap_or(entries) as f64 - entries as f64;
-        let projected =
-            locked + (128 - possible) as f64 * per_cpu + mib(2 * bytes_per_entry * 128) * resized;
+        // And the stack-frames map at twice the sample maps' entries, from 2,048 to 32,768:
+        // 1,096 bytes an entry, on no CPU in particular.
+        let frames = |entries: u64| (2 * entries).clamp(2048, 32768) as f64;
+        let frames_resized = frames(host_entries.unwrap_or(entries)) - frames(entries);
+        let projected = locked
+            + (128 - possible) as f64 * per_cpu
+            + mib(2 * bytes_per_entry * 128) * resized
+            + mib(1096) * frames_resized;
         // Printed rounded: the projection within a MiB of the figures it comes from.
         assert!(
             (host - projected).abs() < 1.0 + 128.0 * 0.005,
