@@ -312,18 +312,9 @@ mod tests {
 
     #[test]
     fn modules_are_kept_while_their_files_are_open_and_forgotten_with_the_parse_once_closed() {
-        // A file of this test's own: the descriptors open on it are the test's and the
-        // symbolizer's.
         let dir = tempfile::tempdir().unwrap();
-        let module = dir.path().join("module");
-        std::fs::copy("/bin/true", &module).unwrap();
-        let descriptors_on_module = || {
-            std::fs::read_dir("/proc/self/fd")
-                .unwrap()
-                .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
-                .filter(|target| *target == module)
-                .count()
-        };
+        let module = module_of_this_test(dir.path());
+        let descriptors_on_module = || descriptors_on(&module);
         let mut cache = SymbolCache::new(false);
         let frame = Frame {
             module_offset: 0x1000,
@@ -352,15 +343,8 @@ mod tests {
     #[test]
     fn a_closed_module_is_kept_one_more_window_for_the_same_build_id_opened_again() {
         let dir = tempfile::tempdir().unwrap();
-        let module = dir.path().join("module");
-        std::fs::copy("/bin/true", &module).unwrap();
-        let descriptors_on_module = || {
-            std::fs::read_dir("/proc/self/fd")
-                .unwrap()
-                .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
-                .filter(|target| *target == module)
-                .count()
-        };
+        let module = module_of_this_test(dir.path());
+        let descriptors_on_module = || descriptors_on(&module);
         let mut cache = SymbolCache::new(false);
         let frame = |build_id: &str| Frame {
             module_offset: 0x1000,
@@ -405,6 +389,23 @@ mod tests {
             cache.modules.borrow()[&(1, 2)].build_id.as_deref(),
             Some("cd")
         );
+    }
+
+    /// A module file of this test's own in `dir`: the descriptors open on it are the test's
+    /// and the symbolizer's.
+    fn module_of_this_test(dir: &Path) -> PathBuf {
+        let module = dir.join("module");
+        std::fs::copy("/bin/true", &module).unwrap();
+        module
+    }
+
+    /// How many descriptors this process holds open on `file`.
+    fn descriptors_on(file: &Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+            .filter(|target| target == file)
+            .count()
     }
 
     /// The file offset of one of the test binary's addresses, from /proc/self/maps.
