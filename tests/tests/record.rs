@@ -172,6 +172,150 @@ fn ctrl_c_stops_a_system_wide_run_and_drains_everything() {
     assert_eq!(report["recording"]["stop"], "signal SIGINT", "{stderr}");
 }
 
+/// `bpf(cmd, attr)` with a zeroed attribute buffer as large as the kernel's `union bpf_attr`
+/// gets (it checks that what it does not know is zero).
+fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> i64 {
+    // SAFETY: `attr` is a valid, writable buffer of the size passed; the pointers the commands
+    // below put in it point to buffers that outlive the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_mut_ptr(),
+            attr.len() as libc::c_uint,
+        )
+    }
+}
+
+/// Loads a socket filter named `name` that counts to 50,000 and returns: run by the kernel's
+/// test runner, it keeps the CPU in BPF code with interrupts on, where clock samples land (a
+/// tracing program runs with the kernel's BPF recursion guard held, and a perf-event program
+/// such as ours does not run then).
+fn load_counting_program(name: &str) -> std::os::fd::OwnedFd {
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
+    let instruction = |code: u8, dst: u8, off: i16, imm: i32| -> [u8; 8] {
+        let mut bytes = [0u8; 8];
+        bytes[0] = code;
+        bytes[1] = dst;
+        bytes[2..4].copy_from_slice(&off.to_ne_bytes());
+        bytes[4..8].copy_from_slice(&imm.to_ne_bytes());
+        bytes
+    };
+    let program: Vec<u8> = [
+        instruction(0xb7, 0, 0, 0),       // r0 = 0
+        instruction(0xb7, 1, 0, 0),       // r1 = 0
+        instruction(0x07, 1, 0, 1),       // r1 += 1
+        instruction(0xa5, 1, -2, 50_000), // if r1 < 50000 goto -2
+        instruction(0x95, 0, 0, 0),       // exit
+    ]
+    .concat();
+    let license = b"GPL\0";
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&BPF_PROG_TYPE_SOCKET_FILTER.to_ne_bytes());
+    attr[4..8].copy_from_slice(&((program.len() / 8) as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(program.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    attr[48..48 + name.len()].copy_from_slice(name.as_bytes());
+    let fd = bpf(BPF_PROG_LOAD, &mut attr);
+    assert!(
+        fd >= 0,
+        "loading a counting socket filter: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the kernel just returned this descriptor to this process, which owns it alone.
+    unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) }
+}
+
+/// Runs the program `fd` `repeat` times through the kernel's test runner.
+fn test_run(fd: &std::os::fd::OwnedFd, repeat: u32) {
+    use std::os::fd::AsRawFd;
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    let packet = [0u8; 64];
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
+    attr[8..12].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(packet.as_ptr() as u64).to_ne_bytes());
+    attr[32..36].copy_from_slice(&repeat.to_ne_bytes());
+    assert_eq!(
+        bpf(BPF_PROG_TEST_RUN, &mut attr),
+        0,
+        "test-running the counting program: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// The BPF programs /proc/kallsyms lists now (`bpf_prog_<tag>_<name>`).
+fn bpf_programs_listed() -> std::collections::BTreeSet<String> {
+    std::fs::read_to_string("/proc/kallsyms")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(2))
+        .filter(|name| name.starts_with("bpf_prog_"))
+        .map(String::from)
+        .collect()
+}
+
+/// A BPF program loaded after a system-wide recording started and unloaded before it ended is
+/// named from the side-band's PERF_RECORD_KSYMBOL: /proc/kallsyms, read as the recording ends,
+/// no longer lists it, and its samples went to whatever function it listed below them.
+#[test]
+fn bpf_programs_that_come_and_go_during_a_recording_are_named() {
+    common::require_root();
+    let mut recording = Running::spawn(
+        std::process::Command::new(common::profiler_bin())
+            .args(["record", "-a", "--json", "-", "-F", "999"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped()),
+    );
+    wait_until_recording(recording.id());
+    let program = load_counting_program("come_and_go");
+    // The name to expect: what kallsyms lists while the program is loaded.
+    let name = bpf_programs_listed()
+        .into_iter()
+        .find(|listed| listed.ends_with("_come_and_go"))
+        .expect("kallsyms lists the loaded program");
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_millis(1500) {
+        test_run(&program, 1000);
+    }
+    drop(program);
+    // Gone from kallsyms before the recording ends (the kernel frees a program after a grace
+    // period), so that only the side-band can name its samples.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while bpf_programs_listed().contains(&name) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} still listed 30 s after it was closed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    recording.signal(libc::SIGINT);
+    let output = recording.output_at_most(std::time::Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let functions = report["events"][0]["functions"].as_array().unwrap();
+    let samples_of = |function: &str| {
+        functions
+            .iter()
+            .find(|f| f["function"] == function)
+            .map_or(0, |f| f["self_samples"].as_u64().unwrap())
+    };
+    // 1.5 s of counting at 999 Hz: most of it in the program itself.
+    let in_program = samples_of(&name);
+    assert!(
+        in_program >= 500,
+        "{in_program} samples in {name}; the kernel functions: {:?}",
+        functions
+            .iter()
+            .filter(|f| f["module"] == "[kernel.kallsyms]")
+            .take(10)
+            .map(|f| (&f["function"], &f["self_samples"]))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn a_process_in_another_mount_namespace_is_symbolized_after_it_exits() {
     // The workload runs from a tmpfs mounted only inside its own mount namespace (as in a

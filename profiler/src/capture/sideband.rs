@@ -27,7 +27,9 @@ use crate::import::perf_data::{
 use crate::fast_hash::{HashMap, HashSet};
 use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};
 
+mod kernel_code;
 mod short_lives;
+pub use kernel_code::KernelCode;
 pub use short_lives::Settle;
 
 /// Ring buffer per side-band event.
@@ -271,6 +273,8 @@ pub struct ProcessTable {
     /// Whether such processes are held back: not where stack copies are unwound as they are
     /// read (`--unwind copy`), which needs every process's mappings then.
     hold_short_lives: bool,
+    /// BPF programs and trampolines loaded since the side-band started.
+    pub kernel_code: KernelCode,
 }
 
 /// Parses one line of /proc/PID/maps.
@@ -489,6 +493,12 @@ impl ProcessTable {
             ProcessRecord::Exit(exit) if exit.pid == exit.tid => Change::Exit(exit.pid),
             ProcessRecord::Exit(exit) => Change::ThreadExit(exit.tid),
             ProcessRecord::Lost(lost) => Change::Lost(lost),
+            ProcessRecord::KernelSymbol(code) => Change::KernelCode {
+                start: code.address,
+                len: code.len,
+                name: String::from_utf8_lossy(code.name).into(),
+                unloaded: code.unloaded,
+            },
         }
     }
 
@@ -520,6 +530,12 @@ impl ProcessTable {
             Change::Exit(pid) => self.exit(pid),
             Change::ThreadExit(tid) => self.exited_threads.push(tid),
             Change::Lost(records) => self.lost_records += records,
+            Change::KernelCode {
+                start, unloaded, ..
+            } if unloaded => self.kernel_code.unload(start),
+            Change::KernelCode {
+                start, len, name, ..
+            } => self.kernel_code.load(start, len, name),
         }
     }
 
@@ -717,6 +733,7 @@ impl ProcessTable {
             .collect();
         let window = self.table_of(processes);
         self.forget(exited);
+        self.kernel_code.forget_unloaded();
         window
     }
 
@@ -756,6 +773,7 @@ impl ProcessTable {
             path_names: HashSet::default(),
             short_lives: short_lives::ShortLives::default(),
             hold_short_lives: false,
+            kernel_code: self.kernel_code.clone(),
         }
     }
 
@@ -836,6 +854,13 @@ enum Change {
     /// A thread other than the main one exited.
     ThreadExit(u32),
     Lost(u64),
+    /// Kernel code loaded or unloaded (PERF_RECORD_KSYMBOL).
+    KernelCode {
+        start: u64,
+        len: u32,
+        name: Arc<str>,
+        unloaded: bool,
+    },
 }
 
 /// Dummy perf events that only deliver side-band records for the target: one ring buffer per
@@ -888,6 +913,7 @@ impl Sideband {
                 .mmap_data(data_mappings)
                 .comm(true)
                 .comm_exec(true)
+                .ksymbol(true)
                 .sample_id_all(true)
                 .sample(SampleFlag::TIME)
                 .task(true)
@@ -1189,6 +1215,49 @@ mod tests {
         assert_eq!(&*table.code_mapping_for(7, 0x9100).unwrap().path, "/bin/sh");
         assert!(table.code_mapping_for(7, 0x5100).is_none());
         assert!(table.code_mapping_for(7, 0x1100).is_none());
+    }
+
+    /// A PERF_RECORD_KSYMBOL's fields after its header, as the kernel writes them.
+    fn kernel_symbol_record(address: u64, len: u32, flags: u16, name: &str) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&address.to_ne_bytes());
+        bytes.extend_from_slice(&len.to_ne_bytes());
+        bytes.extend_from_slice(&1u16.to_ne_bytes()); // PERF_RECORD_KSYMBOL_TYPE_BPF
+        bytes.extend_from_slice(&flags.to_ne_bytes());
+        bytes.extend_from_slice(name.as_bytes());
+        bytes.resize(bytes.len().next_multiple_of(8) + 8, 0);
+        bytes
+    }
+
+    #[test]
+    fn bpf_programs_are_named_by_their_side_band_extent_until_the_window_after_they_unload() {
+        let mut table = ProcessTable::default();
+        let apply = |table: &mut ProcessTable, bytes: &[u8]| {
+            let record = decode_process_record(17, 0, bytes, 0).unwrap().unwrap();
+            let change = table.change_of(record);
+            table.apply(change);
+        };
+        let name = "bpf_prog_6deef7357e7b4530_on_overflow";
+        apply(
+            &mut table,
+            &kernel_symbol_record(0xffff_ffff_c000_1000, 0x200, 0, name),
+        );
+        assert_eq!(
+            table.kernel_code.lookup(0xffff_ffff_c000_11ff),
+            Some((name, 0xffff_ffff_c000_1000))
+        );
+        assert_eq!(table.kernel_code.lookup(0xffff_ffff_c000_1200), None);
+        // Unloaded before the window closes: its samples drained later are still named.
+        apply(
+            &mut table,
+            &kernel_symbol_record(0xffff_ffff_c000_1000, 0x200, 1, name),
+        );
+        let window = table.close_window(&BTreeSet::new(), &[]);
+        assert_eq!(
+            window.kernel_code.lookup(0xffff_ffff_c000_1010),
+            Some((name, 0xffff_ffff_c000_1000))
+        );
+        assert_eq!(table.kernel_code.lookup(0xffff_ffff_c000_1010), None);
     }
 
     #[test]

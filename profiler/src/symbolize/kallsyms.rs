@@ -7,7 +7,8 @@
 //! for a whole boot while no module comes or goes, so their functions are kept in a cache file
 //! ([`crate::disk_cache`]) for that boot and module list; an address outside them (a BPF
 //! program, a trampoline, a module loaded since) has /proc/kallsyms read whole, as perf keeps a
-//! copy of kallsyms in its build-ID cache.
+//! copy of kallsyms in its build-ID cache. BPF programs and trampolines the side-band saw loaded
+//! are named from it first ([`crate::capture::sideband::KernelCode`]).
 
 use std::io::{BufRead, BufReader, Read};
 use std::ops::Range;

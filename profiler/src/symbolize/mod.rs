@@ -254,7 +254,15 @@ impl<'a> FrameTable<'a> {
         progress.set_message("kernel");
         progress.inc(1);
         if !kernel.is_empty() {
-            let addresses: Vec<u64> = kernel.iter().map(|address| address.address).collect();
+            // Code the side-band saw loaded (BPF programs, trampolines) by its own extent, which
+            // kallsyms lists only while it lives and without; the rest from kallsyms.
+            let processes = self.processes;
+            let loaded = &processes.kernel_code;
+            let addresses: Vec<u64> = kernel
+                .iter()
+                .map(|address| address.address)
+                .filter(|&address| loaded.lookup(address).is_none())
+                .collect();
             let (own_kernel, cached_kernel);
             let functions: &KernelSymbols = match self.cache {
                 Some(cache) => {
@@ -274,7 +282,10 @@ impl<'a> FrameTable<'a> {
                     module_offset: address.address,
                     ..Frame::default()
                 };
-                if let Some((name, start)) = functions.lookup(address.address) {
+                let named = loaded
+                    .lookup(address.address)
+                    .or_else(|| functions.lookup(address.address));
+                if let Some((name, start)) = named {
                     frame.function = Some(name.to_string());
                     frame.function_address = Some(start);
                 }

@@ -66,7 +66,7 @@ impl Change {
             | Change::NameThread { pid, .. }
             | Change::Fork(pid, _)
             | Change::Exit(pid) => Some(*pid),
-            Change::ThreadExit(_) | Change::Lost(_) => None,
+            Change::ThreadExit(_) | Change::Lost(_) | Change::KernelCode { .. } => None,
         }
     }
 }

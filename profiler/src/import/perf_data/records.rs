@@ -21,6 +21,7 @@ const PERF_RECORD_FORK: u32 = 7;
 const PERF_RECORD_SAMPLE: u32 = 9;
 const PERF_RECORD_MMAP2: u32 = 10;
 const PERF_RECORD_LOST_SAMPLES: u32 = 13;
+const PERF_RECORD_KSYMBOL: u32 = 17;
 // Record types perf itself writes (tools/lib/perf/include/perf/event.h).
 const PERF_RECORD_AUXTRACE: u32 = 71;
 const PERF_RECORD_COMPRESSED: u32 = 81;
@@ -398,7 +399,22 @@ pub enum ProcessRecord<'a> {
     Exit(TaskEvent),
     /// Records the kernel dropped.
     Lost(u64),
+    /// Kernel code loaded or unloaded: a BPF program or a trampoline.
+    KernelSymbol(KernelSymbolFields<'a>),
 }
+
+/// The fields of a PERF_RECORD_KSYMBOL, borrowed.
+pub struct KernelSymbolFields<'a> {
+    pub address: u64,
+    pub len: u32,
+    /// The code was unloaded (PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER).
+    pub unloaded: bool,
+    /// Up to its NUL: `bpf_prog_<tag>_<name>`, `bpf_trampoline_<key>`, ...
+    pub name: &'a [u8],
+}
+
+/// PERF_RECORD_KSYMBOL's flag for code going away.
+const PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER: u16 = 1;
 
 /// The fields of a PERF_RECORD_MMAP or MMAP2, borrowed.
 pub struct MmapFields<'a> {
@@ -494,6 +510,18 @@ pub fn decode_process_record(
         PERF_RECORD_LOST => {
             r.u64("id")?;
             ProcessRecord::Lost(r.u64("lost")?)
+        }
+        PERF_RECORD_KSYMBOL => {
+            let address = r.u64("addr")?;
+            let len = r.u32("len")?;
+            let _kind = r.u16("ksym_type")?;
+            let flags = r.u16("flags")?;
+            ProcessRecord::KernelSymbol(KernelSymbolFields {
+                address,
+                len,
+                unloaded: flags & PERF_RECORD_KSYMBOL_FLAGS_UNREGISTER != 0,
+                name: until_nul(r.rest()),
+            })
         }
         _ => return Ok(None),
     }))
