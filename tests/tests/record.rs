@@ -139,17 +139,22 @@ fn every_fired_sample_is_drained_or_reported_lost() {
     );
 }
 
-#[test]
-fn ctrl_c_stops_a_system_wide_run_and_drains_everything() {
-    common::require_root();
-    let mut profiler = Running::spawn(
+/// `record -a --json - -F 999`, once it records (a signal before it handles one would kill it).
+fn start_system_wide_recording() -> Running {
+    let recording = Running::spawn(
         std::process::Command::new(common::profiler_bin())
             .args(["record", "-a", "--json", "-", "-F", "999"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped()),
     );
-    // No signal before the profiler handles it and records: an early one would kill it.
-    wait_until_recording(profiler.id());
+    wait_until_recording(recording.id());
+    recording
+}
+
+#[test]
+fn ctrl_c_stops_a_system_wide_run_and_drains_everything() {
+    common::require_root();
+    let mut profiler = start_system_wide_recording();
     let cpu_split = workload("cpu_split");
     std::process::Command::new(&cpu_split)
         .arg("3000")
@@ -262,13 +267,7 @@ fn bpf_programs_listed() -> std::collections::BTreeSet<String> {
 #[test]
 fn bpf_programs_that_come_and_go_during_a_recording_are_named() {
     common::require_root();
-    let mut recording = Running::spawn(
-        std::process::Command::new(common::profiler_bin())
-            .args(["record", "-a", "--json", "-", "-F", "999"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped()),
-    );
-    wait_until_recording(recording.id());
+    let mut recording = start_system_wide_recording();
     let program = load_counting_program("come_and_go");
     // The name to expect: what kallsyms lists while the program is loaded.
     let name = bpf_programs_listed()
