@@ -13,7 +13,8 @@
 //! - `spin-ms N`: spins for N milliseconds of its own CPU time.
 //! - `clock-reads-ms N`: reads CLOCK_MONOTONIC for N milliseconds: time spent in the vDSO.
 //!
-//! Prints on stderr what it did (`known_events: KIND N done`).
+//! Prints on stderr what it did and the CPU time the process has used, its start included
+//! (`known_events: KIND N done after NS ns of CPU time`).
 
 use std::{
     fs::File,
@@ -128,20 +129,22 @@ fn major_faults(n: u64) {
     }
 }
 
+/// The CPU time of a CPU-time clock: this thread's or this process's.
+fn cpu_time(clock: libc::clockid_t) -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(clock, &mut now) };
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}
+
 #[inline(never)]
 fn spin(duration: Duration) {
-    let cpu_time = || {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes the timespec it is given.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
-    };
-    let end = cpu_time() + duration;
+    let end = cpu_time(libc::CLOCK_THREAD_CPUTIME_ID) + duration;
     let mut x = 0u64;
-    while cpu_time() < end {
+    while cpu_time(libc::CLOCK_THREAD_CPUTIME_ID) < end {
         for i in 0..10_000 {
             x = black_box(x.wrapping_add(i));
         }
@@ -179,5 +182,8 @@ fn main() {
             std::process::exit(2);
         }
     }
-    eprintln!("known_events: {kind} {n} done");
+    eprintln!(
+        "known_events: {kind} {n} done after {} ns of CPU time",
+        cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID).as_nanos()
+    );
 }
