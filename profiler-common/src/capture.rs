@@ -1,7 +1,6 @@
 //! Map keys, map values and configuration of the in-kernel capture program.
 
 use crate::hw::ibs::IbsErrata;
-use crate::unwind_maps::UNWIND_FRAMES_PER_RUN_QUICK_START;
 
 /// Most events one recording can sample at once; event indices are `0..MAX_EVENTS`.
 pub const MAX_EVENTS: usize = 16;
@@ -410,10 +409,6 @@ pub struct CaptureConfig {
     /// With `CAPTURE_STACK_COPY`: pages of user stack each sample copies, from the page the
     /// stack pointer is in (at most [`STACK_COPY_MAX_PAGES`]).
     pub stack_copy_pages: u32,
-    /// With `CAPTURE_UNWIND_DWARF`: frames one run of the unwinder walks before it tail-calls
-    /// itself, from [`UNWIND_FRAMES_PER_RUN_QUICK_START`] to
-    /// [`crate::unwind_maps::UNWIND_FRAMES_PER_RUN_LONG_RUNNING`].
-    pub unwind_frames_per_run: u32,
 }
 
 impl CaptureConfig {
@@ -440,7 +435,6 @@ impl CaptureConfig {
         uid: 0,
         drain_request_steps: [0; Fill::COUNT],
         stack_copy_pages: 0,
-        unwind_frames_per_run: UNWIND_FRAMES_PER_RUN_QUICK_START,
     };
 }
 
@@ -752,7 +746,7 @@ mod tests {
         assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
         assert_eq!(size_of::<KernelOffsets>(), 56);
-        assert_eq!(size_of::<CaptureConfig>(), 96);
+        assert_eq!(size_of::<CaptureConfig>(), 92);
         assert_eq!(size_of::<crate::stack::StackFrames>(), 1024);
         assert_eq!(size_of::<RawDecoding>(), 16);
         assert_eq!(size_of::<IbsRecord>(), 120);

@@ -16,19 +16,15 @@ pub const MAPPING_SEARCH_STEPS: u32 = 9;
 /// stack ends in [`TRUNCATED_FRAME`].
 pub const MAX_UNWIND_FRAMES: usize = 126;
 
-/// Frames one run of the unwinder program walks before it tail-calls itself. The verifier
-/// checks a run's frames one by one at every load, so fewer frames a run start a recording
-/// sooner (4: 76,000 instructions, ~55 ms, against 127,000 and ~85 ms); more make every walk
-/// cheaper (each run looks the walk's state and process up again), which an agent pays for as
-/// long as it runs.
-pub const UNWIND_FRAMES_PER_RUN_QUICK_START: u32 = 4;
-pub const UNWIND_FRAMES_PER_RUN_LONG_RUNNING: u32 = 8;
+/// Frames one run of the unwinder program walks before it tail-calls itself: each run looks
+/// the walk's state and process up again. The verifier checks a frame's step once, however
+/// many a run takes (it is a global function), so runs are long: a walk of up to 32 frames is
+/// one run.
+pub const UNWIND_FRAMES_PER_RUN: u32 = 32;
 /// Tail calls one chain may make (the kernel's MAX_TAIL_CALL_CNT); the first run of the walk
 /// is itself one.
 const MAX_TAIL_CALLS: usize = 33;
-const _: () = assert!(
-    MAX_UNWIND_FRAMES.div_ceil(UNWIND_FRAMES_PER_RUN_QUICK_START as usize) <= MAX_TAIL_CALLS
-);
+const _: () = assert!(MAX_UNWIND_FRAMES.div_ceil(UNWIND_FRAMES_PER_RUN as usize) <= MAX_TAIL_CALLS);
 
 /// The frame that ends a user stack the walk could not finish (no rule found the caller, a
 /// return address outside every executable mapping, or more frames than the walk takes): no code

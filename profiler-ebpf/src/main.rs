@@ -48,8 +48,7 @@ use profiler_common::{
     unwind::{find_row_by, is_row_for, step, CfaRule, Caller, Registers, StepEnd, UnwindRow},
     unwind_maps::{
         use_stamp, ExecMapping, ProcessMappings, UnwindCount, FRAME_POINTERS_ONLY_FRAME,
-        MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME, UNWIND_FRAMES_PER_RUN_LONG_RUNNING,
-        UNWIND_FRAMES_PER_RUN_QUICK_START,
+        MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME, UNWIND_FRAMES_PER_RUN,
     },
 };
 
@@ -62,9 +61,36 @@ static CAPTURE_CONFIG: CaptureConfig = CaptureConfig::EMPTY;
 /// Inserted only when new; only the agent deletes (after copying).
 #[map]
 static STACK_FRAMES: HashMap<u64, StackFrames> = HashMap::with_max_entries(32768, 0);
-/// Per-CPU frames buffer: a stack is captured here, then interned from here.
+/// Per-CPU frames buffers ([`FramesBuffer`]): a stack is captured in one, then interned from
+/// there.
 #[map]
-static STACK_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
+static STACK_SCRATCH: PerCpuArray<StackFrames> =
+    PerCpuArray::with_max_entries(FramesBuffer::COUNT, 0);
+
+/// This CPU's frames buffers, by their index in [`STACK_SCRATCH`]: a number, which a global
+/// function can be handed on every kernel (a pointer argument needs 5.12, and 6.1 refuses one
+/// as a map helper's value), and one map, so that the verifier checks what follows a lookup
+/// once for every buffer.
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FramesBuffer {
+    /// Samples' stacks.
+    Sample = 0,
+    /// Stacks of blocked threads: an overflow sample (an NMI) may interrupt the switch and
+    /// wake-up programs, and has its own; a switch runs with interrupts off, so a wake-up in an
+    /// interrupt never interrupts one.
+    OffCpu = 1,
+}
+
+impl FramesBuffer {
+    const COUNT: u32 = 2;
+
+    /// This CPU's buffer.
+    #[inline(always)]
+    fn get(self) -> Option<*mut StackFrames> {
+        STACK_SCRATCH.get_ptr_mut(self as u32)
+    }
+}
 #[map]
 static STACK_COUNTS_0: PerCpuHashMap<StackKey, u64> = PerCpuHashMap::with_max_entries(16384, 0);
 #[map]
@@ -364,7 +390,7 @@ fn capture(ctx: &PerfEventContext) {
         if config.flags & (CAPTURE_UNWIND_DWARF | CAPTURE_STACK_COPY) != 0 {
             captured = captured.map(|stack| stack.map(mark_frame_pointers_only));
         }
-        stack_hash(captured, &config, generation, &losses)
+        stack_hash(captured, generation, &losses)
     } else {
         NO_STACK
     };
@@ -700,19 +726,19 @@ fn capture_stack(
     ctx: &PerfEventContext,
     flags: u64,
     failed: LossKind,
-) -> Result<Option<&'static StackFrames>, ()> {
-    capture_stack_into(ctx, &STACK_SCRATCH, flags, failed)
+) -> Result<Option<FramesBuffer>, ()> {
+    capture_stack_into(ctx, FramesBuffer::Sample, flags, failed)
 }
 
-/// [`capture_stack`] into the frames buffer `scratch`, from any program's context.
+/// [`capture_stack`] into the frames buffer `into`, from any program's context.
 #[inline(always)]
 fn capture_stack_into(
     ctx: &impl EbpfContext,
-    scratch: &'static PerCpuArray<StackFrames>,
+    into: FramesBuffer,
     flags: u64,
     failed: LossKind,
-) -> Result<Option<&'static StackFrames>, ()> {
-    let Some(buffer) = scratch.get_ptr_mut(0) else {
+) -> Result<Option<FramesBuffer>, ()> {
+    let Some(buffer) = into.get() else {
         lose(failed);
         return Err(());
     };
@@ -738,21 +764,18 @@ fn capture_stack_into(
         return Ok(None);
     }
     // SAFETY: as above.
-    unsafe {
-        (*buffer).depth = depth;
-        Ok(Some(&*buffer))
-    }
+    unsafe { (*buffer).depth = depth };
+    Ok(Some(into))
 }
 
-/// Ends this CPU's frames buffer, which holds `stack`, in `FRAME_POINTERS_ONLY_FRAME` (in place
+/// Ends the stack in this CPU's frames buffer `stack` in `FRAME_POINTERS_ONLY_FRAME` (in place
 /// of its last frame when it is full).
 #[inline(always)]
-fn mark_frame_pointers_only(stack: &'static StackFrames) -> &'static StackFrames {
-    let Some(buffer) = STACK_SCRATCH.get_ptr_mut(0) else {
+fn mark_frame_pointers_only(stack: FramesBuffer) -> FramesBuffer {
+    let Some(buffer) = stack.get() else {
         return stack;
     };
-    // SAFETY: this CPU's frames buffer, which `stack` points to; programs do not nest on one
-    // CPU.
+    // SAFETY: this CPU's frames buffer; programs do not nest on one CPU.
     let buffer = unsafe { &mut *buffer };
     let mut depth = buffer.depth as usize;
     if depth >= MAX_STACK_DEPTH {
@@ -762,32 +785,37 @@ fn mark_frame_pointers_only(stack: &'static StackFrames) -> &'static StackFrames
         *slot = FRAME_POINTERS_ONLY_FRAME;
         buffer.depth = depth as u64 + 1;
     }
-    buffer
+    stack
 }
 
-/// Interns the frames buffer `frames` into the stack-frames map: the stack's hash, or
-/// `LOST_STACK` (counted) when a different stack has its hash or the map has no room. Whatever
+/// Interns the stack in this CPU's frames buffer `buffer` (a [`FramesBuffer`]) into the
+/// stack-frames map: the stack's hash, or `LOST_STACK` (counted as the loss `collision` or
+/// `full`, [`LossKind`]s) when a different stack has its hash or the map has no room. Whatever
 /// fills a frames buffer (`bpf_get_stack` here, an unwinder of its own) ends here.
-#[inline(always)]
-fn intern_frames(
-    config: &CaptureConfig,
-    generation: u32,
-    frames: &StackFrames,
-    losses: &StackLosses,
-) -> u64 {
-    match intern(&FramesMap, frames) {
+///
+/// A global function, which the verifier checks once, not again at each of a program's calls
+/// (its hash and comparison walk every frame): a third of the capture program's instructions
+/// to check. Its arguments are numbers, which every kernel takes.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn intern_frames(generation: u32, buffer: u32, collision: u32, full: u32) -> u64 {
+    let Some(frames) = STACK_SCRATCH.get_ptr_mut(buffer) else {
+        return LOST_STACK;
+    };
+    // SAFETY: this CPU's frames buffer; programs do not nest on one CPU.
+    match intern(&FramesMap, unsafe { &*frames }) {
         Ok(interned) => {
             if interned.new {
-                count_new_keys(config, generation, Fill::StackFrames, 1);
+                count_new_keys(&config(), generation & 1, Fill::StackFrames, 1);
             }
             interned.hash
         }
         Err(StackLoss::HashCollision) => {
-            lose(losses.collision);
+            add(&LOSSES, collision, 1);
             LOST_STACK
         }
         Err(StackLoss::Full) => {
-            lose(losses.full);
+            add(&LOSSES, full, 1);
             LOST_STACK
         }
     }
@@ -797,13 +825,17 @@ fn intern_frames(
 /// could not be kept.
 #[inline(always)]
 fn stack_hash(
-    captured: Result<Option<&'static StackFrames>, ()>,
-    config: &CaptureConfig,
+    captured: Result<Option<FramesBuffer>, ()>,
     generation: u32,
     losses: &StackLosses,
 ) -> u64 {
     match captured {
-        Ok(Some(frames)) => intern_frames(config, generation, frames, losses),
+        Ok(Some(buffer)) => intern_frames(
+            generation,
+            buffer as u32,
+            losses.collision as u32,
+            losses.full as u32,
+        ),
         Ok(None) => NO_STACK,
         Err(()) => LOST_STACK,
     }
@@ -820,6 +852,32 @@ enum WalkEnd {
     Complete,
     /// Short of it, for this reason: the stack ends in `TRUNCATED_FRAME`.
     Truncated(UnwindCount),
+}
+
+impl WalkEnd {
+    /// The end as the count it is counted under: what [`walk_frame`] returns.
+    #[inline(always)]
+    fn code(&self) -> u64 {
+        match self {
+            WalkEnd::Complete => UnwindCount::Complete as u64,
+            WalkEnd::Truncated(reason) => *reason as u64,
+        }
+    }
+
+    /// The end [`WalkEnd::code`] gave `code`.
+    #[inline(always)]
+    fn of_code(code: u64) -> WalkEnd {
+        match code {
+            c if c == UnwindCount::Complete as u64 => WalkEnd::Complete,
+            c if c == UnwindCount::TruncatedOutsideMappings as u64 => {
+                WalkEnd::Truncated(UnwindCount::TruncatedOutsideMappings)
+            }
+            c if c == UnwindCount::TruncatedNoCaller as u64 => {
+                WalkEnd::Truncated(UnwindCount::TruncatedNoCaller)
+            }
+            _ => WalkEnd::Truncated(UnwindCount::TruncatedDepth),
+        }
+    }
 }
 
 /// The caller of the frame `frame`, by its row in the process's tables, else by frame pointers;
@@ -971,7 +1029,7 @@ fn opaque(slot: &mut u64, value: u32) -> u32 {
 /// Where a user-stack walk is, between the unwinder's tail calls.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct WalkState {
+pub struct WalkState {
     /// The frame to record next.
     frame: Registers,
     /// `frame.ip` is an interrupted instruction (the sampled one), not a return address.
@@ -1105,11 +1163,10 @@ pub fn unwind_user(ctx: PerfEventContext) -> u32 {
     let walked = continue_walk(
         &ctx,
         &UNWINDER,
-        &config,
         sample.pid,
         sample.generation,
         &WALK_STATE,
-        &STACK_SCRATCH,
+        FramesBuffer::Sample,
     );
     if let Some(user_stack) = walked {
         finish_sample(&ctx, &config, &sample, user_stack, false);
@@ -1123,27 +1180,26 @@ pub fn unwind_user(ctx: PerfEventContext) -> u32 {
 }
 
 /// One run of an unwinder program (`programs[0]`, a program of `ctx`'s type) on process
-/// `pid`'s stack, whose walk is in `walk` and whose frames so far are in `scratch`: walks up to
-/// `config.unwind_frames_per_run` more frames and goes on in a new run of the program, or, once
+/// `pid`'s stack, whose walk is in `walk` and whose frames so far are in `frames`: walks up to
+/// [`UNWIND_FRAMES_PER_RUN`] more frames and goes on in a new run of the program, or, once
 /// the walk has ended, interns the stack and returns its hash.
 #[inline(always)]
 fn continue_walk(
     ctx: &impl EbpfContext,
     programs: &ProgramArray,
-    config: &CaptureConfig,
     pid: u32,
     generation: u32,
     walk: &'static PerCpuArray<WalkState>,
-    scratch: &'static PerCpuArray<StackFrames>,
+    frames: FramesBuffer,
 ) -> Option<u64> {
-    let (Some(state), Some(buffer)) = (walk.get_ptr_mut(0), scratch.get_ptr_mut(0)) else {
+    let (Some(state), Some(buffer)) = (walk.get_ptr_mut(0), frames.get()) else {
         return None;
     };
     // SAFETY: this CPU's slots; programs do not nest on one CPU.
     let (state, stack) = unsafe { (&mut *state, &mut *buffer) };
     // SAFETY: the value is only read.
     let end = match unsafe { UNWIND_PROCESSES.get(&pid) } {
-        Some(process) => walk_frames(process, state, stack, config.unwind_frames_per_run),
+        Some(process) => walk_frames(process, state, stack),
         None => Some(WalkEnd::Truncated(UnwindCount::TruncatedNoCaller)),
     };
     let end = match end {
@@ -1183,45 +1239,72 @@ fn continue_walk(
     }
     stack.depth = depth as u64;
     count_unwind(UnwindCount::Walked);
-    let losses = user_stack_losses();
-    Some(intern_frames(config, generation & 1, stack, &losses))
+    Some(stack_hash(Ok(Some(frames)), generation, &user_stack_losses()))
 }
 
-/// Records and steps up to `frames` frames; how the walk ended, `None` while it goes on.
+/// Records and steps up to [`UNWIND_FRAMES_PER_RUN`] frames; how the walk ended, `None` while it
+/// goes on.
 #[inline(always)]
 fn walk_frames(
     process: &ProcessMappings,
     state: &mut WalkState,
     stack: &mut StackFrames,
-    frames: u32,
 ) -> Option<WalkEnd> {
-    // A constant to the verifier (the configuration is read-only), which checks this many.
-    let frames = frames.clamp(
-        UNWIND_FRAMES_PER_RUN_QUICK_START,
-        UNWIND_FRAMES_PER_RUN_LONG_RUNNING,
-    );
-    for _ in 0..frames {
-        let depth = state.depth as usize;
-        if depth >= MAX_UNWIND_FRAMES {
-            return None;
-        }
-        if let Some(slot) = stack.frames.get_mut(depth) {
-            *slot = state.frame.ip;
-        }
-        state.depth += 1;
-        let frame = Caller {
-            regs: state.frame,
-            interrupted: state.interrupted != 0,
-        };
-        match unwind_frame(process, &frame, state) {
-            Ok(caller) => {
-                state.frame = caller.regs;
-                state.interrupted = u64::from(caller.interrupted);
-            }
-            Err(end) => return Some(end),
+    for _ in 0..UNWIND_FRAMES_PER_RUN {
+        let stepped = walk_frame(process, state, stack);
+        if stepped != FRAME_STEPPED {
+            return Some(WalkEnd::of_code(stepped));
         }
     }
     None
+}
+
+/// What [`walk_frame`] returns when the walk goes on.
+const FRAME_STEPPED: u64 = u64::MAX;
+
+/// Records the walk's next frame and steps to its caller: [`FRAME_STEPPED`], or how the walk
+/// ended ([`WalkEnd::code`]).
+///
+/// A global function: the verifier checks it once for itself, from any state of its arguments,
+/// and a call to it as a call, where a function the compiler inlines, or a static one, it
+/// checks again at every call, from the state there (each of the run's frames: 6,300
+/// instructions a frame, two thirds of a recording's start-up time in the verifier).
+/// Arguments of a global function may be null to the verifier: all three are checked. Pointer
+/// arguments need Linux 5.12; the unwinder needs 5.15.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn walk_frame(
+    process: *const ProcessMappings,
+    state: *mut WalkState,
+    stack: *mut StackFrames,
+) -> u64 {
+    // SAFETY: map values the kernel keeps alive while the program runs (the walker's process
+    // entry, this CPU's walk state and frames buffer), or null; programs do not nest on one CPU.
+    let (Some(process), Some(state), Some(stack)) =
+        (unsafe { (process.as_ref(), state.as_mut(), stack.as_mut()) })
+    else {
+        return WalkEnd::Truncated(UnwindCount::TruncatedNoCaller).code();
+    };
+    let depth = state.depth as usize;
+    if depth >= MAX_UNWIND_FRAMES {
+        return WalkEnd::Truncated(UnwindCount::TruncatedDepth).code();
+    }
+    if let Some(slot) = stack.frames.get_mut(depth) {
+        *slot = state.frame.ip;
+    }
+    state.depth += 1;
+    let frame = Caller {
+        regs: state.frame,
+        interrupted: state.interrupted != 0,
+    };
+    match unwind_frame(process, &frame, state) {
+        Ok(caller) => {
+            state.frame = caller.regs;
+            state.interrupted = u64::from(caller.interrupted);
+            FRAME_STEPPED
+        }
+        Err(end) => end.code(),
+    }
 }
 
 /// Adds one sample to a per-CPU hash map entry, creating it on first use; whether it created
@@ -1290,7 +1373,6 @@ fn record(
         };
         stack_hash(
             capture_stack(ctx, 0, losses.failed),
-            config,
             generation.index(),
             &losses,
         )

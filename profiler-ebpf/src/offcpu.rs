@@ -29,13 +29,13 @@ use profiler_common::{
         BlockState, Blocked, OffCpuConfig, OffCpuCount, OffCpuKey, OffCpuStats, Waker,
         HISTOGRAM_UNIT_NS, OFFCPU_ALL, OFFCPU_DWARF, OFFCPU_WAKERS,
     },
-    stack::{StackFrames, NO_STACK},
+    stack::NO_STACK,
 };
 
 use super::{
     add, arch, bump, capture_stack_into, config, continue_walk, enter_generation, leave_generation,
-    lose, record_latency, stack_hash, start_walk, user_stack_losses, Generation, StackLosses,
-    WalkState, CGROUP_FILTER, SAMPLES_FILTERED,
+    lose, record_latency, stack_hash, start_walk, user_stack_losses, FramesBuffer, Generation,
+    StackLosses, WalkState, CGROUP_FILTER, SAMPLES_FILTERED,
 };
 
 /// Read-only options, set by the agent at load time.
@@ -66,12 +66,6 @@ static OFFCPU_HISTOGRAMS_1: PerCpuHashMap<OffCpuKey, LatencyBuckets> =
 #[map]
 static OFFCPU_COUNTS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(OffCpuCount::COUNT as u32, 0);
-/// The frames buffer the switch and wake-up programs capture into: an overflow sample (an NMI)
-/// may interrupt them, and it has its own; a switch runs with interrupts off, so a wake-up in
-/// an interrupt never interrupts one.
-#[map]
-static OFFCPU_SCRATCH: PerCpuArray<StackFrames> = PerCpuArray::with_max_entries(1, 0);
-
 /// A block whose user stack the unwinder is walking, between its tail calls.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -271,7 +265,7 @@ fn begin_block(
         if options.flags & OFFCPU_DWARF != 0 {
             hand_to_unwinder(ctx, &blocked, tid, generation);
         }
-        blocked.user_stack = frame_pointer_user_stack(ctx, config, generation);
+        blocked.user_stack = frame_pointer_user_stack(ctx, generation);
     }
     remember(options, generation, tid, &blocked);
 }
@@ -288,8 +282,7 @@ fn kernel_stack(ctx: &impl EbpfContext, config: &CaptureConfig, generation: u32)
         failed: LossKind::KernelStackFailed,
     };
     stack_hash(
-        capture_stack_into(ctx, &OFFCPU_SCRATCH, 0, losses.failed),
-        config,
+        capture_stack_into(ctx, FramesBuffer::OffCpu, 0, losses.failed),
         generation,
         &losses,
     )
@@ -298,11 +291,10 @@ fn kernel_stack(ctx: &impl EbpfContext, config: &CaptureConfig, generation: u32)
 /// The current task's user stack by the kernel's frame-pointer walk, from the user registers
 /// the task entered the kernel with, content-addressed.
 #[inline(always)]
-fn frame_pointer_user_stack(ctx: &impl EbpfContext, config: &CaptureConfig, generation: u32) -> u64 {
+fn frame_pointer_user_stack(ctx: &impl EbpfContext, generation: u32) -> u64 {
     let losses = user_stack_losses();
     stack_hash(
-        capture_stack_into(ctx, &OFFCPU_SCRATCH, BPF_F_USER_STACK as u64, losses.failed),
-        config,
+        capture_stack_into(ctx, FramesBuffer::OffCpu, BPF_F_USER_STACK as u64, losses.failed),
         generation,
         &losses,
     )
@@ -353,7 +345,7 @@ fn note_waker(ctx: &impl EbpfContext, tid: u32) {
         pid: (pid_tgid >> 32) as u32,
         tid: pid_tgid as u32,
         user_stack: if config.flags & CAPTURE_USER_STACKS != 0 {
-            frame_pointer_user_stack(ctx, &config, generation)
+            frame_pointer_user_stack(ctx, generation)
         } else {
             NO_STACK
         },
@@ -447,15 +439,13 @@ pub fn offcpu_unwind(ctx: BtfTracePointContext) -> u32 {
         return 0;
     };
     let mut pending = *pending;
-    let config = config();
     if let Some(user_stack) = continue_walk(
         &ctx,
         &OFFCPU_UNWINDER,
-        &config,
         pending.blocked.pid,
         pending.generation,
         &OFFCPU_WALK,
-        &OFFCPU_SCRATCH,
+        FramesBuffer::OffCpu,
     ) {
         pending.blocked.user_stack = user_stack;
         remember(&offcpu_config(), pending.generation, pending.tid, &pending.blocked);

@@ -137,10 +137,15 @@ impl EbpfToolchain {
             command.env("PATH", joined);
         }
         command.current_dir(crate_dir);
-        command.env(
-            "CARGO_ENCODED_RUSTFLAGS",
+        // BTF (bpf-linker makes it from full debug info): the verifier checks a global function
+        // once, whatever calls it, and learns which functions are global from the program's BTF;
+        // without BTF every function is static to it, checked again at each call.
+        let flags = [
             format!("--cfg=bpf_target_arch=\"{arch}\""),
-        );
+            "-Cdebuginfo=2".into(),
+            "-Clink-arg=--btf".into(),
+        ];
+        command.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"));
         match &self.compiler {
             EbpfCompiler::Debian { rustc } => {
                 command.env("RUSTC", rustc).env("RUSTC_BOOTSTRAP", "1");

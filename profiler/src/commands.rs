@@ -3,7 +3,7 @@
 use std::{io::Write, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
-use profiler_common::{unwind::UnwindRow, unwind_maps::UNWIND_FRAMES_PER_RUN_QUICK_START};
+use profiler_common::unwind::UnwindRow;
 
 use crate::{
     capture::{
@@ -278,7 +278,6 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
         },
         stack_copy_kib: stack_copy_kib(args)?,
         unwind: args.unwind,
-        unwind_frames_per_run: UNWIND_FRAMES_PER_RUN_QUICK_START,
         raw: None,
         stats: false,
         cgroups,

@@ -54,9 +54,6 @@ pub struct RecordOptions {
     /// `--unwind copy`: KiB of user stack each sample copies for the agent to unwind.
     pub stack_copy_kib: Option<u32>,
     pub unwind: Unwind,
-    /// Frames a run of the in-kernel unwinder walks (see
-    /// `profiler_common::unwind_maps::UNWIND_FRAMES_PER_RUN_QUICK_START`).
-    pub unwind_frames_per_run: u32,
     /// Stream every sample, in timestamp order, into this output (JSON lines).
     pub raw: Option<Output>,
     /// Measure the capture's own cost.
@@ -227,7 +224,6 @@ pub(crate) fn capture_config(options: &RecordOptions) -> CaptureConfig {
         flags |= CAPTURE_USER_STACKS;
         if unwind_on_this_kernel(options.unwind).walks_tables() {
             flags |= CAPTURE_UNWIND_DWARF;
-            config.unwind_frames_per_run = options.unwind_frames_per_run;
             if options.target == TargetSpec::System {
                 flags |= CAPTURE_QUIET_NEW_PROCESSES;
             }

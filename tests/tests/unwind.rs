@@ -358,8 +358,8 @@ fn rust_code_built_without_frame_pointers_is_unwound_whole_and_frame_pointers_ar
 #[test]
 fn dwarf_unwinding_walks_sixty_rust_frames_across_tail_calls() {
     // A Rust binary linked with its text segment starting mid-page (file offset and address
-    // differ), 60 distinct frames between main and the leaf: the walker's tail calls take 4
-    // frames a run under `record`.
+    // differ), 60 distinct frames between main and the leaf: two runs of the walker, which
+    // goes on across a tail call after 32 frames.
     let dir = temp_dir("unwind-deep");
     let (stacks, stderr) = record("dwarf", &dir, &workload("deep_stack"), &["20000"]);
     let (total, whole) = sixty_frames_whole(&stacks);
@@ -392,8 +392,8 @@ fn cut_at_the_walks_depth<'a>(leaf_first: impl Iterator<Item = &'a str>) -> bool
 
 #[test]
 fn a_stack_deeper_than_the_walk_ends_truncated_after_its_126_frames() {
-    // 200 frames, 1 KiB of stack each, frameless: the walk takes 126 (32 runs of 4 frames, one
-    // short of the kernel's 33 tail calls), then marks the stack cut short and counts why.
+    // 200 frames, 1 KiB of stack each, frameless: the walk takes 126 (four runs of the walker,
+    // the last one short), then marks the stack cut short and counts why.
     let dir = temp_dir("unwind-too-deep");
     let binary = build_workload(&dir);
     let (stacks, stderr) = record("dwarf", &dir, &binary, &["2000", "deep", "200"]);
@@ -429,9 +429,9 @@ fn a_stack_deeper_than_the_walk_ends_truncated_after_its_126_frames() {
 }
 
 #[test]
-fn the_agents_longer_runs_end_a_deep_walk_at_the_same_126_frames() {
-    // The agent walks 8 frames a run where `record` walks 4 (it loads once and walks for as
-    // long as it runs): 126 frames are then 16 runs, and the walk must still stop there.
+fn the_agents_windows_end_a_deep_walk_at_the_same_126_frames() {
+    // The agent's walks of a stack deeper than the walker takes end at the same 126 frames,
+    // marked cut short in its pprof windows as in `record`'s profile.
     let dir = temp_dir("unwind-agent-too-deep");
     let binary = build_workload(&dir);
     let windows = dir.join("windows");

@@ -18,9 +18,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context, Result};
-use profiler_common::{
-    capture::LossKind, offcpu::OffCpuCount, unwind_maps::UNWIND_FRAMES_PER_RUN_LONG_RUNNING,
-};
+use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 
 use self::log::{log, LogLevel};
 use crate::{
@@ -540,8 +538,6 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
     let options = RecordOptions {
         stats: args.bpf_stats,
         sideband_interval: AGENT_SIDEBAND_INTERVAL,
-        // Verified once, walked for as long as the agent runs: fewer tail calls a walk.
-        unwind_frames_per_run: UNWIND_FRAMES_PER_RUN_LONG_RUNNING,
         ..capture_options(&args.sampling, target)?
     };
     let interval = args.interval();
