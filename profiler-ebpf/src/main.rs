@@ -1057,8 +1057,8 @@ pub struct WalkState {
 static PENDING_SAMPLE: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static WALK_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
-/// Index 0: the `unwind_user` program, which walks a few frames a run and tail-calls itself until
-/// the stack is walked, so that each run stays within the verifier's budget.
+/// Index 0: the `unwind_user` program, which walks [`UNWIND_FRAMES_PER_RUN`] frames a run and
+/// tail-calls itself until the stack is walked.
 #[map]
 static UNWINDER: ProgramArray = ProgramArray::with_max_entries(1, 0);
 

@@ -80,7 +80,7 @@ struct PendingBlock {
 static OFFCPU_PENDING: PerCpuArray<PendingBlock> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static OFFCPU_WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
-/// Index 0: `offcpu_unwind`, which walks a user stack a few frames a run and tail-calls itself.
+/// Index 0: `offcpu_unwind`, which walks a user stack as `unwind_user` does, tail-calling itself.
 #[map]
 static OFFCPU_UNWINDER: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
@@ -432,7 +432,7 @@ fn hand_to_unwinder(ctx: &impl EbpfContext, blocked: &Blocked, tid: u32, generat
     );
 }
 
-/// Walks the pending block's user stack a few frames a run, then remembers the block with it.
+/// Walks the pending block's user stack, a run at a time, then remembers the block with it.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn offcpu_unwind(ctx: BtfTracePointContext) -> u32 {
     let Some(pending) = OFFCPU_PENDING.get(0) else {
