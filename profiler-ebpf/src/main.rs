@@ -17,8 +17,8 @@ mod offcpu;
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
-        BPF_RB_RING_SIZE,
+        BPF_F_MMAPABLE, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
     },
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
@@ -45,7 +45,7 @@ use profiler_common::{
     stack::{
         intern, Refused, StackFrames, StackLoss, StackStore, LOST_STACK, MAX_STACK_DEPTH, NO_STACK,
     },
-    unwind::{find_row_by, is_row_for, step, CfaRule, Caller, Registers, StepEnd, UnwindRow},
+    unwind::{find_row_by, is_row_for, step, Caller, CfaRule, Registers, StepEnd, UnwindRow},
     unwind_maps::{
         use_stamp, ExecMapping, ProcessMappings, UnwindCount, FRAME_POINTERS_ONLY_FRAME,
         MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME, UNWIND_FRAMES_PER_RUN,
@@ -1239,7 +1239,11 @@ fn continue_walk(
     }
     stack.depth = depth as u64;
     count_unwind(UnwindCount::Walked);
-    Some(stack_hash(Ok(Some(frames)), generation, &user_stack_losses()))
+    Some(stack_hash(
+        Ok(Some(frames)),
+        generation,
+        &user_stack_losses(),
+    ))
 }
 
 /// Records and steps up to [`UNWIND_FRAMES_PER_RUN`] frames; how the walk ended, `None` while it

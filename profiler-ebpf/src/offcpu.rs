@@ -21,8 +21,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     capture::{
-        CaptureConfig, LossKind, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID,
-        CAPTURE_KERNEL_STACKS, CAPTURE_USER_STACKS,
+        CaptureConfig, LossKind, CAPTURE_FILTER_CGROUP, CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS,
+        CAPTURE_USER_STACKS,
     },
     latency::LatencyBuckets,
     offcpu::{
@@ -294,7 +294,12 @@ fn kernel_stack(ctx: &impl EbpfContext, config: &CaptureConfig, generation: u32)
 fn frame_pointer_user_stack(ctx: &impl EbpfContext, generation: u32) -> u64 {
     let losses = user_stack_losses();
     stack_hash(
-        capture_stack_into(ctx, FramesBuffer::OffCpu, BPF_F_USER_STACK as u64, losses.failed),
+        capture_stack_into(
+            ctx,
+            FramesBuffer::OffCpu,
+            BPF_F_USER_STACK as u64,
+            losses.failed,
+        ),
         generation,
         &losses,
     )
@@ -377,7 +382,10 @@ fn remember(options: &OffCpuConfig, generation: u32, tid: u32, blocked: &Blocked
         }
         // SAFETY: as above.
         unsafe { *entry = *blocked };
-    } else if OFFCPU_BLOCKED.insert(&tid, blocked, BPF_NOEXIST as u64).is_err() {
+    } else if OFFCPU_BLOCKED
+        .insert(&tid, blocked, BPF_NOEXIST as u64)
+        .is_err()
+    {
         lose(LossKind::OffCpuBlockedFull);
         return;
     }
@@ -448,20 +456,19 @@ pub fn offcpu_unwind(ctx: BtfTracePointContext) -> u32 {
         FramesBuffer::OffCpu,
     ) {
         pending.blocked.user_stack = user_stack;
-        remember(&offcpu_config(), pending.generation, pending.tid, &pending.blocked);
+        remember(
+            &offcpu_config(),
+            pending.generation,
+            pending.tid,
+            &pending.blocked,
+        );
     }
     leave_generation(pending.generation);
     0
 }
 
 #[inline(always)]
-fn end_block(
-    options: &OffCpuConfig,
-    generation: u32,
-    now: u64,
-    tid: u32,
-    pid: impl Fn() -> u32,
-) {
+fn end_block(options: &OffCpuConfig, generation: u32, now: u64, tid: u32, pid: impl Fn() -> u32) {
     let open = OFFCPU_BLOCKED.get_ptr_mut(&tid).and_then(|entry| {
         // SAFETY: the thread's own entry; its switches do not run at once. Copied out, then
         // closed in place: the thread's next block reuses it.
@@ -492,8 +499,16 @@ fn close_block(options: &OffCpuConfig, generation: u32, now: u64, tid: u32, bloc
         tid,
         state: blocked.state,
         _pad: 0,
-        user_stack: if stacked { blocked.user_stack } else { NO_STACK },
-        kernel_stack: if stacked { blocked.kernel_stack } else { NO_STACK },
+        user_stack: if stacked {
+            blocked.user_stack
+        } else {
+            NO_STACK
+        },
+        kernel_stack: if stacked {
+            blocked.kernel_stack
+        } else {
+            NO_STACK
+        },
         cgroup: blocked.cgroup,
         waker: if stacked { blocked.waker } else { Waker::NONE },
     };

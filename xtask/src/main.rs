@@ -249,6 +249,13 @@ fn run(task: Task) -> Result<()> {
                 );
             }
             run_command(cargo().args(["fmt", "--all", "--", "--check"]))?;
+            // The eBPF crate is its own workspace (another target), out of `--all`'s reach.
+            run_command(Command::new("rustfmt").args([
+                "--check",
+                "--edition",
+                "2021",
+                "profiler-ebpf/src/main.rs",
+            ]))?;
             run_command(cargo().args([
                 "clippy",
                 "--workspace",
