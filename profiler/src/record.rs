@@ -37,7 +37,7 @@ use crate::{
     stat::count::Count,
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
-        SymbolCache,
+        FrameAddresses, SymbolCache,
     },
 };
 
@@ -118,6 +118,7 @@ impl Capture {
             &self.processes,
             &self.accounting,
             &symbols,
+            FrameAddresses::Runtime,
         );
         profile.hardware.cpu = self.cpu;
         // What offline reports need from files that may be gone by then: the sampled functions'

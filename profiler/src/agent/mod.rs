@@ -40,7 +40,7 @@ use crate::{
     record::{profile_meta, target_description, RecordOptions},
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
-        SymbolCache,
+        FrameAddresses, SymbolCache,
     },
 };
 
@@ -208,6 +208,7 @@ impl Exporter {
             &capture.processes,
             &capture.accounting,
             symbols,
+            FrameAddresses::FileOffsets,
         );
         profile.hardware.cpu = self.cpu.clone();
         // What the sampled data addresses belong to, while the window's processes are at hand:

@@ -280,8 +280,11 @@ struct EventColumns {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct MappingKey<'a> {
     module: &'a str,
-    /// address - module_offset: where file offset 0 is (or would be) mapped.
+    /// address - module_offset: where file offset 0 is (or would be) mapped. The same for
+    /// every process where frames carry file offsets (the agent's).
     load_bias: u64,
+    /// Two files at one path (a program upgraded while the window ran) are two mappings.
+    build_id: Option<&'a str>,
 }
 
 impl<'a> MappingKey<'a> {
@@ -289,6 +292,7 @@ impl<'a> MappingKey<'a> {
         (!frame.module.is_empty()).then(|| MappingKey {
             module: &frame.module,
             load_bias: frame.address.wrapping_sub(frame.module_offset),
+            build_id: frame.build_id.as_deref(),
         })
     }
 }
@@ -494,12 +498,7 @@ impl<'a> Builder<'a> {
             let highest = span.frames.iter().map(|f| f.address).max().unwrap_or(0);
             let all = |has: fn(&Frame) -> bool| span.frames.iter().all(|f| has(f));
             let id = self.out.mapping.len() as u64 + 1;
-            // Every frame of a span comes from the same file, so any build ID is the file's.
-            let build_id = span
-                .frames
-                .iter()
-                .find_map(|f| f.build_id.as_deref())
-                .unwrap_or("");
+            let build_id = key.build_id.unwrap_or("");
             let mapping = proto::Mapping {
                 id,
                 memory_start: lowest.address,

@@ -19,7 +19,7 @@ use crate::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
         container::classify_cgroup_path,
     },
-    symbolize::{CodeAddress, FrameTable, SymbolCache},
+    symbolize::{CodeAddress, FrameAddresses, FrameTable, SymbolCache},
 };
 
 /// Stack addresses as looked up: the leaf as sampled, callers one byte before their return
@@ -80,7 +80,7 @@ pub fn sparse_buckets(buckets: &[u64]) -> Vec<(u16, u64)> {
 }
 
 /// The profile of what a capture drained: frames symbolized through `symbols`, which may
-/// outlive it (the agent's, across windows).
+/// outlive it (the agent's, across windows), carrying `frame_addresses`.
 pub fn assemble(
     meta: ProfileMeta,
     events: Vec<EventInfo>,
@@ -88,8 +88,9 @@ pub fn assemble(
     processes: &ProcessTable,
     accounting: &Accounting,
     symbols: &SymbolCache,
+    frame_addresses: FrameAddresses,
 ) -> Profile {
-    let mut table = FrameTable::with_cache(processes, Some(symbols));
+    let mut table = FrameTable::with_cache(processes, Some(symbols), frame_addresses);
     let mut addresses = Vec::new();
     let cache = &drained.stack_cache;
     // Each distinct stack once: a kernel stack is the same code in every process, a user stack

@@ -79,9 +79,23 @@ impl CodeAddress {
     }
 }
 
+/// The address a frame of a mapped file carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameAddresses {
+    /// Where its process had the file mapped: what reports of instructions and annotated code
+    /// show, as perf does.
+    Runtime,
+    /// Its file offset, as if the file were mapped at 0 (the vDSO's offset in it likewise): the
+    /// same code in every process that maps the file is one frame (one location and one mapping in pprof), however its load
+    /// address differs. The agent's windows, where under process churn each new process's
+    /// code is at new addresses (a third of the locations of a window at 997 Hz).
+    FileOffsets,
+}
+
 /// Resolves code addresses to interned frames.
 pub struct FrameTable<'a> {
     processes: &'a ProcessTable,
+    addresses: FrameAddresses,
     /// The symbols kept across tables (the agent's, serving every window); else a symbolizer
     /// is made per [`FrameTable::resolve`].
     cache: Option<&'a SymbolCache>,
@@ -100,13 +114,19 @@ pub struct FrameTable<'a> {
 
 impl<'a> FrameTable<'a> {
     pub fn new(processes: &'a ProcessTable) -> Self {
-        Self::with_cache(processes, None)
+        Self::with_cache(processes, None, FrameAddresses::Runtime)
     }
 
-    /// A table that symbolizes through `cache` (see [`FrameTable::cache`]).
-    pub fn with_cache(processes: &'a ProcessTable, cache: Option<&'a SymbolCache>) -> Self {
+    /// A table that symbolizes through `cache` (see [`FrameTable::cache`]), whose frames of
+    /// mapped files carry `addresses`.
+    pub fn with_cache(
+        processes: &'a ProcessTable,
+        cache: Option<&'a SymbolCache>,
+        addresses: FrameAddresses,
+    ) -> Self {
         FrameTable {
             processes,
+            addresses,
             cache,
             frames: Vec::new(),
             aliases: Vec::new(),
@@ -179,7 +199,10 @@ impl<'a> FrameTable<'a> {
                 Some(mapping) if mapping.is_file() => {
                     let offset = address.address - mapping.start + mapping.file_offset;
                     let frame = Frame {
-                        address: address.address,
+                        address: match self.addresses {
+                            FrameAddresses::Runtime => address.address,
+                            FrameAddresses::FileOffsets => offset,
+                        },
                         module: mapping.path.to_string(),
                         module_offset: offset,
                         build_id: mapping.build_id.as_deref().map(hex),
@@ -202,15 +225,21 @@ impl<'a> FrameTable<'a> {
                         None => unresolved.push((address, frame)),
                     }
                 }
-                Some(mapping) => unresolved.push((
-                    address,
-                    Frame {
-                        address: address.address,
-                        module: mapping.path.to_string(),
-                        module_offset: address.address - mapping.start,
-                        ..Frame::default()
-                    },
-                )),
+                Some(mapping) => {
+                    let offset = address.address - mapping.start;
+                    // The vDSO is the same image in every process.
+                    let shared = self.addresses == FrameAddresses::FileOffsets
+                        && &*mapping.path == vdso::VDSO;
+                    unresolved.push((
+                        address,
+                        Frame {
+                            address: if shared { offset } else { address.address },
+                            module: mapping.path.to_string(),
+                            module_offset: offset,
+                            ..Frame::default()
+                        },
+                    ))
+                }
                 None => unresolved.push((
                     address,
                     Frame {
@@ -506,4 +535,112 @@ fn frames_are_interned_once_and_a_hash_collision_never_merges_two() {
     assert_eq!(table.frames[work as usize], frame("work"));
     assert_eq!(table.frames[main as usize], frame("main"));
     assert_eq!(table.frames.len(), 2);
+}
+
+/// The same code mapped by two processes at different addresses: one frame, at its file
+/// offset, where frames carry file offsets (the agent's windows); a frame per process where
+/// they carry runtime addresses (a recording's reports).
+#[cfg(test)]
+#[test]
+fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
+    use crate::capture::sideband::Mapping;
+
+    let exe = std::env::current_exe().unwrap();
+    let function = file_offsets_make_the_same_code_in_two_processes_one_frame as *const () as u64;
+    // The test binary's executable mapping holding this function, as /proc/self/maps says.
+    let maps = fs::read_to_string("/proc/self/maps").unwrap();
+    let (start, end, file_offset) = maps
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (start, end) = fields.next()?.split_once('-')?;
+            let (start, end) = (
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            );
+            let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
+            (start..end)
+                .contains(&function)
+                .then_some((start, end, offset))
+        })
+        .unwrap();
+    let mut processes = ProcessTable::default();
+    let file = processes.files.open_path(exe.to_str().unwrap(), None, None);
+    // Process 10 maps it where this test runs, process 11 64 MiB higher; their vDSOs at
+    // 0x7f0000000000 and 0x7f1000000000.
+    let elsewhere = 64 << 20;
+    let vdso_at = |pid: u64| 0x7f00_0000_0000 + (pid - 10) * 0x10_0000_0000;
+    for (pid, bias) in [(10, 0), (11, elsewhere)] {
+        processes.map(
+            pid,
+            Mapping {
+                start: start + bias,
+                end: end + bias,
+                file_offset,
+                path: exe.to_str().unwrap().into(),
+                executable: true,
+                build_id: None,
+                file,
+            },
+        );
+        processes.map(
+            pid,
+            Mapping {
+                start: vdso_at(u64::from(pid)),
+                end: vdso_at(u64::from(pid)) + 0x2000,
+                file_offset: 0,
+                path: vdso::VDSO.into(),
+                executable: true,
+                build_id: None,
+                file: None,
+            },
+        );
+    }
+    let sampled = [
+        CodeAddress {
+            pid: 10,
+            address: function,
+        },
+        CodeAddress {
+            pid: 11,
+            address: function + elsewhere,
+        },
+    ];
+    let in_vdso = [10, 11].map(|pid| CodeAddress {
+        pid,
+        address: vdso_at(u64::from(pid)) + 0x100,
+    });
+    let offset = function - start + file_offset;
+
+    let mut table = FrameTable::with_cache(&processes, None, FrameAddresses::FileOffsets);
+    table.resolve(sampled.into_iter().chain(in_vdso));
+    let (first, second) = (table.frame(sampled[0]), table.frame(sampled[1]));
+    assert_eq!(first, second);
+    assert_eq!(table.frame(in_vdso[0]), table.frame(in_vdso[1]));
+    assert_eq!(
+        table.frames[table.frame(in_vdso[0]) as usize].address,
+        0x100
+    );
+    let frame = &table.frames[first as usize];
+    assert!(
+        frame
+            .function
+            .as_deref()
+            .is_some_and(|name| name.ends_with("the_same_code_in_two_processes_one_frame")),
+        "{frame:?}"
+    );
+    assert_eq!((frame.address, frame.module_offset), (offset, offset));
+    assert_eq!(frame.function_address, Some(offset));
+
+    let mut table = FrameTable::with_cache(&processes, None, FrameAddresses::Runtime);
+    table.resolve(sampled.into_iter().chain(in_vdso));
+    let (first, second) = (table.frame(sampled[0]), table.frame(sampled[1]));
+    assert_ne!(first, second);
+    assert_ne!(table.frame(in_vdso[0]), table.frame(in_vdso[1]));
+    assert_eq!(table.frames[first as usize].address, function);
+    assert_eq!(table.frames[second as usize].address, function + elsewhere);
+    assert_eq!(
+        table.frames[second as usize].function_address,
+        Some(function + elsewhere)
+    );
 }
