@@ -28,8 +28,8 @@ use blazesym::symbolize::{
 use profiler_common::unwind_maps::{FRAME_POINTERS_ONLY_FRAME, TRUNCATED_FRAME};
 
 use crate::{
-    capture::sideband::{FileIdentity, ProcessTable},
-    fast_hash::HashMap,
+    capture::sideband::{FileIdentity, Mapping, ProcessTable},
+    fast_hash::{HashMap, HashSet},
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
 use demangle::demangle;
@@ -110,6 +110,9 @@ pub struct FrameTable<'a> {
     collided: HashMap<Frame, FrameId>,
     hasher: foldhash::fast::RandomState,
     resolved: HashMap<CodeAddress, FrameId>,
+    /// With [`FrameAddresses::FileOffsets`], the frame of each file offset resolved: the
+    /// same code sampled in another process is that frame, found without symbolizing it again.
+    by_file_offset: HashMap<(FileIdentity, u64), FrameId>,
 }
 
 impl<'a> FrameTable<'a> {
@@ -134,6 +137,7 @@ impl<'a> FrameTable<'a> {
             collided: HashMap::default(),
             hasher: foldhash::fast::RandomState::default(),
             resolved: HashMap::default(),
+            by_file_offset: HashMap::default(),
         }
     }
 
@@ -157,6 +161,21 @@ impl<'a> FrameTable<'a> {
         id
     }
 
+    /// The frame of `address` in the mapped file `mapping`, before symbolizing.
+    fn file_frame(&self, address: CodeAddress, mapping: &Mapping) -> Frame {
+        let offset = address.address - mapping.start + mapping.file_offset;
+        Frame {
+            address: match self.addresses {
+                FrameAddresses::Runtime => address.address,
+                FrameAddresses::FileOffsets => offset,
+            },
+            module: mapping.path.to_string(),
+            module_offset: offset,
+            build_id: mapping.build_id.as_deref().map(hex),
+            ..Frame::default()
+        }
+    }
+
     /// The frame of an address resolved by [`FrameTable::resolve`].
     pub fn frame(&self, address: CodeAddress) -> FrameId {
         self.resolved[&address]
@@ -170,6 +189,9 @@ impl<'a> FrameTable<'a> {
         // its file offset)
         type FileFrames = (Arc<fs::File>, Vec<(CodeAddress, Frame)>);
         let mut by_file: BTreeMap<FileIdentity, FileFrames> = BTreeMap::new();
+        // With file offsets: code queued above for another process, resolved with it.
+        let mut queued = HashSet::default();
+        let mut same_code = Vec::new();
         let mut unresolved = Vec::new();
         for address in addresses {
             if self.resolved.contains_key(&address) {
@@ -198,16 +220,20 @@ impl<'a> FrameTable<'a> {
             {
                 Some(mapping) if mapping.is_file() => {
                     let offset = address.address - mapping.start + mapping.file_offset;
-                    let frame = Frame {
-                        address: match self.addresses {
-                            FrameAddresses::Runtime => address.address,
-                            FrameAddresses::FileOffsets => offset,
-                        },
-                        module: mapping.path.to_string(),
-                        module_offset: offset,
-                        build_id: mapping.build_id.as_deref().map(hex),
-                        ..Frame::default()
-                    };
+                    if let (FrameAddresses::FileOffsets, Some(identity)) =
+                        (self.addresses, mapping.file)
+                    {
+                        let code = (identity, offset);
+                        if let Some(&id) = self.by_file_offset.get(&code) {
+                            self.resolved.insert(address, id);
+                            continue;
+                        }
+                        if !queued.insert(code) {
+                            same_code.push((address, code));
+                            continue;
+                        }
+                    }
+                    let frame = self.file_frame(address, mapping);
                     // Only through the descriptor opened while the process lived: by now its
                     // owner may have put a FIFO, a device or a link at the path. Looked up once
                     // per file, not per address.
@@ -276,8 +302,28 @@ impl<'a> FrameTable<'a> {
             };
             self.aliases.extend(aliases);
             for (address, frame) in addresses.into_iter().zip(frames) {
+                let offset = frame.module_offset;
                 let id = self.intern(frame);
                 self.resolved.insert(address, id);
+                if self.addresses == FrameAddresses::FileOffsets {
+                    self.by_file_offset.insert((identity, offset), id);
+                }
+            }
+        }
+        for (address, code) in same_code {
+            match self.by_file_offset.get(&code) {
+                Some(&id) => {
+                    self.resolved.insert(address, id);
+                }
+                // Its file could not be read: unsymbolized, as the code queued first.
+                None => {
+                    if let Some(mapping) = self
+                        .processes
+                        .code_mapping_for(address.pid, address.address)
+                    {
+                        unresolved.push((address, self.file_frame(address, mapping)));
+                    }
+                }
             }
         }
         progress.set_message("kernel");
@@ -543,8 +589,6 @@ fn frames_are_interned_once_and_a_hash_collision_never_merges_two() {
 #[cfg(test)]
 #[test]
 fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
-    use crate::capture::sideband::Mapping;
-
     let exe = std::env::current_exe().unwrap();
     let function = file_offsets_make_the_same_code_in_two_processes_one_frame as *const () as u64;
     // The test binary's executable mapping holding this function, as /proc/self/maps says.
