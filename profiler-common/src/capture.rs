@@ -508,6 +508,10 @@ pub const CAPTURE_UNWIND_DWARF: u32 = 1 << 8;
 /// its wake-ups, each a side-band read and a sync), mostly for processes already gone. Requests
 /// for published processes (a library loaded by dlopen, a table to load) still wake it.
 pub const CAPTURE_QUIET_NEW_PROCESSES: u32 = 1 << 9;
+/// Count samples per instruction (their statistics in the instructions map): what `record`'s
+/// instruction, annotation and cache-line reports read. The agent's exports carry stacks and
+/// data lines only, and without it each sample costs one per-CPU map update less.
+pub const CAPTURE_INSTRUCTIONS: u32 = 1 << 10;
 
 /// How the program reads PERF_SAMPLE_RAW payloads, a read-only global of the program
 /// (`RAW_DECODING`) the agent sets at load time. All zero: no event's payload is decoded.

@@ -35,10 +35,11 @@ use profiler_common::{
         Fill, IbsRecord, InstructionKey, LatencyKey, LineLatencyKey, LossKind, RawDecoding,
         RawSample, SampleStats, StackCopyHeader, StackCopyRecord, StackKey, ACCESS_UNKNOWN,
         CACHE_LINE_BYTES, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
-        CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_QUIET_NEW_PROCESSES, CAPTURE_RAW,
-        CAPTURE_STACK_COPY, CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, CONTROL_GENERATION,
-        IBS_PAYLOAD_MAX_BYTES, IBS_PAYLOAD_MIN_BYTES, MAX_EVENTS, OFFSETS_SAMPLE_FLAGS,
-        STACK_COPY_KERNEL_FRAMES, STACK_COPY_MAX_PAGES, STACK_COPY_PAGE_BYTES,
+        CAPTURE_FILTER_UID, CAPTURE_INSTRUCTIONS, CAPTURE_KERNEL_STACKS,
+        CAPTURE_QUIET_NEW_PROCESSES, CAPTURE_RAW, CAPTURE_STACK_COPY, CAPTURE_UNWIND_DWARF,
+        CAPTURE_USER_STACKS, CONTROL_GENERATION, IBS_PAYLOAD_MAX_BYTES, IBS_PAYLOAD_MIN_BYTES,
+        MAX_EVENTS, OFFSETS_SAMPLE_FLAGS, STACK_COPY_KERNEL_FRAMES, STACK_COPY_MAX_PAGES,
+        STACK_COPY_PAGE_BYTES,
     },
     hw::ibs::IbsOpSample,
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
@@ -1407,13 +1408,15 @@ fn record(
 
     let mut first = SampleStats::default();
     add_stats(&mut first, data.latency);
-    if bump(
-        generation.pick(&INSTRUCTIONS_0, &INSTRUCTIONS_1),
-        &InstructionKey { pid, event, ip },
-        &first,
-        |stats| add_stats(stats, data.latency),
-        LossKind::InstructionsFull,
-    ) {
+    if config.flags & CAPTURE_INSTRUCTIONS != 0
+        && bump(
+            generation.pick(&INSTRUCTIONS_0, &INSTRUCTIONS_1),
+            &InstructionKey { pid, event, ip },
+            &first,
+            |stats| add_stats(stats, data.latency),
+            LossKind::InstructionsFull,
+        )
+    {
         count_new_keys(config, generation.index(), Fill::Instructions, 1);
     }
     if data.flags & sample_flags::ADDR != 0 {

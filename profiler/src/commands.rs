@@ -289,6 +289,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Record
             min_block_ns: args.off_cpu_min.unwrap_or(0),
             wakers: args.wakers,
         }),
+        per_instruction: true,
     })
 }
 

@@ -13,8 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
     CaptureConfig, KernelOffsets, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
-    CAPTURE_FILTER_UID, CAPTURE_KERNEL_STACKS, CAPTURE_QUIET_NEW_PROCESSES, CAPTURE_RAW,
-    CAPTURE_STACK_COPY, CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS, STACK_COPY_PAGE_BYTES,
+    CAPTURE_FILTER_UID, CAPTURE_INSTRUCTIONS, CAPTURE_KERNEL_STACKS, CAPTURE_QUIET_NEW_PROCESSES,
+    CAPTURE_RAW, CAPTURE_STACK_COPY, CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS,
+    STACK_COPY_PAGE_BYTES,
 };
 
 use crate::{
@@ -69,6 +70,9 @@ pub struct RecordOptions {
     pub record_args: bool,
     /// `--off-cpu`: also record where the threads in scope wait.
     pub off_cpu: Option<OffCpuOptions>,
+    /// Count samples per instruction (see [`CAPTURE_INSTRUCTIONS`]): what reports read, not
+    /// the agent's exports.
+    pub per_instruction: bool,
 }
 
 /// What a recording gathered, before the profile is assembled from it.
@@ -235,6 +239,9 @@ pub(crate) fn capture_config(options: &RecordOptions) -> CaptureConfig {
     }
     if options.raw.is_some() {
         flags |= CAPTURE_RAW;
+    }
+    if options.per_instruction {
+        flags |= CAPTURE_INSTRUCTIONS;
     }
     if !options.cgroups.is_empty() {
         flags |= CAPTURE_FILTER_CGROUP;

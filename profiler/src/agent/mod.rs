@@ -539,6 +539,8 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
     let options = RecordOptions {
         stats: args.bpf_stats,
         sideband_interval: AGENT_SIDEBAND_INTERVAL,
+        // Its exports carry stacks and data lines, not instructions.
+        per_instruction: false,
         ..capture_options(&args.sampling, target)?
     };
     let interval = args.interval();

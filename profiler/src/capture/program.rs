@@ -153,6 +153,8 @@ pub struct MapNeeds {
     pub ibs: bool,
     /// `--unwind copy` or `check` (the stack-copy ring and scratch).
     pub stack_copies: bool,
+    /// Samples are counted per instruction (the instructions maps).
+    pub instructions: bool,
 }
 
 impl MapSizes {
@@ -165,6 +167,7 @@ impl MapSizes {
         let ring = |needed: bool, bytes: u32| if needed { bytes } else { SMALLEST_RING_BYTES };
         MapSizes {
             latencies: entries(needs.latencies, self.latencies),
+            instructions: entries(needs.instructions, self.instructions),
             data_lines: entries(needs.data_addresses, self.data_lines),
             ring_buffer_bytes: ring(needs.raw, self.ring_buffer_bytes),
             ibs_ring_bytes: ring(needs.ibs, self.ibs_ring_bytes),
@@ -619,6 +622,7 @@ mod tests {
         raw: false,
         ibs: false,
         stack_copies: false,
+        instructions: false,
     };
 
     #[test]
@@ -636,9 +640,10 @@ mod tests {
         assert_eq!(clock.ibs_ring_bytes, SMALLEST_RING_BYTES);
         assert_eq!(clock.stack_copy_ring_bytes, SMALLEST_RING_BYTES);
         assert_eq!(clock.stack_copy_scratch, 1);
+        // Nothing counted per instruction (the agent): those maps at their smallest.
+        assert_eq!(clock.entries(Fill::Instructions), 1);
         // What every recording fills keeps its size.
         assert_eq!(clock.entries(Fill::StackCounts), asked.stack_counts);
-        assert_eq!(clock.entries(Fill::Instructions), asked.instructions);
         assert_eq!(clock.entries(Fill::StackFrames), asked.stacks);
 
         let everything = asked.fitted(MapNeeds {
@@ -647,6 +652,7 @@ mod tests {
             raw: true,
             ibs: true,
             stack_copies: true,
+            instructions: true,
         });
         for fill in Fill::ALL {
             assert_eq!(everything.entries(fill), asked.entries(fill), "{fill:?}");

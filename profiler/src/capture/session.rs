@@ -146,6 +146,7 @@ impl CaptureSession {
             raw: options.raw.is_some(),
             ibs: ibs_events,
             stack_copies: options.stack_copy_kib.is_some(),
+            instructions: options.per_instruction,
         });
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| anyhow!("counting online CPUs ({what}): {e}"))?
