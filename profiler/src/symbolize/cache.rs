@@ -410,18 +410,7 @@ mod tests {
 
     /// The file offset of one of the test binary's addresses, from /proc/self/maps.
     fn file_offset_of(address: u64) -> u64 {
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        maps.lines()
-            .find_map(|line| {
-                let mut fields = line.split_whitespace();
-                let (start, end) = fields.next()?.split_once('-')?;
-                let start = u64::from_str_radix(start, 16).ok()?;
-                let end = u64::from_str_radix(end, 16).ok()?;
-                let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
-                (start..end)
-                    .contains(&address)
-                    .then_some(address - start + offset)
-            })
-            .unwrap()
+        let mapping = crate::symbolize::own_mapping_of(address);
+        address - mapping.start + mapping.file_offset
     }
 }

@@ -583,6 +583,17 @@ fn frames_are_interned_once_and_a_hash_collision_never_merges_two() {
     assert_eq!(table.frames.len(), 2);
 }
 
+/// The mapping of this process holding `address`, from /proc/self/maps.
+#[cfg(test)]
+fn own_mapping_of(address: u64) -> Mapping {
+    fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter_map(crate::capture::sideband::parse_maps_line)
+        .find(|mapping| mapping.contains(address))
+        .unwrap()
+}
+
 /// The same code mapped by two processes at different addresses: one frame, at its file
 /// offset, where frames carry file offsets (the agent's windows); a frame per process where
 /// they carry runtime addresses (a recording's reports).
@@ -591,23 +602,7 @@ fn frames_are_interned_once_and_a_hash_collision_never_merges_two() {
 fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
     let exe = std::env::current_exe().unwrap();
     let function = file_offsets_make_the_same_code_in_two_processes_one_frame as *const () as u64;
-    // The test binary's executable mapping holding this function, as /proc/self/maps says.
-    let maps = fs::read_to_string("/proc/self/maps").unwrap();
-    let (start, end, file_offset) = maps
-        .lines()
-        .find_map(|line| {
-            let mut fields = line.split_whitespace();
-            let (start, end) = fields.next()?.split_once('-')?;
-            let (start, end) = (
-                u64::from_str_radix(start, 16).ok()?,
-                u64::from_str_radix(end, 16).ok()?,
-            );
-            let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
-            (start..end)
-                .contains(&function)
-                .then_some((start, end, offset))
-        })
-        .unwrap();
+    let text = own_mapping_of(function);
     let mut processes = ProcessTable::default();
     let file = processes.files.open_path(exe.to_str().unwrap(), None, None);
     // Process 10 maps it where this test runs, process 11 64 MiB higher; their vDSOs at
@@ -618,13 +613,11 @@ fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
         processes.map(
             pid,
             Mapping {
-                start: start + bias,
-                end: end + bias,
-                file_offset,
+                start: text.start + bias,
+                end: text.end + bias,
                 path: exe.to_str().unwrap().into(),
-                executable: true,
-                build_id: None,
                 file,
+                ..text.clone()
             },
         );
         processes.map(
@@ -654,7 +647,7 @@ fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
         pid,
         address: vdso_at(u64::from(pid)) + 0x100,
     });
-    let offset = function - start + file_offset;
+    let offset = function - text.start + text.file_offset;
 
     let mut table = FrameTable::with_cache(&processes, None, FrameAddresses::FileOffsets);
     table.resolve(sampled.into_iter().chain(in_vdso));
