@@ -197,7 +197,11 @@ impl<'a> FrameTable<'a> {
             if self.resolved.contains_key(&address) {
                 continue;
             }
-            if is_kernel_address(address.address) {
+            // Kernel code belongs to no process (pid 0, see [`CodeAddress::sampled`]): a
+            // kernel-space value in a process's user stack is no kernel frame but whatever a
+            // frame-pointer walk read from the stack, and named from kallsyms it showed a
+            // kernel function inside user code.
+            if address.pid == 0 && is_kernel_address(address.address) {
                 kernel.push(address);
                 continue;
             }
@@ -680,4 +684,34 @@ fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
         table.frames[second as usize].function_address,
         Some(function + elsewhere)
     );
+}
+
+/// A kernel-space value in a user stack (a frame-pointer walk through a frame without one) is
+/// an unnamed frame of no module, not a kernel function.
+#[cfg(test)]
+#[test]
+fn kernel_addresses_are_kernel_frames_only_outside_user_stacks() {
+    let processes = ProcessTable::default();
+    let mut table = FrameTable::new(&processes);
+    let (kernel, in_user_stack) = (
+        CodeAddress {
+            pid: 0,
+            address: 0xffff_ffff_8100_0000,
+        },
+        CodeAddress {
+            pid: 10,
+            address: 0xffff_ffff_8100_0000,
+        },
+    );
+    table.resolve([kernel, in_user_stack]);
+    let frame = |address| &table.frames[table.frame(address) as usize];
+    assert!(frame(kernel).kernel);
+    assert_eq!(frame(kernel).module, "[kernel.kallsyms]");
+    let garbage = frame(in_user_stack);
+    assert!(!garbage.kernel);
+    assert!(
+        garbage.module.is_empty() && garbage.function.is_none(),
+        "{garbage:?}"
+    );
+    assert_eq!(garbage.address, 0xffff_ffff_8100_0000);
 }
