@@ -86,9 +86,10 @@ pub enum FrameAddresses {
     /// show, as perf does.
     Runtime,
     /// Its file offset, as if the file were mapped at 0 (the vDSO's offset in it likewise): the
-    /// same code in every process that maps the file is one frame (one location and one mapping in pprof), however its load
-    /// address differs. The agent's windows, where under process churn each new process's
-    /// code is at new addresses (a third of the locations of a window at 997 Hz).
+    /// same code in every process that maps the file is one frame (one location and one
+    /// mapping in pprof), however its load address differs. The agent's windows, where under
+    /// process churn each new process's code is at new addresses (a window at 997 Hz held
+    /// three locations per distinct file offset).
     FileOffsets,
 }
 
