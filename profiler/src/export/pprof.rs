@@ -949,6 +949,36 @@ mod tests {
         assert_eq!(text(&p, kernel.filename), test_profile::KERNEL);
     }
 
+    /// Two files at one path and load address (a program upgraded while a window ran, frames
+    /// at file offsets): two mappings, each with its own build ID.
+    #[test]
+    fn one_path_with_two_build_ids_is_two_mappings() {
+        let mut profile = test_profile::profile();
+        let main = &profile.frames[test_profile::MAIN as usize];
+        let upgraded = Frame {
+            build_id: Some("99887766".into()),
+            ..main.clone()
+        };
+        let upgraded_id = profile.frames.len() as FrameId;
+        profile.frames.push(upgraded);
+        profile.stacks.push(StackSample {
+            pid: 100,
+            tid: 100,
+            frames: vec![upgraded_id],
+            count: 1,
+            ..StackSample::default()
+        });
+        let p = pprof_profile(&profile);
+        let mut build_ids: Vec<&str> = p
+            .mapping
+            .iter()
+            .filter(|mapping| text(&p, mapping.filename) == APP)
+            .map(|mapping| text(&p, mapping.build_id))
+            .collect();
+        build_ids.sort();
+        assert_eq!(build_ids, ["99887766", "a1b2c3d4"]);
+    }
+
     #[test]
     fn samples_are_leaf_first_with_thread_labels() {
         let (_, p) = exported();
