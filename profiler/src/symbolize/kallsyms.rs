@@ -3,7 +3,7 @@
 //! end in one buffer (5 MB for 122,000 functions) where a symbol object each took 10.7 MB.
 //!
 //! Reading /proc/kallsyms costs about 40 ms (most of it the kernel printing 122,000 lines), in
-//! every recording with a kernel frame. The kernel's text and its modules' stay where they are
+//! every recording with a kernel frame. The kernel's text, init text and modules' stay where they are
 //! for a whole boot while no module comes or goes, so their functions are kept in a cache file
 //! ([`crate::disk_cache`]) for that boot and module list; an address outside them (a BPF
 //! program, a trampoline, a module loaded since) has /proc/kallsyms read whole, as perf keeps a
@@ -20,6 +20,11 @@ use crate::disk_cache::{end_file, start_file, CacheBytes, CacheDir};
 /// Bytes read from /proc/kallsyms at once.
 const READ_BYTES: usize = 256 * 1024;
 
+/// The bounds of the kernel's text that stays put for a boot: its text, and its init text,
+/// whose functions kallsyms lists after boot too and which every idle CPU 0's stack ends in
+/// (`x86_64_start_kernel`, `start_kernel`).
+const BOOT_TEXT: [(&[u8], &[u8]); 2] = [(b"_stext", b"_etext"), (b"_sinittext", b"_einittext")];
+
 /// Kernel functions by start address, ascending.
 #[derive(Default)]
 pub struct KernelSymbols {
@@ -27,8 +32,8 @@ pub struct KernelSymbols {
     /// The functions' names, end to end, in the order kallsyms lists them; checked as UTF-8
     /// when one is looked up (a few hundred a profile) rather than when read.
     names: Vec<u8>,
-    /// The kernel's own text, `_stext` to `_etext`, when kallsyms lists both.
-    kernel_text: Option<Range<u64>>,
+    /// The kernel's own text and init text ([`BOOT_TEXT`]); empty where kallsyms lacks a bound.
+    boot_text: [Range<u64>; BOOT_TEXT.len()],
     coverage: Coverage,
 }
 
@@ -156,14 +161,12 @@ impl KernelSymbols {
             return None;
         }
         let address = parse_hex(address).filter(|&address| address != 0)?;
-        match name {
-            b"_stext" => self.kernel_text = Some(address..address),
-            b"_etext" => {
-                if let Some(text) = &mut self.kernel_text {
-                    text.end = address;
-                }
+        for ((start, end), text) in BOOT_TEXT.iter().zip(&mut self.boot_text) {
+            if name == *start {
+                text.start = address;
+            } else if name == *end {
+                text.end = address;
             }
-            _ => {}
         }
         let name_start = u32::try_from(self.names.len()).ok()?;
         let name_len = u32::try_from(name.len()).ok()?;
@@ -260,7 +263,8 @@ impl RunningKernel {
 /// The cache's one file: a later boot or module list replaces it.
 const CACHE_FILE: &str = "kallsyms";
 const CACHE_MAGIC: &[u8; 8] = b"PRFKSYMS";
-const CACHE_VERSION: u32 = 1;
+// 2: init text cached too.
+const CACHE_VERSION: u32 = 2;
 /// Largest cache file read: far above a kernel's functions and names (5 MB for 122,000).
 const MAX_CACHE_FILE: u64 = 64 << 20;
 
@@ -273,12 +277,12 @@ fn load(cache: &CacheDir, running: &RunningKernel) -> Result<Option<KernelSymbol
 }
 
 /// Caches the functions of `symbols` that stay put while `running` does: the kernel's text
-/// and the live modules'.
+/// and init text, and the live modules'.
 fn store(cache: &CacheDir, running: &RunningKernel, symbols: &KernelSymbols) -> Result<()> {
     let ranges: Vec<Range<u64>> = symbols
-        .kernel_text
+        .boot_text
         .iter()
-        .filter(|text| !text.is_empty())
+        .filter(|text| text.start != 0 && !text.is_empty())
         .chain(&running.module_text)
         .cloned()
         .collect();
@@ -374,7 +378,7 @@ fn decode(bytes: &[u8], key: &[u8]) -> Result<Option<KernelSymbols>> {
     Ok(Some(KernelSymbols {
         functions,
         names,
-        kernel_text: None,
+        boot_text: Default::default(),
         coverage: Coverage::Ranges(ranges),
     }))
 }
@@ -445,7 +449,8 @@ nf_tables 372736 2 nft_ct, Live 0xffffffffc0200000
 loading 4096 0 - Loading 0xffffffffc0300000
 ";
 
-    /// What a cached table holds: the kernel's text (`_stext` to `_etext`) and live modules'.
+    /// What a cached table holds: the kernel's text (`_stext` to `_etext`), init text
+    /// (`_sinittext` to `_einittext`) and live modules'.
     #[test]
     fn the_cache_keeps_the_kernel_text_and_live_modules_for_one_boot() {
         let kallsyms = "\
@@ -453,14 +458,20 @@ ffffffff81000000 T _stext
 ffffffff81000000 T _text
 ffffffff81001000 t secondary_startup
 ffffffff81900000 T _etext
-ffffffff83000000 T init_function
+ffffffff83000000 T _sinittext
+ffffffff83000000 T start_kernel
+ffffffff83100000 T _einittext
+ffffffff83200000 T past_init_text
 ffffffffa0001000 t bpf_prog_0123_on_overflow\t[bpf]
 ffffffffc0201000 t nf_hook_slow\t[nf_tables]
 ";
         let live = KernelSymbols::parse(kallsyms.as_bytes());
         assert_eq!(
-            live.kernel_text,
-            Some(0xffff_ffff_8100_0000..0xffff_ffff_8190_0000)
+            live.boot_text,
+            [
+                0xffff_ffff_8100_0000..0xffff_ffff_8190_0000,
+                0xffff_ffff_8300_0000..0xffff_ffff_8310_0000
+            ]
         );
         let dir = tempfile::tempdir().unwrap();
         let cache = CacheDir::new(dir.path().join("kernel"));
@@ -470,16 +481,17 @@ ffffffffc0201000 t nf_hook_slow\t[nf_tables]
         for address in [
             0xffff_ffff_8100_0010,
             0xffff_ffff_8100_1008,
+            0xffff_ffff_8300_0004,
             0xffff_ffff_c020_1004,
         ] {
             assert!(cached.covers(address), "{address:#x}");
             assert_eq!(cached.lookup(address), live.lookup(address), "{address:#x}");
         }
-        // BPF programs, init text and modules still loading come and go: a read whole names
-        // them.
+        // BPF programs and modules still loading come and go, and text outside the kernel's
+        // bounds is not cached: a read whole names them.
         for address in [
             0xffff_ffff_a000_1004,
-            0xffff_ffff_8300_0004,
+            0xffff_ffff_8320_0004,
             0xffff_ffff_c030_0004,
         ] {
             assert!(!cached.covers(address), "{address:#x}");
@@ -538,17 +550,28 @@ ffffffffc0201000 t nf_hook_slow\t[nf_tables]
     #[test]
     fn the_running_kernels_cached_table_names_as_kallsyms_does() {
         let live = KernelSymbols::read_live();
-        let Some(text) = live.kernel_text.clone() else {
-            panic!("/proc/kallsyms lists _stext and _etext (this test runs as root)");
-        };
+        let [text, init_text] = live.boot_text.clone();
+        assert!(
+            text.start != 0 && !text.is_empty() && init_text.start != 0 && !init_text.is_empty(),
+            "/proc/kallsyms lists _stext, _etext, _sinittext and _einittext (this test runs as \
+             root): {text:x?} {init_text:x?}"
+        );
         let dir = tempfile::tempdir().unwrap();
         let cache = CacheDir::new(dir.path().join("kernel"));
+        // Functions of the text and of the init text (where an idle CPU 0's stack ends).
         let addresses: Vec<u64> = live
             .functions
             .iter()
             .map(|function| function.address + 1)
             .filter(|address| text.contains(address))
             .step_by(97)
+            .chain(
+                live.functions
+                    .iter()
+                    .map(|function| function.address + 1)
+                    .filter(|address| init_text.contains(address))
+                    .step_by(13),
+            )
             .collect();
         assert!(
             addresses.len() > 100,
