@@ -119,6 +119,15 @@ pub fn sample_ip(ctx: &PerfEventContext) -> u64 {
     target::ip(unsafe { &(*ctx.ctx).regs })
 }
 
+/// Whether the sample was taken in user mode, where it has no kernel stack to walk.
+#[inline(always)]
+pub fn sampled_in_user_mode(ctx: &PerfEventContext) -> bool {
+    // SAFETY: the kernel rewrites context reads of the saved registers into safe loads.
+    let sampled = unsafe { core::ptr::addr_of!((*ctx.ctx).regs) };
+    // SAFETY: `sampled` points into the context, read at a constant offset.
+    target::is_user(sampled, |field| Some(unsafe { *field })).unwrap_or(false)
+}
+
 /// The registers of the interrupted user code: the sample's own when it was taken in user mode,
 /// else those the task saved on entering the kernel. `None` for a kernel thread.
 #[inline(always)]

@@ -1367,8 +1367,10 @@ fn record(
 ) {
     let ip = arch::sample_ip(ctx);
 
-    // With stack copies the agent unwinds and counts the sample's stacks from its record.
-    let kernel_stack = if copied {
+    // With stack copies the agent unwinds and counts the sample's stacks from its record. A
+    // sample in user mode has no kernel stack, and asking the kernel for it costs a third of a
+    // microsecond.
+    let kernel_stack = if copied || arch::sampled_in_user_mode(ctx) {
         NO_STACK
     } else if config.flags & CAPTURE_KERNEL_STACKS != 0 {
         let losses = StackLosses {
