@@ -1190,3 +1190,68 @@ fn the_agent_exports_off_cpu_time_per_window() {
         );
     }
 }
+
+/// The program arrays (`UNWINDER`, `OFFCPU_UNWINDER`) loaded now, by map ID.
+fn program_arrays() -> std::collections::BTreeSet<u64> {
+    let output = Command::new("bpftool")
+        .args(["map", "list", "--json"])
+        .output()
+        .expect("bpftool runs (cargo xtask setup installs it)");
+    let maps: Vec<Value> = serde_json::from_slice(&output.stdout).expect("bpftool's map list");
+    maps.iter()
+        .filter(|map| map["type"] == "prog_array")
+        .filter(|map| map["name"] == "UNWINDER" || map["name"] == "OFFCPU_UNWINDER")
+        .filter_map(|map| map["id"].as_u64())
+        .collect()
+}
+
+/// A kernel bug leaks a program array whose last reference closes twice: `bpftool prog show`
+/// opens every loaded program's maps by ID, and beside it each recording leaked both its arrays
+/// (see `capture::program::TailCalls`). Arrays leaked before the test are not counted.
+#[test]
+fn program_arrays_are_freed_while_bpftool_lists_the_programs() {
+    let before = program_arrays();
+    let dir = temp_dir("program-arrays");
+    let file = dir.join("profile.data");
+    let storm = workload("switch_storm");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lister = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                Command::new("bpftool")
+                    .args(["prog", "show", "--json"])
+                    .output()
+                    .expect("bpftool runs");
+            }
+        })
+    };
+    for _ in 0..5 {
+        profiler(&[
+            "record",
+            "--off-cpu",
+            "-o",
+            file.to_str().unwrap(),
+            "--",
+            storm.to_str().unwrap(),
+            "2000",
+            "2",
+        ]);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    lister.join().unwrap();
+    // The kernel frees a closed array from a work item: it may take a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let leaked: Vec<u64> = program_arrays().difference(&before).copied().collect();
+        if leaked.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "program arrays left loaded after every recording ended: map ids {leaked:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::remove_dir_all(dir).ok();
+}

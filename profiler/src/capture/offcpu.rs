@@ -7,7 +7,7 @@
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap, ProgramArray},
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
     programs::{BtfTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
@@ -21,7 +21,7 @@ use profiler_common::{
 
 use super::{
     btf::Btf,
-    program::{take, MapSizes},
+    program::{take, MapSizes, TailCalls},
 };
 
 /// Entries of the blocked-threads map: threads in scope that have left the CPU, until they exit.
@@ -71,9 +71,8 @@ pub struct OffCpuCapture {
     pub min_block_ns: u64,
     /// `--wakers`: the wake-up program is loaded.
     wakers: bool,
-    /// With `OFFCPU_DWARF`: the unwinder's program array, held open (the kernel empties a
-    /// program array when its last user-space reference closes).
-    _unwinder: Option<ProgramArray<MapData>>,
+    /// With `OFFCPU_DWARF`: the unwinder's program array.
+    _unwinder: Option<TailCalls>,
 }
 
 /// The program's configuration for `options`: the task fields it reads, from the kernel's BTF
@@ -166,11 +165,7 @@ impl OffCpuCapture {
                     let program: &mut BtfTracePoint = program(ebpf, "offcpu_unwind")?.try_into()?;
                     program.load("sched_switch", &btf).map_err(verifier)?;
                     let fd = program.fd()?.try_clone()?;
-                    let mut programs: ProgramArray<MapData> = take(ebpf, "OFFCPU_UNWINDER")?;
-                    programs
-                        .set(0, &fd, 0)
-                        .context("putting the off-CPU unwinder into its program array")?;
-                    unwinder = Some(programs);
+                    unwinder = Some(TailCalls::hold(take(ebpf, "OFFCPU_UNWINDER")?, &fd)?);
                 }
             }
             Attachment::Tracepoint => {

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use anyhow::{anyhow, Context, Result};
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
-    programs::{PerfEvent, ProgramError},
+    programs::{PerfEvent, ProgramError, ProgramFd},
     Ebpf, EbpfError, EbpfLoader,
 };
 use perf_event::Counter;
@@ -262,6 +262,8 @@ pub struct GenerationMaps {
     pub data_sources: PerCpuHashMap<MapData, DataSourceKey, u64>,
 }
 
+/// Fields drop in order: the programs (`ebpf`) close before the program arrays they tail-call
+/// through ([`TailCalls`]).
 pub struct CaptureProgram {
     ebpf: Ebpf,
     pub generations: [GenerationMaps; 2],
@@ -280,8 +282,8 @@ pub struct CaptureProgram {
     ibs_samples: Option<RingBuf<MapData>>,
     stack_copies: Option<RingBuf<MapData>>,
     drain_requests: Option<RingBuf<MapData>>,
-    /// With `--unwind dwarf`: the unwinder's program array, held open.
-    _unwinder: Option<ProgramArray<MapData>>,
+    /// With `--unwind dwarf`: the unwinder's program array.
+    _unwinder: Option<TailCalls>,
     /// With `--off-cpu`: the scheduler-switch programs' maps.
     pub offcpu: Option<OffCpuCapture>,
 }
@@ -393,10 +395,42 @@ fn errno_name(code: i32) -> &'static str {
     }
 }
 
+/// A program array a program tail-calls, held open (the kernel empties a program array when its
+/// last user-space reference closes) and emptied before it closes.
+///
+/// Emptied first because of a kernel bug: when the last reference closes, the kernel takes a map
+/// reference for the work that empties the array, and a second close while that work is pending
+/// (another process opened the map by ID meanwhile) takes another that is never dropped: the map
+/// leaks. `bpftool prog show` opens the maps of every loaded program by ID, and an entry keeps
+/// its program loaded, and so listed with the array, until that work runs. With the entry gone
+/// before the close (and the programs that use the array closed before, see
+/// [`CaptureProgram`]'s fields and `CaptureSession`'s), no program lists the array while the work
+/// is pending.
+pub(super) struct TailCalls(ProgramArray<MapData>);
+
+impl TailCalls {
+    /// `program` as the array's only entry.
+    pub(super) fn hold(
+        mut programs: ProgramArray<MapData>,
+        program: &ProgramFd,
+    ) -> Result<TailCalls> {
+        programs
+            .set(0, program, 0)
+            .context("putting a program into the program array that tail-calls it")?;
+        Ok(TailCalls(programs))
+    }
+}
+
+impl Drop for TailCalls {
+    fn drop(&mut self) {
+        // Nothing to tell anyone when it fails: the kernel empties the array on close anyway.
+        let _ = self.0.clear_index(&0);
+    }
+}
+
 /// Loads the unwinder's program (`--unwind dwarf`) into the program array the capture program
-/// tail-calls; the array, which must stay open (the kernel empties a program array when its last
-/// user-space reference closes).
-fn load_unwinder(ebpf: &mut Ebpf) -> Result<ProgramArray<MapData>> {
+/// tail-calls.
+fn load_unwinder(ebpf: &mut Ebpf) -> Result<TailCalls> {
     let unwinder: &mut PerfEvent = ebpf
         .program_mut(UNWINDER_NAME)
         .ok_or_else(|| anyhow!("the capture program has no {UNWINDER_NAME}"))?
@@ -405,11 +439,7 @@ fn load_unwinder(ebpf: &mut Ebpf) -> Result<ProgramArray<MapData>> {
         .load()
         .map_err(|e| anyhow!("the kernel verifier rejected the unwinder program: {e:?}"))?;
     let fd = unwinder.fd()?.try_clone()?;
-    let mut programs: ProgramArray<MapData> = take(ebpf, "UNWINDER")?;
-    programs
-        .set(0, &fd, 0)
-        .context("putting the unwinder program into its program array")?;
-    Ok(programs)
+    TailCalls::hold(take(ebpf, "UNWINDER")?, &fd)
 }
 
 impl CaptureProgram {

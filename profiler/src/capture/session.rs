@@ -80,6 +80,9 @@ pub struct CaptureSession {
     config: CaptureConfig,
     events: Vec<EventInfo>,
     cpu: Option<CpuIdentity>,
+    /// Closed before the program: each holds it loaded, and it should be gone when its program
+    /// arrays close (see `program::TailCalls`).
+    counters: Vec<EventCounter>,
     program: CaptureProgram,
     drainer: Drainer,
     unwinder: Option<UnwindLoader>,
@@ -89,7 +92,6 @@ pub struct CaptureSession {
     spe: Option<SpeStream>,
     stack_copies: Option<StackCopyStream>,
     sideband: Sideband,
-    counters: Vec<EventCounter>,
     processes: ProcessTable,
     drained: Drained,
     run: Run,
