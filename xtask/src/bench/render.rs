@@ -347,7 +347,9 @@ fn stack_quality(out: &mut String, results: &Results, shorten: &Shorten) {
 }
 
 fn agent_cost(out: &mut String, results: &Results, shorten: &Shorten) {
-    use super::agent_cost::{BUDGET_CPU_PERCENT_AT_99HZ, BUDGET_RSS_MIB_AT_99HZ};
+    use super::agent_cost::{
+        BUDGET_CPU_PERCENT_AT_99HZ, BUDGET_RSS_MIB_AT_99HZ, RECORD_END_BUDGET_S,
+    };
     let _ = writeln!(
         out,
         "\n## 8. Always-on cost\n\n`profiler agent` (system-wide, a window every 10 s, pprof \
@@ -355,18 +357,20 @@ fn agent_cost(out: &mut String, results: &Results, shorten: &Shorten) {
          of short processes run. CPU time and peak RSS of each tool's own process tree; steady: \
          the share of a core from 40% of the run to its last second, without start-up or the \
          last export. Budget at 99 Hz: {BUDGET_CPU_PERCENT_AT_99HZ}% of one core and \
-         {BUDGET_RSS_MIB_AT_99HZ} MB; at 997 Hz: no more CPU or memory than perf.\n"
+         {BUDGET_RSS_MIB_AT_99HZ} MB; at 997 Hz: no more CPU or memory than perf. `profiler \
+         record -a` records the same seconds at 997 Hz and prints its report; its wall time \
+         should be at most {RECORD_END_BUDGET_S} s past them.\n"
     );
     let _ = writeln!(
         out,
-        "| Tool | Rate Hz | Seconds | CPU s | % of a core | Steady % of a core | Peak RSS MiB | CPU vs perf | Steady vs perf | RSS vs perf | Command |"
+        "| Tool | Rate Hz | Seconds | Wall s | CPU s | % of a core | Steady % of a core | Peak RSS MiB | CPU vs perf | Steady vs perf | RSS vs perf | Command |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in &results.agent_cost {
         let perf = results
             .agent_cost
             .iter()
-            .find(|other| other.rate_hz == row.rate_hz && other.tool != row.tool);
+            .find(|other| other.rate_hz == row.rate_hz && other.tool.starts_with("perf"));
         let versus =
             |ours: f64, theirs: Option<f64>| match (row.tool.starts_with("profiler"), theirs) {
                 (true, Some(theirs)) if theirs > 0.0 => format!("×{:.2}", ours / theirs),
@@ -374,10 +378,11 @@ fn agent_cost(out: &mut String, results: &Results, shorten: &Shorten) {
             };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} | {} | {} |",
             row.tool,
             row.rate_hz,
             row.duration_s,
+            row.wall_s,
             row.cpu_s,
             row.cpu_percent_of_core,
             row.steady_percent_of_core,
