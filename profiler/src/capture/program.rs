@@ -404,8 +404,8 @@ fn errno_name(code: i32) -> &'static str {
 /// leaks. `bpftool prog show` opens the maps of every loaded program by ID, and an entry keeps
 /// its program loaded, and so listed with the array, until that work runs. With the entry gone
 /// before the close (and the programs that use the array closed before, see
-/// [`CaptureProgram`]'s fields and `CaptureSession`'s), no program lists the array while the work
-/// is pending.
+/// [`CaptureProgram`]'s fields and `CaptureSession`'s), no program of ours lists the array while
+/// the work is pending, unless a lister already holds one open.
 pub(super) struct TailCalls(ProgramArray<MapData>);
 
 impl TailCalls {
