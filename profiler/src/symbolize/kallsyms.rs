@@ -3,12 +3,12 @@
 //! end in one buffer (5 MB for 122,000 functions) where a symbol object each took 10.7 MB.
 //!
 //! Reading /proc/kallsyms costs about 40 ms (most of it the kernel printing 122,000 lines), in
-//! every recording with a kernel frame. The kernel's text, init text and modules' stay where they are
-//! for a whole boot while no module comes or goes, so their functions are kept in a cache file
-//! ([`crate::disk_cache`]) for that boot and module list; an address outside them (a BPF
-//! program, a trampoline, a module loaded since) has /proc/kallsyms read whole, as perf keeps a
-//! copy of kallsyms in its build-ID cache. BPF programs and trampolines the side-band saw loaded
-//! are named from it first ([`crate::capture::sideband::KernelCode`]).
+//! every recording with a kernel frame. The kernel's text, init text and modules' stay where they
+//! are for a whole boot while no module comes or goes, so their functions are kept in a cache file
+//! ([`crate::disk_cache`]) for that boot and module list; an address outside them (a BPF program, a
+//! trampoline, a module loaded since) has /proc/kallsyms read whole, as perf keeps a copy of
+//! kallsyms in its build-ID cache. BPF programs and trampolines the side-band saw loaded are named
+//! from it first ([`crate::capture::sideband::KernelCode`]).
 
 use std::io::{BufRead, BufReader, Read};
 use std::ops::Range;
