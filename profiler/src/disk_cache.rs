@@ -16,6 +16,12 @@ use anyhow::{bail, Context, Result};
 use crate::input::{open_regular, FinalLink};
 use crate::output::Checker;
 
+/// How stale a file's last use may be before a read sets it anew. Pruning needs no finer
+/// grain, and readers that map a file take a new modification time for a new file: blazesym
+/// mapped and parsed glibc's 10 MB debug copy again at every read of it, keeping every old
+/// mapping (14 MB a second of a recording under process churn).
+const USE_TIME_GRAIN: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// One cache directory, made private to this user when first written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CacheDir {
@@ -48,8 +54,8 @@ impl CacheDir {
 
     /// The bytes of the file `name`, `None` when there is none. Refused: a link, anything but
     /// a regular file, a file or directory another user owns or may write, a file over
-    /// `max_len` bytes. A file read has its modification time set to now: pruning goes by
-    /// last use.
+    /// `max_len` bytes. A file read has its modification time set to now, within an hour
+    /// (see [`USE_TIME_GRAIN`]): pruning goes by last use.
     pub fn read(&self, name: &str, max_len: u64) -> Result<Option<Vec<u8>>> {
         let Some((_, file)) = self.open(name)? else {
             return Ok(None);
@@ -70,7 +76,8 @@ impl CacheDir {
         Ok(self.open(name)?.map(|(path, _)| path))
     }
 
-    /// The file `name` opened and checked, with its path; its modification time set to now.
+    /// The file `name` opened and checked, with its path; its modification time set to now
+    /// when older than [`USE_TIME_GRAIN`].
     fn open(&self, name: &str) -> Result<Option<(PathBuf, File)>> {
         let path = self.path.join(name);
         let file = match open_regular(&path, FinalLink::Refuse) {
@@ -79,9 +86,17 @@ impl CacheDir {
             Err(error) => return Err(error.into()),
         };
         check_owner(&self.path, &std::fs::metadata(&self.path)?)?;
-        check_owner(&path, &file.metadata()?)?;
-        // Failing only costs the file its place in the pruning order.
-        let _ = File::set_modified(&file, std::time::SystemTime::now());
+        let metadata = file.metadata()?;
+        check_owner(&path, &metadata)?;
+        let now = std::time::SystemTime::now();
+        let used = metadata.modified()?;
+        if now
+            .duration_since(used)
+            .is_ok_and(|age| age > USE_TIME_GRAIN)
+        {
+            // Failing only costs the file its place in the pruning order.
+            let _ = File::set_modified(&file, now);
+        }
         Ok(Some((path, file)))
     }
 
@@ -310,6 +325,29 @@ mod tests {
         // Over 300: down to three quarters (225), the least recently used first.
         cache.prune("unwind", 300).unwrap();
         assert_eq!(left(dir.path()), ["c.unwind", "d.unwind", "notes.txt"]);
+    }
+
+    #[test]
+    fn a_read_sets_the_use_time_only_when_it_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CacheDir::new(dir.path().join("cache"));
+        cache.write("test", "a.debug", b"copy").unwrap();
+        let path = cache.path().join("a.debug");
+        let modified = |path: &Path| std::fs::metadata(path).unwrap().modified().unwrap();
+        let set = |age: u64| {
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            let time = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
+            file.set_modified(time).unwrap();
+            modified(&path)
+        };
+        // Used a minute ago: a reader that maps the file sees the same file again.
+        let recent = set(60);
+        assert_eq!(cache.checked_path("a.debug").unwrap(), Some(path.clone()));
+        assert_eq!(modified(&path), recent);
+        // Used two hours ago: it moves up in the pruning order.
+        let stale = set(7200);
+        cache.checked_path("a.debug").unwrap();
+        assert!(modified(&path) > stale + USE_TIME_GRAIN);
     }
 
     #[test]
