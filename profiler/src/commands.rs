@@ -45,7 +45,10 @@ use crate::{
         container::find_container_cgroup,
         resolve_uid,
     },
-    symbolize::kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+    symbolize::{
+        kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
+        ReadAhead,
+    },
 };
 
 pub async fn run(command: Command) -> Result<ExitCode> {
@@ -312,10 +315,11 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
         record_args: args.record_args,
         ..capture_options(&args.sampling, target)?
     };
-    let capture = record(options, &mut signals).await?;
+    let (capture, symbols) = record(options, &mut signals).await?;
     // Assembling and reporting take seconds on a big run: off this thread, so that a signal
     // meanwhile still ends the profiler at once.
-    let finish = tokio::task::spawn_blocking(move || finish_record(capture, &args, outputs));
+    let finish =
+        tokio::task::spawn_blocking(move || finish_record(capture, symbols, &args, outputs));
     tokio::select! {
         finished = finish => finished.context("assembling the profile")?,
         signal = signals.recv() => {
@@ -361,11 +365,16 @@ impl RecordOutputs {
 /// After the recording: assemble the profile, write it, print the report, say how it ended.
 /// Outputs that fail do not stop the others; they are named at the end and make the exit status
 /// non-zero (the command's own status, when it failed, comes first).
-fn finish_record(capture: Capture, args: &RecordArgs, outputs: RecordOutputs) -> Result<ExitCode> {
+fn finish_record(
+    capture: Capture,
+    symbols: ReadAhead,
+    args: &RecordArgs,
+    outputs: RecordOutputs,
+) -> Result<ExitCode> {
     // The code of every sampled function is kept for the profile file and for the one view
     // that disassembles it (`--function`), not read for nothing.
     let with_code = outputs.profile.is_some() || args.report.view.function.is_some();
-    let mut recording = capture.assemble(with_code);
+    let mut recording = symbols.finish(move |symbols| capture.assemble(with_code, symbols))?;
     let mut failures = std::mem::take(&mut recording.failures);
     if let Some(output) = &outputs.profile {
         match write_profile(output, &recording.profile) {

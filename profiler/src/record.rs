@@ -10,6 +10,8 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::time::Instant;
+
 use anyhow::{anyhow, Context, Result};
 use profiler_common::capture::{
     CaptureConfig, KernelOffsets, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
@@ -38,7 +40,7 @@ use crate::{
     stat::count::Count,
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
-        FrameAddresses, SymbolCache,
+        FrameAddresses, ReadAhead, SymbolCache,
     },
 };
 
@@ -111,22 +113,22 @@ impl Capture {
     /// by then: the processes' data mappings and variables, and, with `with_code` (a profile
     /// file, or a report of one function's instructions), the sampled functions' code, which
     /// takes reading and line-mapping every sampled function.
-    pub fn assemble(self, with_code: bool) -> Recording {
-        // One symbolizer for the frames and the code's lines: a module's parse (glibc's debug
-        // file takes 30-40 ms to decompress) serves both.
-        let symbols = SymbolCache::new(true);
+    /// `symbols` holds what was symbolized during the recording (see [`ReadAhead`]).
+    pub fn assemble(self, with_code: bool, symbols: &SymbolCache) -> Recording {
         let mut profile = assemble(
             self.meta,
             self.events,
             self.drained,
             &self.processes,
             &self.accounting,
-            &symbols,
+            symbols,
             FrameAddresses::Runtime,
         );
         profile.hardware.cpu = self.cpu;
         // What offline reports need from files that may be gone by then: the sampled functions'
         // code and the processes' data mappings and variables.
+        // One symbolizer for the frames and the code's lines: a module's parse (glibc's debug
+        // file takes 30-40 ms to decompress) serves both.
         if with_code {
             capture_code(&mut profile, &self.processes, &symbols.symbolizer());
         }
@@ -415,15 +417,23 @@ pub(crate) fn check_privileges(options: &RecordOptions) -> Result<Vec<String>> {
 }
 
 /// Records until the target exits, the duration ends or the user interrupts: one window.
-pub async fn record(options: RecordOptions, signals: &mut StopSignals) -> Result<Capture> {
+/// What it samples is symbolized meanwhile, a drain interval at a time: the profile is
+/// assembled with the returned [`ReadAhead`]'s cache.
+pub async fn record(
+    options: RecordOptions,
+    signals: &mut StopSignals,
+) -> Result<(Capture, ReadAhead)> {
     let mut session = CaptureSession::open(&options)?;
+    let mut ahead = ReadAhead::start(true)?;
     session.start(&options.target).await?;
     let stop = loop {
-        if let Some(stop) = session.run_until(None, signals).await? {
+        let next = Instant::now() + options.drain_interval;
+        if let Some(stop) = session.run_until(Some(next), signals).await? {
             break stop;
         }
+        session.read_ahead(&mut ahead);
     };
-    session.finish(stop, &options)
+    Ok((session.finish(stop, &options)?, ahead))
 }
 
 /// The recording's target as reports name it: the command, processes or the whole system,

@@ -16,7 +16,7 @@ use profiler_common::{
         CaptureConfig, LossKind, StackCopyRecord, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
         CAPTURE_FILTER_UID, CAPTURE_UNWIND_DWARF, MAX_EVENTS,
     },
-    offcpu::{OffCpuCount, OffCpuKey},
+    offcpu::OffCpuCount,
 };
 use tokio::time::{interval, Instant, Interval};
 
@@ -45,6 +45,7 @@ use crate::{
         capture_config, check_privileges, enable_run_statistics, event_counts, event_info,
         held_map_memory, profile_meta, target_description, Capture, RecordOptions,
     },
+    symbolize::ReadAhead,
     unwind::loader::{TablesLoaded, UnwindLoader},
 };
 
@@ -472,6 +473,12 @@ impl CaptureSession {
         Ok(None)
     }
 
+    /// Sends `ahead` the code of the stacks drained since its last call, while their
+    /// processes' mappings are at hand.
+    pub fn read_ahead(&self, ahead: &mut ReadAhead) {
+        ahead.send_new_stacks(&self.drained, &self.processes);
+    }
+
     /// The cumulative accounting: the program's counters, and the losses of the streams the
     /// agent reads (stack copies, IBS registers).
     fn accounting(&mut self) -> Result<Accounting> {
@@ -606,12 +613,9 @@ impl CaptureSession {
     ) -> (Drained, Accounting) {
         let mut drained = std::mem::take(&mut self.drained);
         // Off-CPU blocks carry stacks of their own, often never sampled on the CPU.
-        let blocked = drained.offcpu.blocks.keys();
         let referenced: HashSet<u64> = drained
-            .stacks
-            .keys()
-            .flat_map(|stack| [stack.user, stack.kernel])
-            .chain(blocked.flat_map(OffCpuKey::stack_hashes))
+            .kernel_stacks()
+            .chain(drained.user_stacks().map(|(_, hash)| hash))
             .collect();
         // The window gets the frames it references; the cache lives across windows.
         let mut cache = std::mem::take(&mut drained.stack_cache);

@@ -83,6 +83,31 @@ impl Drained {
         self.stacks.values().flatten().sum()
     }
 
+    /// The kernel stacks the samples and off-CPU blocks (their wakers' too) reference: the same
+    /// code in every process. With repeats.
+    pub fn kernel_stacks(&self) -> impl Iterator<Item = u64> + '_ {
+        let blocks = self.offcpu.blocks.keys();
+        self.stacks
+            .keys()
+            .map(|stack| stack.kernel)
+            .chain(blocks.flat_map(|key| [key.kernel_stack, key.waker.kernel_stack]))
+    }
+
+    /// The user stacks the samples and off-CPU blocks (their wakers' too) reference, with their
+    /// process. With repeats.
+    pub fn user_stacks(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        let blocks = self.offcpu.blocks.keys();
+        self.stacks
+            .keys()
+            .map(|stack| (stack.pid, stack.user))
+            .chain(blocks.flat_map(|key| {
+                [
+                    (key.pid, key.user_stack),
+                    (key.waker.pid, key.waker.user_stack),
+                ]
+            }))
+    }
+
     /// The processes whose samples or code addresses this holds.
     pub fn referenced_processes(&self) -> std::collections::BTreeSet<u32> {
         let mut pids: std::collections::BTreeSet<u32> =

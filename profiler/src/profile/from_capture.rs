@@ -95,21 +95,8 @@ pub fn assemble(
     let cache = &drained.stack_cache;
     // Each distinct stack once: a kernel stack is the same code in every process, a user stack
     // the same code within one.
-    let offcpu_keys = drained.offcpu.blocks.keys();
-    let kernel_stacks: BTreeSet<u64> = drained
-        .stacks
-        .keys()
-        .map(|s| s.kernel)
-        .chain(offcpu_keys.clone().map(|k| k.kernel_stack))
-        .chain(offcpu_keys.clone().map(|k| k.waker.kernel_stack))
-        .collect();
-    let user_stacks: BTreeSet<(u32, u64)> = drained
-        .stacks
-        .keys()
-        .map(|s| (s.pid, s.user))
-        .chain(offcpu_keys.clone().map(|k| (k.pid, k.user_stack)))
-        .chain(offcpu_keys.map(|k| (k.waker.pid, k.waker.user_stack)))
-        .collect();
+    let kernel_stacks: BTreeSet<u64> = drained.kernel_stacks().collect();
+    let user_stacks: BTreeSet<(u32, u64)> = drained.user_stacks().collect();
     for hash in &kernel_stacks {
         addresses.extend(lookup_addresses(0, cache.frames(*hash)));
     }

@@ -2,6 +2,7 @@
 //! blazesym. User addresses are first normalized to (file, file offset) through the process
 //! table recorded while the processes lived, so processes that exited are symbolized too.
 
+mod ahead;
 mod aliases;
 mod cache;
 pub mod demangle;
@@ -28,7 +29,7 @@ use blazesym::symbolize::{
 use profiler_common::unwind_maps::{FRAME_POINTERS_ONLY_FRAME, TRUNCATED_FRAME};
 
 use crate::{
-    capture::sideband::{FileIdentity, Mapping, ProcessTable},
+    capture::sideband::{FileIdentity, KernelCode, Mapping, ProcessTable},
     fast_hash::{HashMap, HashSet},
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
@@ -40,6 +41,7 @@ pub const TRUNCATED_FUNCTION: &str = "[truncated]";
 /// for (its `FRAME_POINTERS_ONLY_FRAME`).
 pub const FRAME_POINTERS_ONLY_FUNCTION: &str = "[frame pointers only]";
 
+pub use ahead::ReadAhead;
 pub use cache::SymbolCache;
 use kallsyms::KernelSymbols;
 pub use profiler_common::capture::KERNEL_SPACE_START;
@@ -91,6 +93,72 @@ pub enum FrameAddresses {
     /// process churn each new process's code is at new addresses (a window at 997 Hz held
     /// three locations per distinct file offset).
     FileOffsets,
+}
+
+/// A module file as the side-band opened it, and addresses in it with their frames before
+/// symbolizing (each with its file offset).
+type FileFrames = (Arc<fs::File>, Vec<(CodeAddress, Frame)>);
+
+/// Addresses sorted by where their names come from (see [`FrameTable::sort`]).
+#[derive(Default)]
+struct SortedCode {
+    files: BTreeMap<FileIdentity, FileFrames>,
+    /// Kernel code: named from the code the side-band saw loaded, or from kallsyms.
+    kernel: Vec<CodeAddress>,
+    /// With [`FrameAddresses::FileOffsets`]: addresses whose file offset another address in
+    /// `files` has, resolved with it.
+    same_code: Vec<(CodeAddress, (FileIdentity, u64))>,
+    /// Frames no module file names: anonymous and special mappings (JIT code, the vDSO),
+    /// unmapped addresses, files that could not be opened.
+    unnamed: Vec<(CodeAddress, Frame)>,
+}
+
+/// The addresses of `kernel` that only kallsyms names: not in code the side-band saw loaded
+/// (BPF programs, trampolines), which kallsyms lists only while it lives.
+fn kallsyms_addresses(loaded: &KernelCode, kernel: &[CodeAddress]) -> Vec<u64> {
+    kernel
+        .iter()
+        .map(|address| address.address)
+        .filter(|&address| loaded.lookup(address).is_none())
+        .collect()
+}
+
+/// Code a recording sampled, sorted on the capture thread (where the process table is) so
+/// that a [`SymbolCache`] elsewhere can symbolize it before the recording ends (see
+/// [`SymbolCache::read_ahead`]).
+pub struct CodeAhead {
+    files: Vec<(FileIdentity, Arc<fs::File>, Vec<Frame>)>,
+    kernel: Vec<u64>,
+}
+
+impl CodeAhead {
+    /// The code of `addresses`, through the mappings of `processes` as they are now.
+    pub fn sort(
+        processes: &ProcessTable,
+        addresses: impl IntoIterator<Item = CodeAddress>,
+    ) -> Self {
+        // By file offset: the cache keeps symbols by offset, whatever the address space.
+        let mut table = FrameTable::with_cache(processes, None, FrameAddresses::FileOffsets);
+        let sorted = table.sort(addresses);
+        CodeAhead {
+            files: sorted
+                .files
+                .into_iter()
+                .map(|(identity, (file, frames))| {
+                    (
+                        identity,
+                        file,
+                        frames.into_iter().map(|(_, frame)| frame).collect(),
+                    )
+                })
+                .collect(),
+            kernel: kallsyms_addresses(&processes.kernel_code, &sorted.kernel),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.kernel.is_empty()
+    }
 }
 
 /// Resolves code addresses to interned frames.
@@ -182,18 +250,12 @@ impl<'a> FrameTable<'a> {
         self.resolved[&address]
     }
 
-    /// Symbolizes all addresses in batches: one blazesym call per ELF file and one for the
-    /// kernel.
-    pub fn resolve(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) {
-        let mut kernel = Vec::new();
-        // ELF file -> the file as the side-band opened it, and (address, frame template with
-        // its file offset)
-        type FileFrames = (Arc<fs::File>, Vec<(CodeAddress, Frame)>);
-        let mut by_file: BTreeMap<FileIdentity, FileFrames> = BTreeMap::new();
+    /// Sorts the addresses not resolved yet by where their names come from; the unwinder's
+    /// marker frames are resolved at once.
+    fn sort(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) -> SortedCode {
+        let mut sorted = SortedCode::default();
         // With file offsets: code queued above for another process, resolved with it.
         let mut queued = HashSet::default();
-        let mut same_code = Vec::new();
-        let mut unresolved = Vec::new();
         for address in addresses {
             if self.resolved.contains_key(&address) {
                 continue;
@@ -203,7 +265,7 @@ impl<'a> FrameTable<'a> {
             // frame-pointer walk read from the stack, and named from kallsyms it showed a
             // kernel function inside user code.
             if address.pid == 0 && is_kernel_address(address.address) {
-                kernel.push(address);
+                sorted.kernel.push(address);
                 continue;
             }
             let marker = match address.address {
@@ -234,7 +296,7 @@ impl<'a> FrameTable<'a> {
                             continue;
                         }
                         if !queued.insert(code) {
-                            same_code.push((address, code));
+                            sorted.same_code.push((address, code));
                             continue;
                         }
                     }
@@ -242,7 +304,7 @@ impl<'a> FrameTable<'a> {
                     // Only through the descriptor opened while the process lived: by now its
                     // owner may have put a FIFO, a device or a link at the path. Looked up once
                     // per file, not per address.
-                    let frames = match mapping.file.map(|identity| by_file.entry(identity)) {
+                    let frames = match mapping.file.map(|identity| sorted.files.entry(identity)) {
                         Some(btree_map::Entry::Occupied(entry)) => Some(&mut entry.into_mut().1),
                         Some(btree_map::Entry::Vacant(entry)) => self
                             .processes
@@ -253,7 +315,7 @@ impl<'a> FrameTable<'a> {
                     };
                     match frames {
                         Some(frames) => frames.push((address, frame)),
-                        None => unresolved.push((address, frame)),
+                        None => sorted.unnamed.push((address, frame)),
                     }
                 }
                 Some(mapping) => {
@@ -261,7 +323,7 @@ impl<'a> FrameTable<'a> {
                     // The vDSO is the same image in every process.
                     let shared = self.addresses == FrameAddresses::FileOffsets
                         && &*mapping.path == vdso::VDSO;
-                    unresolved.push((
+                    sorted.unnamed.push((
                         address,
                         Frame {
                             address: if shared { offset } else { address.address },
@@ -271,7 +333,7 @@ impl<'a> FrameTable<'a> {
                         },
                     ))
                 }
-                None => unresolved.push((
+                None => sorted.unnamed.push((
                     address,
                     Frame {
                         address: address.address,
@@ -280,10 +342,22 @@ impl<'a> FrameTable<'a> {
                 )),
             }
         }
+        sorted
+    }
+
+    /// Symbolizes all addresses in batches: one blazesym call per ELF file and one for the
+    /// kernel.
+    pub fn resolve(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) {
+        let SortedCode {
+            files,
+            kernel,
+            same_code,
+            unnamed: mut unresolved,
+        } = self.sort(addresses);
         // Without a cache, the table's own, made at its first file.
         let mut own = None;
-        let progress = progress_bar(by_file.len() as u64 + 1, "symbolizing");
-        for (identity, (file, entries)) in by_file {
+        let progress = progress_bar(files.len() as u64 + 1, "symbolizing");
+        for (identity, (file, entries)) in files {
             let path = crate::input::descriptor_path(&file);
             progress.set_message(
                 path.file_name()
@@ -336,13 +410,8 @@ impl<'a> FrameTable<'a> {
         if !kernel.is_empty() {
             // Code the side-band saw loaded (BPF programs, trampolines) by its own extent, which
             // kallsyms lists only while it lives and without; the rest from kallsyms.
-            let processes = self.processes;
-            let loaded = &processes.kernel_code;
-            let addresses: Vec<u64> = kernel
-                .iter()
-                .map(|address| address.address)
-                .filter(|&address| loaded.lookup(address).is_none())
-                .collect();
+            let loaded = &self.processes.kernel_code;
+            let addresses = kallsyms_addresses(loaded, &kernel);
             let (own_kernel, cached_kernel);
             let functions: &KernelSymbols = match self.cache {
                 Some(cache) => {
@@ -599,22 +668,13 @@ fn own_mapping_of(address: u64) -> Mapping {
         .unwrap()
 }
 
-/// The same code mapped by two processes at different addresses: one frame, at its file
-/// offset, where frames carry file offsets (the agent's windows); a frame per process where
-/// they carry runtime addresses (a recording's reports).
+/// This test binary's text (`text`, as it is mapped here) mapped by each process of `pids`,
+/// the given number of bytes above.
 #[cfg(test)]
-#[test]
-fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
+fn map_own_text(processes: &mut ProcessTable, text: &Mapping, pids: &[(u32, u64)]) {
     let exe = std::env::current_exe().unwrap();
-    let function = file_offsets_make_the_same_code_in_two_processes_one_frame as *const () as u64;
-    let text = own_mapping_of(function);
-    let mut processes = ProcessTable::default();
     let file = processes.files.open_path(exe.to_str().unwrap(), None, None);
-    // Process 10 maps it where this test runs, process 11 64 MiB higher; their vDSOs at
-    // 0x7f0000000000 and 0x7f1000000000.
-    let elsewhere = 64 << 20;
-    let vdso_at = |pid: u64| 0x7f00_0000_0000 + (pid - 10) * 0x10_0000_0000;
-    for (pid, bias) in [(10, 0), (11, elsewhere)] {
+    for &(pid, bias) in pids {
         processes.map(
             pid,
             Mapping {
@@ -625,6 +685,70 @@ fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
                 ..text.clone()
             },
         );
+    }
+}
+
+/// Code read ahead through one process is named at the end as reading it then names it, in
+/// every process that maps it and at its address there: the cache keeps what it read by file
+/// offset, and a recording's frames carry run-time addresses.
+#[cfg(test)]
+#[test]
+fn code_read_ahead_is_named_at_the_end_as_code_read_then() {
+    let function = code_read_ahead_is_named_at_the_end_as_code_read_then as *const () as u64;
+    let text = own_mapping_of(function);
+    let mut processes = ProcessTable::default();
+    let elsewhere = 64 << 20;
+    map_own_text(&mut processes, &text, &[(10, 0), (11, elsewhere)]);
+    let sampled = [
+        CodeAddress {
+            pid: 10,
+            address: function + 1,
+        },
+        CodeAddress {
+            pid: 11,
+            address: function + elsewhere + 1,
+        },
+    ];
+    let mut at_the_end = FrameTable::new(&processes);
+    at_the_end.resolve(sampled);
+
+    let code = CodeAhead::sort(&processes, [sampled[0]]);
+    assert_eq!(code.files.len(), 1);
+    assert!(code.kernel.is_empty());
+    let mut ahead = SymbolCache::new(true);
+    ahead.read_ahead(code);
+    let mut read_ahead = FrameTable::with_cache(&processes, Some(&ahead), FrameAddresses::Runtime);
+    read_ahead.resolve(sampled);
+    for address in sampled {
+        let expected = &at_the_end.frames[at_the_end.frame(address) as usize];
+        let named = &read_ahead.frames[read_ahead.frame(address) as usize];
+        assert_eq!(named, expected);
+        assert!(
+            named
+                .function
+                .as_deref()
+                .is_some_and(|name| name.ends_with("code_read_then")),
+            "{named:?}"
+        );
+        assert_eq!(named.function_address, Some(address.address - 1));
+    }
+}
+
+/// The same code mapped by two processes at different addresses: one frame, at its file
+/// offset, where frames carry file offsets (the agent's windows); a frame per process where
+/// they carry runtime addresses (a recording's reports).
+#[cfg(test)]
+#[test]
+fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
+    let function = file_offsets_make_the_same_code_in_two_processes_one_frame as *const () as u64;
+    let text = own_mapping_of(function);
+    let mut processes = ProcessTable::default();
+    // Process 10 maps it where this test runs, process 11 64 MiB higher; their vDSOs at
+    // 0x7f0000000000 and 0x7f1000000000.
+    let elsewhere = 64 << 20;
+    map_own_text(&mut processes, &text, &[(10, 0), (11, elsewhere)]);
+    let vdso_at = |pid: u64| 0x7f00_0000_0000 + (pid - 10) * 0x10_0000_0000;
+    for pid in [10, 11] {
         processes.map(
             pid,
             Mapping {

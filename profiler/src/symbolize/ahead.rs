@@ -1,0 +1,100 @@
+//! Symbolizing a recording while it records. At its end only the code its last seconds
+//! sampled is left to read from module files and kallsyms: under process churn, symbolizing
+//! every module there was most of the second a 30 s system-wide recording ran past its
+//! duration (issue 16).
+//!
+//! The [`SymbolCache`] lives on a thread of its own (blazesym's symbolizer cannot move
+//! threads), so a module that takes long to parse never delays a drain: the capture thread
+//! sends it the code of each new stack, sorted through the process table while the processes
+//! are at hand, and the profile is assembled there at the end, from what it read.
+
+use std::{
+    sync::mpsc::{channel, Sender},
+    thread::JoinHandle,
+};
+
+use anyhow::{anyhow, Context, Result};
+
+use super::{CodeAhead, SymbolCache};
+use crate::{
+    capture::sideband::ProcessTable, drain::Drained, fast_hash::HashSet,
+    profile::from_capture::lookup_addresses,
+};
+
+type Job = Box<dyn FnOnce(&mut SymbolCache) + Send>;
+
+/// The symbolizing thread, and the stacks whose code it was sent.
+pub struct ReadAhead {
+    jobs: Sender<Job>,
+    thread: JoinHandle<()>,
+    kernel_stacks: HashSet<u64>,
+    user_stacks: HashSet<(u32, u64)>,
+}
+
+impl ReadAhead {
+    /// Starts the thread, with a cache that reads source lines from DWARF where
+    /// `source_lines`.
+    pub fn start(source_lines: bool) -> Result<ReadAhead> {
+        let (jobs, received) = channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("symbolize".into())
+            .spawn(move || {
+                let mut cache = SymbolCache::new(source_lines);
+                for job in received {
+                    job(&mut cache);
+                }
+            })
+            .context("starting the symbolizing thread")?;
+        Ok(ReadAhead {
+            jobs,
+            thread,
+            kernel_stacks: HashSet::default(),
+            user_stacks: HashSet::default(),
+        })
+    }
+
+    /// Sends the code of the stacks `drained` holds that were not sent before, through the
+    /// mappings of `processes` as they are now.
+    pub fn send_new_stacks(&mut self, drained: &Drained, processes: &ProcessTable) {
+        let frames = &drained.stack_cache;
+        let mut addresses = Vec::new();
+        for hash in drained.kernel_stacks() {
+            if self.kernel_stacks.insert(hash) {
+                addresses.extend(lookup_addresses(0, frames.frames(hash)));
+            }
+        }
+        for (pid, hash) in drained.user_stacks() {
+            if self.user_stacks.insert((pid, hash)) {
+                addresses.extend(lookup_addresses(pid, frames.frames(hash)));
+            }
+        }
+        let code = CodeAhead::sort(processes, addresses);
+        if !code.is_empty() {
+            // Only fails when the thread is gone, which `finish` reports.
+            let _ = self
+                .jobs
+                .send(Box::new(move |cache| cache.read_ahead(code)));
+        }
+    }
+
+    /// Runs `job` with the cache once everything sent before is read, and returns what it
+    /// returns; the thread ends.
+    pub fn finish<R: Send + 'static>(
+        self,
+        job: impl FnOnce(&SymbolCache) -> R + Send + 'static,
+    ) -> Result<R> {
+        let (result, received) = channel();
+        let sent = self.jobs.send(Box::new(move |cache| {
+            let _ = result.send(job(cache));
+        }));
+        drop(self.jobs);
+        let outcome = sent.ok().and_then(|()| received.recv().ok());
+        let joined = self.thread.join();
+        match (outcome, joined) {
+            (Some(outcome), _) => Ok(outcome),
+            // As if it had panicked here, where the profile was assembled before.
+            (None, Err(panic)) => std::panic::resume_unwind(panic),
+            (None, Ok(())) => Err(anyhow!("the symbolizing thread ended early")),
+        }
+    }
+}
