@@ -145,7 +145,7 @@ impl ProfileFileError {
         ProfileFileError::new(ProfileFileErrorKind::Io { action, source }).in_file(path)
     }
 
-    fn in_file(mut self, path: &Path) -> Self {
+    pub(crate) fn in_file(mut self, path: &Path) -> Self {
         self.path = Some(path.to_owned());
         self
     }
@@ -245,8 +245,9 @@ impl std::error::Error for ProfileFileError {
 /// Writes `profile` to `output`, which puts it in place only once it is complete (the file at
 /// the path is always either what was there before or the whole new profile).
 pub fn write_profile(output: &Output, profile: &Profile) -> anyhow::Result<()> {
-    let bytes = encode_profile(profile).map_err(|e| e.in_file(output.path()))?;
-    output.write(|out| Ok(out.write_all(&bytes)?))
+    SerializedProfile::of(profile)
+        .map_err(|e| e.in_file(output.path()))?
+        .write(output)
 }
 
 /// Reads the profile file at `path`.
@@ -259,30 +260,52 @@ pub fn read_profile(path: impl AsRef<Path>) -> Result<Profile, ProfileFileError>
 
 /// The bytes of a profile file holding `profile`.
 pub fn encode_profile(profile: &Profile) -> Result<Vec<u8>, ProfileFileError> {
-    let encode = |e| ProfileFileError::new(ProfileFileErrorKind::Encode(e));
-    let body = postcard::to_allocvec(profile).map_err(encode)?;
-    let serialized = postcard::to_extend(&(&profile.line_latency,), body).map_err(encode)?;
-    let serialized =
-        postcard::to_extend(&(&profile.losses.event_counts,), serialized).map_err(encode)?;
-    let serialized =
-        postcard::to_extend(&(&profile.function_aliases,), serialized).map_err(encode)?;
-    let serialized =
-        postcard::to_extend(&(&profile.meta.architecture,), serialized).map_err(encode)?;
-    let serialized = postcard::to_extend(&(&profile.off_cpu,), serialized).map_err(encode)?;
-    let wakers = profile
-        .off_cpu
-        .as_ref()
-        .map_or(&[][..], |off_cpu| &off_cpu.wakers);
-    let serialized = postcard::to_extend(&(wakers,), serialized).map_err(encode)?;
-    let spe: Vec<(u64, SpeCounters)> = profile
-        .hardware
-        .samples
-        .iter()
-        .enumerate()
-        .filter_map(|(index, sample)| Some((index as u64, sample.spe?)))
-        .collect();
-    let serialized = postcard::to_extend(&(spe,), serialized).map_err(encode)?;
-    frame_payload(&serialized)
+    SerializedProfile::of(profile)?.encode()
+}
+
+/// A profile serialized, not yet compressed: compressing, most of the cost of writing a
+/// profile file, can then go on on another thread while the profile is used (`record`
+/// reports it meanwhile).
+pub struct SerializedProfile(Vec<u8>);
+
+impl SerializedProfile {
+    pub fn of(profile: &Profile) -> Result<SerializedProfile, ProfileFileError> {
+        let encode = |e| ProfileFileError::new(ProfileFileErrorKind::Encode(e));
+        let body = postcard::to_allocvec(profile).map_err(encode)?;
+        let serialized = postcard::to_extend(&(&profile.line_latency,), body).map_err(encode)?;
+        let serialized =
+            postcard::to_extend(&(&profile.losses.event_counts,), serialized).map_err(encode)?;
+        let serialized =
+            postcard::to_extend(&(&profile.function_aliases,), serialized).map_err(encode)?;
+        let serialized =
+            postcard::to_extend(&(&profile.meta.architecture,), serialized).map_err(encode)?;
+        let serialized = postcard::to_extend(&(&profile.off_cpu,), serialized).map_err(encode)?;
+        let wakers = profile
+            .off_cpu
+            .as_ref()
+            .map_or(&[][..], |off_cpu| &off_cpu.wakers);
+        let serialized = postcard::to_extend(&(wakers,), serialized).map_err(encode)?;
+        let spe: Vec<(u64, SpeCounters)> = profile
+            .hardware
+            .samples
+            .iter()
+            .enumerate()
+            .filter_map(|(index, sample)| Some((index as u64, sample.spe?)))
+            .collect();
+        let serialized = postcard::to_extend(&(spe,), serialized).map_err(encode)?;
+        Ok(SerializedProfile(serialized))
+    }
+
+    /// The bytes of the profile file.
+    pub fn encode(&self) -> Result<Vec<u8>, ProfileFileError> {
+        frame_payload(&self.0)
+    }
+
+    /// Writes the profile file to `output` (see [`write_profile`]).
+    pub fn write(&self, output: &Output) -> anyhow::Result<()> {
+        let bytes = self.encode().map_err(|e| e.in_file(output.path()))?;
+        output.write(|out| Ok(out.write_all(&bytes)?))
+    }
 }
 
 /// Compresses a serialized profile and puts the header in front.
