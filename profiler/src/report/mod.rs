@@ -138,7 +138,20 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
             let paths = hot_paths(profile, event, &selection, Some(function), args.paths);
             (Content::CallGraph(graph), paths)
         } else {
-            let mut view = build_view(profile, args.by, event, &options);
+            // The view and the hot paths each pass over every stack: side by side on two
+            // threads, a report of a large profile takes the time of the longer.
+            let (mut view, paths) = std::thread::scope(|scope| {
+                let paths = (args.by == ViewKind::Function).then(|| {
+                    scope.spawn(|| hot_paths(profile, event, &selection, None, args.paths))
+                });
+                let view = build_view(profile, args.by, event, &options);
+                let paths = paths.map_or_else(Vec::new, |paths| {
+                    paths
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                });
+                (view, paths)
+            });
             if args.by == ViewKind::DcacheLine && !has_data_addresses(profile, event) {
                 // Samples without an address would all sit at "address 0x0".
                 view.rows.clear();
@@ -161,11 +174,6 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
                         _ => None,
                     })
                     .collect()
-            } else {
-                Vec::new()
-            };
-            let paths = if args.by == ViewKind::Function {
-                hot_paths(profile, event, &selection, None, args.paths)
             } else {
                 Vec::new()
             };
