@@ -374,7 +374,8 @@ fn finish_record(
     // The code of every sampled function is kept for the profile file and for the one view
     // that disassembles it (`--function`), not read for nothing.
     let with_code = outputs.profile.is_some() || args.report.view.function.is_some();
-    let mut recording = symbols.finish(move |symbols| capture.assemble(with_code, symbols))?;
+    let mut recording =
+        symbols.finish(move |symbols, known| capture.assemble(with_code, symbols, known))?;
     let mut failures = std::mem::take(&mut recording.failures);
     // The profile file is compressed and written while the report is computed: on a machine
     // whose CPUs are busy, a second thread is a second share of them at the run's end.

@@ -40,7 +40,7 @@ use crate::{
     stat::count::Count,
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
-        FrameAddresses, ReadAhead, SymbolCache,
+        FrameAddresses, FrameTable, KnownFrames, ReadAhead, SymbolCache,
     },
 };
 
@@ -113,16 +113,21 @@ impl Capture {
     /// by then: the processes' data mappings and variables, and, with `with_code` (a profile
     /// file, or a report of one function's instructions), the sampled functions' code, which
     /// takes reading and line-mapping every sampled function.
-    /// `symbols` holds what was symbolized during the recording (see [`ReadAhead`]).
-    pub fn assemble(self, with_code: bool, symbols: &SymbolCache) -> Recording {
+    /// `symbols` and `known` hold what was symbolized during the recording (see
+    /// [`ReadAhead`]).
+    pub fn assemble(self, with_code: bool, symbols: &SymbolCache, known: KnownFrames) -> Recording {
+        let frames = FrameTable::with_known(
+            &self.processes,
+            Some(symbols),
+            FrameAddresses::Runtime,
+            known,
+        );
         let mut profile = assemble(
             self.meta,
             self.events,
             self.drained,
-            &self.processes,
             &self.accounting,
-            symbols,
-            FrameAddresses::Runtime,
+            frames,
         );
         profile.hardware.cpu = self.cpu;
         // What offline reports need from files that may be gone by then: the sampled functions'

@@ -40,7 +40,7 @@ use crate::{
     record::{profile_meta, target_description, RecordOptions},
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
-        FrameAddresses, SymbolCache,
+        FrameAddresses, FrameTable, SymbolCache,
     },
 };
 
@@ -201,14 +201,17 @@ impl Exporter {
     /// Symbolizes a window into its profile.
     fn profile(&self, capture: WindowCapture, symbols: &mut SymbolCache) -> Profile {
         let meta = profile_meta(self.target.clone(), capture.start, capture.end);
+        let frames = FrameTable::with_cache(
+            &capture.processes,
+            Some(symbols),
+            FrameAddresses::FileOffsets,
+        );
         let mut profile = assemble(
             meta,
             self.events.clone(),
             capture.drained,
-            &capture.processes,
             &capture.accounting,
-            symbols,
-            FrameAddresses::FileOffsets,
+            frames,
         );
         profile.hardware.cpu = self.cpu.clone();
         // What the sampled data addresses belong to, while the window's processes are at hand:

@@ -217,7 +217,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
         meta: meta(&data.features),
         events: events.into_iter().map(|event| event.info).collect(),
         threads,
-        frames: table.frames,
+        frames: table.known.frames,
         stacks,
         instructions,
         data_lines,
@@ -233,7 +233,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
             backtracked: Vec::new(),
         },
         line_latency,
-        function_aliases: table.aliases,
+        function_aliases: table.known.aliases,
         off_cpu: None,
     })
 }

@@ -19,7 +19,7 @@ use crate::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
         container::classify_cgroup_path,
     },
-    symbolize::{CodeAddress, FrameAddresses, FrameTable, SymbolCache},
+    symbolize::{CodeAddress, FrameTable},
 };
 
 /// Stack addresses as looked up: the leaf as sampled, callers one byte before their return
@@ -79,18 +79,16 @@ pub fn sparse_buckets(buckets: &[u64]) -> Vec<(u16, u64)> {
         .collect()
 }
 
-/// The profile of what a capture drained: frames symbolized through `symbols`, which may
-/// outlive it (the agent's, across windows), carrying `frame_addresses`.
+/// The profile of what a capture drained, its frames resolved by `table` (through the table's
+/// processes and symbol cache, and from the frames it knows already).
 pub fn assemble(
     meta: ProfileMeta,
     events: Vec<EventInfo>,
     drained: Drained,
-    processes: &ProcessTable,
     accounting: &Accounting,
-    symbols: &SymbolCache,
-    frame_addresses: FrameAddresses,
+    mut table: FrameTable<'_>,
 ) -> Profile {
-    let mut table = FrameTable::with_cache(processes, Some(symbols), frame_addresses);
+    let processes = table.processes();
     let mut addresses = Vec::new();
     let cache = &drained.stack_cache;
     // Each distinct stack once: a kernel stack is the same code in every process, a user stack
@@ -169,7 +167,7 @@ pub fn assemble(
             drained.offcpu.min_block_ns,
             |key| {
                 [
-                    below_scheduler(&kernel_frames[&key.kernel_stack], &table.frames),
+                    below_scheduler(&kernel_frames[&key.kernel_stack], &table.known.frames),
                     user_frames[&(key.pid, key.user_stack)].as_slice(),
                 ]
                 .concat()
@@ -178,7 +176,7 @@ pub fn assemble(
                 waker_frames(
                     &kernel_frames[&key.waker.kernel_stack],
                     &user_frames[&(key.waker.pid, key.waker.user_stack)],
-                    &table.frames,
+                    &table.known.frames,
                     key.waker.pid == 0,
                 )
             },
@@ -302,7 +300,7 @@ pub fn assemble(
         meta,
         events,
         threads,
-        frames: table.frames,
+        frames: table.known.frames,
         stacks,
         instructions,
         data_lines,
@@ -319,7 +317,7 @@ pub fn assemble(
             ..HardwareProfile::default()
         },
         line_latency,
-        function_aliases: table.aliases,
+        function_aliases: table.known.aliases,
         off_cpu,
     }
 }

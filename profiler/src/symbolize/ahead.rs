@@ -3,10 +3,11 @@
 //! every module there was most of the second a 30 s system-wide recording ran past its
 //! duration (issue 16).
 //!
-//! The [`SymbolCache`] lives on a thread of its own (blazesym's symbolizer cannot move
-//! threads), so a module that takes long to parse never delays a drain: the capture thread
-//! sends it the code of each new stack, sorted through the process table while the processes
-//! are at hand, and the profile is assembled there at the end, from what it read.
+//! The [`SymbolCache`] and the frames named so far ([`KnownFrames`]) live on a thread of their
+//! own (blazesym's symbolizer cannot move threads), so a module that takes long to parse never
+//! delays a drain: the capture thread sends it the code of each new stack, sorted through the
+//! process table while the processes are at hand ([`SortedCode`]), and the profile is assembled
+//! there at the end, from the frames named.
 
 use std::{
     sync::mpsc::{channel, Sender},
@@ -15,13 +16,13 @@ use std::{
 
 use anyhow::{anyhow, Context, Result};
 
-use super::{CodeAhead, SymbolCache};
+use super::{FrameAddresses, FrameTable, KnownFrames, SortedCode, SymbolCache};
 use crate::{
     capture::sideband::ProcessTable, drain::Drained, fast_hash::HashSet,
     profile::from_capture::lookup_addresses,
 };
 
-type Job = Box<dyn FnOnce(&mut SymbolCache) + Send>;
+type Job = Box<dyn FnOnce(&mut SymbolCache, &mut KnownFrames) + Send>;
 
 /// The symbolizing thread, and the stacks whose code it was sent.
 pub struct ReadAhead {
@@ -40,8 +41,9 @@ impl ReadAhead {
             .name("symbolize".into())
             .spawn(move || {
                 let mut cache = SymbolCache::new(source_lines);
+                let mut known = KnownFrames::default();
                 for job in received {
-                    job(&mut cache);
+                    job(&mut cache, &mut known);
                 }
             })
             .context("starting the symbolizing thread")?;
@@ -68,24 +70,24 @@ impl ReadAhead {
                 addresses.extend(lookup_addresses(pid, frames.frames(hash)));
             }
         }
-        let code = CodeAhead::sort(processes, addresses);
+        let code = FrameTable::new(processes).sort(addresses);
         if !code.is_empty() {
             // Only fails when the thread is gone, which `finish` reports.
             let _ = self
                 .jobs
-                .send(Box::new(move |cache| cache.read_ahead(code)));
+                .send(Box::new(move |cache, known| name_ahead(cache, known, code)));
         }
     }
 
-    /// Runs `job` with the cache once everything sent before is read, and returns what it
-    /// returns; the thread ends.
+    /// Runs `job` with the cache and the frames once everything sent before is named, and
+    /// returns what it returns; the thread ends.
     pub fn finish<R: Send + 'static>(
         self,
-        job: impl FnOnce(&SymbolCache) -> R + Send + 'static,
+        job: impl FnOnce(&SymbolCache, KnownFrames) -> R + Send + 'static,
     ) -> Result<R> {
         let (result, received) = channel();
-        let sent = self.jobs.send(Box::new(move |cache| {
-            let _ = result.send(job(cache));
+        let sent = self.jobs.send(Box::new(move |cache, known| {
+            let _ = result.send(job(cache, std::mem::take(known)));
         }));
         drop(self.jobs);
         let outcome = sent.ok().and_then(|()| received.recv().ok());
@@ -97,4 +99,13 @@ impl ReadAhead {
             (None, Ok(())) => Err(anyhow!("the symbolizing thread ended early")),
         }
     }
+}
+
+/// Names code sorted on the capture thread, with run-time addresses as a recording's frames
+/// carry, and forgets the modules whose files closed meanwhile, as the agent does after each
+/// window: the processes that mapped them exited unsampled.
+fn name_ahead(cache: &mut SymbolCache, known: &mut KnownFrames, code: SortedCode) {
+    let hidden = indicatif::ProgressBar::hidden();
+    known.name(code, Some(cache), FrameAddresses::Runtime, &hidden);
+    cache.forget_closed();
 }

@@ -16,9 +16,7 @@ use blazesym::symbolize::{
     Symbolizer,
 };
 
-use super::{
-    fill_from_elf, function_start, kallsyms::KernelSymbols, module_names, new_symbolizer, CodeAhead,
-};
+use super::{fill_from_elf, function_start, kallsyms::KernelSymbols, module_names, new_symbolizer};
 use crate::{
     capture::sideband::FileIdentity,
     profile::{Frame, FunctionAliases, InlinedFrame},
@@ -131,21 +129,6 @@ impl SymbolCache {
         Ref::map(self.kernel.borrow(), |symbols| {
             symbols.as_ref().expect("filled above")
         })
-    }
-
-    /// Symbolizes code sampled before the recording ends, so that what is left to do then is
-    /// looking it up (see [`CodeAhead`]), and forgets the modules whose files closed meanwhile,
-    /// as the agent does after each window: the processes that ran them exited unsampled, and
-    /// the symbolizer would hold their parses to the end.
-    pub fn read_ahead(&mut self, code: CodeAhead) {
-        for (identity, file, mut frames) in code.files {
-            let path = crate::input::descriptor_path(&file);
-            self.fill(identity, &file, &path, &mut frames);
-        }
-        if !code.kernel.is_empty() {
-            self.kernel_symbols(&code.kernel);
-        }
-        self.forget_closed();
     }
 
     /// Symbolizes `frames` of the module `identity`, the open `file`, read at `path`: offsets

@@ -29,7 +29,7 @@ use blazesym::symbolize::{
 use profiler_common::unwind_maps::{FRAME_POINTERS_ONLY_FRAME, TRUNCATED_FRAME};
 
 use crate::{
-    capture::sideband::{FileIdentity, KernelCode, Mapping, ProcessTable},
+    capture::sideband::{FileIdentity, Mapping, ProcessTable},
     fast_hash::{HashMap, HashSet},
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
@@ -99,75 +99,51 @@ pub enum FrameAddresses {
 /// symbolizing (each with its file offset).
 type FileFrames = (Arc<fs::File>, Vec<(CodeAddress, Frame)>);
 
-/// Addresses sorted by where their names come from (see [`FrameTable::sort`]).
+/// Addresses sorted by where their names come from, with what naming them needs from the
+/// process table (see [`FrameTable::sort`]): [`KnownFrames::name`] needs it no more, so a
+/// recording sorts them on the capture thread and names them on another (see [`ReadAhead`]).
 #[derive(Default)]
-struct SortedCode {
+pub struct SortedCode {
     files: BTreeMap<FileIdentity, FileFrames>,
-    /// Kernel code: named from the code the side-band saw loaded, or from kallsyms.
-    kernel: Vec<CodeAddress>,
+    /// Kernel code, with its function where the side-band saw the code loaded (BPF programs,
+    /// trampolines: kallsyms lists them only while they live); kallsyms names the rest.
+    kernel: Vec<(CodeAddress, Option<(String, u64)>)>,
+    /// The unwinder's marker frames, by the function they stand for.
+    markers: Vec<(CodeAddress, &'static str)>,
     /// With [`FrameAddresses::FileOffsets`]: addresses whose file offset another address in
-    /// `files` has, resolved with it.
+    /// `files` has, or a frame known has: resolved with it.
     same_code: Vec<(CodeAddress, (FileIdentity, u64))>,
     /// Frames no module file names: anonymous and special mappings (JIT code, the vDSO),
     /// unmapped addresses, files that could not be opened.
     unnamed: Vec<(CodeAddress, Frame)>,
 }
 
-/// The addresses of `kernel` that only kallsyms names: not in code the side-band saw loaded
-/// (BPF programs, trampolines), which kallsyms lists only while it lives.
-fn kallsyms_addresses(loaded: &KernelCode, kernel: &[CodeAddress]) -> Vec<u64> {
-    kernel
-        .iter()
-        .map(|address| address.address)
-        .filter(|&address| loaded.lookup(address).is_none())
-        .collect()
-}
-
-/// Code a recording sampled, sorted on the capture thread (where the process table is) so
-/// that a [`SymbolCache`] elsewhere can symbolize it before the recording ends (see
-/// [`SymbolCache::read_ahead`]).
-pub struct CodeAhead {
-    files: Vec<(FileIdentity, Arc<fs::File>, Vec<Frame>)>,
-    kernel: Vec<u64>,
-}
-
-impl CodeAhead {
-    /// The code of `addresses`, through the mappings of `processes` as they are now.
-    pub fn sort(
-        processes: &ProcessTable,
-        addresses: impl IntoIterator<Item = CodeAddress>,
-    ) -> Self {
-        // By file offset: the cache keeps symbols by offset, whatever the address space.
-        let mut table = FrameTable::with_cache(processes, None, FrameAddresses::FileOffsets);
-        let sorted = table.sort(addresses);
-        CodeAhead {
-            files: sorted
-                .files
-                .into_iter()
-                .map(|(identity, (file, frames))| {
-                    (
-                        identity,
-                        file,
-                        frames.into_iter().map(|(_, frame)| frame).collect(),
-                    )
-                })
-                .collect(),
-            kernel: kallsyms_addresses(&processes.kernel_code, &sorted.kernel),
-        }
-    }
-
+impl SortedCode {
     pub fn is_empty(&self) -> bool {
-        self.files.is_empty() && self.kernel.is_empty()
+        self.files.is_empty()
+            && self.kernel.is_empty()
+            && self.markers.is_empty()
+            && self.same_code.is_empty()
+            && self.unnamed.is_empty()
+    }
+
+    /// Leaves out the addresses `known` says are resolved.
+    fn retain_unknown(&mut self, known: impl Fn(&CodeAddress) -> bool) {
+        self.files.retain(|_, (_, frames)| {
+            frames.retain(|(address, _)| !known(address));
+            !frames.is_empty()
+        });
+        self.kernel.retain(|(address, _)| !known(address));
+        self.markers.retain(|(address, _)| !known(address));
+        self.same_code.retain(|(address, _)| !known(address));
+        self.unnamed.retain(|(address, _)| !known(address));
     }
 }
 
-/// Resolves code addresses to interned frames.
-pub struct FrameTable<'a> {
-    processes: &'a ProcessTable,
-    addresses: FrameAddresses,
-    /// The symbols kept across tables (the agent's, serving every window); else a symbolizer
-    /// is made per [`FrameTable::resolve`].
-    cache: Option<&'a SymbolCache>,
+/// The frames resolved so far, and what finds them again. Apart from the process table, so
+/// that a recording's symbolizing thread keeps them from one drain to the next.
+#[derive(Default)]
+pub struct KnownFrames {
     pub frames: Vec<Frame>,
     /// Other names of the symbolized functions.
     pub aliases: Vec<FunctionAliases>,
@@ -184,32 +160,7 @@ pub struct FrameTable<'a> {
     by_file_offset: HashMap<(FileIdentity, u64), FrameId>,
 }
 
-impl<'a> FrameTable<'a> {
-    pub fn new(processes: &'a ProcessTable) -> Self {
-        Self::with_cache(processes, None, FrameAddresses::Runtime)
-    }
-
-    /// A table that symbolizes through `cache` (see [`FrameTable::cache`]), whose frames of
-    /// mapped files carry `addresses`.
-    pub fn with_cache(
-        processes: &'a ProcessTable,
-        cache: Option<&'a SymbolCache>,
-        addresses: FrameAddresses,
-    ) -> Self {
-        FrameTable {
-            processes,
-            addresses,
-            cache,
-            frames: Vec::new(),
-            aliases: Vec::new(),
-            interned: HashMap::default(),
-            collided: HashMap::default(),
-            hasher: foldhash::fast::RandomState::default(),
-            resolved: HashMap::default(),
-            by_file_offset: HashMap::default(),
-        }
-    }
-
+impl KnownFrames {
     fn intern(&mut self, frame: Frame) -> FrameId {
         let id = self.frames.len() as FrameId;
         match self.interned.entry(self.hasher.hash_one(&frame)) {
@@ -230,6 +181,199 @@ impl<'a> FrameTable<'a> {
         id
     }
 
+    fn keep(&mut self, address: CodeAddress, frame: Frame) {
+        let id = self.intern(frame);
+        self.resolved.insert(address, id);
+    }
+
+    /// The frame of an address resolved.
+    pub fn frame(&self, address: CodeAddress) -> FrameId {
+        self.resolved[&address]
+    }
+
+    /// Names `sorted` through `cache` (else a symbolizer made for the call) and keeps the
+    /// frames, which carry `addresses`: one blazesym call per ELF file and one for the kernel.
+    pub fn name(
+        &mut self,
+        mut sorted: SortedCode,
+        cache: Option<&SymbolCache>,
+        addresses: FrameAddresses,
+        progress: &indicatif::ProgressBar,
+    ) {
+        // Sorted by a table that did not know them.
+        sorted.retain_unknown(|address| self.resolved.contains_key(address));
+        let SortedCode {
+            files,
+            kernel,
+            markers,
+            same_code,
+            mut unnamed,
+        } = sorted;
+        for (address, marker) in markers {
+            let frame = Frame {
+                function: Some(marker.to_string()),
+                ..Frame::default()
+            };
+            self.keep(address, frame);
+        }
+        // Without a cache, the call's own, made at its first file.
+        let mut own = None;
+        progress.set_length(files.len() as u64 + 1);
+        for (identity, (file, entries)) in files {
+            let path = crate::input::descriptor_path(&file);
+            progress.set_message(
+                path.file_name()
+                    .map(|name| name.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            );
+            progress.inc(1);
+            let (sampled, mut frames): (Vec<CodeAddress>, Vec<Frame>) = entries.into_iter().unzip();
+            let aliases = match cache {
+                Some(cache) => cache.fill(identity, &file, &path, &mut frames),
+                None => {
+                    fill_from_elf(
+                        own.get_or_insert_with(new_symbolizer),
+                        &path,
+                        true,
+                        &mut frames,
+                    );
+                    module_names(&path, &mut frames)
+                }
+            };
+            // A recording names its code a drain at a time: a function once.
+            for names in aliases {
+                if !self.aliases.contains(&names) {
+                    self.aliases.push(names);
+                }
+            }
+            for (address, frame) in sampled.into_iter().zip(frames) {
+                let offset = frame.module_offset;
+                let id = self.intern(frame);
+                self.resolved.insert(address, id);
+                if addresses == FrameAddresses::FileOffsets {
+                    self.by_file_offset.insert((identity, offset), id);
+                }
+            }
+        }
+        for (address, code) in same_code {
+            match self.by_file_offset.get(&code) {
+                Some(&id) => {
+                    self.resolved.insert(address, id);
+                }
+                // Sorted with its file open, so named above; never left out, however.
+                None => unnamed.push((address, Frame::default())),
+            }
+        }
+        progress.set_message("kernel");
+        progress.inc(1);
+        if !kernel.is_empty() {
+            let from_kallsyms: Vec<u64> = kernel
+                .iter()
+                .filter(|(_, loaded)| loaded.is_none())
+                .map(|(address, _)| address.address)
+                .collect();
+            let (own_kernel, cached_kernel);
+            let functions: &KernelSymbols = match cache {
+                Some(cache) => {
+                    cached_kernel = cache.kernel_symbols(&from_kallsyms);
+                    &cached_kernel
+                }
+                None => {
+                    own_kernel = KernelSymbols::of_running_kernel(&from_kallsyms);
+                    &own_kernel
+                }
+            };
+            for (address, loaded) in kernel {
+                let mut frame = Frame {
+                    address: address.address,
+                    kernel: true,
+                    module: "[kernel.kallsyms]".into(),
+                    module_offset: address.address,
+                    ..Frame::default()
+                };
+                let named = loaded.or_else(|| {
+                    functions
+                        .lookup(address.address)
+                        .map(|(name, start)| (name.to_string(), start))
+                });
+                if let Some((name, start)) = named {
+                    frame.function = Some(name);
+                    frame.function_address = Some(start);
+                }
+                self.keep(address, frame);
+            }
+        }
+        progress.finish_and_clear();
+        let mut perf_maps = perf_map::PerfMaps::default();
+        let vdso = unnamed
+            .iter()
+            .any(|(_, frame)| frame.module == vdso::VDSO)
+            .then(vdso::Vdso::own)
+            .flatten();
+        for (address, mut frame) in unnamed {
+            if frame.module == vdso::VDSO {
+                if let Some((name, start)) =
+                    vdso.as_ref().and_then(|v| v.lookup(frame.module_offset))
+                {
+                    frame.function = Some(name.to_string());
+                    frame.function_address = Some(frame.address - (frame.module_offset - start));
+                }
+            } else if let Some((name, start)) = perf_maps.lookup(address.pid, address.address) {
+                frame.function = Some(name);
+                frame.function_address = Some(start);
+                // JIT code lives in anonymous memory (`//anon`): the map names its module.
+                frame.module = format!("[perf-{}.map]", address.pid);
+            }
+            self.keep(address, frame);
+        }
+    }
+}
+
+/// Resolves code addresses to interned frames.
+pub struct FrameTable<'a> {
+    processes: &'a ProcessTable,
+    addresses: FrameAddresses,
+    /// The symbols kept across tables (the agent's, serving every window); else a symbolizer
+    /// is made per [`FrameTable::resolve`].
+    cache: Option<&'a SymbolCache>,
+    pub known: KnownFrames,
+}
+
+impl<'a> FrameTable<'a> {
+    pub fn new(processes: &'a ProcessTable) -> Self {
+        Self::with_cache(processes, None, FrameAddresses::Runtime)
+    }
+
+    /// A table that symbolizes through `cache` (see [`FrameTable::cache`]), whose frames of
+    /// mapped files carry `addresses`.
+    pub fn with_cache(
+        processes: &'a ProcessTable,
+        cache: Option<&'a SymbolCache>,
+        addresses: FrameAddresses,
+    ) -> Self {
+        Self::with_known(processes, cache, addresses, KnownFrames::default())
+    }
+
+    /// A table that goes on from frames `known` already, resolved with the same `addresses`.
+    pub fn with_known(
+        processes: &'a ProcessTable,
+        cache: Option<&'a SymbolCache>,
+        addresses: FrameAddresses,
+        known: KnownFrames,
+    ) -> Self {
+        FrameTable {
+            processes,
+            addresses,
+            cache,
+            known,
+        }
+    }
+
+    /// The processes whose addresses the table resolves.
+    pub fn processes(&self) -> &'a ProcessTable {
+        self.processes
+    }
+
     /// The frame of `address` in the mapped file `mapping`, before symbolizing.
     fn file_frame(&self, address: CodeAddress, mapping: &Mapping) -> Frame {
         let offset = address.address - mapping.start + mapping.file_offset;
@@ -247,17 +391,16 @@ impl<'a> FrameTable<'a> {
 
     /// The frame of an address resolved by [`FrameTable::resolve`].
     pub fn frame(&self, address: CodeAddress) -> FrameId {
-        self.resolved[&address]
+        self.known.frame(address)
     }
 
-    /// Sorts the addresses not resolved yet by where their names come from; the unwinder's
-    /// marker frames are resolved at once.
-    fn sort(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) -> SortedCode {
+    /// Sorts the addresses the table has not resolved by where their names come from.
+    pub fn sort(&self, addresses: impl IntoIterator<Item = CodeAddress>) -> SortedCode {
         let mut sorted = SortedCode::default();
         // With file offsets: code queued above for another process, resolved with it.
         let mut queued = HashSet::default();
         for address in addresses {
-            if self.resolved.contains_key(&address) {
+            if self.known.resolved.contains_key(&address) {
                 continue;
             }
             // Kernel code belongs to no process (pid 0, see [`CodeAddress::sampled`]): a
@@ -265,7 +408,9 @@ impl<'a> FrameTable<'a> {
             // frame-pointer walk read from the stack, and named from kallsyms it showed a
             // kernel function inside user code.
             if address.pid == 0 && is_kernel_address(address.address) {
-                sorted.kernel.push(address);
+                let loaded = self.processes.kernel_code.lookup(address.address);
+                let loaded = loaded.map(|(name, start)| (name.to_string(), start));
+                sorted.kernel.push((address, loaded));
                 continue;
             }
             let marker = match address.address {
@@ -274,11 +419,7 @@ impl<'a> FrameTable<'a> {
                 _ => None,
             };
             if let Some(marker) = marker {
-                let id = self.intern(Frame {
-                    function: Some(marker.to_string()),
-                    ..Frame::default()
-                });
-                self.resolved.insert(address, id);
+                sorted.markers.push((address, marker));
                 continue;
             }
             match self
@@ -286,16 +427,19 @@ impl<'a> FrameTable<'a> {
                 .code_mapping_for(address.pid, address.address)
             {
                 Some(mapping) if mapping.is_file() => {
-                    let offset = address.address - mapping.start + mapping.file_offset;
                     if let (FrameAddresses::FileOffsets, Some(identity)) =
                         (self.addresses, mapping.file)
                     {
-                        let code = (identity, offset);
-                        if let Some(&id) = self.by_file_offset.get(&code) {
-                            self.resolved.insert(address, id);
-                            continue;
-                        }
-                        if !queued.insert(code) {
+                        let code = (
+                            identity,
+                            address.address - mapping.start + mapping.file_offset,
+                        );
+                        // Code resolved before, or queued above for another process: resolved
+                        // with it. Unless its file is not open: then unnamed, as the first.
+                        if self.known.by_file_offset.contains_key(&code)
+                            || (!queued.insert(code)
+                                && self.processes.files.file(identity).is_some())
+                        {
                             sorted.same_code.push((address, code));
                             continue;
                         }
@@ -348,124 +492,10 @@ impl<'a> FrameTable<'a> {
     /// Symbolizes all addresses in batches: one blazesym call per ELF file and one for the
     /// kernel.
     pub fn resolve(&mut self, addresses: impl IntoIterator<Item = CodeAddress>) {
-        let SortedCode {
-            files,
-            kernel,
-            same_code,
-            unnamed: mut unresolved,
-        } = self.sort(addresses);
-        // Without a cache, the table's own, made at its first file.
-        let mut own = None;
-        let progress = progress_bar(files.len() as u64 + 1, "symbolizing");
-        for (identity, (file, entries)) in files {
-            let path = crate::input::descriptor_path(&file);
-            progress.set_message(
-                path.file_name()
-                    .map(|name| name.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            );
-            progress.inc(1);
-            let (addresses, mut frames): (Vec<CodeAddress>, Vec<Frame>) =
-                entries.into_iter().unzip();
-            let aliases = match self.cache {
-                Some(cache) => cache.fill(identity, &file, &path, &mut frames),
-                None => {
-                    fill_from_elf(
-                        own.get_or_insert_with(new_symbolizer),
-                        &path,
-                        true,
-                        &mut frames,
-                    );
-                    module_names(&path, &mut frames)
-                }
-            };
-            self.aliases.extend(aliases);
-            for (address, frame) in addresses.into_iter().zip(frames) {
-                let offset = frame.module_offset;
-                let id = self.intern(frame);
-                self.resolved.insert(address, id);
-                if self.addresses == FrameAddresses::FileOffsets {
-                    self.by_file_offset.insert((identity, offset), id);
-                }
-            }
-        }
-        for (address, code) in same_code {
-            match self.by_file_offset.get(&code) {
-                Some(&id) => {
-                    self.resolved.insert(address, id);
-                }
-                // Its file could not be read: unsymbolized, as the code queued first.
-                None => {
-                    if let Some(mapping) = self
-                        .processes
-                        .code_mapping_for(address.pid, address.address)
-                    {
-                        unresolved.push((address, self.file_frame(address, mapping)));
-                    }
-                }
-            }
-        }
-        progress.set_message("kernel");
-        progress.inc(1);
-        if !kernel.is_empty() {
-            // Code the side-band saw loaded (BPF programs, trampolines) by its own extent, which
-            // kallsyms lists only while it lives and without; the rest from kallsyms.
-            let loaded = &self.processes.kernel_code;
-            let addresses = kallsyms_addresses(loaded, &kernel);
-            let (own_kernel, cached_kernel);
-            let functions: &KernelSymbols = match self.cache {
-                Some(cache) => {
-                    cached_kernel = cache.kernel_symbols(&addresses);
-                    &cached_kernel
-                }
-                None => {
-                    own_kernel = KernelSymbols::of_running_kernel(&addresses);
-                    &own_kernel
-                }
-            };
-            for address in kernel {
-                let mut frame = Frame {
-                    address: address.address,
-                    kernel: true,
-                    module: "[kernel.kallsyms]".into(),
-                    module_offset: address.address,
-                    ..Frame::default()
-                };
-                let named = loaded
-                    .lookup(address.address)
-                    .or_else(|| functions.lookup(address.address));
-                if let Some((name, start)) = named {
-                    frame.function = Some(name.to_string());
-                    frame.function_address = Some(start);
-                }
-                let id = self.intern(frame);
-                self.resolved.insert(address, id);
-            }
-        }
-        progress.finish_and_clear();
-        let mut perf_maps = perf_map::PerfMaps::default();
-        let vdso = unresolved
-            .iter()
-            .any(|(_, frame)| frame.module == vdso::VDSO)
-            .then(vdso::Vdso::own)
-            .flatten();
-        for (address, mut frame) in unresolved {
-            if frame.module == vdso::VDSO {
-                if let Some((name, start)) =
-                    vdso.as_ref().and_then(|v| v.lookup(frame.module_offset))
-                {
-                    frame.function = Some(name.to_string());
-                    frame.function_address = Some(frame.address - (frame.module_offset - start));
-                }
-            } else if let Some((name, start)) = perf_maps.lookup(address.pid, address.address) {
-                frame.function = Some(name);
-                frame.function_address = Some(start);
-                // JIT code lives in anonymous memory (`//anon`): the map names its module.
-                frame.module = format!("[perf-{}.map]", address.pid);
-            }
-            let id = self.intern(frame);
-            self.resolved.insert(address, id);
-        }
+        let sorted = self.sort(addresses);
+        let progress = progress_bar(0, "symbolizing");
+        self.known
+            .name(sorted, self.cache, self.addresses, &progress);
     }
 }
 
@@ -636,25 +666,24 @@ pub fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 #[test]
 fn frames_are_interned_once_and_a_hash_collision_never_merges_two() {
-    let processes = ProcessTable::default();
-    let mut table = FrameTable::new(&processes);
+    let mut known = KnownFrames::default();
     let frame = |function: &str| Frame {
         address: 0x1000,
         module: "/usr/bin/app".into(),
         function: Some(function.into()),
         ..Frame::default()
     };
-    let main = table.intern(frame("main"));
-    assert_eq!(table.intern(frame("main")), main);
+    let main = known.intern(frame("main"));
+    assert_eq!(known.intern(frame("main")), main);
     // Another frame whose hash is already `main`'s.
-    let work_hash = table.hasher.hash_one(frame("work"));
-    table.interned.insert(work_hash, main);
-    let work = table.intern(frame("work"));
+    let work_hash = known.hasher.hash_one(frame("work"));
+    known.interned.insert(work_hash, main);
+    let work = known.intern(frame("work"));
     assert_ne!(work, main);
-    assert_eq!(table.intern(frame("work")), work);
-    assert_eq!(table.frames[work as usize], frame("work"));
-    assert_eq!(table.frames[main as usize], frame("main"));
-    assert_eq!(table.frames.len(), 2);
+    assert_eq!(known.intern(frame("work")), work);
+    assert_eq!(known.frames[work as usize], frame("work"));
+    assert_eq!(known.frames[main as usize], frame("main"));
+    assert_eq!(known.frames.len(), 2);
 }
 
 /// The mapping of this process holding `address`, from /proc/self/maps.
@@ -712,16 +741,20 @@ fn code_read_ahead_is_named_at_the_end_as_code_read_then() {
     let mut at_the_end = FrameTable::new(&processes);
     at_the_end.resolve(sampled);
 
-    let code = CodeAhead::sort(&processes, [sampled[0]]);
+    // Sorted on one thread, named on another (see `ReadAhead`).
+    let code = FrameTable::new(&processes).sort([sampled[0]]);
     assert_eq!(code.files.len(), 1);
-    assert!(code.kernel.is_empty());
-    let mut ahead = SymbolCache::new(true);
-    ahead.read_ahead(code);
-    let mut read_ahead = FrameTable::with_cache(&processes, Some(&ahead), FrameAddresses::Runtime);
+    let cache = SymbolCache::new(true);
+    let mut known = KnownFrames::default();
+    let hidden = indicatif::ProgressBar::hidden();
+    known.name(code, Some(&cache), FrameAddresses::Runtime, &hidden);
+    let mut read_ahead =
+        FrameTable::with_known(&processes, Some(&cache), FrameAddresses::Runtime, known);
+    assert!(read_ahead.sort([sampled[0]]).is_empty());
     read_ahead.resolve(sampled);
     for address in sampled {
-        let expected = &at_the_end.frames[at_the_end.frame(address) as usize];
-        let named = &read_ahead.frames[read_ahead.frame(address) as usize];
+        let expected = &at_the_end.known.frames[at_the_end.frame(address) as usize];
+        let named = &read_ahead.known.frames[read_ahead.frame(address) as usize];
         assert_eq!(named, expected);
         assert!(
             named
@@ -784,10 +817,10 @@ fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
     assert_eq!(first, second);
     assert_eq!(table.frame(in_vdso[0]), table.frame(in_vdso[1]));
     assert_eq!(
-        table.frames[table.frame(in_vdso[0]) as usize].address,
+        table.known.frames[table.frame(in_vdso[0]) as usize].address,
         0x100
     );
-    let frame = &table.frames[first as usize];
+    let frame = &table.known.frames[first as usize];
     assert!(
         frame
             .function
@@ -803,10 +836,13 @@ fn file_offsets_make_the_same_code_in_two_processes_one_frame() {
     let (first, second) = (table.frame(sampled[0]), table.frame(sampled[1]));
     assert_ne!(first, second);
     assert_ne!(table.frame(in_vdso[0]), table.frame(in_vdso[1]));
-    assert_eq!(table.frames[first as usize].address, function);
-    assert_eq!(table.frames[second as usize].address, function + elsewhere);
+    assert_eq!(table.known.frames[first as usize].address, function);
     assert_eq!(
-        table.frames[second as usize].function_address,
+        table.known.frames[second as usize].address,
+        function + elsewhere
+    );
+    assert_eq!(
+        table.known.frames[second as usize].function_address,
         Some(function + elsewhere)
     );
 }
@@ -829,7 +865,7 @@ fn kernel_addresses_are_kernel_frames_only_outside_user_stacks() {
         },
     );
     table.resolve([kernel, in_user_stack]);
-    let frame = |address| &table.frames[table.frame(address) as usize];
+    let frame = |address| &table.known.frames[table.frame(address) as usize];
     assert!(frame(kernel).kernel);
     assert_eq!(frame(kernel).module, "[kernel.kallsyms]");
     let garbage = frame(in_user_stack);
