@@ -104,7 +104,9 @@ impl ReadAhead {
 /// Names code sorted on the capture thread, with run-time addresses as a recording's frames
 /// carry, and forgets the modules whose files closed meanwhile, as the agent does after each
 /// window: the processes that mapped them exited unsampled.
-fn name_ahead(cache: &mut SymbolCache, known: &mut KnownFrames, code: SortedCode) {
+fn name_ahead(cache: &mut SymbolCache, known: &mut KnownFrames, mut code: SortedCode) {
+    // Sorted on the capture thread, by a table that knew none of the frames named here.
+    code.retain_unknown(|address| known.knows(address));
     let hidden = indicatif::ProgressBar::hidden();
     known.name(code, Some(cache), FrameAddresses::Runtime, &hidden);
     cache.forget_closed();

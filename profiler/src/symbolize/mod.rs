@@ -186,22 +186,26 @@ impl KnownFrames {
         self.resolved.insert(address, id);
     }
 
+    /// Whether `address` is resolved.
+    fn knows(&self, address: &CodeAddress) -> bool {
+        self.resolved.contains_key(address)
+    }
+
     /// The frame of an address resolved.
     pub fn frame(&self, address: CodeAddress) -> FrameId {
         self.resolved[&address]
     }
 
-    /// Names `sorted` through `cache` (else a symbolizer made for the call) and keeps the
-    /// frames, which carry `addresses`: one blazesym call per ELF file and one for the kernel.
+    /// Names `sorted` (by a table that knew these frames: none of its addresses is resolved)
+    /// through `cache` (else a symbolizer made for the call) and keeps the frames, which carry
+    /// `addresses`: one blazesym call per ELF file and one for the kernel.
     pub fn name(
         &mut self,
-        mut sorted: SortedCode,
+        sorted: SortedCode,
         cache: Option<&SymbolCache>,
         addresses: FrameAddresses,
         progress: &indicatif::ProgressBar,
     ) {
-        // Sorted by a table that did not know them.
-        sorted.retain_unknown(|address| self.resolved.contains_key(address));
         let SortedCode {
             files,
             kernel,
