@@ -213,7 +213,6 @@ impl CaptureSession {
                 Target::System => {}
             }
         }
-        program.attach_offcpu()?;
         let sideband = Sideband::open(&target, &options.pmus, &facts, data_addresses)?;
         let spe = open_spe(&options.events, &target, &facts, options.raw.is_some())?;
         let mut counters =
@@ -262,12 +261,18 @@ impl CaptureSession {
         self.start = SystemTime::now();
         self.window_start = self.start;
         if let Some(stopped) = &mut self.run.command {
+            // Nothing in scope forks before the command is released.
+            self.program.attach_offcpu()?;
             // Counters with enable_on_exec start when the command execs, which this releases.
             stopped.release()?;
         } else {
             // The side-band first, then /proc: a process that starts or maps code in between
             // is in both, and the table keeps one copy.
             self.sideband.enable()?;
+            // A running process forks into off-CPU scope from here, and the side-band already
+            // sees its children: attached earlier, a child gone before the side-band was enabled
+            // would be counted without a name.
+            self.program.attach_offcpu()?;
             match target {
                 TargetSpec::Processes(pids) => pids
                     .iter()
