@@ -3,18 +3,26 @@
 //! runs (a CPU loop and a stream of short processes, which is what makes a system-wide
 //! profiler's side-band and symbolization work). Each tool's CPU time and peak RSS come from
 //! wait4 on its own process tree; the load is not part of it. The steady share of a core is
-//! read from /proc during the run, from 40% of it to its last second. Beside them, a recording
+//! read from /proc during the run, over whole windows past the first. Beside them, a recording
 //! of the same time (`record -a --duration`, with its report), whose wall time says how long its
-//! end takes on a busy machine.
+//! end takes on a busy machine. And what the churn costs in the kernel: each sampler's BPF run
+//! time per sample with the CPU loop alone and with the short processes beside it, ours and a
+//! bpftrace reference that keeps the same stacks per thread.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use serde::Serialize;
 
-use super::{measure, tools::path_arg};
+use super::{
+    bpf_stats::{loaded_programs, loaded_since, BpfStatistics, Programs},
+    measure,
+    summary::Spread,
+    tools::path_arg,
+};
 
 /// One tool at one rate.
 #[derive(Clone, Debug, Serialize)]
@@ -27,7 +35,8 @@ pub struct AgentCostRow {
     pub cpu_s: f64,
     /// CPU time as a share of one core over the run.
     pub cpu_percent_of_core: f64,
-    /// The share of one core from 40% of the run to its last second: what running on costs,
+    /// The share of one core over whole windows past the first ([`steady_span`]): what running
+    /// on costs, exports included,
     /// without start-up (loading programs, reading every process) or the last export.
     pub steady_percent_of_core: f64,
     pub max_rss_mib: f64,
@@ -41,14 +50,48 @@ pub const RECORD_END_BUDGET_S: f64 = 1.0;
 /// The agent's budget at 99 Hz (issue 16): 0.5% of one core and 40 MB.
 pub const BUDGET_CPU_PERCENT_AT_99HZ: f64 = 0.5;
 pub const BUDGET_RSS_MIB_AT_99HZ: f64 = 40.0;
+/// How much more a sample may cost in the kernel with the short processes beside the CPU loop
+/// than with the loop alone (issue 16).
+pub const BUDGET_CHURN_RISE_PERCENT: f64 = 20.0;
 
-/// The churn load: a CPU loop and short processes, restarted until dropped.
-struct ChurnLoad {
+/// The kernel's cost per sample of one sampler at 997 Hz, without and with churn.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChurnCostRow {
+    pub tool: &'static str,
+    pub command: String,
+    /// BPF run time per sample with the CPU loop alone, ns, over the rounds.
+    pub loop_ns_per_sample: Option<Spread>,
+    /// The same with the short processes beside the loop.
+    pub churn_ns_per_sample: Option<Spread>,
+}
+
+impl ChurnCostRow {
+    /// How much more a sample costs under churn, in percent of its cost without (medians).
+    pub fn rise_percent(&self) -> Option<f64> {
+        let (alone, churn) = (
+            self.loop_ns_per_sample?.median,
+            self.churn_ns_per_sample?.median,
+        );
+        (alone > 0.0).then(|| 100.0 * (churn / alone - 1.0))
+    }
+}
+
+/// What runs beside the tools.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Load {
+    /// The CPU loop alone.
+    CpuLoop,
+    /// The CPU loop and a stream of short processes.
+    Churn,
+}
+
+/// The load running, each part a shell loop that restarts its workload until dropped.
+struct RunningLoad {
     children: Vec<Child>,
 }
 
-impl ChurnLoad {
-    fn start(release: &Path) -> Result<ChurnLoad> {
+impl RunningLoad {
+    fn start(release: &Path, load: Load) -> Result<RunningLoad> {
         let spawn = |program: &str, args: &[&str]| -> Result<Child> {
             let path = release.join(program);
             Command::new("/bin/sh")
@@ -62,16 +105,15 @@ impl ChurnLoad {
                 .spawn()
                 .with_context(|| format!("starting the churn load ({program})"))
         };
-        Ok(ChurnLoad {
-            children: vec![
-                spawn("cpu_split", &["4000"])?,
-                spawn("short_processes", &["200"])?,
-            ],
-        })
+        let mut children = vec![spawn("cpu_split", &["4000"])?];
+        if load == Load::Churn {
+            children.push(spawn("short_processes", &["200"])?);
+        }
+        Ok(RunningLoad { children })
     }
 }
 
-impl Drop for ChurnLoad {
+impl Drop for RunningLoad {
     fn drop(&mut self) {
         for child in &mut self.children {
             // The shell loop and the workload it runs: kill the loop, the workload ends soon.
@@ -88,7 +130,7 @@ pub fn measure(
     work: &Path,
     duration_s: u64,
 ) -> Result<Vec<AgentCostRow>> {
-    let _load = ChurnLoad::start(release)?;
+    let _load = RunningLoad::start(release, Load::Churn)?;
     let windows = work.join("agent-windows");
     let perf_data = work.join("agent-cost.perf.data");
     let recording = work.join("record-cost.profile");
@@ -99,26 +141,7 @@ pub fn measure(
         let _ = std::fs::remove_dir_all(&windows);
         std::fs::create_dir_all(&windows)
             .with_context(|| format!("creating {}", windows.display()))?;
-        // `timeout` sends SIGTERM after the duration; --preserve-status keeps the agent's own
-        // exit status, so a failed agent fails the bench.
-        let agent: Vec<String> = [
-            "timeout",
-            "--preserve-status",
-            "-s",
-            "TERM",
-            &duration,
-            &path_arg(profiler),
-            "agent",
-            "-F",
-            &rate,
-            "--output-dir",
-            &path_arg(&windows),
-            "--log-level",
-            "warn",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let agent = agent_argv(profiler, rate_hz, duration_s, &windows);
         let perf: Vec<String> = [
             "perf",
             "record",
@@ -169,11 +192,65 @@ pub fn measure(
     Ok(rows)
 }
 
+/// `profiler agent` system-wide at `rate_hz` for `duration_s` seconds, writing its windows into
+/// `windows`. `timeout` sends SIGTERM after the duration; --preserve-status keeps the agent's own
+/// exit status, so a failed agent fails the bench.
+fn agent_argv(profiler: &Path, rate_hz: u64, duration_s: u64, windows: &Path) -> Vec<String> {
+    [
+        "timeout",
+        "--preserve-status",
+        "-s",
+        "TERM",
+        &duration_s.to_string(),
+        &path_arg(profiler),
+        "agent",
+        "-F",
+        &rate_hz.to_string(),
+        "--output-dir",
+        &path_arg(windows),
+        "--log-level",
+        "warn",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The agent's default window: it closes and exports one every 10 s.
+const WINDOW_S: u64 = 10;
+/// Past the start-up (loading programs, reading every process) and the first window's close
+/// and export, which reads every sampled binary's symbols for the first time.
+const STEADY_FROM_S: u64 = WINDOW_S + 2;
+/// The shortest run with a steady part: one whole window past the first, and a second to spare
+/// before the run's end (its last, partial export).
+pub const SHORTEST_RUN_S: u64 = STEADY_FROM_S + WINDOW_S + 1;
+
+/// The steady part of a run of `duration_s` seconds: whole windows from [`STEADY_FROM_S`], as
+/// many as end a second before the run does. Each window in it is closed and exported once in
+/// it, as in a run of any length; a part that ended where the run does not would hold a share
+/// of the exports that depends on the run's length (a 10 s run, none).
+pub fn steady_span(duration_s: u64) -> (Duration, Duration) {
+    let windows = (duration_s.saturating_sub(STEADY_FROM_S + 1) / WINDOW_S).max(1);
+    (
+        Duration::from_secs(STEADY_FROM_S),
+        Duration::from_secs(STEADY_FROM_S + windows * WINDOW_S),
+    )
+}
+
+/// Where a sampler's cost per sample is read: from 40% of the run to its last second, past the
+/// start-up; what the agent does between windows does not change what its programs cost.
+fn sampling_span(duration_s: u64) -> (Duration, Duration) {
+    (
+        Duration::from_secs_f64(duration_s as f64 * 0.4),
+        Duration::from_secs(duration_s.saturating_sub(1)),
+    )
+}
+
 /// One tool's run of `duration_s` seconds, with its steady share of a core.
 fn run(tool: &'static str, rate_hz: u64, duration_s: u64, argv: &[String]) -> Result<AgentCostRow> {
-    let steady_from = Duration::from_secs_f64(duration_s as f64 * 0.4);
-    let steady_to = Duration::from_secs(duration_s.saturating_sub(1));
-    let (measured, cpu_at) = measure::run_with_checkpoints(argv, None, &[steady_from, steady_to])?;
+    let (steady_from, steady_to) = steady_span(duration_s);
+    let (measured, cpu_at) =
+        measure::run_with_checkpoints(argv, None, &[steady_from, steady_to], measure::tree_cpu_s)?;
     let steady_s = (steady_to - steady_from).as_secs_f64();
     Ok(AgentCostRow {
         tool,
@@ -186,4 +263,121 @@ fn run(tool: &'static str, rate_hz: u64, duration_s: u64, argv: &[String]) -> Re
         steady_percent_of_core: 100.0 * (cpu_at[1] - cpu_at[0]) / steady_s,
         max_rss_mib: measured.max_rss_kib as f64 / 1024.0,
     })
+}
+
+/// The rate of the churn-cost runs: the issue's 997 Hz, where a sampler's own cost shows.
+const CHURN_COST_RATE_HZ: u64 = 997;
+/// The reference: bpftrace's plainest sampler that keeps what ours keeps, kernel and user
+/// stacks per thread, in a map keyed by them (as ours keys its counts).
+fn reference_sampler() -> String {
+    format!("profile:hz:{CHURN_COST_RATE_HZ} {{ @[kstack, ustack, pid, tid] = count(); }}")
+}
+
+/// Each sampler's BPF run time per sample over the sampling span of `duration_s`-second runs, with
+/// the CPU loop alone and with the churn load, `rounds` times, the loads and tools interleaved.
+pub fn measure_churn_cost(
+    profiler: &Path,
+    release: &Path,
+    work: &Path,
+    duration_s: u64,
+    rounds: u32,
+) -> Result<Vec<ChurnCostRow>> {
+    let _statistics = BpfStatistics::enable()?;
+    let windows = work.join("churn-cost-windows");
+    let bpftrace: Vec<String> = [
+        "timeout",
+        "--preserve-status",
+        "-s",
+        "INT",
+        &duration_s.to_string(),
+        "bpftrace",
+        "-e",
+        &reference_sampler(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let tools: [(&'static str, Vec<String>); 2] = [
+        (
+            "profiler agent",
+            agent_argv(profiler, CHURN_COST_RATE_HZ, duration_s, &windows),
+        ),
+        ("bpftrace @[kstack, ustack, pid, tid]", bpftrace),
+    ];
+    // ns per sample by tool, then load (the loop alone, churn).
+    let mut per_sample = vec![[Vec::new(), Vec::new()]; tools.len()];
+    for round in 1..=rounds {
+        for (at, load) in [Load::CpuLoop, Load::Churn].into_iter().enumerate() {
+            let _load = RunningLoad::start(release, load)?;
+            for (tool, (name, argv)) in tools.iter().enumerate() {
+                let _ = std::fs::remove_dir_all(&windows);
+                std::fs::create_dir_all(&windows)
+                    .with_context(|| format!("creating {}", windows.display()))?;
+                let ns = steady_ns_per_sample(argv, duration_s)?;
+                eprintln!(
+                    "xtask bench: round {round}/{rounds} {name} with {load:?}: {ns:.0} ns a sample"
+                );
+                per_sample[tool][at].push(ns);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&windows);
+    Ok(tools
+        .into_iter()
+        .zip(per_sample)
+        .map(|((tool, argv), [alone, churn])| ChurnCostRow {
+            tool,
+            command: measure::command_line(&argv),
+            loop_ns_per_sample: Spread::of(alone),
+            churn_ns_per_sample: Spread::of(churn),
+        })
+        .collect())
+}
+
+/// BPF run time per run of the sampling programs `argv` loads, over its sampling span.
+fn steady_ns_per_sample(argv: &[String], duration_s: u64) -> Result<f64> {
+    let before: BTreeSet<u64> = loaded_programs(Programs::OnPerfEvents)?
+        .programs
+        .into_keys()
+        .collect();
+    let (from, to) = sampling_span(duration_s);
+    let (measured, readings) = measure::run_with_checkpoints(argv, None, &[from, to], move |_| {
+        loaded_since(&before, Programs::OnPerfEvents)
+    })?;
+    let [first, last]: [Result<_>; 2] = readings
+        .try_into()
+        .map_err(|_| anyhow!("two readings were asked for"))?;
+    last?.since(&first?).ns_per_run().ok_or_else(|| {
+        anyhow!(
+            "`{}`: no sampling program of it ran between {from:?} and {to:?}",
+            measured.command
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_steady_part_is_whole_windows_past_the_first() {
+        let seconds = |(from, to): (Duration, Duration)| (from.as_secs(), to.as_secs());
+        assert_eq!(seconds(steady_span(SHORTEST_RUN_S)), (12, 22));
+        assert_eq!(seconds(steady_span(30)), (12, 22));
+        assert_eq!(seconds(steady_span(33)), (12, 32));
+        assert_eq!(seconds(sampling_span(10)), (4, 9));
+    }
+
+    #[test]
+    fn the_rise_under_churn_is_between_the_medians() {
+        let row = |alone: &[f64], churn: &[f64]| ChurnCostRow {
+            tool: "x",
+            command: String::new(),
+            loop_ns_per_sample: Spread::of(alone.iter().copied()),
+            churn_ns_per_sample: Spread::of(churn.iter().copied()),
+        };
+        let rise = row(&[5000.0, 4000.0, 9000.0], &[6000.0]).rise_percent();
+        assert!((rise.unwrap() - 20.0).abs() < 1e-9);
+        assert_eq!(row(&[], &[6000.0]).rise_percent(), None);
+    }
 }

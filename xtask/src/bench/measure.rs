@@ -68,7 +68,7 @@ fn timeval_s(time: libc::timeval) -> f64 {
 /// Runs `argv` to completion with stdout into `stdout` (or discarded) and stderr captured;
 /// fails, showing the end of stderr, when it does not exit with status 0.
 pub fn run(argv: &[String], stdout: Option<&Path>) -> Result<Measured> {
-    run_with_checkpoints(argv, stdout, &[]).map(|(measured, _)| measured)
+    run_with_checkpoints(argv, stdout, &[], tree_cpu_s).map(|(measured, _)| measured)
 }
 
 /// CPU seconds of the process tree rooted at `root`, as /proc has them now: every live
@@ -130,13 +130,15 @@ pub fn tree_cpu_s(root: u32) -> f64 {
     seconds
 }
 
-/// [`run`], also reading the CPU time of the command's process tree at each of `checkpoints`
-/// after its start ([`tree_cpu_s`]; 0 for a checkpoint the command did not live to).
-pub fn run_with_checkpoints(
+/// [`run`], also taking a reading at each of `checkpoints` after its start: `read` is given
+/// the command's pid (e.g. [`tree_cpu_s`], which reads 0 for a checkpoint the command did not
+/// live to).
+pub fn run_with_checkpoints<T: Send + 'static>(
     argv: &[String],
     stdout: Option<&Path>,
     checkpoints: &[std::time::Duration],
-) -> Result<(Measured, Vec<f64>)> {
+    read: impl Fn(u32) -> T + Send + 'static,
+) -> Result<(Measured, Vec<T>)> {
     let command = command_line(argv);
     let out = match stdout {
         Some(path) => {
@@ -159,9 +161,9 @@ pub fn run_with_checkpoints(
             .iter()
             .map(|&at| {
                 std::thread::sleep(at.saturating_sub(start.elapsed()));
-                tree_cpu_s(root)
+                read(root)
             })
-            .collect::<Vec<f64>>()
+            .collect::<Vec<T>>()
     });
     let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
     // Read stderr while the command runs, so a chatty command never blocks on a full pipe.

@@ -7,6 +7,7 @@
 //! noise of the moment hits all three alike; figures are medians with their range.
 
 mod agent_cost;
+mod bpf_stats;
 mod machine;
 mod measure;
 mod off_cpu_cost;
@@ -123,6 +124,8 @@ pub struct Results {
     pub report_speed: Vec<ReportSpeed>,
     pub stack_quality: Vec<stack_quality::StackQualityRow>,
     pub agent_cost: Vec<agent_cost::AgentCostRow>,
+    /// Each sampler's cost per sample in the kernel with the CPU loop alone and with churn.
+    pub churn_cost: Vec<agent_cost::ChurnCostRow>,
     /// In-kernel cost of unwinding by tables, per sample at 10 and 30 user frames.
     pub unwind_cost: unwind_cost::UnwindCost,
     /// A context-switch storm bare, under `record --off-cpu` and under bpftrace.
@@ -214,6 +217,14 @@ fn check(results: &Results) -> Result<()> {
             ));
         }
     }
+    for row in &results.churn_cost {
+        if row.loop_ns_per_sample.is_none() || row.churn_ns_per_sample.is_none() {
+            problems.push(format!(
+                "the kernel's cost per sample of {} with and without churn was not measured",
+                row.tool
+            ));
+        }
+    }
     if results.report_speed.len() != 2 {
         problems.push("the report speed was not measured for both tools".into());
     }
@@ -293,9 +304,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let footprint = bench.footprints(threads)?;
     let report_speed = bench.report_speeds(threads, &trials)?;
     let stack_quality = stack_quality::measure(&bench_tools, &work)?;
-    // The 30 s runs; the quick bench (CI) keeps the comparison at 10 s.
-    let agent_seconds = if settings.quick { 10 } else { 30 };
+    // The 30 s runs; the quick bench (CI) keeps the shortest with a steady window.
+    let agent_seconds = if settings.quick {
+        agent_cost::SHORTEST_RUN_S
+    } else {
+        30
+    };
     let agent_cost = agent_cost::measure(bench_profiler, &release, &work, agent_seconds)?;
+    let (churn_seconds, churn_rounds) = if settings.quick { (10, 1) } else { (20, 3) };
+    let churn_cost = agent_cost::measure_churn_cost(
+        bench_profiler,
+        &release,
+        &work,
+        churn_seconds,
+        churn_rounds,
+    )?;
     let unwind_cost = unwind_cost::measure(bench_profiler, &work, settings.repetitions)?;
     let off_cpu_cost =
         off_cpu_cost::measure(bench_profiler, &release, &work, settings.repetitions.max(3))?;
@@ -321,6 +344,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         report_speed,
         stack_quality,
         agent_cost,
+        churn_cost,
         unwind_cost,
         off_cpu_cost,
         other_processes_cpu_percent,

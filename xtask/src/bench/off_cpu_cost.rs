@@ -14,17 +14,17 @@
 //! the run lasts) per sched_switch they saw. Ours runs twice: with its default DWARF user
 //! stacks, and with frame-pointer user stacks (`--unwind fp`), the reference's own work.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    path::Path,
-    sync::atomic::{AtomicBool, Ordering},
-    time::Duration,
-};
+use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
 use serde::Serialize;
 
-use super::{measure, summary::Spread, tools::path_arg};
+use super::{
+    bpf_stats::{with_program_time, BpfStatistics, Programs},
+    measure,
+    summary::Spread,
+    tools::path_arg,
+};
 
 /// Round trips of the ping-pong and jobs of the pool, each about two switches.
 const ROUND_TRIPS: &str = "20000";
@@ -111,8 +111,9 @@ pub fn measure(
     let mut commands = vec![String::new(); tools.len()];
     for round in 1..=rounds {
         for (i, (tool, argv)) in tools.iter().enumerate() {
-            let (run, programs) = with_program_time(|| measure::run(argv, None))?;
-            if let Some(ns) = programs.ns_per_switch() {
+            let (run, programs) =
+                with_program_time(Programs::NotOnPerfEvents, || measure::run(argv, None))?;
+            if let Some(ns) = programs.ns_per_run() {
                 per_switch[i].push(ns);
             }
             let seconds = elapsed_s(&run.stderr)
@@ -142,102 +143,6 @@ pub fn measure(
             },
         )
         .collect())
-}
-
-/// The kernel's BPF run-time statistics, on while this lives (`kernel.bpf_stats_enabled`).
-struct BpfStatistics {
-    was: String,
-}
-
-const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
-
-impl BpfStatistics {
-    fn enable() -> Result<BpfStatistics> {
-        let was =
-            std::fs::read_to_string(BPF_STATS).with_context(|| format!("reading {BPF_STATS}"))?;
-        std::fs::write(BPF_STATS, "1").with_context(|| format!("enabling {BPF_STATS}"))?;
-        Ok(BpfStatistics { was })
-    }
-}
-
-impl Drop for BpfStatistics {
-    fn drop(&mut self) {
-        let _ = std::fs::write(BPF_STATS, self.was.trim());
-    }
-}
-
-/// Run counts and times of the BPF programs a run loaded, by program id: the last values seen
-/// while they were loaded.
-#[derive(Debug, Default)]
-struct ProgramTime {
-    programs: BTreeMap<u64, ProgramRuns>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct ProgramRuns {
-    runs: u64,
-    run_time_ns: u64,
-}
-
-impl ProgramTime {
-    /// Run time of all the programs per run of the busiest, the one on every context switch
-    /// (a tool's switch programs all run per switch; tail calls count in their caller).
-    fn ns_per_switch(&self) -> Option<f64> {
-        let switches = self.programs.values().map(|p| p.runs).max()?;
-        let time: u64 = self.programs.values().map(|p| p.run_time_ns).sum();
-        (switches > 0).then(|| time as f64 / switches as f64)
-    }
-}
-
-/// The loaded BPF programs' runs, from `bpftool prog show --json`.
-fn loaded_programs() -> Result<BTreeMap<u64, ProgramRuns>> {
-    let output = std::process::Command::new("bpftool")
-        .args(["prog", "show", "--json"])
-        .output()
-        .context("running bpftool (cargo xtask setup installs it)")?;
-    parse_programs(&String::from_utf8_lossy(&output.stdout))
-}
-
-/// The programs of the list but those on perf events: `record --off-cpu` also samples the
-/// CPU, which the references do not.
-fn parse_programs(json: &str) -> Result<BTreeMap<u64, ProgramRuns>> {
-    let programs: Vec<serde_json::Value> =
-        serde_json::from_str(json).context("bpftool's program list is not JSON")?;
-    Ok(programs
-        .iter()
-        .filter(|program| program["type"] != "perf_event")
-        .filter_map(|program| {
-            let runs = ProgramRuns {
-                runs: program["run_cnt"].as_u64().unwrap_or(0),
-                run_time_ns: program["run_time_ns"].as_u64().unwrap_or(0),
-            };
-            Some((program["id"].as_u64()?, runs))
-        })
-        .collect())
-}
-
-/// Runs `run`, polling the programs loaded meanwhile: those the run's tool loaded.
-fn with_program_time<T>(run: impl FnOnce() -> Result<T>) -> Result<(T, ProgramTime)> {
-    let before: BTreeSet<u64> = loaded_programs()?.into_keys().collect();
-    let done = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        let poller = scope.spawn(|| {
-            let mut seen = ProgramTime::default();
-            while !done.load(Ordering::Relaxed) {
-                for (id, runs) in loaded_programs().unwrap_or_default() {
-                    if !before.contains(&id) {
-                        seen.programs.insert(id, runs);
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            seen
-        });
-        let result = run();
-        done.store(true, Ordering::Relaxed);
-        let seen = poller.join().expect("the poller does not panic");
-        result.map(|value| (value, seen))
-    })
 }
 
 /// The workload's `switch_storm ... elapsed_ns N` line (its standard output, which `run_timed`
@@ -278,27 +183,6 @@ mod tests {
         let stderr = "noise\nswitch_storm round_trips 2 jobs 3 elapsed_ns 1500000000\nrun_timed: x";
         assert_eq!(elapsed_s(stderr).unwrap(), 1.5);
         assert!(elapsed_s("nothing").is_err());
-    }
-
-    #[test]
-    fn program_time_is_per_run_of_the_switch_program() {
-        let programs = parse_programs(
-            r#"[{"id":7,"name":"offcpu_switch","run_time_ns":3000,"run_cnt":10},
-                {"id":8,"name":"offcpu_fork","run_time_ns":500,"run_cnt":2},
-                {"id":9,"name":"other"},
-                {"id":10,"type":"perf_event","name":"on_overflow","run_cnt":99}]"#,
-        )
-        .unwrap();
-        assert_eq!(
-            programs[&9],
-            ProgramRuns {
-                runs: 0,
-                run_time_ns: 0
-            }
-        );
-        let time = ProgramTime { programs };
-        assert_eq!(time.ns_per_switch(), Some(350.0));
-        assert_eq!(ProgramTime::default().ns_per_switch(), None);
     }
 
     #[test]
