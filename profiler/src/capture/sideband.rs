@@ -20,16 +20,16 @@ use super::counters::{
 };
 use super::perf_ring::PerfRing;
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
-use crate::import::perf_data::{
-    decode_process_record, maps_code, FileId, ProcessRecord, PERF_RECORD_MISC_MMAP_BUILD_ID,
-};
+use crate::import::perf_data::{maps_code, FileId, ProcessRecord, PERF_RECORD_MISC_MMAP_BUILD_ID};
 
 use crate::fast_hash::{HashMap, HashSet};
 use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};
 
 mod kernel_code;
+mod pending;
 mod short_lives;
 pub use kernel_code::KernelCode;
+use pending::{Pending, RecordBytes};
 pub use short_lives::Settle;
 
 /// Ring buffer per side-band event.
@@ -517,6 +517,21 @@ impl ProcessTable {
         name
     }
 
+    /// Applies one record of a read, its kept fields in `bytes`.
+    fn apply_pending(&mut self, pending: Pending, bytes: &RecordBytes) {
+        let change = match pending {
+            Pending::Fork { pid, ppid } => Change::Fork(pid, ppid),
+            Pending::Exit(pid) => Change::Exit(pid),
+            Pending::ThreadExit(tid) => Change::ThreadExit(tid),
+            Pending::Lost(records) => Change::Lost(records),
+            Pending::Kept(record) => match bytes.decode(record) {
+                Some(decoded) => self.change_of(decoded),
+                None => return,
+            },
+        };
+        self.apply(change);
+    }
+
     fn apply(&mut self, change: Change) {
         match change {
             Change::Map(pid, mapping) => self.map(pid, mapping),
@@ -870,9 +885,10 @@ pub struct Sideband {
     /// Each CPU's ring and the event that owns it.
     rings: Vec<(Counter, PerfRing)>,
     redirected: Vec<Counter>,
-    /// The changes one read found, with their times: kept across reads, so that its room is
-    /// allocated once, not grown anew 20 times a second.
-    changes: Vec<(u64, Change)>,
+    /// The records one read found, with their times, and the bytes of those kept as read:
+    /// kept across reads, so that their room is allocated once, not grown anew every read.
+    batch: Vec<(u64, Pending)>,
+    bytes: RecordBytes,
 }
 
 impl Sideband {
@@ -941,7 +957,8 @@ impl Sideband {
         Ok(Sideband {
             rings,
             redirected,
-            changes: Vec::new(),
+            batch: Vec::new(),
+            bytes: RecordBytes::default(),
         })
     }
 
@@ -970,7 +987,8 @@ impl Sideband {
     /// CPUs during exec writes the exec's COMM into one CPU's ring and its new mappings into
     /// another's, and applying the COMM last would erase the mappings.
     pub fn read_into(&mut self, table: &mut ProcessTable) {
-        let changes = &mut self.changes;
+        let (batch, bytes) = (&mut self.batch, &mut self.bytes);
+        bytes.clear();
         for (_, ring) in &mut self.rings {
             ring.read_records(|record| {
                 // With sample_id_all and only PERF_SAMPLE_TIME, every record ends in its time.
@@ -979,15 +997,15 @@ impl Sideband {
                 };
                 // Another session's build-ID mark may have leaked onto the record (see
                 // `Sideband::open`): without `build_id` the kernel always writes the file's
-                // device and inode. A record the kernel wrote short is skipped, as perf does.
+                // device and inode.
                 let misc = record.misc() & !PERF_RECORD_MISC_MMAP_BUILD_ID;
-                if let Ok(Some(parsed)) = decode_process_record(record.kind(), misc, own, 0) {
-                    changes.push((u64::from_ne_bytes(*time), table.change_of(parsed)));
+                if let Some(pending) = bytes.read(record.kind(), misc, own) {
+                    batch.push((u64::from_ne_bytes(*time), pending));
                 }
             });
         }
-        changes.sort_by_key(|(time, _)| *time);
-        table.apply_batch(changes);
+        batch.sort_by_key(|(time, _)| *time);
+        table.apply_batch(batch, bytes);
     }
 }
 
@@ -1232,10 +1250,10 @@ mod tests {
     #[test]
     fn bpf_programs_are_named_by_their_side_band_extent_until_the_window_after_they_unload() {
         let mut table = ProcessTable::default();
-        let apply = |table: &mut ProcessTable, bytes: &[u8]| {
-            let record = decode_process_record(17, 0, bytes, 0).unwrap().unwrap();
-            let change = table.change_of(record);
-            table.apply(change);
+        let apply = |table: &mut ProcessTable, fields: &[u8]| {
+            let mut bytes = RecordBytes::default();
+            let pending = bytes.read(17, 0, fields).expect("a whole KSYMBOL record");
+            table.apply_pending(pending, &bytes);
         };
         let name = "bpf_prog_6deef7357e7b4530_on_overflow";
         apply(

@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeSet, sync::Arc};
 
-use super::{Change, HashMap, HashSet, Mapping, ProcessTable};
+use super::{HashMap, HashSet, Mapping, Pending, ProcessTable, RecordBytes};
 
 /// One step of a held life.
 #[derive(Debug)]
@@ -16,8 +16,9 @@ enum Held {
         comm: String,
         mappings: Arc<Vec<Mapping>>,
     },
-    /// What happened to it next, up to its exit.
-    Then(Change),
+    /// What happened to it next, up to its exit: a kept record's fields are in the bytes of
+    /// the list the step is in.
+    Then(Pending),
 }
 
 /// The held lives, as flat lists of steps in time order: under churn hundreds are held and let
@@ -31,6 +32,10 @@ pub(super) struct ShortLives {
     /// a life ends may still miss it: an off-CPU block it woke ends, and is drained, only when
     /// the woken thread runs again.
     older: Vec<(u32, Held)>,
+    /// The fields of the records kept in each list's steps: an unsampled life costs no
+    /// allocation of its own, and goes with its list's bytes.
+    newer_bytes: RecordBytes,
+    older_bytes: RecordBytes,
     /// The pids with a life held, in either list, with how many (a pid reused between drains
     /// has two).
     pids: HashMap<u32, u32>,
@@ -58,19 +63,6 @@ pub enum Settle {
     WindowClosed,
 }
 
-impl Change {
-    /// The process a change belongs to, if one.
-    fn pid(&self) -> Option<u32> {
-        match self {
-            Change::Map(pid, _)
-            | Change::NameThread { pid, .. }
-            | Change::Fork(pid, _)
-            | Change::Exit(pid) => Some(*pid),
-            Change::ThreadExit(_) | Change::Lost(_) | Change::KernelCode { .. } => None,
-        }
-    }
-}
-
 /// What a batch shows of a pid.
 #[derive(Debug, PartialEq)]
 enum Seen {
@@ -80,26 +72,26 @@ enum Seen {
     Other,
 }
 
-/// Marks in `seen` the pids whose whole life is in `changes`, a batch in time order, as
+/// Marks in `seen` the pids whose whole life is in `batch`, a read's records in time order, as
 /// [`Seen::Ended`]: forked as a new process, then exited, with nothing of that pid before the
 /// fork or after the exit (a pid reused within the batch, or records the next read brings
 /// late), and no process of their own forked in the batch (a fork inherits its parent's
 /// address space as it is then).
-fn whole_lives(changes: &[(u64, Change)], seen: &mut HashMap<u32, Seen>) {
+fn whole_lives(batch: &[(u64, Pending)], seen: &mut HashMap<u32, Seen>) {
     seen.clear();
-    for (_, change) in changes {
-        match *change {
-            Change::Fork(pid, ppid) if pid != ppid => {
+    for (_, pending) in batch {
+        match *pending {
+            Pending::Fork { pid, ppid } if pid != ppid => {
                 seen.insert(ppid, Seen::Other);
                 seen.entry(pid)
                     .and_modify(|state| *state = Seen::Other)
                     .or_insert(Seen::Living);
             }
             _ => {
-                let Some(pid) = change.pid() else { continue };
+                let Some(pid) = pending.pid() else { continue };
                 let state = seen.entry(pid).or_insert(Seen::Other);
-                *state = match (&*state, change) {
-                    (Seen::Living, Change::Exit(_)) => Seen::Ended,
+                *state = match (&*state, pending) {
+                    (Seen::Living, Pending::Exit(_)) => Seen::Ended,
                     (Seen::Living, _) => Seen::Living,
                     _ => Seen::Other,
                 };
@@ -109,37 +101,41 @@ fn whole_lives(changes: &[(u64, Change)], seen: &mut HashMap<u32, Seen>) {
 }
 
 impl ProcessTable {
-    /// Applies a batch of side-band changes in time order, holding the whole lives in it
-    /// (where [`ProcessTable::hold_short_lives`]) until a drain settles them.
-    pub(super) fn apply_batch(&mut self, changes: &mut Vec<(u64, Change)>) {
+    /// Applies a read's records (kept ones' fields in `bytes`) in time order, holding the
+    /// whole lives in it (where [`ProcessTable::hold_short_lives`]) until a drain settles them.
+    pub(super) fn apply_batch(&mut self, batch: &mut Vec<(u64, Pending)>, bytes: &RecordBytes) {
         let mut seen = std::mem::take(&mut self.short_lives.seen);
         if self.hold_short_lives {
-            whole_lives(changes, &mut seen);
+            whole_lives(batch, &mut seen);
         }
-        for (_, change) in changes.drain(..) {
-            match change.pid() {
-                Some(pid) if seen.get(&pid) == Some(&Seen::Ended) => self.hold(pid, change),
+        for (_, pending) in batch.drain(..) {
+            match pending.pid() {
+                Some(pid) if seen.get(&pid) == Some(&Seen::Ended) => self.hold(pid, pending, bytes),
                 pid => {
                     // A held life of this pid came first: its process may be needed now (a late
                     // record of it, or a new process on its pid retiring its mappings).
                     if let Some(pid) = pid.filter(|pid| self.short_lives.pids.contains_key(pid)) {
                         self.apply_held(pid);
                     }
-                    self.apply(change);
+                    self.apply_pending(pending, bytes);
                 }
             }
         }
         self.short_lives.seen = seen;
     }
 
-    fn hold(&mut self, pid: u32, change: Change) {
-        let step = match change {
-            Change::Fork(_, ppid) if ppid != pid => {
+    fn hold(&mut self, pid: u32, pending: Pending, bytes: &RecordBytes) {
+        let lives = &mut self.short_lives;
+        let step = match pending {
+            Pending::Fork { ppid, .. } if ppid != pid => {
+                *lives.pids.entry(pid).or_default() += 1;
                 let (comm, mappings) = self.inherited_from(ppid);
-                *self.short_lives.pids.entry(pid).or_default() += 1;
                 Held::Forked { comm, mappings }
             }
-            change => Held::Then(change),
+            Pending::Kept(record) => {
+                Held::Then(Pending::Kept(lives.newer_bytes.keep_from(record, bytes)))
+            }
+            pending => Held::Then(pending),
         };
         self.short_lives.newer.push((pid, step));
     }
@@ -147,24 +143,34 @@ impl ProcessTable {
     /// Enters into the table the held lives of `pid`, oldest first.
     fn apply_held(&mut self, pid: u32) {
         let lives = &mut self.short_lives;
-        let steps: Vec<(u32, Held)> = lives
+        let older: Vec<(u32, Held)> = lives
             .older
             .extract_if(.., |(held, _)| *held == pid)
-            .chain(lives.newer.extract_if(.., |(held, _)| *held == pid))
             .collect();
-        for (pid, step) in steps {
-            self.enter(pid, step);
+        let newer: Vec<(u32, Held)> = lives
+            .newer
+            .extract_if(.., |(held, _)| *held == pid)
+            .collect();
+        let older_bytes = std::mem::take(&mut lives.older_bytes);
+        let newer_bytes = std::mem::take(&mut lives.newer_bytes);
+        for (pid, step) in older {
+            self.enter(pid, step, &older_bytes);
         }
+        for (pid, step) in newer {
+            self.enter(pid, step, &newer_bytes);
+        }
+        self.short_lives.older_bytes = older_bytes;
+        self.short_lives.newer_bytes = newer_bytes;
     }
 
-    /// Applies one held step to the table.
-    fn enter(&mut self, pid: u32, step: Held) {
+    /// Applies one held step to the table, its list's kept fields in `bytes`.
+    fn enter(&mut self, pid: u32, step: Held, bytes: &RecordBytes) {
         match step {
             Held::Forked { comm, mappings } => {
                 let_go(&mut self.short_lives.pids, pid);
                 self.start_process(pid, comm, mappings);
             }
-            Held::Then(change) => self.apply(change),
+            Held::Then(pending) => self.apply_pending(pending, bytes),
         }
     }
 
@@ -181,24 +187,34 @@ impl ProcessTable {
         // One pass over each list, whose room is kept for the next lives.
         let mut older = std::mem::take(&mut lives.older);
         let mut newer = std::mem::take(&mut lives.newer);
+        let mut older_bytes = std::mem::take(&mut lives.older_bytes);
+        let mut newer_bytes = std::mem::take(&mut lives.newer_bytes);
         for (pid, step) in older.drain(..) {
             if entered.contains(&pid) {
-                self.enter(pid, step);
+                self.enter(pid, step, &older_bytes);
             } else if matches!(step, Held::Forked { .. }) {
                 let_go(&mut self.short_lives.pids, pid);
             }
         }
         for (pid, step) in newer.drain(..) {
             if entered.contains(&pid) {
-                self.enter(pid, step);
+                self.enter(pid, step, &newer_bytes);
             } else if when == Settle::AfterDrain {
                 older.push((pid, step));
             } else if matches!(step, Held::Forked { .. }) {
                 let_go(&mut self.short_lives.pids, pid);
             }
         }
-        self.short_lives.older = older;
-        self.short_lives.newer = newer;
+        // The newer steps left are the older ones now, with their bytes.
+        older_bytes.clear();
+        if when == Settle::AfterDrain {
+            std::mem::swap(&mut older_bytes, &mut newer_bytes);
+        } else {
+            newer_bytes.clear();
+        }
+        let lives = &mut self.short_lives;
+        (lives.older, lives.newer) = (older, newer);
+        (lives.older_bytes, lives.newer_bytes) = (older_bytes, newer_bytes);
         entered.into_iter().collect()
     }
 
@@ -218,40 +234,63 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::super::parse_maps_line;
+    use super::super::pending::encode;
     use super::*;
 
     fn code(path: &str) -> Mapping {
         parse_maps_line(&format!("1000-2000 r-xp 0 0:0 0 {path}")).unwrap()
     }
 
-    fn name(pid: u32, name: &str, exec: bool) -> Change {
-        Change::NameThread {
-            pid,
-            tid: pid,
-            name: name.into(),
-            exec,
-        }
+    /// One record of a test batch, as [`batch`] encodes it.
+    enum Step {
+        Fork(u32, u32),
+        Exit(u32),
+        ThreadExit(u32),
+        /// An executable mapping of the path at 0x1000.
+        Map(u32, &'static str),
+        /// A name given by exec.
+        Exec(u32, &'static str),
+    }
+
+    /// A read's records, timed from `start` in their order, with the bytes of those kept.
+    fn batch(start: u64, steps: Vec<Step>) -> (Vec<(u64, Pending)>, RecordBytes) {
+        let mut bytes = RecordBytes::default();
+        let records = steps
+            .into_iter()
+            .enumerate()
+            .map(|(at, step)| {
+                let pending = match step {
+                    Step::Fork(pid, ppid) => Pending::Fork { pid, ppid },
+                    Step::Exit(pid) => Pending::Exit(pid),
+                    Step::ThreadExit(tid) => Pending::ThreadExit(tid),
+                    Step::Map(pid, path) => encode::code(&mut bytes, pid, path),
+                    Step::Exec(pid, name) => encode::name(&mut bytes, pid, name, true),
+                };
+                (start + at as u64, pending)
+            })
+            .collect();
+        (records, bytes)
+    }
+
+    fn apply(table: &mut ProcessTable, start: u64, steps: Vec<Step>) {
+        let (mut records, bytes) = batch(start, steps);
+        table.apply_batch(&mut records, &bytes);
     }
 
     /// A shell (1) runs `ls` (10) and `cat` (11), each forked, exec'd and gone before the read;
     /// 12 is forked and still runs.
-    fn churn_batch() -> Vec<(u64, Change)> {
-        let changes = vec![
-            Change::Fork(10, 1),
-            name(10, "ls", true),
-            Change::Map(10, code("/bin/ls")),
-            Change::Exit(10),
-            Change::Fork(11, 1),
-            name(11, "cat", true),
-            Change::Map(11, code("/bin/cat")),
-            Change::Exit(11),
-            Change::Fork(12, 1),
-        ];
-        changes
-            .into_iter()
-            .enumerate()
-            .map(|(t, c)| (t as u64, c))
-            .collect()
+    fn churn_batch() -> Vec<Step> {
+        vec![
+            Step::Fork(10, 1),
+            Step::Exec(10, "ls"),
+            Step::Map(10, "/bin/ls"),
+            Step::Exit(10),
+            Step::Fork(11, 1),
+            Step::Exec(11, "cat"),
+            Step::Map(11, "/bin/cat"),
+            Step::Exit(11),
+            Step::Fork(12, 1),
+        ]
     }
 
     fn shell() -> ProcessTable {
@@ -264,7 +303,7 @@ mod tests {
     #[test]
     fn whole_lives_are_held_and_only_sampled_ones_enter_the_table() {
         let mut table = shell();
-        table.apply_batch(&mut churn_batch());
+        apply(&mut table, 0, churn_batch());
         assert!(!table.knows(10) && !table.knows(11));
         assert!(table.knows(12), "a living process enters at once");
         assert_eq!(table.held_lives(), 2);
@@ -293,10 +332,41 @@ mod tests {
         assert!(!table.knows(10) && table.held_lives() == 0);
     }
 
+    /// A life held over a drain keeps its records' bytes: sampled at the next drain, it enters
+    /// whole, though the lives of a later read were held since.
+    #[test]
+    fn a_life_held_over_a_drain_enters_whole_at_the_next() {
+        let mut table = shell();
+        apply(&mut table, 0, churn_batch());
+        assert!(table
+            .settle_short_lives(&BTreeSet::new(), Settle::AfterDrain)
+            .is_empty());
+        apply(
+            &mut table,
+            100,
+            vec![
+                Step::Fork(20, 1),
+                Step::Exec(20, "grep"),
+                Step::Map(20, "/bin/grep"),
+                Step::Exit(20),
+            ],
+        );
+        assert_eq!(
+            table.settle_short_lives(&[10, 20].into(), Settle::AfterDrain),
+            [10, 20]
+        );
+        for (pid, comm, path) in [(10, "ls", "/bin/ls"), (20, "grep", "/bin/grep")] {
+            assert_eq!(table.processes[&pid].comm, comm);
+            assert_eq!(&*table.code_mapping_for(pid, 0x1100).unwrap().path, path);
+        }
+        assert!(!table.knows(11), "cat was let go at that drain");
+        assert_eq!(table.held_lives(), 0);
+    }
+
     #[test]
     fn a_closing_window_lets_go_of_every_unsampled_life() {
         let mut table = shell();
-        table.apply_batch(&mut churn_batch());
+        apply(&mut table, 0, churn_batch());
         assert_eq!(
             table.settle_short_lives(&[10].into(), Settle::WindowClosed),
             [10]
@@ -311,12 +381,12 @@ mod tests {
     #[test]
     fn a_pid_named_again_enters_its_held_life_first() {
         let mut table = shell();
-        table.apply_batch(&mut churn_batch());
-        let mut reuse = vec![
-            (20, Change::Fork(10, 1)),
-            (21, Change::Map(10, code("/bin/vi"))),
-        ];
-        table.apply_batch(&mut reuse);
+        apply(&mut table, 0, churn_batch());
+        apply(
+            &mut table,
+            20,
+            vec![Step::Fork(10, 1), Step::Map(10, "/bin/vi")],
+        );
         assert_eq!(table.held_lives(), 1, "only cat is held");
         assert_eq!(
             &*table.code_mapping_for(10, 0x1100).unwrap().path,
@@ -335,21 +405,15 @@ mod tests {
     #[test]
     fn a_pid_held_twice_stays_held_until_both_lives_go() {
         let mut table = shell();
-        let life = |start: u64| {
-            vec![
-                (start, Change::Fork(10, 1)),
-                (start + 1, name(10, "ls", true)),
-                (start + 2, Change::Exit(10)),
-            ]
-        };
-        table.apply_batch(&mut life(0));
+        let life = || vec![Step::Fork(10, 1), Step::Exec(10, "ls"), Step::Exit(10)];
+        apply(&mut table, 0, life());
         table.settle_short_lives(&BTreeSet::new(), Settle::AfterDrain);
-        table.apply_batch(&mut life(10));
+        apply(&mut table, 10, life());
         assert_eq!(table.held_lives(), 2);
         table.settle_short_lives(&BTreeSet::new(), Settle::AfterDrain);
         assert_eq!(table.held_lives(), 1);
         // A late record of the second life.
-        table.apply_batch(&mut vec![(20, Change::Map(10, code("/bin/ls")))]);
+        apply(&mut table, 20, vec![Step::Map(10, "/bin/ls")]);
         assert_eq!(table.held_lives(), 0);
         let ls = &table.processes[&10];
         assert!(ls.exited && ls.comm == "ls");
@@ -364,30 +428,28 @@ mod tests {
     /// any process while holding is off (stack copies are unwound as they are read).
     #[test]
     fn only_whole_lives_without_children_are_held() {
-        let batch = vec![
-            Change::Fork(10, 1),
-            Change::Fork(11, 10),
-            Change::Exit(10),
-            Change::Exit(11),
-            Change::Fork(12, 1),
-            Change::Exit(12),
-            Change::Fork(12, 1),
-            Change::Exit(12),
-            Change::Map(13, code("/bin/late")),
-            Change::Fork(13, 1),
-            Change::Exit(13),
-            Change::Fork(14, 1),
-            Change::Fork(14, 14),
-            Change::ThreadExit(15),
-            Change::Exit(14),
-        ];
-        let batch: Vec<(u64, Change)> = batch
-            .into_iter()
-            .enumerate()
-            .map(|(t, c)| (t as u64, c))
-            .collect();
+        let (records, _) = batch(
+            0,
+            vec![
+                Step::Fork(10, 1),
+                Step::Fork(11, 10),
+                Step::Exit(10),
+                Step::Exit(11),
+                Step::Fork(12, 1),
+                Step::Exit(12),
+                Step::Fork(12, 1),
+                Step::Exit(12),
+                Step::Map(13, "/bin/late"),
+                Step::Fork(13, 1),
+                Step::Exit(13),
+                Step::Fork(14, 1),
+                Step::Fork(14, 14),
+                Step::ThreadExit(15),
+                Step::Exit(14),
+            ],
+        );
         let mut seen = HashMap::default();
-        whole_lives(&batch, &mut seen);
+        whole_lives(&records, &mut seen);
         let mut whole: Vec<u32> = seen
             .into_iter()
             .filter(|(_, state)| *state == Seen::Ended)
@@ -398,7 +460,7 @@ mod tests {
 
         let mut table = shell();
         table.hold_short_lives = false;
-        table.apply_batch(&mut churn_batch());
+        apply(&mut table, 0, churn_batch());
         assert!(table.knows(10) && table.knows(11) && table.held_lives() == 0);
     }
 }
