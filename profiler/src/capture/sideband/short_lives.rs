@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeSet, sync::Arc};
 
-use super::{HashMap, HashSet, Mapping, Pending, ProcessTable, RecordBytes};
+use super::{HashMap, Mapping, Pending, ProcessTable, RecordBytes};
 
 /// One step of a held life.
 #[derive(Debug)]
@@ -21,35 +21,51 @@ enum Held {
     Then(Pending),
 }
 
-/// The held lives, as flat lists of steps in time order: under churn hundreds are held and let
-/// go between two drains, and a list per process cost more allocations than the process
+/// The held lives, as two flat lists of steps in time order: under churn hundreds are held and
+/// let go between two drains, and a list per process cost more allocations than the process
 /// table did.
 #[derive(Debug, Default)]
 pub(super) struct ShortLives {
     /// Held since the last scheduled drain.
-    newer: Vec<(u32, Held)>,
+    newer: HeldList,
     /// Held before it: one more drain without a sample of them and they go. The drain after
     /// a life ends may still miss it: an off-CPU block it woke ends, and is drained, only when
     /// the woken thread runs again.
-    older: Vec<(u32, Held)>,
-    /// The fields of the records kept in each list's steps: an unsampled life costs no
-    /// allocation of its own, and goes with its list's bytes.
-    newer_bytes: RecordBytes,
-    older_bytes: RecordBytes,
-    /// The pids with a life held, in either list, with how many (a pid reused between drains
-    /// has two).
-    pids: HashMap<u32, u32>,
+    older: HeldList,
     /// Scratch of [`whole_lives`], kept to reuse its room.
     seen: HashMap<u32, Seen>,
 }
 
-/// Counts a life of `pid` no longer held in `pids` (see [`ShortLives::pids`]).
-fn let_go(pids: &mut HashMap<u32, u32>, pid: u32) {
-    if let Some(count) = pids.get_mut(&pid) {
-        *count -= 1;
-        if *count == 0 {
-            pids.remove(&pid);
+/// The lives of one list: a drain without a sample of any of them lets the older list go
+/// whole and makes the newer one the older, with no work per life.
+#[derive(Debug, Default)]
+struct HeldList {
+    steps: Vec<(u32, Held)>,
+    /// The fields of the records its steps kept.
+    bytes: RecordBytes,
+    /// The pids of its lives, with how many (a pid reused between two reads has two).
+    pids: HashMap<u32, u32>,
+}
+
+impl HeldList {
+    fn holds(&self, pid: u32) -> bool {
+        self.pids.contains_key(&pid)
+    }
+
+    /// Takes out the steps of the lives of `pids` (sorted), in time order.
+    fn take_lives(&mut self, pids: &[u32]) -> Vec<(u32, Held)> {
+        for pid in pids {
+            self.pids.remove(pid);
         }
+        self.steps
+            .extract_if(.., |(pid, _)| pids.binary_search(pid).is_ok())
+            .collect()
+    }
+
+    fn clear(&mut self) {
+        self.steps.clear();
+        self.bytes.clear();
+        self.pids.clear();
     }
 }
 
@@ -114,8 +130,8 @@ impl ProcessTable {
                 pid => {
                     // A held life of this pid came first: its process may be needed now (a late
                     // record of it, or a new process on its pid retiring its mappings).
-                    if let Some(pid) = pid.filter(|pid| self.short_lives.pids.contains_key(pid)) {
-                        self.apply_held(pid);
+                    if let Some(pid) = pid.filter(|&pid| self.holds(pid)) {
+                        self.enter_lives(&[pid]);
                     }
                     self.apply_pending(pending, bytes);
                 }
@@ -125,97 +141,62 @@ impl ProcessTable {
     }
 
     fn hold(&mut self, pid: u32, pending: Pending, bytes: &RecordBytes) {
-        let lives = &mut self.short_lives;
+        let list = &mut self.short_lives.newer;
         let step = match pending {
             Pending::Fork { ppid, .. } if ppid != pid => {
-                *lives.pids.entry(pid).or_default() += 1;
+                *list.pids.entry(pid).or_default() += 1;
                 let (comm, mappings) = self.inherited_from(ppid);
                 Held::Forked { comm, mappings }
             }
-            Pending::Kept(record) => {
-                Held::Then(Pending::Kept(lives.newer_bytes.keep_from(record, bytes)))
-            }
+            Pending::Kept(record) => Held::Then(Pending::Kept(list.bytes.keep_from(record, bytes))),
             pending => Held::Then(pending),
         };
-        self.short_lives.newer.push((pid, step));
+        self.short_lives.newer.steps.push((pid, step));
     }
 
-    /// Enters into the table the held lives of `pid`, oldest first.
-    fn apply_held(&mut self, pid: u32) {
+    /// Whether a life of `pid` is held.
+    fn holds(&self, pid: u32) -> bool {
+        self.short_lives.older.holds(pid) || self.short_lives.newer.holds(pid)
+    }
+
+    /// Enters into the table the held lives of `pids` (sorted), oldest first.
+    fn enter_lives(&mut self, pids: &[u32]) {
         let lives = &mut self.short_lives;
-        let older: Vec<(u32, Held)> = lives
-            .older
-            .extract_if(.., |(held, _)| *held == pid)
-            .collect();
-        let newer: Vec<(u32, Held)> = lives
-            .newer
-            .extract_if(.., |(held, _)| *held == pid)
-            .collect();
-        let older_bytes = std::mem::take(&mut lives.older_bytes);
-        let newer_bytes = std::mem::take(&mut lives.newer_bytes);
-        for (pid, step) in older {
-            self.enter(pid, step, &older_bytes);
-        }
-        for (pid, step) in newer {
-            self.enter(pid, step, &newer_bytes);
-        }
-        self.short_lives.older_bytes = older_bytes;
-        self.short_lives.newer_bytes = newer_bytes;
-    }
-
-    /// Applies one held step to the table, its list's kept fields in `bytes`.
-    fn enter(&mut self, pid: u32, step: Held, bytes: &RecordBytes) {
-        match step {
-            Held::Forked { comm, mappings } => {
-                let_go(&mut self.short_lives.pids, pid);
-                self.start_process(pid, comm, mappings);
+        let mut lists = [
+            std::mem::take(&mut lives.older),
+            std::mem::take(&mut lives.newer),
+        ];
+        for list in &mut lists {
+            for (pid, step) in list.take_lives(pids) {
+                match step {
+                    Held::Forked { comm, mappings } => self.start_process(pid, comm, mappings),
+                    Held::Then(pending) => self.apply_pending(pending, &list.bytes),
+                }
             }
-            Held::Then(pending) => self.apply_pending(pending, bytes),
         }
+        let [older, newer] = lists;
+        (self.short_lives.older, self.short_lives.newer) = (older, newer);
     }
 
     /// Enters into the table the held lives of the processes a drain found samples of
     /// (`sampled`), and lets go of the others `when` allows. Returns the pids entered.
     pub fn settle_short_lives(&mut self, sampled: &BTreeSet<u32>, when: Settle) -> Vec<u32> {
-        let lives = &mut self.short_lives;
-        // From the drain's processes, fewer than the lives held under churn.
-        let entered: HashSet<u32> = sampled
+        // From the drain's processes, fewer than the lives held under churn; sorted.
+        let entered: Vec<u32> = sampled
             .iter()
-            .filter(|pid| lives.pids.contains_key(pid))
+            .filter(|&&pid| self.holds(pid))
             .copied()
             .collect();
-        // One pass over each list, whose room is kept for the next lives.
-        let mut older = std::mem::take(&mut lives.older);
-        let mut newer = std::mem::take(&mut lives.newer);
-        let mut older_bytes = std::mem::take(&mut lives.older_bytes);
-        let mut newer_bytes = std::mem::take(&mut lives.newer_bytes);
-        for (pid, step) in older.drain(..) {
-            if entered.contains(&pid) {
-                self.enter(pid, step, &older_bytes);
-            } else if matches!(step, Held::Forked { .. }) {
-                let_go(&mut self.short_lives.pids, pid);
-            }
-        }
-        for (pid, step) in newer.drain(..) {
-            if entered.contains(&pid) {
-                self.enter(pid, step, &newer_bytes);
-            } else if when == Settle::AfterDrain {
-                older.push((pid, step));
-            } else if matches!(step, Held::Forked { .. }) {
-                let_go(&mut self.short_lives.pids, pid);
-            }
-        }
-        // The newer steps left are the older ones now, with their bytes.
-        older_bytes.clear();
-        if when == Settle::AfterDrain {
-            std::mem::swap(&mut older_bytes, &mut newer_bytes);
-        } else {
-            newer_bytes.clear();
+        if !entered.is_empty() {
+            self.enter_lives(&entered);
         }
         let lives = &mut self.short_lives;
-        (lives.older, lives.newer) = (older, newer);
-        (lives.older_bytes, lives.newer_bytes) = (older_bytes, newer_bytes);
-        entered.into_iter().collect()
+        lives.older.clear();
+        match when {
+            Settle::AfterDrain => std::mem::swap(&mut lives.older, &mut lives.newer),
+            Settle::WindowClosed => lives.newer.clear(),
+        }
+        entered
     }
 
     /// How many lives are held, for tests.
@@ -224,8 +205,9 @@ impl ProcessTable {
         let lives = &self.short_lives;
         lives
             .older
+            .steps
             .iter()
-            .chain(&lives.newer)
+            .chain(&lives.newer.steps)
             .filter(|(_, step)| matches!(step, Held::Forked { .. }))
             .count()
     }
