@@ -29,8 +29,8 @@ pub use attr::*;
 pub use error::PerfDataError;
 pub use features::{BuildId, Features, NrCpus, PmuCap};
 pub use records::{
-    decode_process_record, maps_code, AuxTrace, Comm, CommFields, CpuMode, FileId, Mmap,
-    MmapFields, ProcessRecord, TaskEvent, Throttle, PERF_RECORD_MISC_MMAP_BUILD_ID,
+    decode_process_record, mapping_or_name_pid, maps_code, AuxTrace, Comm, CommFields, CpuMode,
+    FileId, Mmap, MmapFields, ProcessRecord, TaskEvent, Throttle, PERF_RECORD_MISC_MMAP_BUILD_ID,
 };
 pub use sample::{
     BranchEntry, BranchStack, PerfSample, ReadValue, ReadValues, Registers, UserStack, Weight,

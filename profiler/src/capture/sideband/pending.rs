@@ -5,7 +5,7 @@
 //! interned, its mapped file looked up, its name copied, the decoded change moved and dropped)
 //! was most of the side-band's time.
 
-use crate::import::perf_data::{decode_process_record, ProcessRecord};
+use crate::import::perf_data::{decode_process_record, mapping_or_name_pid, ProcessRecord};
 
 /// One record of a read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +46,19 @@ pub(super) struct KeptRecord {
     len: u32,
 }
 
+impl KeptRecord {
+    /// A record about to be kept: where its fields are is set as they are.
+    fn new(pid: Option<u32>, kind: u32, misc: u16) -> KeptRecord {
+        KeptRecord {
+            pid,
+            kind,
+            misc,
+            at: 0,
+            len: 0,
+        }
+    }
+}
+
 /// The fields (after the header) of kept records, one after another: a read's, or a held
 /// life's, with no allocation per record.
 #[derive(Debug, Default)]
@@ -54,8 +67,14 @@ pub(super) struct RecordBytes(Vec<u8>);
 impl RecordBytes {
     /// One record of a ring, its fields `own` (without the header and the time that ends it):
     /// `None` for records about nothing the table keeps, or that the kernel wrote short (perf
-    /// skips them too).
+    /// skips them too). Mappings and names, most of the records, are read here only for their
+    /// process: the rest is decoded, and checked, if they are applied.
     pub(super) fn read(&mut self, kind: u32, misc: u16, own: &[u8]) -> Option<Pending> {
+        if let Some(pid) = mapping_or_name_pid(kind, own) {
+            return Some(Pending::Kept(
+                self.keep(KeptRecord::new(Some(pid), kind, misc), own),
+            ));
+        }
         let pid = match decode_process_record(kind, misc, own, 0).ok()?? {
             ProcessRecord::Fork(task) => {
                 return Some(Pending::Fork {
@@ -72,14 +91,9 @@ impl RecordBytes {
             ProcessRecord::Comm(comm) => Some(comm.pid),
             ProcessRecord::KernelSymbol(_) => None,
         };
-        let record = KeptRecord {
-            pid,
-            kind,
-            misc,
-            at: 0,
-            len: 0,
-        };
-        Some(Pending::Kept(self.keep(record, own)))
+        Some(Pending::Kept(
+            self.keep(KeptRecord::new(pid, kind, misc), own),
+        ))
     }
 
     /// `record`, kept in `from`, copied here.
@@ -186,9 +200,15 @@ mod tests {
     }
 
     #[test]
-    fn short_records_are_not_kept() {
+    fn short_records_change_nothing() {
         let mut bytes = RecordBytes::default();
-        assert_eq!(bytes.read(10, 2, &[1, 0, 0, 0]), None);
+        // A mapping is read for its process alone, and decodes to nothing when applied.
+        assert_eq!(bytes.read(10, 2, &[1, 0, 0]), None);
+        let Some(Pending::Kept(short)) = bytes.read(10, 2, &[1, 0, 0, 0]) else {
+            panic!("a mapping is kept for its process")
+        };
+        assert_eq!(Pending::Kept(short).pid(), Some(1));
+        assert!(bytes.decode(short).is_none());
         // A FORK record's fields: pid, ppid, tid, ptid and a time.
         let fork: Vec<u8> = [7u32, 1, 7, 1, 0, 0]
             .iter()

@@ -475,6 +475,17 @@ impl CommFields<'_> {
     }
 }
 
+/// The process a mapping or name record (PERF_RECORD_MMAP, MMAP2, COMM) is of, its first
+/// field, with the rest left undecoded: `None` for other records, or one too short to hold it.
+pub fn mapping_or_name_pid(record_type: u32, own: &[u8]) -> Option<u32> {
+    match record_type {
+        PERF_RECORD_MMAP | PERF_RECORD_MMAP2 | PERF_RECORD_COMM => {
+            Reader::new(own, 0).u32("pid").ok()
+        }
+        _ => None,
+    }
+}
+
 /// Decodes a record about processes from `own`, its fields after the header (the sample_id
 /// trailer may follow: it is not read); `None` for other record types.
 pub fn decode_process_record(
