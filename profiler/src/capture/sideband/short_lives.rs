@@ -131,7 +131,7 @@ impl ProcessTable {
                     // A held life of this pid came first: its process may be needed now (a late
                     // record of it, or a new process on its pid retiring its mappings).
                     if let Some(pid) = pid.filter(|&pid| self.holds(pid)) {
-                        self.enter_lives(&[pid]);
+                        self.enter_lives(&[pid], false);
                     }
                     self.apply_pending(pending, bytes);
                 }
@@ -159,23 +159,36 @@ impl ProcessTable {
         self.short_lives.older.holds(pid) || self.short_lives.newer.holds(pid)
     }
 
-    /// Enters into the table the held lives of `pids` (sorted), oldest first.
-    fn enter_lives(&mut self, pids: &[u32]) {
+    /// Enters into the table the held lives of `pids` (sorted), oldest first. With
+    /// `older_going` the older list is let go next: its lives are entered in place, without
+    /// taking them out of it.
+    fn enter_lives(&mut self, pids: &[u32], older_going: bool) {
         let lives = &mut self.short_lives;
-        let mut lists = [
-            std::mem::take(&mut lives.older),
-            std::mem::take(&mut lives.newer),
-        ];
-        for list in &mut lists {
-            for (pid, step) in list.take_lives(pids) {
-                match step {
-                    Held::Forked { comm, mappings } => self.start_process(pid, comm, mappings),
-                    Held::Then(pending) => self.apply_pending(pending, &list.bytes),
+        let mut older = std::mem::take(&mut lives.older);
+        let mut newer = std::mem::take(&mut lives.newer);
+        if older_going {
+            for (pid, step) in older.steps.drain(..) {
+                if pids.binary_search(&pid).is_ok() {
+                    self.enter(pid, step, &older.bytes);
                 }
             }
+        } else {
+            for (pid, step) in older.take_lives(pids) {
+                self.enter(pid, step, &older.bytes);
+            }
         }
-        let [older, newer] = lists;
+        for (pid, step) in newer.take_lives(pids) {
+            self.enter(pid, step, &newer.bytes);
+        }
         (self.short_lives.older, self.short_lives.newer) = (older, newer);
+    }
+
+    /// Applies one held step to the table, its list's kept fields in `bytes`.
+    fn enter(&mut self, pid: u32, step: Held, bytes: &RecordBytes) {
+        match step {
+            Held::Forked { comm, mappings } => self.start_process(pid, comm, mappings),
+            Held::Then(pending) => self.apply_pending(pending, bytes),
+        }
     }
 
     /// Enters into the table the held lives of the processes a drain found samples of
@@ -188,7 +201,7 @@ impl ProcessTable {
             .copied()
             .collect();
         if !entered.is_empty() {
-            self.enter_lives(&entered);
+            self.enter_lives(&entered, true);
         }
         let lives = &mut self.short_lives;
         lives.older.clear();
