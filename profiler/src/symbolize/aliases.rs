@@ -4,12 +4,13 @@
 //! keeps glibc's internal names there), names the rest, so that a user can find the function by
 //! the name they know.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use object::SymbolKind;
 
 use crate::{
     aggregate::module_file::{address_of_file_offset, sized_symbols},
+    fast_hash::HashSet,
     profile::{Frame, FunctionAliases},
 };
 
