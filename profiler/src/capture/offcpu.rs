@@ -8,7 +8,9 @@
 use anyhow::{anyhow, Context, Result};
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
-    programs::{BtfTracePoint, TracePoint},
+    programs::{
+        tp_btf::BtfTracePointLinkId, trace_point::TracePointLinkId, BtfTracePoint, TracePoint,
+    },
     Ebpf, EbpfLoader,
 };
 use profiler_common::{
@@ -73,6 +75,14 @@ pub struct OffCpuCapture {
     wakers: bool,
     /// With `OFFCPU_DWARF`: the unwinder's program array.
     _unwinder: Option<TailCalls>,
+    /// The programs attached, in their order, until detached.
+    links: Vec<(&'static str, Link)>,
+}
+
+/// An attached switch, fork or wake-up program.
+enum Link {
+    BtfTracepoint(BtfTracePointLinkId),
+    Tracepoint(TracePointLinkId),
 }
 
 /// The program's configuration for `options`: the task fields it reads, from the kernel's BTF
@@ -190,6 +200,7 @@ impl OffCpuCapture {
             min_block_ns: config.min_block_ns,
             wakers: config.flags & OFFCPU_WAKERS != 0,
             _unwinder: unwinder,
+            links: Vec::new(),
         })
     }
 
@@ -216,27 +227,47 @@ impl OffCpuCapture {
         Ok(())
     }
 
-    /// Attaches the loaded programs: from here every switch is seen. The links live as long as
-    /// `ebpf`.
-    pub fn attach(&self, ebpf: &mut Ebpf) -> Result<()> {
+    /// Attaches the loaded programs: from here every switch is seen, until
+    /// [`OffCpuCapture::detach`].
+    pub fn attach(&mut self, ebpf: &mut Ebpf) -> Result<()> {
         let attaching = |what: &str| format!("attaching the off-CPU program to {what}");
-        match self.attachment {
-            Attachment::BtfTracepoint => {
-                for (name, _) in programs(self.attachment, self.wakers) {
+        for (name, tracepoint) in programs(self.attachment, self.wakers) {
+            let link = match self.attachment {
+                Attachment::BtfTracepoint => {
                     let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
-                    program.attach().with_context(|| attaching(name))?;
+                    Link::BtfTracepoint(program.attach().with_context(|| attaching(name))?)
                 }
-            }
-            Attachment::Tracepoint => {
-                for (name, tracepoint) in programs(self.attachment, self.wakers) {
+                Attachment::Tracepoint => {
                     let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
-                    program.attach("sched", tracepoint).with_context(|| {
+                    let link = program.attach("sched", tracepoint).with_context(|| {
                         format!(
                             "{} (the classic tracepoint needs tracefs, mounted at \
                              /sys/kernel/tracing)",
                             attaching(tracepoint)
                         )
                     })?;
+                    Link::Tracepoint(link)
+                }
+            };
+            self.links.push((name, link));
+        }
+        Ok(())
+    }
+
+    /// Detaches the programs, in the reverse order of [`OffCpuCapture::attach`]: from here no
+    /// switch is seen. A recording does this before it stops its side-band, so that no thread
+    /// forked later is counted without the side-band's record of its name.
+    pub fn detach(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        let detaching = |name: &str| format!("detaching the off-CPU program {name}");
+        while let Some((name, link)) = self.links.pop() {
+            match link {
+                Link::BtfTracepoint(link) => {
+                    let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
+                    program.detach(link).with_context(|| detaching(name))?;
+                }
+                Link::Tracepoint(link) => {
+                    let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
+                    program.detach(link).with_context(|| detaching(name))?;
                 }
             }
         }

@@ -549,8 +549,16 @@ impl CaptureProgram {
 
     /// Attaches the scheduler-switch programs (`--off-cpu`), once their scope is in place.
     pub fn attach_offcpu(&mut self) -> Result<()> {
-        match &self.offcpu {
+        match &mut self.offcpu {
             Some(offcpu) => offcpu.attach(&mut self.ebpf),
+            None => Ok(()),
+        }
+    }
+
+    /// Detaches the scheduler-switch programs (see [`OffCpuCapture::detach`]).
+    pub fn detach_offcpu(&mut self) -> Result<()> {
+        match &mut self.offcpu {
+            Some(offcpu) => offcpu.detach(&mut self.ebpf),
             None => Ok(()),
         }
     }

@@ -648,6 +648,8 @@ impl CaptureSession {
         if let Some(spe) = &mut self.spe {
             spe.disable()?;
         }
+        // Before the side-band stops: a thread forked after it would be counted nameless.
+        self.program.detach_offcpu()?;
         self.sideband.disable()?;
         let end = SystemTime::now();
         self.read_sideband();
