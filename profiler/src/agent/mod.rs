@@ -233,7 +233,7 @@ impl Exporter {
         // One symbolizer for every window: the files it parsed, the kernel's symbols and the
         // code symbolized stay cached, so a window costs what its new code costs. Made here: it
         // cannot move threads.
-        let mut symbols = SymbolCache::new(self.source_lines);
+        let mut symbols = SymbolCache::new(self.source_lines).without_aliases();
         for ClosedWindow { sequence, capture } in windows {
             let exporting = std::time::Instant::now();
             let (start, end) = (capture.start, capture.end);

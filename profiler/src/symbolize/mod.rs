@@ -241,7 +241,7 @@ impl KnownFrames {
                         true,
                         &mut frames,
                     );
-                    module_names(&path, &mut frames)
+                    module_names(&path, &mut frames, true)
                 }
             };
             // A recording names its code a drain at a time: a function once.
@@ -505,9 +505,9 @@ impl<'a> FrameTable<'a> {
 
 /// What the symbolizer does not say, from the module open at `path` (a descriptor path): names
 /// of the frames in its PLT stubs (`memcpy@plt`) or only in its separate debug file's symbol
-/// table (glibc's internal functions, when DWARF is not read), and the other names of the
-/// frames' functions.
-fn module_names(path: &Path, frames: &mut [Frame]) -> Vec<FunctionAliases> {
+/// table (glibc's internal functions, when DWARF is not read), and with `aliases` the other
+/// names of the frames' functions.
+fn module_names(path: &Path, frames: &mut [Frame], aliases: bool) -> Vec<FunctionAliases> {
     let Ok(file) = crate::input::open_regular(path, crate::input::FinalLink::Follow) else {
         return Vec::new();
     };
@@ -533,6 +533,9 @@ fn module_names(path: &Path, frames: &mut [Frame]) -> Vec<FunctionAliases> {
         if frames.iter().any(|frame| frame.function.is_none()) {
             aliases::name_from_debug_file(&module, debug, frames);
         }
+    }
+    if !aliases {
+        return Vec::new();
     }
     aliases::function_aliases(&module, debug.as_ref(), frames)
 }
