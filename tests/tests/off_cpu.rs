@@ -1037,26 +1037,7 @@ fn scope_follows_the_command_and_its_children_only() {
 
 #[test]
 fn a_running_process_is_in_scope_with_what_it_forks() {
-    let mut shell = std::process::Command::new("sh")
-        .args(["-c", "while true; do sleep 0.05; done"])
-        .spawn()
-        .unwrap();
-    let pid = shell.id().to_string();
-    let file = temp_dir("off-cpu-pid").join("pid.prof");
-    profiler(&[
-        "record",
-        "--off-cpu",
-        "-p",
-        &pid,
-        "--duration",
-        "1",
-        "-o",
-        file.to_str().unwrap(),
-    ]);
-    shell.kill().unwrap();
-    shell.wait().unwrap();
-    let off_cpu = report_json(&file, &[])["off_cpu"].clone();
-    let threads = blocked_threads(&off_cpu);
+    let (pid, threads) = blocked_threads_of_running_shell("while true; do sleep 0.05; done");
     let children: Vec<&(u64, String, u64)> = threads
         .iter()
         .filter(|(_, comm, _)| comm == "sleep")
@@ -1109,12 +1090,25 @@ fn every_process_forked_into_scope_has_its_name() {
     // are forked (and gone) all the time. One forked into off-CPU scope before the side-band ran
     // had no name (5 to 12 a run); one forked after the side-band stopped, while the switch
     // programs still ran, had none either (1 to 3 in a quarter of the runs on a loaded machine).
+    let (_, threads) = blocked_threads_of_running_shell("while true; do /bin/true; done");
+    let children = threads.iter().filter(|(_, comm, _)| comm == "true").count();
+    assert!(children >= 50, "the shell's children: {threads:?}");
+    let unnamed: Vec<_> = threads
+        .iter()
+        .filter(|(_, comm, _)| comm != "true" && comm != "sh")
+        .collect();
+    assert!(unnamed.is_empty(), "named otherwise: {unnamed:?}");
+}
+
+/// Runs `script` in a shell, records its off-CPU time with `-p` for a second, and returns the
+/// shell's pid and the blocked threads of the recording.
+fn blocked_threads_of_running_shell(script: &str) -> (String, Vec<(u64, String, u64)>) {
     let mut shell = std::process::Command::new("sh")
-        .args(["-c", "while true; do /bin/true; done"])
+        .args(["-c", script])
         .spawn()
         .unwrap();
     let pid = shell.id().to_string();
-    let file = temp_dir("off-cpu-names").join("names.prof");
+    let file = temp_dir("off-cpu-pid").join("pid.prof");
     profiler(&[
         "record",
         "--off-cpu",
@@ -1128,13 +1122,7 @@ fn every_process_forked_into_scope_has_its_name() {
     shell.kill().unwrap();
     shell.wait().unwrap();
     let threads = blocked_threads(&report_json(&file, &[])["off_cpu"]);
-    let children = threads.iter().filter(|(_, comm, _)| comm == "true").count();
-    assert!(children >= 50, "the shell's children: {threads:?}");
-    let unnamed: Vec<_> = threads
-        .iter()
-        .filter(|(_, comm, _)| comm != "true" && comm != "sh")
-        .collect();
-    assert!(unnamed.is_empty(), "named otherwise: {unnamed:?}");
+    (pid, threads)
 }
 
 /// Nanoseconds of a pprof profile's `column` in samples whose stack passes through `function`.
