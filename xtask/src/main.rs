@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | build | run | test | bench | kernels | arm-pmu | manuals`.
+//! Project tasks: `cargo xtask setup | build | run | test | layers | bench | kernels | arm-pmu | manuals`.
 //!
 //! Every task sets up what it needs first (idempotently, saying what it installs), so a fresh
 //! clone on a fresh machine needs nothing but these commands.
@@ -6,6 +6,7 @@
 mod arm_pmu;
 mod bench;
 mod kernels;
+mod layers;
 mod setup;
 
 use std::{
@@ -41,6 +42,9 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Check the profiler crate's imports against its floors (xtask/src/layers.rs): none up a
+    /// floor, no circles.
+    Layers,
     /// Run every test: unit tests, and integration tests on the real kernel (needs root).
     Test {
         /// Only tests whose name contains this.
@@ -264,6 +268,7 @@ fn run(task: Task) -> Result<()> {
                 "-D",
                 "warnings",
             ]))?;
+            layers::run(&workspace_root())?;
             build_release()?;
             if filter.is_none() {
                 // The benchmark's smoke run: every figure is produced, nothing is asserted about
@@ -289,6 +294,7 @@ fn run(task: Task) -> Result<()> {
             test.arg("--test-threads=1");
             run_tests(&mut test)
         }
+        Task::Layers => layers::run(&workspace_root()),
         Task::Bench(args) => bench::run(args),
         Task::Kernels => {
             setup::all(setup::Purpose::Build)?;
