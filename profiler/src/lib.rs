@@ -22,6 +22,7 @@ pub mod import;
 pub mod input;
 pub mod launch;
 pub mod output;
+pub mod perf_data;
 pub mod profile;
 pub mod prometheus;
 pub mod record;

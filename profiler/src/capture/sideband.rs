@@ -20,7 +20,7 @@ use super::counters::{
 };
 use super::perf_ring::PerfRing;
 use crate::events::{open_error, parse_event, OpenAs, PmuRegistry, Scope, SystemFacts};
-use crate::import::perf_data::{maps_code, FileId, ProcessRecord, PERF_RECORD_MISC_MMAP_BUILD_ID};
+use crate::perf_data::{maps_code, FileId, ProcessRecord, PERF_RECORD_MISC_MMAP_BUILD_ID};
 
 use crate::fast_hash::{HashMap, HashSet};
 use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};

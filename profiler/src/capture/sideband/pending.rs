@@ -5,7 +5,7 @@
 //! interned, its mapped file looked up, its name copied, the decoded change moved and dropped)
 //! was most of the side-band's time.
 
-use crate::import::perf_data::{decode_process_record, mapping_or_name_pid, ProcessRecord};
+use crate::perf_data::{decode_process_record, mapping_or_name_pid, ProcessRecord};
 
 /// One record of a read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl RecordBytes {
 #[cfg(test)]
 pub(super) mod encode {
     use super::{Pending, RecordBytes};
-    use crate::import::perf_data::writer::Bytes;
+    use crate::perf_data::writer::Bytes;
 
     const PERF_RECORD_COMM: u32 = 3;
     const PERF_RECORD_MMAP2: u32 = 10;

@@ -10,7 +10,7 @@ use object::ObjectSegment;
 use profiler_common::unwind::Caller;
 
 use super::*;
-use crate::import::perf_data::{read_perf_data, PerfData, PerfSample};
+use crate::perf_data::{read_perf_data, PerfData, PerfSample};
 
 /// perf's x86 register numbers (arch/x86/include/uapi/asm/perf_regs.h).
 const PERF_REG_X86_BP: u32 = 6;
