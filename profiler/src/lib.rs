@@ -23,6 +23,7 @@ pub mod input;
 pub mod launch;
 pub mod output;
 pub mod perf_data;
+pub mod process;
 pub mod profile;
 pub mod prometheus;
 pub mod record;

@@ -14,7 +14,8 @@ use profiler_common::{
 
 use super::{add_on_cpu, stacks::StackCache, Drained, DrainedStack};
 use crate::{
-    capture::{ring::KernelRing, sideband::ProcessTable},
+    capture::ring::KernelRing,
+    process::ProcessTable,
     unwind::{
         check::UnwinderComparison,
         copy::{CopyUnwinder, StackCopy, UnwoundStack, UserRegisters},

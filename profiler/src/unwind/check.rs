@@ -8,8 +8,8 @@ use std::fmt::Write;
 use profiler_common::unwind_maps::is_marker_frame;
 
 use crate::{
-    capture::sideband::ProcessTable,
     drain::stacks::StackCache,
+    process::ProcessTable,
     unwind::copy::{StackEnd, UnwoundStack},
 };
 

@@ -30,12 +30,12 @@ use super::{
     tables::{compile, TableCache, UnwindTable},
 };
 use crate::{
-    capture::{
-        ring::KernelRing,
-        sideband::{FileIdentity, MappedFiles, Mapping, ProcessTable},
-    },
+    capture::ring::KernelRing,
     input::{open_regular, FinalLink, ModuleImage},
-    symbolize::vdso::{self, VDSO},
+    process::{
+        vdso::{self, VDSO},
+        FileIdentity, MappedFiles, Mapping, ProcessTable,
+    },
 };
 
 /// A file's table and where its loadable segments are, to turn a mapping into a load bias.

@@ -95,7 +95,7 @@ impl Module {
 
     /// The `[vdso]`: no file, but every process maps this kernel's one image.
     fn vdso() -> Option<Module> {
-        let image = crate::symbolize::vdso::own_image()?;
+        let image = crate::process::vdso::own_image()?;
         let table = compile(&object::File::parse(image).ok()?).ok()?;
         Module::with_table(image, Arc::new(table))
     }
