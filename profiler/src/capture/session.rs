@@ -171,7 +171,7 @@ impl CaptureSession {
         program.filter_cgroups(&options.cgroups)?;
         let unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
             0 => None,
-            _ => Some(program.unwind_loader()?),
+            _ => Some(UnwindLoader::for_program(&mut program)?),
         };
         let mut map_memory = held_map_memory();
         // The stack-copy scratch array has an entry per possible CPU.
