@@ -7,8 +7,8 @@ use std::fmt::Write;
 
 use profiler_common::unwind_maps::is_marker_frame;
 
+use super::stacks::StackCache;
 use crate::{
-    drain::stacks::StackCache,
     process::ProcessTable,
     unwind::copy::{StackEnd, UnwoundStack},
 };
