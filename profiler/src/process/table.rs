@@ -273,7 +273,8 @@ impl ProcessTable {
                     file_offset: mmap.pgoff,
                     path: self.path_name(mmap.filename),
                     executable: maps_code(mmap.prot, mmap.data),
-                    // Read from the file below: the side-band asks for none (see `Sideband::open`).
+                    // Read from the file below: the side-band asks for none (see the
+                    // reader's `Sideband::open`).
                     build_id: None,
                     file: None,
                 };
