@@ -22,6 +22,8 @@ pub mod import;
 pub mod input;
 pub mod launch;
 pub mod output;
+pub mod perf_data;
+pub mod process;
 pub mod profile;
 pub mod prometheus;
 pub mod record;

@@ -28,7 +28,6 @@ use crate::{
         offcpu::OffCpuOptions,
         program::MapSizes,
         session::CaptureSession,
-        sideband::ProcessTable,
         stats::{CaptureStats, MapMemory},
     },
     cli::Unwind,
@@ -36,6 +35,7 @@ use crate::{
     events::{EventSpec, PmuRegistry, Sampling},
     launch::{Ending, StopSignals, TargetSpec},
     output::Output,
+    process::ProcessTable,
     profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
     stat::count::Count,
     symbolize::{

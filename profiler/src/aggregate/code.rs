@@ -9,7 +9,7 @@ use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, GasFormatter, In
 use object::{ReadRef, SymbolKind};
 
 use crate::{
-    capture::sideband::ProcessTable,
+    process::ProcessTable,
     profile::{CodeBytes, CodeLine, Frame, Profile},
 };
 

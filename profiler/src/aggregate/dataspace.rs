@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use object::SymbolKind;
 
 use crate::{
-    capture::sideband::ProcessTable,
+    process::ProcessTable,
     profile::{DataAccess, DataSymbol, EventIndex, MemoryMapping, ProcessMemoryMap, Profile},
 };
 

@@ -12,6 +12,7 @@ use perf_event::{events::Software, Builder, Counter};
 use super::hardware::{self, hardware_sample_type, HardwareSampler};
 
 use crate::events::{open_error, EventSpec, OpenAs, Scope, SystemFacts};
+use crate::process::threads_of;
 
 /// What to profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,15 +61,6 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>> {
         }
     }
     Ok(cpus)
-}
-
-/// Thread ids of a process, from /proc/PID/task.
-pub fn threads_of(pid: u32) -> io::Result<Vec<u32>> {
-    let mut tids: Vec<u32> = fs::read_dir(format!("/proc/{pid}/task"))?
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    tids.sort_unstable();
-    Ok(tids)
 }
 
 /// The (pid, cpu) pairs to open one counter on, for a target.

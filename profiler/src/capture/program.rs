@@ -13,7 +13,6 @@ use perf_event::Counter;
 
 use super::{
     offcpu::{size_maps as size_offcpu_maps, Attachment, OffCpuCapture},
-    ring::KernelRing,
     stats::{MapMemory, ProgramRuns, HOST_CPUS, SAMPLE_PROGRAM},
 };
 use profiler_common::{
@@ -288,10 +287,11 @@ pub struct CaptureProgram {
     pub offcpu: Option<OffCpuCapture>,
 }
 
-pub(super) fn take<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
-    ebpf: &mut Ebpf,
-    name: &str,
-) -> Result<T> {
+pub(super) fn take<T>(ebpf: &mut Ebpf, name: &str) -> Result<T>
+where
+    T: TryFrom<aya::maps::Map>,
+    T::Error: std::error::Error + Send + Sync + 'static,
+{
     let map = ebpf
         .take_map(name)
         .ok_or_else(|| anyhow!("the capture program has no map {name}"))?;
@@ -592,18 +592,14 @@ impl CaptureProgram {
             .ok_or_else(|| anyhow!("the {ring:?} ring buffer was already taken"))
     }
 
-    /// The agent's side of the in-kernel unwinder, with the maps it fills (`--unwind dwarf`).
-    pub fn unwind_loader(&mut self) -> Result<crate::unwind::loader::UnwindLoader> {
-        let rows = match self.ebpf.take_map("UNWIND_ROWS") {
-            Some(aya::maps::Map::Array(map)) => map,
-            _ => return Err(anyhow!("the capture program has no array UNWIND_ROWS")),
-        };
-        Ok(crate::unwind::loader::UnwindLoader::new(
-            crate::unwind::loader::RowArena::new(rows)?,
-            take(&mut self.ebpf, "UNWIND_PROCESSES")?,
-            take(&mut self.ebpf, "UNWIND_COUNTS")?,
-            KernelRing::new(take(&mut self.ebpf, "UNWIND_REQUESTS")?)?,
-        ))
+    /// The program's map `name`, handed once to the stage that fills or reads it (the
+    /// unwinder's, `--unwind dwarf`): as a typed map, or as the [`aya::maps::Map`] itself.
+    pub fn take_map<T>(&mut self, name: &str) -> Result<T>
+    where
+        T: TryFrom<aya::maps::Map>,
+        T::Error: std::error::Error + Send + Sync + 'static,
+    {
+        take(&mut self.ebpf, name)
     }
 
     /// The kernel's run-time statistics of every program loaded (those of another attachment

@@ -31,7 +31,7 @@ use crate::{
         offcpu::offcpu_config,
         program::{CaptureProgram, MapNeeds, Ring},
         raw::RawStream,
-        sideband::{ProcessTable, Settle, Sideband},
+        sideband::Sideband,
         stats::{CaptureStats, MapMemory, ProgramRuns},
     },
     drain::{
@@ -40,6 +40,7 @@ use crate::{
     },
     events::{EventSpec, SystemFacts},
     launch::{spawn_stopped, Run, Stop, StopSignals, TargetSpec},
+    process::{ProcessTable, Settle},
     profile::{CpuIdentity, EventInfo},
     record::{
         capture_config, check_privileges, enable_run_statistics, event_counts, event_info,
@@ -170,7 +171,7 @@ impl CaptureSession {
         program.filter_cgroups(&options.cgroups)?;
         let unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
             0 => None,
-            _ => Some(program.unwind_loader()?),
+            _ => Some(UnwindLoader::for_program(&mut program)?),
         };
         let mut map_memory = held_map_memory();
         // The stack-copy scratch array has an entry per possible CPU.

@@ -4,7 +4,9 @@
 //! generation, wait until no program run on any CPU is still inside the old one, then read and
 //! clear it. A sample lands in exactly one generation and each generation is read once per flip,
 //! so nothing is lost or counted twice. Call stacks are counted by hash; their frames come from
-//! the stack cache ([`stacks`]).
+//! the stack cache ([`stacks`]). Stack copies (`record --unwind copy`) are unwound as they are
+//! read ([`stack_copy`]), and with `record --unwind check` compared with the kernel's walks of
+//! the same samples ([`unwind_check`]).
 
 mod batch;
 pub mod ibs;
@@ -12,6 +14,7 @@ pub mod offcpu;
 pub mod spe;
 pub mod stack_copy;
 pub mod stacks;
+pub mod unwind_check;
 
 use std::{
     collections::HashMap,

@@ -12,13 +12,13 @@ use profiler_common::{
     stack::NO_STACK,
 };
 
-use super::{add_on_cpu, stacks::StackCache, Drained, DrainedStack};
+use super::{
+    add_on_cpu, stacks::StackCache, unwind_check::UnwinderComparison, Drained, DrainedStack,
+};
 use crate::{
-    capture::{ring::KernelRing, sideband::ProcessTable},
-    unwind::{
-        check::UnwinderComparison,
-        copy::{CopyUnwinder, StackCopy, UnwoundStack, UserRegisters},
-    },
+    capture::ring::KernelRing,
+    process::ProcessTable,
+    unwind::copy::{CopyUnwinder, StackCopy, UnwoundStack, UserRegisters},
 };
 
 /// Records read at most per [`StackCopyStream::read_into`], so that a busy ring cannot keep the

@@ -21,13 +21,13 @@ use profiler_common::hw::weight::{SampleWeight, WeightFormat};
 use profiler_common::hw::SampleFields;
 use profiler_common::latency::bucket_index;
 
-use super::perf_data::{
+use crate::events::catalog::{self, unit};
+use crate::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
+use crate::perf_data::{
     maps_code, Comm, CpuMode, Features, Mmap, PerfAttr, PerfData, PerfSample, Sampling, TaskEvent,
     PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_IP,
 };
-use crate::capture::sideband::{FileIdentity, FileInode, Mapping, ProcessTable};
-use crate::events::catalog::{self, unit};
-use crate::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
+use crate::process::{FileIdentity, FileInode, Mapping, ProcessTable};
 use crate::profile::from_capture::lookup_addresses;
 use crate::profile::{
     CpuIdentity, DataAccess, DataLineSample, EventIndex, EventInfo, HardwareProfile,

@@ -1,14 +1,14 @@
-//! Importers for recordings made by other tools: [`perf_data`] reads perf.data files into a plain
-//! model, [`convert`] turns that model into our [`crate::profile::Profile`].
+//! Importers for recordings made by other tools: [`crate::perf_data`] reads perf.data files into
+//! a plain model, [`convert`] turns that model into our [`crate::profile::Profile`].
 
 pub mod convert;
-pub mod perf_data;
 
 use std::io::{self, Read};
 use std::path::Path;
 
 use anyhow::Context;
 
+use crate::perf_data;
 use crate::profile::Profile;
 
 /// The first bytes of a perf.data file (little-endian `PERFILE2`, big-endian, or version 1), so

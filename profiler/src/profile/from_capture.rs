@@ -12,9 +12,9 @@ use super::{
     ThreadInfo,
 };
 use crate::{
-    capture::sideband::ProcessTable,
     drain::{Accounting, Drained},
     hardware::HardwareKey,
+    process::ProcessTable,
     scope::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
         container::classify_cgroup_path,

@@ -25,9 +25,10 @@ use perf_event::events::Software;
 use perf_event::{Builder, Counter, ReadFormat, Sampler};
 
 use super::count::Count;
-use crate::capture::counters::{online_cpus, threads_of};
+use crate::capture::counters::online_cpus;
 use crate::events::probe::explain;
 use crate::events::{open_error, EventSpec, OpenAs, Scope, SystemFacts};
+use crate::process::threads_of;
 
 /// A thread: its process id and its own id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -18,7 +18,7 @@ use anyhow::{anyhow, Context, Result};
 
 use super::{FrameAddresses, FrameTable, KnownFrames, SortedCode, SymbolCache};
 use crate::{
-    capture::sideband::ProcessTable, drain::Drained, fast_hash::HashSet,
+    drain::Drained, fast_hash::HashSet, process::ProcessTable,
     profile::from_capture::lookup_addresses,
 };
 

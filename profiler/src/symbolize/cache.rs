@@ -18,7 +18,7 @@ use blazesym::symbolize::{
 
 use super::{fill_from_elf, function_start, kallsyms::KernelSymbols, module_names, new_symbolizer};
 use crate::{
-    capture::sideband::FileIdentity,
+    process::FileIdentity,
     profile::{Frame, FunctionAliases, InlinedFrame},
 };
 

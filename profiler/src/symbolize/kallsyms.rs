@@ -8,7 +8,7 @@
 //! ([`crate::disk_cache`]) for that boot and module list; an address outside them (a BPF program, a
 //! trampoline, a module loaded since) has /proc/kallsyms read whole, as perf keeps a copy of
 //! kallsyms in its build-ID cache. BPF programs and trampolines the side-band saw loaded are named
-//! from it first ([`crate::capture::sideband::KernelCode`]).
+//! from it first ([`crate::process::KernelCode`]).
 
 use std::io::{BufRead, BufReader, Read};
 use std::ops::Range;

@@ -11,7 +11,6 @@ pub mod kernel_addresses;
 mod perf_map;
 mod plain_debug;
 mod plt;
-pub mod vdso;
 
 use std::{
     collections::{btree_map, hash_map::Entry, BTreeMap},
@@ -28,9 +27,12 @@ use blazesym::symbolize::{
 
 use profiler_common::unwind_maps::{FRAME_POINTERS_ONLY_FRAME, TRUNCATED_FRAME};
 
+/// Build IDs are spelled where the process model reads them; named here too for the views that
+/// print them.
+pub use crate::process::hex;
 use crate::{
-    capture::sideband::{FileIdentity, Mapping, ProcessTable},
     fast_hash::{HashMap, HashSet},
+    process::{vdso, FileIdentity, Mapping, ProcessTable},
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
 use demangle::demangle;
@@ -659,17 +661,6 @@ pub fn function_start(frame: &Frame) -> Option<u64> {
     frame.module_offset.checked_sub(into_function)
 }
 
-/// `bytes` in lower-case hex: a build ID as perf and debuginfod spell it.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        hex.push(char::from(DIGITS[usize::from(byte & 15)]));
-    }
-    hex
-}
-
 #[cfg(test)]
 #[test]
 fn frames_are_interned_once_and_a_hash_collision_never_merges_two() {
@@ -699,7 +690,7 @@ fn own_mapping_of(address: u64) -> Mapping {
     fs::read_to_string("/proc/self/maps")
         .unwrap()
         .lines()
-        .filter_map(crate::capture::sideband::parse_maps_line)
+        .filter_map(crate::process::parse_maps_line)
         .find(|mapping| mapping.contains(address))
         .unwrap()
 }

@@ -16,8 +16,8 @@ use framehop::{Error as WalkError, ExplicitModuleSectionInfo, FrameAddress, Modu
 use object::{Object, ObjectSection, ObjectSegment};
 use profiler_common::capture::LossKind;
 
-use crate::capture::sideband::{FileIdentity, Mapping, ProcessTable};
-use crate::symbolize::vdso::{self, VDSO};
+use crate::process::vdso::{self, VDSO};
+use crate::process::{FileIdentity, Mapping, ProcessTable};
 
 /// Most frames a walk produces: deeper stacks end as [`StackEnd::TooDeep`].
 pub const MAX_FRAMES: usize = profiler_common::stack::MAX_STACK_DEPTH;

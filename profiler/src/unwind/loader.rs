@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use object::{Object, ObjectSegment};
 use profiler_common::{
@@ -30,12 +30,12 @@ use super::{
     tables::{compile, TableCache, UnwindTable},
 };
 use crate::{
-    capture::{
-        ring::KernelRing,
-        sideband::{FileIdentity, MappedFiles, Mapping, ProcessTable},
-    },
+    capture::{program::CaptureProgram, ring::KernelRing},
     input::{open_regular, FinalLink, ModuleImage},
-    symbolize::vdso::{self, VDSO},
+    process::{
+        vdso::{self, VDSO},
+        FileIdentity, MappedFiles, Mapping, ProcessTable,
+    },
 };
 
 /// A file's table and where its loadable segments are, to turn a mapping into a load bias.
@@ -259,6 +259,21 @@ pub struct UnwindLoader {
 }
 
 impl UnwindLoader {
+    /// The agent's side of the in-kernel unwinder, with the maps of `program` it fills
+    /// (`--unwind dwarf`).
+    pub fn for_program(program: &mut CaptureProgram) -> Result<UnwindLoader> {
+        let rows = match program.take_map("UNWIND_ROWS")? {
+            aya::maps::Map::Array(map) => map,
+            _ => return Err(anyhow!("the capture program has no array UNWIND_ROWS")),
+        };
+        Ok(UnwindLoader::new(
+            RowArena::new(rows)?,
+            program.take_map("UNWIND_PROCESSES")?,
+            program.take_map("UNWIND_COUNTS")?,
+            KernelRing::new(program.take_map("UNWIND_REQUESTS")?)?,
+        ))
+    }
+
     pub fn new(
         rows: RowArena,
         processes: BpfHashMap<MapData, u32, ProcessMappings>,

@@ -4,10 +4,10 @@
 //! bounded arena [`arena`] allocates and evicts from; and
 //! [`copy`] walks a copy of a thread's user stack, taken by the kernel at the sample (`record
 //! --unwind copy`, perf.data recorded with `--call-graph dwarf`), with each module's unwind
-//! tables; [`check`] compares the two on the same samples (`record --unwind check`).
+//! tables. The drain, which reads both, compares the two on the same samples (`record --unwind
+//! check`).
 
 pub mod arena;
-pub mod check;
 pub mod copy;
 pub mod loader;
 pub mod tables;

@@ -589,7 +589,7 @@ impl TableKey {
     /// stores in full, so a collision is only a miss).
     fn file_name(&self) -> String {
         match self {
-            TableKey::BuildId(id) => format!("{}.unwind", crate::symbolize::hex(id)),
+            TableKey::BuildId(id) => format!("{}.unwind", crate::process::hex(id)),
             TableKey::File { .. } => {
                 // FNV-1a: stable across builds, unlike std's hasher.
                 let hash = self.encode().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {

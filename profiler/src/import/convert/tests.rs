@@ -6,9 +6,9 @@ use profiler_common::hw::ibs::events::{IbsFetchCounters, IbsOpCounters};
 
 use super::*;
 use crate::hardware::{render_hardware, HardwareView};
-use crate::import::perf_data::parse;
-use crate::import::perf_data::writer::{event_desc, AttrSpec, Bytes, FileBuilder};
-use crate::import::perf_data::{
+use crate::perf_data::parse;
+use crate::perf_data::writer::{event_desc, AttrSpec, Bytes, FileBuilder};
+use crate::perf_data::{
     PERF_SAMPLE_ADDR, PERF_SAMPLE_CPU, PERF_SAMPLE_DATA_SRC, PERF_SAMPLE_PERIOD,
     PERF_SAMPLE_PHYS_ADDR, PERF_SAMPLE_RAW, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
     PERF_SAMPLE_WEIGHT_STRUCT,

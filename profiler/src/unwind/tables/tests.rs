@@ -320,7 +320,7 @@ fn debian_libraries_and_programs_compile_to_rows_that_unwind_as_gimli_says() {
         assert!(table.rows.len() > 100, "{path}: {} rows", table.rows.len());
     }
     // The kernel's vDSO, which every process maps with no file behind it.
-    let vdso = crate::symbolize::vdso::own_image().expect("this process has a vDSO");
+    let vdso = crate::process::vdso::own_image().expect("this process has a vDSO");
     let table = assert_image_agrees("[vdso]", vdso);
     assert!(table.stats.fdes > 2, "{}", table.stats);
 }

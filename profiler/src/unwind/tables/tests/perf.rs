@@ -10,7 +10,7 @@ use object::ObjectSegment;
 use profiler_common::unwind::Caller;
 
 use super::*;
-use crate::import::perf_data::{read_perf_data, PerfData, PerfSample};
+use crate::perf_data::{read_perf_data, PerfData, PerfSample};
 
 /// perf's x86 register numbers (arch/x86/include/uapi/asm/perf_regs.h).
 const PERF_REG_X86_BP: u32 = 6;
@@ -95,7 +95,7 @@ impl Module {
 
     /// The `[vdso]`: no file, but every process maps this kernel's one image.
     fn vdso() -> Option<Module> {
-        let image = crate::symbolize::vdso::own_image()?;
+        let image = crate::process::vdso::own_image()?;
         let table = compile(&object::File::parse(image).ok()?).ok()?;
         Module::with_table(image, Arc::new(table))
     }

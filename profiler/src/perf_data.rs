@@ -1,7 +1,9 @@
-//! Reader for perf.data files written by `perf record`, following the kernel's description of
-//! the format (tools/perf/Documentation/perf.data-file-format.txt, include/uapi/linux/
-//! perf_event.h). It owns the file layout (header, attrs, data records, feature sections) and
-//! produces a [`PerfData`] model that says nothing about symbols or reports.
+//! Perf's record formats: the reader for perf.data files written by `perf record`, following the
+//! kernel's description of the format (tools/perf/Documentation/perf.data-file-format.txt,
+//! include/uapi/linux/perf_event.h), and the decoders of the records the live side-band reads
+//! from the kernel in the same layouts ([`decode_process_record`]). It owns the file layout
+//! (header, attrs, data records, feature sections) and produces a [`PerfData`] model that says
+//! nothing about symbols or reports.
 //!
 //! Written here rather than taken from a crate because the published readers misplace every
 //! sample field after PERF_SAMPLE_WEIGHT_STRUCT, which x86 perf always requests for memory
@@ -12,6 +14,7 @@ mod attr;
 mod bytes;
 mod error;
 mod features;
+mod header;
 mod records;
 mod sample;
 
@@ -28,9 +31,10 @@ use std::path::Path;
 pub use attr::*;
 pub use error::PerfDataError;
 pub use features::{BuildId, Features, NrCpus, PmuCap};
+pub use header::CpuMode;
 pub use records::{
-    decode_process_record, mapping_or_name_pid, maps_code, AuxTrace, Comm, CommFields, CpuMode,
-    FileId, Mmap, MmapFields, ProcessRecord, TaskEvent, Throttle, PERF_RECORD_MISC_MMAP_BUILD_ID,
+    decode_process_record, mapping_or_name_pid, maps_code, AuxTrace, Comm, CommFields, FileId,
+    Mmap, MmapFields, ProcessRecord, TaskEvent, Throttle, PERF_RECORD_MISC_MMAP_BUILD_ID,
 };
 pub use sample::{
     BranchEntry, BranchStack, PerfSample, ReadValue, ReadValues, Registers, UserStack, Weight,

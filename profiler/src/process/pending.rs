@@ -5,11 +5,11 @@
 //! interned, its mapped file looked up, its name copied, the decoded change moved and dropped)
 //! was most of the side-band's time.
 
-use crate::import::perf_data::{decode_process_record, mapping_or_name_pid, ProcessRecord};
+use crate::perf_data::{decode_process_record, mapping_or_name_pid, ProcessRecord};
 
 /// One record of a read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Pending {
+pub(crate) enum Pending {
     Fork {
         pid: u32,
         ppid: u32,
@@ -37,7 +37,7 @@ impl Pending {
 /// A mapping, a thread's name or kernel code, as the kernel wrote it: its fields are in the
 /// [`RecordBytes`] it was kept in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct KeptRecord {
+pub(crate) struct KeptRecord {
     /// The process it is of (none for kernel code).
     pid: Option<u32>,
     kind: u32,
@@ -62,14 +62,14 @@ impl KeptRecord {
 /// The fields (after the header) of kept records, one after another: a read's, or a held
 /// life's, with no allocation per record.
 #[derive(Debug, Default)]
-pub(super) struct RecordBytes(Vec<u8>);
+pub(crate) struct RecordBytes(Vec<u8>);
 
 impl RecordBytes {
     /// One record of a ring, its fields `own` (without the header and the time that ends it):
     /// `None` for records about nothing the table keeps, or that the kernel wrote short (perf
     /// skips them too). Mappings and names, most of the records, are read here only for their
     /// process: the rest is decoded, and checked, if they are applied.
-    pub(super) fn read(&mut self, kind: u32, misc: u16, own: &[u8]) -> Option<Pending> {
+    pub(crate) fn read(&mut self, kind: u32, misc: u16, own: &[u8]) -> Option<Pending> {
         if let Some(pid) = mapping_or_name_pid(kind, own) {
             return Some(Pending::Kept(
                 self.keep(KeptRecord::new(Some(pid), kind, misc), own),
@@ -119,7 +119,7 @@ impl RecordBytes {
             .flatten()
     }
 
-    pub(super) fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.0.clear();
     }
 }
@@ -128,7 +128,7 @@ impl RecordBytes {
 #[cfg(test)]
 pub(super) mod encode {
     use super::{Pending, RecordBytes};
-    use crate::import::perf_data::writer::Bytes;
+    use crate::perf_data::writer::Bytes;
 
     const PERF_RECORD_COMM: u32 = 3;
     const PERF_RECORD_MMAP2: u32 = 10;

@@ -7,9 +7,9 @@ use std::fmt::Write;
 
 use profiler_common::unwind_maps::is_marker_frame;
 
+use super::stacks::StackCache;
 use crate::{
-    capture::sideband::ProcessTable,
-    drain::stacks::StackCache,
+    process::ProcessTable,
     unwind::copy::{StackEnd, UnwoundStack},
 };
 

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use super::attr::*;
 use super::bytes::{c_string, until_nul, Reader};
 use super::error::PerfDataError;
+use super::header::CpuMode;
 use super::sample::decode_sample;
 use super::PerfData;
 
@@ -30,36 +31,10 @@ const PERF_RECORD_COMPRESSED2: u32 = 83;
 const HEADER_LEN: usize = 8;
 
 // perf_event_header.misc bits.
-const PERF_RECORD_MISC_CPUMODE_MASK: u16 = 7;
 /// MMAP/MMAP2: a data (non-executable) mapping. COMM: the name changed because of exec.
 const PERF_RECORD_MISC_MMAP_DATA_OR_COMM_EXEC: u16 = 1 << 13;
 /// MMAP2: carries a build id instead of device and inode.
 pub const PERF_RECORD_MISC_MMAP_BUILD_ID: u16 = 1 << 14;
-
-/// Who was running when the record was made (perf_event_header.misc & 7).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CpuMode {
-    #[default]
-    Unknown,
-    Kernel,
-    User,
-    Hypervisor,
-    GuestKernel,
-    GuestUser,
-}
-
-impl CpuMode {
-    pub(super) fn from_misc(misc: u16) -> Self {
-        match misc & PERF_RECORD_MISC_CPUMODE_MASK {
-            1 => Self::Kernel,
-            2 => Self::User,
-            3 => Self::Hypervisor,
-            4 => Self::GuestKernel,
-            5 => Self::GuestUser,
-            _ => Self::Unknown,
-        }
-    }
-}
 
 /// PERF_RECORD_MMAP or MMAP2: a file or anonymous region mapped into a process (or the kernel).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

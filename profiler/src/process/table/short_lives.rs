@@ -119,7 +119,7 @@ fn whole_lives(batch: &[(u64, Pending)], seen: &mut HashMap<u32, Seen>) {
 impl ProcessTable {
     /// Applies a read's records (kept ones' fields in `bytes`) in time order, holding the
     /// whole lives in it (where [`ProcessTable::hold_short_lives`]) until a drain settles them.
-    pub(super) fn apply_batch(&mut self, batch: &mut Vec<(u64, Pending)>, bytes: &RecordBytes) {
+    pub(crate) fn apply_batch(&mut self, batch: &mut Vec<(u64, Pending)>, bytes: &RecordBytes) {
         let mut seen = std::mem::take(&mut self.short_lives.seen);
         if self.hold_short_lives {
             whole_lives(batch, &mut seen);
@@ -228,9 +228,8 @@ impl ProcessTable {
 
 #[cfg(test)]
 mod tests {
-    use super::super::parse_maps_line;
-    use super::super::pending::encode;
     use super::*;
+    use crate::process::{parse_maps_line, pending::encode};
 
     fn code(path: &str) -> Mapping {
         parse_maps_line(&format!("1000-2000 r-xp 0 0:0 0 {path}")).unwrap()

@@ -4,7 +4,7 @@
 
 use super::bytes::{c_string, slice_at, Reader};
 use super::error::PerfDataError;
-use super::records::CpuMode;
+use super::header::CpuMode;
 
 // Feature bit numbers (tools/perf/util/header.h).
 const HEADER_BUILD_ID: u32 = 2;

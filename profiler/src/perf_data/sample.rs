@@ -4,7 +4,7 @@
 use super::attr::*;
 use super::bytes::Reader;
 use super::error::PerfDataError;
-use super::records::CpuMode;
+use super::header::CpuMode;
 
 /// SAMPLE: the IP is the instruction that caused the event.
 const PERF_RECORD_MISC_EXACT_IP: u16 = 1 << 14;

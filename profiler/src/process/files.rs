@@ -1,0 +1,192 @@
+//! The files of executable mappings, opened while their processes live and kept by identity
+//! (device and inode), so that a process's modules are read after it exited, whatever its paths
+//! mean by then.
+
+use std::{
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use super::{
+    build_id::build_id_of,
+    mapping::{FileIdentity, Mapping},
+};
+use crate::fast_hash::HashMap;
+use crate::input::{descriptor_path, open_regular, FinalLink, ModuleImage};
+use crate::perf_data::FileId;
+
+/// A mapped file as PERF_RECORD_MMAP2 names it when it sends no build ID: device numbers and
+/// inode, to recognise the file when it is opened by path later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileInode {
+    pub major: u32,
+    pub minor: u32,
+    pub inode: u64,
+}
+
+impl From<FileId> for FileInode {
+    fn from(id: FileId) -> FileInode {
+        FileInode {
+            major: id.maj,
+            minor: id.min,
+            inode: id.ino,
+        }
+    }
+}
+
+impl FileInode {
+    pub(super) fn of(metadata: &fs::Metadata) -> FileInode {
+        FileInode {
+            major: libc::major(metadata.dev()),
+            minor: libc::minor(metadata.dev()),
+            inode: metadata.ino(),
+        }
+    }
+}
+
+/// Most mapped files kept open: enough for a system's distinct binaries and libraries, well
+/// under the usual descriptor limit.
+const MAX_OPEN_FILES: usize = 4096;
+
+/// The files of executable mappings, opened through the mapping process's root while it lives.
+/// A process in another mount namespace (a container) that exits before the report is still
+/// symbolized from these descriptors: its paths mean nothing on the host afterwards.
+///
+/// Shared (`Arc`) with the windows that reference a file, so a window symbolized on another
+/// thread still reads it after the process and its table entry are gone.
+#[derive(Clone, Debug, Default)]
+pub struct MappedFiles {
+    pub(super) by_identity: HashMap<FileIdentity, Arc<fs::File>>,
+    /// The file last opened for each mapped path: finding a module by path must not scan the
+    /// mappings of every process (thousands under process churn).
+    pub(super) by_path: HashMap<String, FileIdentity>,
+    /// The build ID of each open file (read once), and the open file of each build ID.
+    pub(super) build_ids: HashMap<FileIdentity, Option<Arc<[u8]>>>,
+    pub(super) by_build_id: HashMap<Arc<[u8]>, FileIdentity>,
+    /// Files closed so far: what was kept for a file may go once it closes.
+    pub(super) closed: u64,
+}
+
+impl MappedFiles {
+    /// Opens the file of `mapping` as `pid` mapped it; returns the file's identity. The
+    /// kernel's link to the mapped file comes first (it cannot be swapped). Once that is gone
+    /// (the mapping or the process already is), the path as the process saw it, else as the
+    /// host sees it: its owner may since have put anything there, so only a regular file is
+    /// opened, without blocking, and kept only if it is the file the kernel reported mapped.
+    pub(super) fn open(
+        &mut self,
+        pid: u32,
+        mapping: &Mapping,
+        inode: Option<FileInode>,
+    ) -> Option<FileIdentity> {
+        let mapped = format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            mapping.start, mapping.end
+        );
+        if let Ok(file) = open_regular(Path::new(&mapped), FinalLink::Follow) {
+            return self.keep(file);
+        }
+        let in_its_root = format!("/proc/{pid}/root{}", mapping.path);
+        let build_id = mapping.build_id.as_deref();
+        self.open_path(&in_its_root, build_id, inode)
+            .or_else(|| self.open_path(&mapping.path, build_id, inode))
+    }
+
+    /// Opens a module by its path, for a recording imported from perf.data or a mapping whose
+    /// process is gone: a regular file, opened without blocking, no link in its last
+    /// component, and, when the recording identified the file (build ID or inode), that file.
+    pub fn open_path(
+        &mut self,
+        path: &str,
+        build_id: Option<&[u8]>,
+        inode: Option<FileInode>,
+    ) -> Option<FileIdentity> {
+        let file = open_regular(Path::new(path), FinalLink::Refuse).ok()?;
+        let is_mapped_file = match (inode, build_id) {
+            (Some(inode), _) => {
+                let metadata = file.metadata().ok()?;
+                FileInode::of(&metadata) == inode
+            }
+            (None, Some(expected)) => build_id_of(&file).as_deref() == Some(expected),
+            (None, None) => true,
+        };
+        is_mapped_file.then(|| self.keep(file))?
+    }
+
+    /// Finds the file `identity` by `path` from now on. Under churn every process maps the same
+    /// files: a known path gets no new key.
+    pub(super) fn remember_path(&mut self, path: &str, identity: FileIdentity) {
+        if self.by_path.get(path) != Some(&identity) {
+            self.by_path.insert(path.to_string(), identity);
+        }
+    }
+
+    fn keep(&mut self, file: fs::File) -> Option<FileIdentity> {
+        let metadata = file.metadata().ok()?;
+        let identity = (metadata.dev(), metadata.ino());
+        if !self.by_identity.contains_key(&identity) && self.by_identity.len() < MAX_OPEN_FILES {
+            self.by_identity.insert(identity, Arc::new(file));
+        }
+        self.by_identity.contains_key(&identity).then_some(identity)
+    }
+
+    pub fn is_open(&self, identity: FileIdentity) -> bool {
+        self.by_identity.contains_key(&identity)
+    }
+
+    /// The open file `identity`, shared by every copy of the table that holds it.
+    pub fn file(&self, identity: FileIdentity) -> Option<&Arc<fs::File>> {
+        self.by_identity.get(&identity)
+    }
+
+    /// How many files were closed so far: while it stays, every file is still open.
+    pub fn closed(&self) -> u64 {
+        self.closed
+    }
+
+    /// A path that reaches the opened file from this process, while the table lives.
+    pub fn path(&self, identity: FileIdentity) -> Option<PathBuf> {
+        self.by_identity
+            .get(&identity)
+            .map(|file| descriptor_path(file))
+    }
+
+    /// The opened file, to be read in bounded ranges, with the path of [`MappedFiles::path`].
+    pub fn image(&self, identity: FileIdentity) -> Option<(PathBuf, ModuleImage)> {
+        ModuleImage::of(self.by_identity.get(&identity)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A module opened by path after its process exited is kept only if it is the file the
+    /// kernel reported mapped: another file put at the path since is refused.
+    #[test]
+    fn files_opened_by_path_must_be_the_mapped_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("program");
+        fs::write(&path, b"first").unwrap();
+        let mapped = FileInode::of(&fs::metadata(&path).unwrap());
+        let path = path.to_str().unwrap();
+        let mut files = MappedFiles::default();
+        assert!(files.open_path(path, None, Some(mapped)).is_some());
+        // Replaced: same path, another inode.
+        fs::remove_file(path).unwrap();
+        fs::write(path, b"second").unwrap();
+        assert_eq!(files.open_path(path, None, Some(mapped)), None);
+        // Identified by build ID: not an ELF file, so not the one mapped.
+        assert_eq!(files.open_path(path, Some(&[0xc0, 0xde]), None), None);
+        // The running test binary has the build ID it has.
+        let exe = std::env::current_exe().unwrap();
+        let build_id = build_id_of(&fs::File::open(&exe).unwrap());
+        if let Some(id) = build_id {
+            let exe = exe.to_str().unwrap();
+            assert!(files.open_path(exe, Some(&id), None).is_some());
+            assert_eq!(files.open_path(exe, Some(&[0; 20]), None), None);
+        }
+    }
+}
