@@ -32,10 +32,12 @@ use profiler_common::{
     stack::NO_STACK,
 };
 
-use super::{
-    add, arch, bump, capture_stack_into, config, continue_walk, enter_generation, leave_generation,
-    lose, record_latency, stack_hash, start_walk, user_stack_losses, FramesBuffer, Generation,
-    StackLosses, WalkState, CGROUP_FILTER, SAMPLES_FILTERED,
+use crate::{
+    arch,
+    generations::{enter_generation, leave_generation, Generation},
+    maps::{add, bump, config, lose, record_latency, CGROUP_FILTER, SAMPLES_FILTERED},
+    stacks::{capture_stack_into, stack_hash, user_stack_losses, FramesBuffer, StackLosses},
+    unwind::{continue_walk, start_walk, WalkState},
 };
 
 /// Read-only options, set by the agent at load time.

@@ -254,6 +254,7 @@ fn run(task: Task) -> Result<()> {
             }
             run_command(cargo().args(["fmt", "--all", "--", "--check"]))?;
             // The eBPF crate is its own workspace (another target), out of `--all`'s reach.
+            // rustfmt goes on into the modules the crate root declares: every file of the crate.
             run_command(Command::new("rustfmt").args([
                 "--check",
                 "--edition",
