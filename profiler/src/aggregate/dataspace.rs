@@ -13,13 +13,13 @@ use object::SymbolKind;
 use crate::{
     capture::sideband::ProcessTable,
     profile::{DataAccess, DataSymbol, EventIndex, MemoryMapping, ProcessMemoryMap, Profile},
+    symbolize::module_file::{in_segments, load_bias, sized_symbols},
 };
 
 use super::{
     filter::Selection,
     functions::FunctionName,
     latency::{LatencyAccumulator, LatencySummary, LineHistograms},
-    module_file::{in_segments, load_bias, sized_symbols},
     views::{instruction_location, selected_data_lines, CACHE_LINE},
 };
 

@@ -8,6 +8,7 @@ mod cache;
 pub mod demangle;
 mod kallsyms;
 pub mod kernel_addresses;
+pub mod module_file;
 mod perf_map;
 mod plain_debug;
 mod plt;
@@ -599,10 +600,10 @@ fn plain_debug_source(path: &Path, offsets: &[u64]) -> Option<(std::path::PathBu
     let file = crate::input::open_regular(path, crate::input::FinalLink::Follow).ok()?;
     let image = crate::input::ModuleImage::new(file);
     let module = object::File::parse(&image).ok()?;
-    let build_id = crate::aggregate::module_file::build_id(&module)?;
+    let build_id = module_file::build_id(&module)?;
     let addresses = offsets
         .iter()
-        .map(|&offset| crate::aggregate::module_file::address_of_file_offset(&module, offset))
+        .map(|&offset| module_file::address_of_file_offset(&module, offset))
         .collect::<Option<Vec<u64>>>()?;
     let copy = plain_debug::uncompressed_copy(&build_id, &aliases::debug_file_path(&build_id)?)?;
     Some((copy, addresses))
