@@ -17,10 +17,10 @@ use crate::{
 };
 
 use super::{
-    filter::Selection,
+    filter::{selected_data_lines, Selection},
     functions::FunctionName,
     latency::{LatencyAccumulator, LatencySummary, LineHistograms},
-    views::{instruction_location, selected_data_lines, CACHE_LINE},
+    location::{instruction_location, CACHE_LINE},
 };
 
 /// What a data address belongs to.

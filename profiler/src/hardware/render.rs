@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::aggregate::filter::{SampleFilter, Selection};
 use crate::aggregate::latency::{LatencyAccumulator, LatencySummary, LineHistograms};
-use crate::aggregate::views::{code_position, innermost_location, CACHE_LINE};
+use crate::aggregate::location::{code_position, innermost_location, CACHE_LINE};
 use crate::profile::{module_basename, EventIndex, Frame, HardwareSample, Profile};
 
 /// Rows of one event the text rendering shows; JSON has them all.
@@ -375,7 +375,7 @@ fn function(frame: &Frame) -> String {
 
 /// `function+0xoffset (file:line)`, or the module offset for code without symbols.
 fn instruction(frame: &Frame) -> String {
-    let mut text = crate::aggregate::views::instruction_location(frame);
+    let mut text = crate::aggregate::location::instruction_location(frame);
     if let (Some(file), Some(line)) = (&frame.file, frame.line) {
         write!(text, " ({}:{line})", module_basename(file)).unwrap();
     }
