@@ -10,11 +10,9 @@ use crate::{
         btf::Btf,
         counters::StackCapture,
         hardware::{prepare_sampled_event, records_data_addresses},
+        maps::{default_sample_map_entries, default_stack_entries, MapSizes, DEFAULT_MAP_ENTRIES},
         offcpu::OffCpuOptions,
         offsets_cache::running_kernel_offsets,
-        program::{
-            default_sample_map_entries, default_stack_entries, MapSizes, DEFAULT_MAP_ENTRIES,
-        },
         session::SIDEBAND_INTERVAL,
         stats::HOST_CPUS,
     },

@@ -35,7 +35,8 @@ use stacks::{FramesMap, StackCache};
 
 use crate::{
     capture::{
-        program::{CaptureProgram, GenerationMaps, MapSizes, Ring},
+        maps::MapSizes,
+        program::{CaptureProgram, GenerationMaps, Ring},
         ring::KernelRing,
     },
     hardware::HardwareAccumulator,
