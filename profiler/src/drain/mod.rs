@@ -4,9 +4,11 @@
 //! generation, wait until no program run on any CPU is still inside the old one, then read and
 //! clear it. A sample lands in exactly one generation and each generation is read once per flip,
 //! so nothing is lost or counted twice. Call stacks are counted by hash; their frames come from
-//! the stack cache ([`stacks`]).
+//! the stack cache ([`stacks`]). What precise samplers report beyond the IP is accumulated per
+//! sampled instruction ([`hardware`]).
 
 mod batch;
+pub mod hardware;
 pub mod ibs;
 pub mod offcpu;
 pub mod spe;
@@ -24,6 +26,7 @@ use aya::{
     maps::{MapData, PerCpuHashMap, PerCpuValues},
     util::nr_cpus,
 };
+use hardware::HardwareAccumulator;
 use profiler_common::{
     capture::{
         fill_index, DataLineKey, DataSourceKey, Fill, InstructionKey, LatencyKey, LineLatencyKey,
@@ -33,13 +36,10 @@ use profiler_common::{
 };
 use stacks::{FramesMap, StackCache};
 
-use crate::{
-    capture::{
-        maps::MapSizes,
-        program::{CaptureProgram, GenerationMaps, Ring},
-        ring::KernelRing,
-    },
-    hardware::HardwareAccumulator,
+use crate::capture::{
+    maps::MapSizes,
+    program::{CaptureProgram, GenerationMaps, Ring},
+    ring::KernelRing,
 };
 
 /// The call stacks of one thread and event as drained, by hash: their frames are in
@@ -117,7 +117,7 @@ impl Drained {
         pids.extend(self.data_lines.keys().map(|key| key.pid));
         pids.extend(self.latencies.keys().map(|key| key.pid));
         pids.extend(self.data_sources.keys().map(|key| key.pid));
-        pids.extend(self.hardware.code_addresses().map(|address| address.pid));
+        pids.extend(self.hardware.instructions().map(|(pid, _)| pid));
         pids.extend(self.offcpu.blocks.keys().map(|key| key.pid));
         let wakers = self.offcpu.blocks.keys().map(|key| key.waker.pid);
         pids.extend(wakers.filter(|pid| *pid != 0));
