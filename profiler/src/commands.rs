@@ -28,7 +28,6 @@ use crate::{
         flamegraph::write_flamegraph, folded::write_folded, offcpu::with_off_cpu_event,
         pprof::write_pprof, selected_profile,
     },
-    hardware::render::{hardware_json, render_hardware},
     import::{is_perf_data, profile_from_perf_data_file},
     launch::{signal_name, CommandEnd, StopSignals, TargetSpec},
     output::{Checker, Output, OutputWriter},
@@ -37,7 +36,12 @@ use crate::{
         Profile,
     },
     record::{record, Capture, RecordOptions},
-    report::{render_report, text::terminal_width, ViewArgs},
+    report::{
+        hardware::{hardware_json, render_hardware},
+        render_report,
+        text::terminal_width,
+        ViewArgs,
+    },
     scope::{
         cgroup::{cgroup2_mount, cgroup_subtree_ids, resolve_cgroup_dir},
         container::find_container_cgroup,
