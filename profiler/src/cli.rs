@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{hardware::HardwareArgs, report::ViewArgs};
+use crate::report::{hardware::HardwareArgs, ViewArgs};
 
 #[derive(Debug, Parser)]
 #[command(

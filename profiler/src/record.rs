@@ -25,8 +25,8 @@ use crate::{
     capture::{
         counters::{EventCounter, StackCapture},
         hardware::{self, hardware_sample_type},
+        maps::MapSizes,
         offcpu::OffCpuOptions,
-        program::MapSizes,
         session::CaptureSession,
         stats::{CaptureStats, MapMemory},
     },

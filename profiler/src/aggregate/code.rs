@@ -11,9 +11,8 @@ use object::{ReadRef, SymbolKind};
 use crate::{
     process::ProcessTable,
     profile::{CodeBytes, CodeLine, Frame, Profile},
+    symbolize::module_file::{address_of_file_offset, build_id, sized_symbols},
 };
-
-use super::module_file::{address_of_file_offset, build_id, sized_symbols};
 
 /// Offset in its module's file of the first byte of the function holding `frame`.
 pub fn function_file_offset(frame: &Frame) -> Option<u64> {

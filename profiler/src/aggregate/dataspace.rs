@@ -13,14 +13,14 @@ use object::SymbolKind;
 use crate::{
     process::ProcessTable,
     profile::{DataAccess, DataSymbol, EventIndex, MemoryMapping, ProcessMemoryMap, Profile},
+    symbolize::module_file::{in_segments, load_bias, sized_symbols},
 };
 
 use super::{
-    filter::Selection,
+    filter::{selected_data_lines, Selection},
     functions::FunctionName,
     latency::{LatencyAccumulator, LatencySummary, LineHistograms},
-    module_file::{in_segments, load_bias, sized_symbols},
-    views::{instruction_location, selected_data_lines, CACHE_LINE},
+    location::{instruction_location, CACHE_LINE},
 };
 
 /// What a data address belongs to.

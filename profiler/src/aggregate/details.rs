@@ -15,7 +15,7 @@ use super::{
     filter::Selection,
     functions::FunctionName,
     latency::{LatencyAccumulator, LatencySummary},
-    views::{innermost_location, CACHE_LINE},
+    location::{innermost_location, CACHE_LINE},
 };
 
 /// Where the instruction rows come from.

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use anyhow::{bail, Result};
 
-use crate::profile::{module_basename, EventIndex, Frame, Profile};
+use crate::profile::{module_basename, DataLineSample, EventIndex, Frame, Profile};
 
 /// Sample filters as the user gave them; empty fields keep everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -215,6 +215,19 @@ impl EventScale {
                 .to_string(),
         }
     }
+}
+
+/// Data-line samples of one event that the filters keep.
+pub fn selected_data_lines<'a>(
+    profile: &'a Profile,
+    event: EventIndex,
+    selection: &'a Selection,
+) -> impl Iterator<Item = &'a DataLineSample> {
+    profile.data_lines.iter().filter(move |s| {
+        s.event == event
+            && selection.process(s.pid)
+            && selection.module(&profile.frames[s.frame as usize])
+    })
 }
 
 #[cfg(test)]

@@ -9,9 +9,9 @@ use profiler_common::latency::bucket_range;
 use crate::profile::{EventIndex, Profile, Stats};
 
 use super::{
-    filter::Selection,
+    filter::{selected_data_lines, Selection},
     functions::FunctionName,
-    views::{innermost_location, selected_data_lines},
+    location::innermost_location,
 };
 
 /// Latency of the samples of one report row. Percentiles are `None` when no bucket counts were

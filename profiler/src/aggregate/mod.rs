@@ -7,7 +7,7 @@ pub mod details;
 pub mod filter;
 pub mod functions;
 pub mod latency;
-pub mod module_file;
+pub mod location;
 pub mod offcpu;
 pub mod stack_quality;
 #[cfg(test)]

@@ -13,17 +13,15 @@ use std::collections::BTreeMap;
 
 use crate::fast_hash::{HashMap, HashSet};
 
-use crate::profile::{DataLineSample, EventIndex, Frame, FrameId, Profile};
+use crate::profile::{EventIndex, Frame, FrameId, Profile};
 
 use super::{
     dataspace::{describe_data_address, DataObject},
-    filter::{EventScale, SampleFilter, Selection},
+    filter::{selected_data_lines, EventScale, SampleFilter, Selection},
     functions::{FunctionName, FunctionNumbers},
     latency::{LatencyAccumulator, LatencySummary, LineHistograms},
+    location::{code_position, innermost_location, instruction_location, CACHE_LINE},
 };
-
-/// Bytes in an instruction or data cache line.
-pub const CACHE_LINE: u64 = profiler_common::capture::CACHE_LINE_BYTES;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum ViewKind {
@@ -237,28 +235,6 @@ impl Group {
     }
 }
 
-/// The innermost source location of a frame: where the address really is.
-pub fn innermost_location(frame: &Frame) -> (Option<&str>, Option<u32>, String) {
-    match frame.inlined.last() {
-        Some(inlined) => (
-            inlined.file.as_deref(),
-            inlined.line,
-            inlined.function.clone(),
-        ),
-        None => (frame.file.as_deref(), frame.line, frame.display_name()),
-    }
-}
-
-/// Where code is, independent of the process's load address: module and offset in its file, or
-/// no module and the address.
-pub fn code_position(frame: &Frame) -> (String, u64) {
-    if frame.module.is_empty() {
-        (String::new(), frame.address)
-    } else {
-        (frame.module.clone(), frame.module_offset)
-    }
-}
-
 /// The group of a frame in a code view.
 fn code_group(kind: ViewKind, frame: &Frame) -> GroupKey {
     match kind {
@@ -279,17 +255,6 @@ fn code_group(kind: ViewKind, frame: &Frame) -> GroupKey {
         ViewKind::Thread | ViewKind::Process | ViewKind::Container | ViewKind::DcacheLine => {
             unreachable!("{kind:?} rows are not grouped by code")
         }
-    }
-}
-
-/// `function+0x1c`, module+offset for code without a symbol, or the address in no mapping.
-pub fn instruction_location(frame: &Frame) -> String {
-    match (&frame.function, frame.function_address) {
-        (Some(function), Some(start)) => {
-            format!("{function}+{:#x}", frame.address.wrapping_sub(start))
-        }
-        _ if frame.module.is_empty() => format!("{:#x}", frame.address),
-        _ => frame.display_name(),
     }
 }
 
@@ -479,19 +444,6 @@ fn group_instructions(
         }
     }
     total
-}
-
-/// Data-line samples of one event that the filters keep.
-pub fn selected_data_lines<'a>(
-    profile: &'a Profile,
-    event: EventIndex,
-    selection: &'a Selection,
-) -> impl Iterator<Item = &'a DataLineSample> {
-    profile.data_lines.iter().filter(move |s| {
-        s.event == event
-            && selection.process(s.pid)
-            && selection.module(&profile.frames[s.frame as usize])
-    })
 }
 
 fn group_data_lines(

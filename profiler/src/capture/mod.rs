@@ -5,6 +5,7 @@ pub mod aux_trace;
 pub mod btf;
 pub mod counters;
 pub mod hardware;
+pub mod maps;
 pub mod offcpu;
 pub mod offsets_cache;
 pub mod perf_ring;

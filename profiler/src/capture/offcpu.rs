@@ -23,7 +23,7 @@ use profiler_common::{
 
 use super::{
     btf::Btf,
-    program::{take, MapSizes, TailCalls},
+    maps::{take, MapSizes, TailCalls},
 };
 
 /// Entries of the blocked-threads map: threads in scope that have left the CPU, until they exit.

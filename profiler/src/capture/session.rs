@@ -28,8 +28,9 @@ use crate::{
             cpu_identity, hardware_sampler, raw_decoding, records_data_addresses, samples_latency,
             spe_period, HardwareSampler,
         },
+        maps::MapNeeds,
         offcpu::offcpu_config,
-        program::{CaptureProgram, MapNeeds, Ring},
+        program::{CaptureProgram, Ring},
         raw::RawStream,
         sideband::Sideband,
         stats::{CaptureStats, MapMemory, ProgramRuns},
@@ -83,7 +84,7 @@ pub struct CaptureSession {
     events: Vec<EventInfo>,
     cpu: Option<CpuIdentity>,
     /// Closed before the program: each holds it loaded, and it should be gone when its program
-    /// arrays close (see `program::TailCalls`).
+    /// arrays close (see `maps::TailCalls`).
     counters: Vec<EventCounter>,
     program: CaptureProgram,
     drainer: Drainer,

@@ -14,10 +14,8 @@ use profiler_common::{
     },
 };
 
-use crate::{
-    capture::ring::KernelRing,
-    hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation},
-};
+use super::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
+use crate::capture::ring::KernelRing;
 
 pub struct IbsStream {
     ring: KernelRing,
@@ -191,7 +189,7 @@ mod tests {
             hardware.add(key, &observation);
         }
         assert_eq!(hardware.ibs_caps(), Some(CAPS));
-        let samples = hardware.finish(|_| 0 as FrameId);
+        let samples = hardware.finish(|_, _| 0 as FrameId);
         assert_eq!(samples.len(), 1);
         assert_eq!(samples[0].samples, 3);
         assert_eq!(
@@ -236,7 +234,7 @@ mod tests {
         assert!(observation.data_source.is_none());
         let mut hardware = HardwareAccumulator::default();
         hardware.add(key, &observation);
-        let samples = hardware.finish(|_| 0);
+        let samples = hardware.finish(|_, _| 0);
         assert_eq!(samples[0].ibs_op, None);
         assert_eq!(
             samples[0].ibs_fetch,

@@ -6,9 +6,11 @@
 //! so nothing is lost or counted twice. Call stacks are counted by hash; their frames come from
 //! the stack cache ([`stacks`]). Stack copies (`record --unwind copy`) are unwound as they are
 //! read ([`stack_copy`]), and with `record --unwind check` compared with the kernel's walks of
-//! the same samples ([`unwind_check`]).
+//! the same samples ([`unwind_check`]). What precise samplers report beyond the IP is
+//! accumulated per sampled instruction ([`hardware`]).
 
 mod batch;
+pub mod hardware;
 pub mod ibs;
 pub mod offcpu;
 pub mod spe;
@@ -27,6 +29,7 @@ use aya::{
     maps::{MapData, PerCpuHashMap, PerCpuValues},
     util::nr_cpus,
 };
+use hardware::HardwareAccumulator;
 use profiler_common::{
     capture::{
         fill_index, DataLineKey, DataSourceKey, Fill, InstructionKey, LatencyKey, LineLatencyKey,
@@ -36,12 +39,10 @@ use profiler_common::{
 };
 use stacks::{FramesMap, StackCache};
 
-use crate::{
-    capture::{
-        program::{CaptureProgram, GenerationMaps, MapSizes, Ring},
-        ring::KernelRing,
-    },
-    hardware::HardwareAccumulator,
+use crate::capture::{
+    maps::MapSizes,
+    program::{CaptureProgram, GenerationMaps, Ring},
+    ring::KernelRing,
 };
 
 /// The call stacks of one thread and event as drained, by hash: their frames are in
@@ -119,7 +120,7 @@ impl Drained {
         pids.extend(self.data_lines.keys().map(|key| key.pid));
         pids.extend(self.latencies.keys().map(|key| key.pid));
         pids.extend(self.data_sources.keys().map(|key| key.pid));
-        pids.extend(self.hardware.code_addresses().map(|address| address.pid));
+        pids.extend(self.hardware.instructions().map(|(pid, _)| pid));
         pids.extend(self.offcpu.blocks.keys().map(|key| key.pid));
         let wakers = self.offcpu.blocks.keys().map(|key| key.waker.pid);
         pids.extend(wakers.filter(|pid| *pid != 0));

@@ -20,16 +20,16 @@ use profiler_common::{
     latency::{bucket_index, LATENCY_BUCKETS},
 };
 
-use super::{add_on_cpu, Drained, DrainedStack};
-use crate::{
-    capture::{
-        aux_trace::{
-            AuxTrace, CpuRead, SampleId, TraceRecord, PERF_AUX_FLAG_COLLISION,
-            PERF_AUX_FLAG_TRUNCATED,
-        },
-        counters::Target,
-    },
+use super::{
+    add_on_cpu,
     hardware::{HardwareKey, Observation},
+    Drained, DrainedStack,
+};
+use crate::capture::{
+    aux_trace::{
+        AuxTrace, CpuRead, SampleId, TraceRecord, PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_TRUNCATED,
+    },
+    counters::Target,
 };
 
 /// What the stream counted beyond the samples: records and trace it could not use.
@@ -486,7 +486,7 @@ mod tests {
                 ..SpeCounts::default()
             }
         );
-        let hardware = std::mem::take(&mut drained.hardware).finish(|_| 0);
+        let hardware = std::mem::take(&mut drained.hardware).finish(|_, _| 0);
         assert_eq!(hardware.iter().map(|h| h.samples).sum::<u64>(), 2);
         assert!(hardware.iter().all(|h| h.spe.is_some()));
     }

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use super::spec::{EventSpec, Sampling, SamplingOrigin};
+use super::{
+    sampling::Sampling,
+    spec::{EventSpec, SamplingOrigin},
+};
 use super::{EventError, PmuRegistry, SystemFacts};
 use crate::stat::count::Count;
 use crate::stat::counters::{CountScope, CounterSet, Split};

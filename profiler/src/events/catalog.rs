@@ -20,7 +20,7 @@
 
 use std::sync::OnceLock;
 
-use super::spec::Sampling;
+use super::sampling::Sampling;
 
 /// Linux's generic event types (`perf_event_attr.type`).
 pub const PERF_TYPE_HARDWARE: u32 = 0;

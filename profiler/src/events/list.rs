@@ -13,7 +13,8 @@ use super::catalog::{self, Section, COUNTER_ALIASES, IBS_PERIOD};
 use super::pmu::PmuRegistry;
 use super::pmu_requirement;
 use super::probe::{probe, Availability, SystemFacts};
-use super::spec::{parse_event, EventSpec, Sampling};
+use super::sampling::Sampling;
+use super::spec::{parse_event, EventSpec};
 
 /// Everything `profiler list` shows.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -8,14 +8,15 @@ pub mod catalog;
 pub mod list;
 pub mod pmu;
 pub mod probe;
+pub mod sampling;
 pub mod spec;
 
 pub use list::run_list;
 pub use pmu::PmuRegistry;
 pub use probe::{open_error, probe, Availability, OpenAs, Scope, SystemFacts};
+pub use sampling::Sampling;
 pub use spec::{
-    override_sampling, parse_event, parse_event_list, EventAttr, EventSpec, Sampling,
-    SamplingOrigin,
+    override_sampling, parse_event, parse_event_list, EventAttr, EventSpec, SamplingOrigin,
 };
 
 /// Why an event specification cannot be used. Every message names the offending text and says

@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use super::catalog::{PERF_TYPE_HARDWARE, PERF_TYPE_HW_CACHE, PERF_TYPE_RAW};
 use super::pmu::PmuRegistry;
-use super::spec::{EventSpec, Sampling};
+use super::sampling::Sampling;
+use super::spec::EventSpec;
 use super::EventError;
 
 /// Whether an event works here.

@@ -26,9 +26,8 @@ use std::io;
 
 use crate::{
     aggregate::{
-        filter::{select_events, SampleFilter, Selection},
+        filter::{select_events, selected_data_lines, SampleFilter, Selection},
         latency::LineHistograms,
-        views::selected_data_lines,
     },
     profile::{
         DataLineSample, EventIndex, EventInfo, Frame, FrameId, LineLatencyHistogram, Profile,

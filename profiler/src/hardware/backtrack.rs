@@ -515,8 +515,10 @@ mod tests {
                 samples: 5
             }]
         );
-        let text =
-            crate::hardware::render_hardware(&profile, crate::hardware::HardwareView::Instruction);
+        let text = crate::report::hardware::render_hardware(
+            &profile,
+            crate::report::hardware::HardwareView::Instruction,
+        );
         assert!(
             text.contains(
                 "L1-dcache-load-misses: 5 samples of pid 9 at walk+0x0 (sampled at walk+0x7"

@@ -21,8 +21,8 @@ use profiler_common::hw::weight::{SampleWeight, WeightFormat};
 use profiler_common::hw::SampleFields;
 use profiler_common::latency::bucket_index;
 
+use crate::drain::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
 use crate::events::catalog::{self, unit};
-use crate::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
 use crate::perf_data::{
     maps_code, Comm, CpuMode, Features, Mmap, PerfAttr, PerfData, PerfSample, Sampling, TaskEvent,
     PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_IP,
@@ -201,7 +201,7 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
         .collect();
     let losses = losses(data, &aggregates);
     let ibs_caps = aggregates.hardware.ibs_caps();
-    let hardware_samples = aggregates.hardware.finish(|address| table.frame(address));
+    let hardware_samples = aggregates.hardware.finish(frame);
     let threads = aggregates
         .threads
         .iter()
@@ -683,7 +683,11 @@ impl Aggregates {
             .instructions
             .keys()
             .map(|&(pid, _, ip)| CodeAddress::sampled(pid, ip));
-        stacks.chain(sampled).chain(self.hardware.code_addresses())
+        let hardware = self
+            .hardware
+            .instructions()
+            .map(|(pid, ip)| CodeAddress::sampled(pid, ip));
+        stacks.chain(sampled).chain(hardware)
     }
 }
 

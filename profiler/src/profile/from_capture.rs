@@ -12,8 +12,7 @@ use super::{
     ThreadInfo,
 };
 use crate::{
-    drain::{Accounting, Drained},
-    hardware::HardwareKey,
+    drain::{hardware::HardwareKey, Accounting, Drained},
     process::ProcessTable,
     scope::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
@@ -119,7 +118,7 @@ pub fn assemble(
         hardware.add_data_source(at, source, *count);
     }
     let ibs_caps = hardware.ibs_caps();
-    addresses.extend(hardware.code_addresses());
+    addresses.extend(hardware.instructions().map(|(pid, ip)| code(pid, ip)));
     table.resolve(addresses);
 
     // Symbolized once per distinct stack, however many threads and events share it.
@@ -207,7 +206,7 @@ pub fn assemble(
             access: DataAccess::from_code(key.access),
         })
         .collect();
-    let hardware_samples = hardware.finish(|address| table.frame(address));
+    let hardware_samples = hardware.finish(|pid, ip| table.frame(code(pid, ip)));
     let latency = drained
         .latencies
         .iter()

@@ -1,8 +1,10 @@
 //! Reports: what a performance engineer reads. [`render_report`] turns a profile and the view
 //! options into the text or JSON report (and the latency SVG when asked); both formats render the
-//! same [`Report`].
+//! same [`Report`]. What precise samplers reported (data sources, IBS and SPE counters) has its own
+//! views in [`hardware`].
 
 pub mod args;
+pub mod hardware;
 pub mod json;
 pub mod svg;
 pub mod text;

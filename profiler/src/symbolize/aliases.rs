@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use object::SymbolKind;
 
 use crate::{
-    aggregate::module_file::{address_of_file_offset, sized_symbols},
     fast_hash::HashSet,
     profile::{Frame, FunctionAliases},
+    symbolize::module_file::{address_of_file_offset, sized_symbols},
 };
 
 /// Where separate debug files are installed, by build ID (`xx/yyyy….debug`).
@@ -92,7 +92,7 @@ pub fn name_from_debug_file<'d, R: object::ReadRef<'d>>(
 pub fn debug_file<'d, R: object::ReadRef<'d>>(
     module: &object::File<'d, R>,
 ) -> Option<crate::input::ModuleImage> {
-    let path = debug_file_path(&crate::aggregate::module_file::build_id(module)?)?;
+    let path = debug_file_path(&crate::symbolize::module_file::build_id(module)?)?;
     let file = crate::input::open_regular(&path, crate::input::FinalLink::Follow).ok()?;
     Some(crate::input::ModuleImage::new(file))
 }

@@ -83,7 +83,7 @@ pub fn hide_kernel_addresses(profile: &mut Profile) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{aggregate::views::instruction_location, profile::Frame};
+    use crate::{aggregate::location::instruction_location, profile::Frame};
 
     #[test]
     fn kptr_restrict_decides_as_the_kernel_does() {

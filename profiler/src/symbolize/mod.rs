@@ -8,6 +8,7 @@ mod cache;
 pub mod demangle;
 mod kallsyms;
 pub mod kernel_addresses;
+pub mod module_file;
 mod perf_map;
 mod plain_debug;
 mod plt;
@@ -27,12 +28,9 @@ use blazesym::symbolize::{
 
 use profiler_common::unwind_maps::{FRAME_POINTERS_ONLY_FRAME, TRUNCATED_FRAME};
 
-/// Build IDs are spelled where the process model reads them; named here too for the views that
-/// print them.
-pub use crate::process::hex;
 use crate::{
     fast_hash::{HashMap, HashSet},
-    process::{vdso, FileIdentity, Mapping, ProcessTable},
+    process::{hex, vdso, FileIdentity, Mapping, ProcessTable},
     profile::{Frame, FrameId, FunctionAliases, InlinedFrame},
 };
 use demangle::demangle;
@@ -601,10 +599,10 @@ fn plain_debug_source(path: &Path, offsets: &[u64]) -> Option<(std::path::PathBu
     let file = crate::input::open_regular(path, crate::input::FinalLink::Follow).ok()?;
     let image = crate::input::ModuleImage::new(file);
     let module = object::File::parse(&image).ok()?;
-    let build_id = crate::aggregate::module_file::build_id(&module)?;
+    let build_id = module_file::build_id(&module)?;
     let addresses = offsets
         .iter()
-        .map(|&offset| crate::aggregate::module_file::address_of_file_offset(&module, offset))
+        .map(|&offset| module_file::address_of_file_offset(&module, offset))
         .collect::<Option<Vec<u64>>>()?;
     let copy = plain_debug::uncompressed_copy(&build_id, &aliases::debug_file_path(&build_id)?)?;
     Some((copy, addresses))

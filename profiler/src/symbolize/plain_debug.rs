@@ -266,7 +266,7 @@ mod tests {
             .expect("the test links glibc");
         let bytes = std::fs::read(libc).unwrap();
         let module = object::File::parse(&*bytes).unwrap();
-        let build_id = crate::aggregate::module_file::build_id(&module).unwrap();
+        let build_id = crate::symbolize::module_file::build_id(&module).unwrap();
         let debug = super::super::aliases::debug_file_path(&build_id).unwrap();
         assert!(
             debug.exists(),
@@ -339,7 +339,7 @@ mod tests {
         let addresses: Vec<u64> = offsets
             .iter()
             .map(|&offset| {
-                crate::aggregate::module_file::address_of_file_offset(&module, offset).unwrap()
+                crate::symbolize::module_file::address_of_file_offset(&module, offset).unwrap()
             })
             .collect();
         let mut elf = Elf::new(&libc);

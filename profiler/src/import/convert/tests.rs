@@ -5,7 +5,6 @@
 use profiler_common::hw::ibs::events::{IbsFetchCounters, IbsOpCounters};
 
 use super::*;
-use crate::hardware::{render_hardware, HardwareView};
 use crate::perf_data::parse;
 use crate::perf_data::writer::{event_desc, AttrSpec, Bytes, FileBuilder};
 use crate::perf_data::{
@@ -13,6 +12,7 @@ use crate::perf_data::{
     PERF_SAMPLE_PHYS_ADDR, PERF_SAMPLE_RAW, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
     PERF_SAMPLE_WEIGHT_STRUCT,
 };
+use crate::report::hardware::{render_hardware, HardwareView};
 
 const SAMPLE: u32 = 9;
 const MISC_USER: u16 = 2;
@@ -449,7 +449,7 @@ fn pebs_weight_struct_data_src_and_addr_import() {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
     assert!(!text.contains("IBS"), "{text}");
-    let json = crate::hardware::hardware_json(&profile, HardwareView::DataLine);
+    let json = crate::report::hardware::hardware_json(&profile, HardwareView::DataLine);
     let row = &json["sections"][0]["rows"][0];
     assert_eq!(row["samples"], 2);
     assert_eq!(row["data_source"]["level"][0]["label"], "L3 hit");

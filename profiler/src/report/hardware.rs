@@ -6,6 +6,8 @@
 //! Each event is its own section and percentages are of that event's samples only: IBS counts are
 //! numbers of IBS samples and are never added to or divided by event-based counts. IBS events the
 //! recording CPU does not report are left out of the rows and named once, with the reason.
+//!
+//! [`HardwareArgs`] are its command-line options, `--hardware` and `--backtrack`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -20,8 +22,29 @@ use serde::Serialize;
 
 use crate::aggregate::filter::{SampleFilter, Selection};
 use crate::aggregate::latency::{LatencyAccumulator, LatencySummary, LineHistograms};
-use crate::aggregate::views::{code_position, innermost_location, CACHE_LINE};
+use crate::aggregate::location::{code_position, innermost_location, CACHE_LINE};
+use crate::hardware::{backtrack_profile, BacktrackSummary};
 use crate::profile::{module_basename, EventIndex, Frame, HardwareSample, Profile};
+
+/// The hardware report's options, for `record` and `report`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, clap::Args)]
+pub struct HardwareArgs {
+    /// Attribute samples of non-precise data events (cache and TLB misses) to the memory access
+    /// before the sampled instruction, walking back over the skid (x86-64 user code).
+    #[arg(long)]
+    pub backtrack: bool,
+    /// Also show what precise samplers reported (perf mem data sources, IBS counters) by
+    /// function, source line, instruction, instruction cache line or data cache line.
+    #[arg(long, value_enum, value_name = "VIEW")]
+    pub hardware: Option<HardwareView>,
+}
+
+impl HardwareArgs {
+    /// Applies `--backtrack` to a profile about to be reported.
+    pub fn prepare(&self, profile: &mut Profile) -> Option<BacktrackSummary> {
+        self.backtrack.then(|| backtrack_profile(profile))
+    }
+}
 
 /// Rows of one event the text rendering shows; JSON has them all.
 const TEXT_ROWS: usize = 25;
@@ -375,7 +398,7 @@ fn function(frame: &Frame) -> String {
 
 /// `function+0xoffset (file:line)`, or the module offset for code without symbols.
 fn instruction(frame: &Frame) -> String {
-    let mut text = crate::aggregate::views::instruction_location(frame);
+    let mut text = crate::aggregate::location::instruction_location(frame);
     if let (Some(file), Some(line)) = (&frame.file, frame.line) {
         write!(text, " ({}:{line})", module_basename(file)).unwrap();
     }
@@ -760,5 +783,42 @@ mod tests {
         );
         // The 8 fetches of the line: 2 missed the instruction cache.
         assert!(text.contains("IC miss rate 25.00%"), "{text}");
+    }
+
+    #[test]
+    fn options_parse_as_flags() {
+        use clap::Parser;
+
+        #[derive(Parser)]
+        struct Command {
+            #[command(flatten)]
+            hardware: HardwareArgs,
+        }
+        let parsed = Command::try_parse_from(["report", "--backtrack", "--hardware", "data-line"])
+            .unwrap()
+            .hardware;
+        assert_eq!(
+            parsed,
+            HardwareArgs {
+                backtrack: true,
+                hardware: Some(HardwareView::DataLine)
+            }
+        );
+        let none = Command::try_parse_from(["report"]).unwrap().hardware;
+        assert_eq!(none, HardwareArgs::default());
+        let err = Command::try_parse_from(["report", "--hardware", "cache-line"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("function, line, instruction, icache-line, data-line"),
+            "{err}"
+        );
+        let mut profile = Profile::default();
+        assert_eq!(none.prepare(&mut profile), None);
+        assert_eq!(
+            parsed.prepare(&mut profile),
+            Some(BacktrackSummary::default())
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! Reading load modules (ELF files) at record time, through the descriptors the side-band
-//! opened ([`crate::capture::sideband::ProcessTable::module_image`]): where a file offset lies
+//! opened ([`crate::process::ProcessTable::module_image`]): where a file offset lies
 //! in the module's address space, its symbols, and the load bias of a mapping.
 
 use object::{Object, ObjectSegment, ObjectSymbol, ReadRef, SymbolKind};
@@ -12,7 +12,7 @@ const MAX_MATCHED_SYMBOLS: usize = 10_000;
 
 /// The hex build ID of a parsed module.
 pub fn build_id<'d, R: ReadRef<'d>>(module: &object::File<'d, R>) -> Option<String> {
-    module.build_id().ok().flatten().map(crate::symbolize::hex)
+    module.build_id().ok().flatten().map(crate::process::hex)
 }
 
 /// A symbol with its extent, at its link-time address.
