@@ -28,13 +28,12 @@ use super::perf_data::{
 use crate::capture::sideband::{FileIdentity, FileInode, Mapping, ProcessTable};
 use crate::events::catalog::{self, unit};
 use crate::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
-use crate::profile::from_capture::lookup_addresses;
 use crate::profile::{
     CpuIdentity, DataAccess, DataLineSample, EventIndex, EventInfo, HardwareProfile,
     InstructionSample, LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta,
     StackSample, Stats, ThreadInfo,
 };
-use crate::symbolize::{CodeAddress, FrameTable};
+use crate::symbolize::{lookup_addresses, CodeAddress, FrameTable};
 use crate::unwind::copy::{CopyUnwinder, StackCopy, StackEnd, UserRegisters};
 
 /// IBS_OP_CTL bit 19 (the `cnt_ctl` format term): the period counts dispatched ops, not cycles.

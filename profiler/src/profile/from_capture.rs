@@ -19,21 +19,8 @@ use crate::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
         container::classify_cgroup_path,
     },
-    symbolize::{CodeAddress, FrameTable},
+    symbolize::{lookup_addresses, CodeAddress, FrameTable},
 };
-
-/// Stack addresses as looked up: the leaf as sampled, callers one byte before their return
-/// address (inside the call instruction), the unwinder's marker frames as they are.
-pub fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
-    ips.iter().enumerate().map(move |(depth, ip)| CodeAddress {
-        pid,
-        address: if depth == 0 || profiler_common::unwind_maps::is_marker_frame(*ip) {
-            *ip
-        } else {
-            ip.saturating_sub(1)
-        },
-    })
-}
 
 /// The container or systemd unit of every cgroup id on this machine (the ids samples carry),
 /// by walking the cgroup v2 tree. The root cgroup is no workload.

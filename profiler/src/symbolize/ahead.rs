@@ -16,11 +16,8 @@ use std::{
 
 use anyhow::{anyhow, Context, Result};
 
-use super::{FrameAddresses, FrameTable, KnownFrames, SortedCode, SymbolCache};
-use crate::{
-    capture::sideband::ProcessTable, drain::Drained, fast_hash::HashSet,
-    profile::from_capture::lookup_addresses,
-};
+use super::{lookup_addresses, FrameAddresses, FrameTable, KnownFrames, SortedCode, SymbolCache};
+use crate::{capture::sideband::ProcessTable, drain::Drained, fast_hash::HashSet};
 
 type Job = Box<dyn FnOnce(&mut SymbolCache, &mut KnownFrames) + Send>;
 
