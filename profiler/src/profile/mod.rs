@@ -5,5 +5,7 @@ pub mod file;
 pub mod from_capture;
 mod model;
 pub mod offcpu;
+#[cfg(test)]
+pub mod test_profile;
 
 pub use model::*;
