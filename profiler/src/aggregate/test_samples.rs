@@ -64,7 +64,7 @@ pub fn buckets(latencies: &[u64]) -> Vec<(u16, u64)> {
     for latency in latencies {
         counts[bucket_index(*latency)] += 1;
     }
-    crate::profile::from_capture::sparse_buckets(&counts)
+    crate::assemble::sparse_buckets(&counts)
 }
 
 fn histogram(frame: FrameId, latencies: &[u64]) -> LatencyHistogram {

@@ -7,14 +7,17 @@ use profiler_common::{capture::LossKind, hw::data_src::DataSource, stack::LOST_S
 
 use super::{
     offcpu::{assemble_offcpu, below_scheduler, waker_frames},
-    DataAccess, DataLineSample, EventInfo, FrameId, HardwareProfile, InstructionSample,
-    LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats,
-    ThreadInfo,
+    sparse_buckets,
 };
 use crate::{
     capture::sideband::ProcessTable,
     drain::{Accounting, Drained},
     hardware::HardwareKey,
+    profile::{
+        DataAccess, DataLineSample, EventInfo, FrameId, HardwareProfile, InstructionSample,
+        LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats,
+        ThreadInfo,
+    },
     scope::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
         container::classify_cgroup_path,
@@ -53,16 +56,6 @@ fn cgroup_workloads() -> HashMap<u64, String> {
                 classify_cgroup_path(&format!("/{relative}")).to_string(),
             ))
         })
-        .collect()
-}
-
-/// Sparse `(bucket, count)` pairs of a drained histogram.
-pub fn sparse_buckets(buckets: &[u64]) -> Vec<(u16, u64)> {
-    buckets
-        .iter()
-        .enumerate()
-        .filter(|(_, count)| **count > 0)
-        .map(|(bucket, count)| (bucket as u16, *count))
         .collect()
 }
 
