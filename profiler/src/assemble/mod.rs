@@ -131,11 +131,6 @@ impl<'a> ProfileBuilder<'a> {
         }
     }
 
-    /// The processes whose addresses the builder resolves.
-    pub fn processes(&self) -> &'a ProcessTable {
-        self.table.processes()
-    }
-
     /// Interns the call stack `ips` (leaf first) of process `pid`, 0 for a kernel stack: a
     /// kernel stack is the same code in every process, a user stack the same code within one.
     pub fn stack(&mut self, pid: u32, ips: &'a [u64]) -> StackId {

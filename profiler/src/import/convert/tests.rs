@@ -13,6 +13,7 @@ use crate::import::perf_data::{
     PERF_SAMPLE_PHYS_ADDR, PERF_SAMPLE_RAW, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
     PERF_SAMPLE_WEIGHT_STRUCT,
 };
+use crate::profile::{DataAccess, LineLatencyHistogram, Stats};
 
 const SAMPLE: u32 = 9;
 const MISC_USER: u16 = 2;
