@@ -21,11 +21,12 @@ use self::offcpu::{assemble_offcpu, below_scheduler, waker_frames};
 use crate::{
     capture::sideband::ProcessTable,
     drain::offcpu::DrainedOffCpu,
+    fast_hash,
     hardware::HardwareAccumulator,
     profile::{
-        DataAccess, DataLineSample, EventInfo, FrameId, HardwareProfile, InstructionSample,
-        LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta, StackSample, Stats,
-        ThreadInfo,
+        DataAccess, DataLineSample, EventIndex, EventInfo, FrameId, HardwareProfile,
+        InstructionSample, LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta,
+        StackSample, Stats, ThreadInfo,
     },
     scope::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
@@ -53,7 +54,7 @@ pub struct StackId(usize);
 pub struct StackSampleKey {
     pub pid: u32,
     pub tid: u32,
-    pub event: u32,
+    pub event: EventIndex,
     /// 0 where the source knows no cgroup.
     pub cgroup: u64,
     pub kernel: StackId,
@@ -88,7 +89,7 @@ pub enum Origin {
 /// Off-CPU blocks as drained, with the stacks of each key.
 struct OffCpuInput {
     blocks: DrainedOffCpu,
-    stacks: HashMap<OffCpuKey, BlockStacks>,
+    stacks: fast_hash::HashMap<OffCpuKey, BlockStacks>,
 }
 
 /// Collects a source's aggregates until [`ProfileBuilder::build`] symbolizes their addresses;
@@ -99,7 +100,7 @@ pub struct ProfileBuilder<'a> {
     /// Each distinct stack once, with its process (0 for kernel stacks): its frames are looked
     /// up once however many threads and events share it.
     stacks: Vec<(u32, &'a [u64])>,
-    stack_ids: HashMap<(u32, &'a [u64]), StackId>,
+    stack_ids: fast_hash::HashMap<(u32, &'a [u64]), StackId>,
     samples: Vec<(StackSampleKey, u64, Vec<u64>)>,
     instructions: Vec<(InstructionKey, SampleStats)>,
     data_lines: Vec<(DataLineKey, SampleStats, Vec<u64>)>,
@@ -119,7 +120,7 @@ impl<'a> ProfileBuilder<'a> {
             table,
             origin,
             stacks: Vec::new(),
-            stack_ids: HashMap::new(),
+            stack_ids: fast_hash::HashMap::default(),
             samples: Vec::new(),
             instructions: Vec::new(),
             data_lines: Vec::new(),
