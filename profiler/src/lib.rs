@@ -1,13 +1,15 @@
 //! The profiler: an eBPF sampling profiler's agent. The modules follow the data:
 //! events (what to count) -> capture (open counters, load the kernel program, side-band) ->
-//! drain (lossless map drain) -> symbolize -> profile (the model, files) -> aggregate (views)
-//! -> report / export. `import` brings perf.data files into the same model; `hardware` holds
+//! drain (lossless map drain) -> symbolize -> assemble (the profile's one builder) -> profile
+//! (the model, files) -> aggregate (views) -> report / export. `import` brings perf.data files
+//! through the same builder; `hardware` holds
 //! what precise samplers decoded (data sources, IBS) and skid backtracking.
 
 pub mod agent;
 pub mod aggregate;
 #[cfg(test)]
 mod alloc_meter;
+pub mod assemble;
 pub mod capture;
 pub mod cli;
 pub mod commands;

@@ -22,6 +22,7 @@ use profiler_common::capture::{
 
 use crate::{
     aggregate::{code::capture_code, dataspace::capture_data_objects},
+    assemble::drained::assemble,
     capture::{
         counters::{EventCounter, StackCapture},
         hardware::{self, hardware_sample_type},
@@ -36,7 +37,7 @@ use crate::{
     launch::{Ending, StopSignals, TargetSpec},
     output::Output,
     process::ProcessTable,
-    profile::{from_capture::assemble, EventInfo, Profile, ProfileMeta},
+    profile::{EventInfo, Profile, ProfileMeta},
     stat::count::Count,
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},

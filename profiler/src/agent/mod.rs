@@ -23,6 +23,7 @@ use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 use self::log::{log, LogLevel};
 use crate::{
     aggregate::dataspace::capture_data_objects,
+    assemble::drained::assemble,
     capture::session::{CaptureSession, WindowCapture, AGENT_SIDEBAND_INTERVAL},
     cli::{seconds, SamplingArgs, Unwind},
     commands::{capture_options, target_of},
@@ -35,7 +36,7 @@ use crate::{
         sink::{Window, WindowSink},
     },
     launch::{signal_name, Stop, StopSignals},
-    profile::{from_capture::assemble, CpuIdentity, EventInfo, Profile},
+    profile::{CpuIdentity, EventInfo, Profile},
     prometheus::{serve, Kind, Metrics},
     record::{profile_meta, target_description, RecordOptions},
     symbolize::{

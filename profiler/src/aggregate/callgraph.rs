@@ -167,7 +167,7 @@ pub fn hot_paths(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{aggregate::filter::SampleFilter, export::test_profile};
+    use crate::{aggregate::filter::SampleFilter, profile::test_profile};
 
     fn name(function: &str) -> Option<FunctionName> {
         Some(FunctionName {

@@ -233,7 +233,7 @@ pub fn selected_data_lines<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::test_profile;
+    use crate::profile::test_profile;
 
     #[test]
     fn events_are_chosen_by_name_or_index() {

@@ -212,7 +212,7 @@ pub fn event_samples(profile: &Profile, event: EventIndex) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{aggregate::filter::SampleFilter, export::test_profile};
+    use crate::{aggregate::filter::SampleFilter, profile::test_profile};
 
     #[test]
     fn functions_are_found_by_exact_name_or_unique_part() {

@@ -108,7 +108,7 @@ mod tests {
     use super::*;
     use crate::{
         aggregate::filter::SampleFilter,
-        export::test_profile,
+        profile::test_profile,
         profile::{Frame, FrameId, StackSample},
     };
 

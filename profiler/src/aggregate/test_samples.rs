@@ -14,7 +14,7 @@
 
 use profiler_common::latency::{bucket_index, LATENCY_BUCKETS};
 
-use crate::{export::test_profile::*, profile::*};
+use crate::{profile::test_profile::*, profile::*};
 
 pub const COMPUTE_START: FrameId = 7;
 pub const COMPUTE_LATE: FrameId = 8;
@@ -64,7 +64,7 @@ pub fn buckets(latencies: &[u64]) -> Vec<(u16, u64)> {
     for latency in latencies {
         counts[bucket_index(*latency)] += 1;
     }
-    crate::profile::from_capture::sparse_buckets(&counts)
+    crate::assemble::sparse_buckets(&counts)
 }
 
 fn histogram(frame: FrameId, latencies: &[u64]) -> LatencyHistogram {
@@ -152,7 +152,7 @@ pub fn profile() -> Profile {
 
 /// [`profile`] as a recording that could not read app's file.
 pub fn profile_without_code() -> Profile {
-    let mut profile = crate::export::test_profile::profile();
+    let mut profile = crate::profile::test_profile::profile();
     profile.frames.extend([
         app_frame("compute", 0x1200, 0x4, ("src/app.rs", 40)),
         app_frame("compute", 0x1200, 0xa4, ("src/app.rs", 39)),

@@ -597,7 +597,7 @@ fn functions_by_samples(profile: &Profile, frames: &HashMap<FrameId, u64>) -> Ve
 mod tests {
     use super::*;
     use crate::aggregate::test_samples::{self, HEAP_LINE, SHARED_LINE};
-    use crate::export::test_profile;
+    use crate::profile::test_profile;
     use crate::profile::StackSample;
 
     fn view(profile: &Profile, kind: ViewKind, event: EventIndex, filter: &SampleFilter) -> View {

@@ -52,7 +52,7 @@ pub fn write_flamegraph(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::test_profile;
+    use crate::profile::test_profile;
 
     /// The SVG parsed; inferno's output declares the SVG 1.1 DTD.
     fn parse(svg: &str) -> roxmltree::Document<'_> {

@@ -93,7 +93,7 @@ fn push_name(stack: &mut String, name: &str, suffix: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::test_profile;
+    use crate::profile::test_profile;
 
     #[test]
     fn cpu_clock_stacks_are_merged_annotated_and_sorted() {

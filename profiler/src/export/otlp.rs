@@ -347,7 +347,7 @@ impl Dictionary {
 mod tests {
     use super::*;
     use crate::export::series::{series_of, CgroupPaths};
-    use crate::export::test_profile;
+    use crate::profile::test_profile;
 
     #[test]
     fn tables_start_with_the_zero_value_and_every_index_is_in_range() {

@@ -714,7 +714,7 @@ mod tests {
     use flate2::read::GzDecoder;
 
     use super::*;
-    use crate::export::test_profile::{self, APP, APP_BASE, LIBBLOB, LIBBLOB_BASE};
+    use crate::profile::test_profile::{self, APP, APP_BASE, LIBBLOB, LIBBLOB_BASE};
 
     fn exported() -> (Vec<u8>, proto::Profile) {
         let mut gz = Vec::new();

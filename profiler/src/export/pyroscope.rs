@@ -147,7 +147,7 @@ mod tests {
     use super::*;
     use crate::export::pprof::proto::Profile as Pprof;
     use crate::export::series::{series_of, CgroupPaths};
-    use crate::export::test_profile;
+    use crate::profile::test_profile;
 
     #[test]
     fn each_series_is_labelled_and_carries_its_pprof() {

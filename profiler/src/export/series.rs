@@ -316,7 +316,7 @@ fn process_profile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::test_profile;
+    use crate::profile::test_profile;
 
     #[test]
     fn kubelet_paths_name_the_pod_and_container() {

@@ -10,8 +10,13 @@
 //! registers in PERF_SAMPLE_RAW decoded with `profiler_common::hw::ibs`. Arm SPE records arrive
 //! in the file's AUX trace data instead of samples: each record becomes a sample of the SPE
 //! event, its packets in place of the raw registers, decoded with `profiler_common::hw::spe`.
+//!
+//! The samples are counted here as the kernel's maps count a live capture's, keyed alike, and
+//! the counts become the profile through the live capture's builder ([`ProfileBuilder`]).
 
-use profiler_common::capture::{DataLineKey, LossKind, SampleStats};
+use profiler_common::capture::{
+    DataLineKey, InstructionKey, LatencyKey, LineLatencyKey, LossKind, SampleStats,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::bail;
@@ -21,6 +26,7 @@ use profiler_common::hw::weight::{SampleWeight, WeightFormat};
 use profiler_common::hw::SampleFields;
 use profiler_common::latency::bucket_index;
 
+use crate::assemble::{Origin, ProfileBuilder, StackSampleKey};
 use crate::drain::hardware::{HardwareAccumulator, HardwareKey, IbsSample, Observation};
 use crate::events::catalog::{self, unit};
 use crate::perf_data::{
@@ -28,13 +34,8 @@ use crate::perf_data::{
     PERF_SAMPLE_CALLCHAIN, PERF_SAMPLE_IP,
 };
 use crate::process::{FileIdentity, FileInode, Mapping, ProcessTable};
-use crate::profile::from_capture::lookup_addresses;
-use crate::profile::{
-    CpuIdentity, DataAccess, DataLineSample, EventIndex, EventInfo, HardwareProfile,
-    InstructionSample, LatencyHistogram, LineLatencyHistogram, Losses, Profile, ProfileMeta,
-    StackSample, Stats, ThreadInfo,
-};
-use crate::symbolize::{CodeAddress, FrameTable};
+use crate::profile::{CpuIdentity, EventIndex, EventInfo, Losses, Profile, ProfileMeta};
+use crate::symbolize::FrameTable;
 use crate::unwind::copy::{CopyUnwinder, StackCopy, StackEnd, UserRegisters};
 
 /// IBS_OP_CTL bit 19 (the `cnt_ctl` format term): the period counts dispatched ops, not cycles.
@@ -132,110 +133,46 @@ pub fn profile_from_perf_data(data: &PerfData) -> anyhow::Result<Profile> {
         );
     }
 
-    let mut table = FrameTable::new(&processes);
-    table.resolve(aggregates.code_addresses());
-
-    let mut stacks: Vec<StackSample> = aggregates
-        .stacks
-        .iter()
-        .map(|(key, per_cpu)| StackSample {
+    // Losses first: the builder takes the aggregates' hardware observations.
+    let losses = losses(data, &aggregates);
+    let mut builder = ProfileBuilder::new(FrameTable::new(&processes), Origin::Recording);
+    for (key, counts) in &aggregates.stacks {
+        let stack = StackSampleKey {
             pid: key.pid,
             tid: key.tid,
             event: key.event,
             cgroup: 0,
-            frames: lookup_addresses(0, &key.kernel)
-                .chain(lookup_addresses(key.pid, &key.user))
-                .map(|address| table.frame(address))
-                .collect(),
-            user_stack_lost: false,
+            kernel: builder.stack(0, &key.kernel),
+            user: builder.stack(key.pid, &key.user),
             kernel_stack_lost: false,
-            count: per_cpu.total,
-            per_cpu: per_cpu.per_cpu.clone(),
-        })
-        .collect();
-    stacks.sort_by(|a, b| b.count.cmp(&a.count).then(a.frames.cmp(&b.frames)));
-    let frame = |pid: u32, ip: u64| table.frame(CodeAddress::sampled(pid, ip));
-    let instructions = aggregates
-        .instructions
-        .iter()
-        .map(|(&(pid, event, ip), stats)| InstructionSample {
-            pid,
-            event,
-            frame: frame(pid, ip),
-            stats: Stats::from(stats),
-        })
-        .collect();
-    let data_lines = aggregates
-        .data_lines
-        .iter()
-        .map(|(key, (stats, per_cpu))| DataLineSample {
-            pid: key.pid,
-            tid: Some(key.tid),
-            access: DataAccess::from_code(key.access),
-            event: key.event,
-            line: key.line,
-            frame: frame(key.pid, key.ip),
-            stats: Stats::from(stats),
-            per_cpu: per_cpu.per_cpu.clone(),
-        })
-        .collect();
-    let latency = aggregates
-        .latencies
-        .iter()
-        .map(|(&(pid, event, ip), buckets)| LatencyHistogram {
-            pid,
-            event,
-            frame: frame(pid, ip),
-            buckets: buckets.iter().map(|(&b, &count)| (b, count)).collect(),
-        })
-        .collect();
-    let line_latency = aggregates
-        .line_latencies
-        .iter()
-        .map(|(&(pid, event, line), buckets)| LineLatencyHistogram {
-            pid,
-            event,
-            line,
-            buckets: buckets.iter().map(|(&b, &count)| (b, count)).collect(),
-        })
-        .collect();
-    let losses = losses(data, &aggregates);
-    let ibs_caps = aggregates.hardware.ibs_caps();
-    let hardware_samples = aggregates.hardware.finish(frame);
-    let threads = aggregates
-        .threads
-        .iter()
-        .map(|&(pid, tid)| ThreadInfo {
-            pid,
-            tid,
-            comm: processes.thread_name(pid, tid),
-            container: None,
-        })
-        .collect();
-
-    Ok(Profile {
-        meta: meta(&data.features),
-        events: events.into_iter().map(|event| event.info).collect(),
-        threads,
-        frames: table.known.frames,
-        stacks,
-        instructions,
-        data_lines,
-        latency,
+            user_stack_lost: false,
+        };
+        builder.add_stack(stack, counts.total, counts.per_cpu.clone());
+    }
+    for &(pid, tid) in &aggregates.threads {
+        builder.add_thread(pid, tid, 0);
+    }
+    for (key, stats) in &aggregates.instructions {
+        builder.add_instruction(*key, *stats);
+    }
+    for (key, (stats, per_cpu)) in &aggregates.data_lines {
+        builder.add_data_line(*key, *stats, per_cpu.per_cpu.clone());
+    }
+    let sparse = |buckets: &BTreeMap<u16, u64>| buckets.iter().map(|(&b, &n)| (b, n)).collect();
+    for (key, buckets) in &aggregates.latencies {
+        builder.add_latency(*key, sparse(buckets));
+    }
+    for (key, buckets) in &aggregates.line_latencies {
+        builder.add_line_latency(*key, sparse(buckets));
+    }
+    builder.set_hardware(aggregates.hardware);
+    let mut profile = builder.build(
+        meta(&data.features),
+        events.into_iter().map(|event| event.info).collect(),
         losses,
-        code: Vec::new(),
-        memory_maps: Vec::new(),
-        data_symbols: Vec::new(),
-        hardware: HardwareProfile {
-            cpu,
-            ibs_caps,
-            samples: hardware_samples,
-            backtracked: Vec::new(),
-        },
-        line_latency,
-        function_aliases: table.known.aliases,
-        off_cpu: None,
-    })
+    );
+    profile.hardware.cpu = cpu;
+    Ok(profile)
 }
 
 /// How an event's samples are read.
@@ -348,13 +285,13 @@ impl Counts {
 #[derive(Default)]
 struct Aggregates {
     stacks: HashMap<StackKey, Counts>,
-    instructions: BTreeMap<(u32, EventIndex, u64), SampleStats>,
-    /// Keyed like the live capture's data-line map.
+    /// Keyed like the live capture's maps.
+    instructions: BTreeMap<InstructionKey, SampleStats>,
     data_lines: BTreeMap<DataLineKey, (SampleStats, Counts)>,
-    /// Latency buckets per (pid, event, instruction).
-    latencies: BTreeMap<(u32, EventIndex, u64), BTreeMap<u16, u64>>,
-    /// Latency buckets per (pid, event, data cache line).
-    line_latencies: BTreeMap<(u32, EventIndex, u64), BTreeMap<u16, u64>>,
+    /// Latency buckets per instruction.
+    latencies: BTreeMap<LatencyKey, BTreeMap<u16, u64>>,
+    /// Latency buckets per data cache line.
+    line_latencies: BTreeMap<LineLatencyKey, BTreeMap<u16, u64>>,
     hardware: HardwareAccumulator,
     threads: BTreeSet<(u32, u32)>,
     samples_per_event: BTreeMap<EventIndex, u64>,
@@ -491,7 +428,11 @@ impl Aggregates {
         let (fields, observation) = self.decode(sample, spe, event, errata);
         let latency = fields.load_latency.unwrap_or(0);
         self.instructions
-            .entry((pid, index, ip))
+            .entry(InstructionKey {
+                pid,
+                event: index,
+                ip,
+            })
             .or_default()
             .add_sample(latency);
         let line = fields.data_line();
@@ -513,16 +454,28 @@ impl Aggregates {
         }
         if latency != 0 {
             let bucket = bucket_index(latency) as u16;
-            let count = |histograms: &mut BTreeMap<_, BTreeMap<u16, u64>>, at| {
-                *histograms
-                    .entry((pid, index, at))
-                    .or_default()
-                    .entry(bucket)
-                    .or_default() += 1;
+            let count = |histogram: &mut BTreeMap<u16, u64>| {
+                *histogram.entry(bucket).or_default() += 1;
             };
-            count(&mut self.latencies, ip);
+            count(
+                self.latencies
+                    .entry(LatencyKey {
+                        pid,
+                        event: index,
+                        ip,
+                    })
+                    .or_default(),
+            );
             if let Some(line) = line {
-                count(&mut self.line_latencies, line);
+                count(
+                    self.line_latencies
+                        .entry(LineLatencyKey {
+                            pid,
+                            event: index,
+                            line,
+                        })
+                        .or_default(),
+                );
             }
         }
         let key = HardwareKey {
@@ -673,21 +626,6 @@ impl Aggregates {
             self.damaged_spe_records += records.damage.records_dropped;
         }
         samples
-    }
-
-    fn code_addresses(&self) -> impl Iterator<Item = CodeAddress> + '_ {
-        let stacks = self.stacks.keys().flat_map(|key| {
-            lookup_addresses(0, &key.kernel).chain(lookup_addresses(key.pid, &key.user))
-        });
-        let sampled = self
-            .instructions
-            .keys()
-            .map(|&(pid, _, ip)| CodeAddress::sampled(pid, ip));
-        let hardware = self
-            .hardware
-            .instructions()
-            .map(|(pid, ip)| CodeAddress::sampled(pid, ip));
-        stacks.chain(sampled).chain(hardware)
     }
 }
 

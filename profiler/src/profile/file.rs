@@ -552,7 +552,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::export::test_profile;
+    use crate::profile::test_profile;
     use crate::profile::*;
 
     /// The export tests' profile plus every other part a profile carries.
@@ -1313,7 +1313,7 @@ mod bounded_decoding {
     fn huge_lengths_and_counts_anywhere_fail_within_the_memory_bound() {
         for profile in [
             super::written_formats::profile_2(),
-            crate::export::test_profile::profile(),
+            crate::profile::test_profile::profile(),
         ] {
             let serialized = serialized(&profile);
             for at in 0..serialized.len() {

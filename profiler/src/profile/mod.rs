@@ -2,8 +2,9 @@
 //! recording, a profile file, an imported perf.data). Every report and export reads this.
 
 pub mod file;
-pub mod from_capture;
 mod model;
 pub mod offcpu;
+#[cfg(test)]
+pub mod test_profile;
 
 pub use model::*;

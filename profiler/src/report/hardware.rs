@@ -713,7 +713,7 @@ mod tests {
 
     use super::*;
     use crate::aggregate::test_samples::{self, COMPUTE_LATE};
-    use crate::export::test_profile::{COMPUTE_INLINED, STRIPPED};
+    use crate::profile::test_profile::{COMPUTE_INLINED, STRIPPED};
     use crate::profile::FrameId;
 
     /// IBS fetch samples at two instructions of one cache line of app's `compute` (one inlined

@@ -251,7 +251,7 @@ mod tests {
     use super::*;
     use crate::{
         aggregate::{test_samples, views::SortKey},
-        export::test_profile,
+        profile::test_profile,
     };
 
     fn args(by: ViewKind) -> ViewArgs {

@@ -16,11 +16,8 @@ use std::{
 
 use anyhow::{anyhow, Context, Result};
 
-use super::{FrameAddresses, FrameTable, KnownFrames, SortedCode, SymbolCache};
-use crate::{
-    drain::Drained, fast_hash::HashSet, process::ProcessTable,
-    profile::from_capture::lookup_addresses,
-};
+use super::{lookup_addresses, FrameAddresses, FrameTable, KnownFrames, SortedCode, SymbolCache};
+use crate::{drain::Drained, fast_hash::HashSet, process::ProcessTable};
 
 type Job = Box<dyn FnOnce(&mut SymbolCache, &mut KnownFrames) + Send>;
 

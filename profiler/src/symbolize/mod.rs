@@ -81,6 +81,19 @@ impl CodeAddress {
     }
 }
 
+/// Stack addresses as looked up: the leaf as sampled, callers one byte before their return
+/// address (inside the call instruction), the unwinder's marker frames as they are.
+pub fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
+    ips.iter().enumerate().map(move |(depth, ip)| CodeAddress {
+        pid,
+        address: if depth == 0 || profiler_common::unwind_maps::is_marker_frame(*ip) {
+            *ip
+        } else {
+            ip.saturating_sub(1)
+        },
+    })
+}
+
 /// The address a frame of a mapped file carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FrameAddresses {

@@ -12,6 +12,7 @@ use crate::perf_data::{
     PERF_SAMPLE_PHYS_ADDR, PERF_SAMPLE_RAW, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
     PERF_SAMPLE_WEIGHT_STRUCT,
 };
+use crate::profile::{DataAccess, LineLatencyHistogram, Stats};
 use crate::report::hardware::{render_hardware, HardwareView};
 
 const SAMPLE: u32 = 9;
