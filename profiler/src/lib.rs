@@ -27,6 +27,7 @@ pub mod prometheus;
 pub mod record;
 pub mod report;
 pub mod scope;
+pub mod session;
 pub mod shell_docs;
 pub mod stat;
 pub mod symbolize;
