@@ -2,7 +2,8 @@
 //! events (what to count) -> capture (open counters, load the kernel program, side-band) ->
 //! drain (lossless map drain) -> symbolize -> profile (the model, files) -> aggregate (views)
 //! -> report / export. `import` brings perf.data files into the same model; `hardware` holds
-//! what precise samplers decoded (data sources, IBS) and skid backtracking.
+//! what precise samplers decoded (data sources, IBS) and skid backtracking. `session` runs a
+//! capture for `record` and `agent`; `cli` turns the command line into their options.
 
 pub mod agent;
 pub mod aggregate;

@@ -40,10 +40,10 @@ impl Recording {
             .render(self.accounting.samples_fired.iter().sum())
     }
 
-    /// Assembles the profile of the recording of `target` and reads what offline reports need from files that may be gone
-    /// by then: the processes' data mappings and variables, and, with `with_code` (a profile
-    /// file, or a report of one function's instructions), the sampled functions' code, which
-    /// takes reading and line-mapping every sampled function.
+    /// Assembles the profile of the recording of `target` and reads what offline reports need
+    /// from files that may be gone by then: the processes' data mappings and variables, and,
+    /// with `with_code` (a profile file, or a report of one function's instructions), the
+    /// sampled functions' code, which takes reading and line-mapping every sampled function.
     /// `symbols` and `known` hold what was symbolized during the recording (see
     /// [`ReadAhead`]).
     pub fn assemble(

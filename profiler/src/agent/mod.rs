@@ -388,6 +388,7 @@ pub struct AgentOptions {
     pub source_lines: bool,
 }
 
+/// Runs the agent until a stop signal, then exports the last, partial window.
 pub async fn run_agent(options: AgentOptions, signals: &mut StopSignals) -> Result<ExitCode> {
     let AgentOptions {
         capture: options,

@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// How much larger than `--ring-buffer-kib` the stack-copy ring is.
-pub const STACK_COPY_RING_FACTOR: u32 = 8;
+const STACK_COPY_RING_FACTOR: u32 = 8;
 
 /// `--stack-copy-kib` when not given.
 pub const DEFAULT_STACK_COPY_KIB: u32 = 16;
@@ -49,7 +49,7 @@ const UNWIND_PROCESSES: u32 = 1024;
 
 /// The most entries the stack-frames map's default takes: the memory the two generations'
 /// 16,384-entry stack-trace maps took before stacks were content-addressed.
-pub const DEFAULT_STACKS: u32 = 32768;
+const DEFAULT_STACKS: u32 = 32768;
 
 /// What one entry of the stack-frames map locks: its frames and hash key, the kernel's element
 /// header (48 bytes) and its share of the buckets (16 bytes), as the map's fdinfo reports it.
@@ -60,7 +60,7 @@ const STACK_FRAMES_ENTRY_BYTES: u64 = size_of::<StackFrames>() as u64 + 8 + 48 +
 /// emptied from a quarter full like the sample maps, and it is preallocated: at a fixed 32,768
 /// entries it locked 35 MB and took a tenth of a recording's start-up where a 997 Hz recording
 /// on two CPUs needs 8,192 and the agent at 99 Hz 2,048.
-pub fn default_stack_entries(sample_entries: u32) -> u32 {
+fn default_stack_entries(sample_entries: u32) -> u32 {
     sample_entries
         .saturating_mul(2)
         .clamp(2 * MIN_DEFAULT_MAP_ENTRIES, DEFAULT_STACKS)
@@ -68,7 +68,7 @@ pub fn default_stack_entries(sample_entries: u32) -> u32 {
 
 /// Entries of the sample maps per generation where the sampling rate is unknown, and the most
 /// their default takes.
-pub const DEFAULT_MAP_ENTRIES: u32 = 16384;
+const DEFAULT_MAP_ENTRIES: u32 = 16384;
 
 /// The fewest entries the sample maps' default takes: a burst of new stacks fills a small map
 /// before the agent is scheduled to drain it.
@@ -83,7 +83,7 @@ const SAMPLE_MAPS_PER_CPU_BUDGET: u64 = 64 << 20;
 /// `cpus` CPUs between two drains, at `rate` samples a second per CPU (`None` when an event is
 /// sampled by period: its rate is unknown), in whole thousands (1,024 entries), from 1,024 to
 /// 16,384, and within [`SAMPLE_MAPS_PER_CPU_BUDGET`] on `possible_cpus`.
-pub fn default_sample_map_entries(
+fn default_sample_map_entries(
     rate: Option<u64>,
     cpus: u32,
     possible_cpus: u32,
@@ -109,7 +109,7 @@ pub fn default_sample_map_entries(
 /// What one entry of every sample map holds on one CPU, in both generations: a stack count and
 /// an instruction's statistics, and a data line's statistics and a data source's count where
 /// samples carry data addresses.
-pub fn sample_entry_bytes_per_cpu(data_addresses: bool) -> u64 {
+fn sample_entry_bytes_per_cpu(data_addresses: bool) -> u64 {
     let mut per_entry = size_of::<u64>() + size_of::<SampleStats>();
     if data_addresses {
         per_entry += size_of::<SampleStats>() + size_of::<u64>();

@@ -702,7 +702,7 @@ impl CaptureSession {
             processes: std::mem::take(&mut self.processes),
             accounting,
             programs,
-            // Nothing is loaded after this.
+            // The session is over: the agent's gauges keep the last full window's.
             unwind_tables: None,
         };
         let session_end = SessionEnd {
