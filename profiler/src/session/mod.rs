@@ -6,13 +6,13 @@
 //! agent closes one per interval ([`CaptureSession::close_window`]). What it takes in is
 //! [`CaptureOptions`], sized by [`map_sizes`]; what it hands over is a [`Capture`].
 
-pub mod capture;
+mod capture;
 mod config;
 mod cost;
 pub mod map_sizes;
-pub mod options;
+mod options;
 mod privileges;
-pub mod raw;
+mod raw;
 
 pub use self::capture::{Capture, SessionEnd};
 pub use self::options::{CaptureOptions, Unwind};
