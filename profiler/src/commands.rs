@@ -1,52 +1,37 @@
 //! Each subcommand: resolve the arguments into options, run, print.
 
-use std::{io::Write, process::ExitCode, time::Duration};
+use std::{io::Write, process::ExitCode};
 
 use anyhow::{Context, Result};
-use profiler_common::unwind::UnwindRow;
 
 use crate::{
-    capture::{
-        btf::Btf,
-        counters::StackCapture,
-        hardware::{prepare_sampled_event, records_data_addresses},
-        maps::{default_sample_map_entries, default_stack_entries, MapSizes, DEFAULT_MAP_ENTRIES},
-        offcpu::OffCpuOptions,
-        offsets_cache::running_kernel_offsets,
-        session::SIDEBAND_INTERVAL,
-        stats::HOST_CPUS,
-    },
+    agent::run_agent,
     cli::{
-        Command, RecordArgs, ReportArgs, ReportOutput, SamplingArgs, Unwind,
-        DEFAULT_STACK_COPY_KIB, MAX_RING_BUFFER_KIB, MAX_STACK_COPY_KIB, STACK_COPY_RING_FACTOR,
+        agent::AgentArgs,
+        options::{capture_options, target_of, target_title},
+        Command, RecordArgs, ReportArgs, ReportOutput,
     },
-    events::{
-        calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
-        override_sampling, parse_event_list, run_list, EventSpec, PmuRegistry, Sampling,
-    },
+    events::run_list,
     export::{
         flamegraph::write_flamegraph, folded::write_folded, offcpu::with_off_cpu_event,
         pprof::write_pprof, selected_profile,
     },
     import::{is_perf_data, profile_from_perf_data_file},
-    launch::{signal_name, CommandEnd, StopSignals, TargetSpec},
+    launch::{signal_name, CommandEnd, StopSignals},
     output::{Checker, Output, OutputWriter},
     profile::{
         file::{read_profile, SerializedProfile},
         Profile,
     },
-    record::{record, Capture, RecordOptions},
+    record::{record, Recording},
     report::{
         hardware::{hardware_json, render_hardware},
         render_report,
         text::terminal_width,
         ViewArgs,
     },
-    scope::{
-        cgroup::{cgroup2_mount, cgroup_subtree_ids, resolve_cgroup_dir},
-        container::find_container_cgroup,
-        resolve_uid,
-    },
+    session::{Capture, CaptureOptions, SessionEnd},
+    stat::run_stat,
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
         ReadAhead,
@@ -57,8 +42,8 @@ pub async fn run(command: Command) -> Result<ExitCode> {
     match command {
         Command::Record(args) => run_record(*args).await,
         Command::Report(args) => run_report(*args),
-        Command::Stat(args) => crate::stat::run_stat(*args).await,
-        Command::Agent(args) => crate::agent::run_agent(*args).await,
+        Command::Stat(args) => run_stat(args.options()?).await,
+        Command::Agent(args) => agent(*args).await,
         Command::List { json } => {
             print(&run_list(json)?)?;
             Ok(ExitCode::SUCCESS)
@@ -66,236 +51,18 @@ pub async fn run(command: Command) -> Result<ExitCode> {
     }
 }
 
+/// `profiler agent`: signals are caught before the arguments are resolved, as for `record`
+/// (resolving may run a calibration pass).
+async fn agent(args: AgentArgs) -> Result<ExitCode> {
+    let mut signals = StopSignals::catch()?;
+    run_agent(args.resolve()?, &mut signals).await
+}
+
 fn print(text: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(text.as_bytes())?;
     stdout.flush()?;
     Ok(())
-}
-
-/// The events to sample: as given, or cycles (cpu-clock where there is no hardware PMU, said
-/// once), with any global overflow override.
-fn resolve_events(args: &SamplingArgs, pmus: &PmuRegistry) -> Result<Vec<EventSpec>> {
-    let text = if args.events.is_empty() {
-        if pmus.has_hardware_pmu() {
-            "cycles".to_string()
-        } else {
-            eprintln!(
-                "note: no hardware PMU on this machine (a virtual machine?): sampling cpu-clock \
-                 instead of cycles"
-            );
-            "cpu-clock".to_string()
-        }
-    } else {
-        args.events.join(",")
-    };
-    let mut specs = parse_event_list(&text, pmus)?;
-    let global = match (args.period, args.frequency) {
-        (Some(period), _) => Some(Sampling::Period(period)),
-        (None, Some(hz)) => Some(Sampling::Frequency(hz)),
-        (None, None) => None,
-    };
-    if let Some(sampling) = global {
-        override_sampling(&mut specs, sampling)?;
-    }
-    // After the overrides: IBS periods must still be multiples of 16.
-    for spec in &mut specs {
-        for note in prepare_sampled_event(spec)? {
-            eprintln!("note: {note}");
-        }
-    }
-    Ok(specs)
-}
-
-/// `--target-rate`: overflow values from a counting pass on the same scope, printed (and kept
-/// in the profile's events). A command not started yet cannot be counted: it samples at the
-/// rate as a frequency.
-fn calibrate_events(events: &mut [EventSpec], target: &TargetSpec, rate: u64) -> Result<()> {
-    let scope = match target {
-        TargetSpec::Command(_) => {
-            eprintln!(
-                "note: --target-rate with a launched command: sampling every event at {rate} Hz \
-                 (there is nothing to count before it starts)"
-            );
-            override_sampling(events, Sampling::Frequency(rate))?;
-            return Ok(());
-        }
-        TargetSpec::Processes(pids) => CalibrationTarget::Pids(pids.clone()),
-        TargetSpec::System => CalibrationTarget::System,
-    };
-    for calibration in calibrate(events, &scope, rate, DEFAULT_PASS)? {
-        eprintln!("calibration: {}", calibration.describe(rate));
-    }
-    Ok(())
-}
-
-/// Cgroup ids to keep: the subtree of `--cgroup` or of `--container`'s cgroup.
-fn resolve_cgroups(args: &SamplingArgs) -> Result<Vec<u64>> {
-    let directory = match (&args.cgroup, &args.container) {
-        (None, None) => return Ok(Vec::new()),
-        (Some(path), _) => resolve_cgroup_dir(path, &cgroup2_mount()?)?,
-        (None, Some(id)) => find_container_cgroup(&cgroup2_mount()?, id)?,
-    };
-    cgroup_subtree_ids(&directory)
-        .with_context(|| format!("reading the cgroup tree under {}", directory.display()))
-}
-
-/// The cgroup, container and user filters as given, for the report's title: `cgroup
-/// system.slice, user alice`.
-fn describe_scope(args: &SamplingArgs) -> Option<String> {
-    let parts: Vec<String> = [
-        args.cgroup
-            .as_ref()
-            .map(|path| format!("cgroup {}", path.display())),
-        args.container.as_ref().map(|id| format!("container {id}")),
-        args.uid.as_ref().map(|user| format!("user {user}")),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    (!parts.is_empty()).then(|| parts.join(", "))
-}
-
-/// Processes whose executable mappings `--unwind dwarf` can hold at once; others are walked by
-/// frame pointers, counted in `--stats`.
-const UNWIND_PROCESSES: u32 = 1024;
-
-/// KiB of user stack each sample copies, with `--unwind copy` or `check`.
-fn stack_copy_kib(args: &SamplingArgs) -> Result<Option<u32>> {
-    match (args.unwind, args.stack_copy_kib) {
-        (Unwind::Copy, kib) => Ok(Some(kib.unwrap_or(DEFAULT_STACK_COPY_KIB))),
-        // A check compares whole stacks: as deep a copy as there is.
-        (Unwind::Check, kib) => Ok(Some(kib.unwrap_or(MAX_STACK_COPY_KIB))),
-        (Unwind::Fp | Unwind::Dwarf, None) => Ok(None),
-        (Unwind::Fp | Unwind::Dwarf, Some(_)) => Err(anyhow::anyhow!(
-            "--stack-copy-kib sizes the stack copies of --unwind copy and check: add --unwind \
-             copy, or leave --stack-copy-kib out"
-        )),
-    }
-}
-
-/// What to profile: a command, processes, or the whole system (optionally filtered to cgroups
-/// or a user); `None` when nothing says which.
-pub fn target_of(args: &SamplingArgs, command: &[String], all_cpus: bool) -> Option<TargetSpec> {
-    if !command.is_empty() {
-        Some(TargetSpec::Command(command.to_vec()))
-    } else if !args.pids.is_empty() {
-        Some(TargetSpec::Processes(args.pids.clone()))
-    } else if all_cpus || args.cgroup.is_some() || args.container.is_some() || args.uid.is_some() {
-        Some(TargetSpec::System)
-    } else {
-        None
-    }
-}
-
-/// Resolves the sampling options into a capture's options (events, scope, map sizes), for
-/// `record` and `agent` alike; the outputs and duration are the caller's.
-pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<RecordOptions> {
-    let pmus = PmuRegistry::live()?;
-    let mut events = resolve_events(args, &pmus)?;
-    let cgroups = resolve_cgroups(args)?;
-    let uid = args.uid.as_deref().map(resolve_uid).transpose()?;
-    let offsets = match &args.btf {
-        Some(path) => Btf::from_file(path).and_then(|btf| btf.kernel_offsets()),
-        None => running_kernel_offsets(),
-    };
-    if let Some(rate) = args.target_rate {
-        calibrate_events(&mut events, &target, rate)?;
-    }
-    let offsets = match offsets {
-        Ok(offsets) => Some(offsets),
-        Err(e) => {
-            eprintln!("warning: {e}");
-            None
-        }
-    };
-    let possible_cpus = aya::util::nr_cpus()
-        .map_err(|(what, e)| anyhow::anyhow!("counting possible CPUs ({what}): {e}"))?
-        as u32;
-    let drain_interval = Duration::from_millis(args.drain_interval);
-    // Samples a second per CPU, all events together; unknown where one samples by period.
-    let rate = events
-        .iter()
-        .try_fold(0, |sum, event| match event.sampling {
-            Sampling::Frequency(hz) => Some(sum + hz),
-            Sampling::Period(_) => None,
-        });
-    let default_entries = |online_cpus: u32, possible_cpus: u32| {
-        let data = events.iter().any(records_data_addresses);
-        default_sample_map_entries(rate, online_cpus, possible_cpus, drain_interval, data)
-    };
-    let online_cpus = aya::util::online_cpus().map_or(possible_cpus, |cpus| cpus.len() as u32);
-    let sample_entries = args
-        .map_entries
-        .unwrap_or_else(|| default_entries(online_cpus, possible_cpus));
-    let host_sample_entries = match args.map_entries {
-        Some(_) => None,
-        None => Some(default_entries(HOST_CPUS as u32, HOST_CPUS as u32)),
-    };
-    let stacks = args
-        .stack_map_entries
-        .unwrap_or_else(|| default_stack_entries(sample_entries));
-    let host_stacks = match args.stack_map_entries {
-        Some(_) => None,
-        None => Some(default_stack_entries(
-            host_sample_entries.unwrap_or(sample_entries),
-        )),
-    };
-    let ring_bytes = args.ring_buffer_bytes();
-    Ok(RecordOptions {
-        events,
-        pmus,
-        target,
-        duration: None,
-        drain_interval,
-        sideband_interval: SIDEBAND_INTERVAL,
-        sizes: MapSizes {
-            stacks,
-            stack_counts: sample_entries,
-            instructions: sample_entries,
-            data_lines: sample_entries,
-            latencies: args.latency_map_entries,
-            off_cpu_blocks: args.map_entries.unwrap_or(DEFAULT_MAP_ENTRIES),
-            off_cpu_histograms: args.latency_map_entries,
-            ring_buffer_bytes: ring_bytes,
-            ibs_ring_bytes: ring_bytes,
-            // A stack copy takes up to 37 KiB where a raw sample takes 80 bytes.
-            stack_copy_ring_bytes: ring_bytes
-                .saturating_mul(STACK_COPY_RING_FACTOR)
-                .min(MAX_RING_BUFFER_KIB * 1024),
-            // One scratch record per CPU the program may run on.
-            stack_copy_scratch: possible_cpus,
-            host_sample_entries,
-            host_stacks,
-            unwind_rows: match args.unwind.walks_tables() {
-                true => args.unwind_table_mib * (1024 * 1024 / UnwindRow::SIZE as u32),
-                false => 1,
-            },
-            // 8 KiB each, preallocated.
-            unwind_processes: match args.unwind.walks_tables() {
-                true => UNWIND_PROCESSES,
-                false => 1,
-            },
-        },
-        stacks: StackCapture {
-            user: true,
-            kernel: !args.no_kernel_stacks,
-        },
-        stack_copy_kib: stack_copy_kib(args)?,
-        unwind: args.unwind,
-        raw: None,
-        stats: false,
-        cgroups,
-        uid,
-        scope: describe_scope(args),
-        offsets,
-        record_args: false,
-        off_cpu: args.off_cpu.then(|| OffCpuOptions {
-            min_block_ns: args.off_cpu_min.unwrap_or(0),
-            wakers: args.wakers,
-        }),
-        per_instruction: true,
-    })
 }
 
 async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
@@ -310,18 +77,19 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
              container or user, or -a for all CPUs"
         );
     };
-    let options = RecordOptions {
+    let title = target_title(&args.sampling, &target, args.record_args);
+    let options = CaptureOptions {
         duration: args.duration(),
         raw: outputs.raw.clone(),
         stats: args.stats,
-        record_args: args.record_args,
         ..capture_options(&args.sampling, target)?
     };
-    let (capture, symbols) = record(options, &mut signals).await?;
+    let (capture, end, symbols) = record(options, &mut signals).await?;
     // Assembling and reporting take seconds on a big run: off this thread, so that a signal
     // meanwhile still ends the profiler at once.
-    let finish =
-        tokio::task::spawn_blocking(move || finish_record(capture, symbols, &args, outputs));
+    let finish = tokio::task::spawn_blocking(move || {
+        finish_record(capture, end, title, symbols, &args, outputs)
+    });
     tokio::select! {
         finished = finish => finished.context("assembling the profile")?,
         signal = signals.recv() => {
@@ -369,6 +137,8 @@ impl RecordOutputs {
 /// non-zero (the command's own status, when it failed, comes first).
 fn finish_record(
     capture: Capture,
+    end: SessionEnd,
+    title: String,
     symbols: ReadAhead,
     args: &RecordArgs,
     outputs: RecordOutputs,
@@ -376,8 +146,9 @@ fn finish_record(
     // The code of every sampled function is kept for the profile file and for the one view
     // that disassembles it (`--function`), not read for nothing.
     let with_code = outputs.profile.is_some() || args.report.view.function.is_some();
-    let mut recording =
-        symbols.finish(move |symbols, known| capture.assemble(with_code, symbols, known))?;
+    let mut recording = symbols.finish(move |symbols, known| {
+        Recording::assemble(capture, end, title, with_code, symbols, known)
+    })?;
     let mut failures = std::mem::take(&mut recording.failures);
     // The profile file is compressed and written while the report is computed: on a machine
     // whose CPUs are busy, a second thread is a second share of them at the run's end.

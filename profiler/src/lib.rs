@@ -3,7 +3,8 @@
 //! drain (lossless map drain) -> symbolize -> assemble (the profile's one builder) -> profile
 //! (the model, files) -> aggregate (views) -> report / export. `import` brings perf.data files
 //! through the same builder; `hardware` holds
-//! what precise samplers decoded (data sources, IBS) and skid backtracking.
+//! what precise samplers decoded (data sources, IBS) and skid backtracking. `session` runs a
+//! capture for `record` and `agent`; `cli` turns the command line into their options.
 
 pub mod agent;
 pub mod aggregate;
@@ -31,6 +32,7 @@ pub mod prometheus;
 pub mod record;
 pub mod report;
 pub mod scope;
+pub mod session;
 pub mod shell_docs;
 pub mod stat;
 pub mod symbolize;

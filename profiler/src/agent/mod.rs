@@ -9,36 +9,29 @@ pub mod log;
 pub mod output_dir;
 
 use std::{
-    path::PathBuf,
     process::ExitCode,
     sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError},
     sync::Arc,
     thread::JoinHandle,
-    time::{Duration, UNIX_EPOCH},
+    time::Duration,
 };
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 
 use self::log::{log, LogLevel};
 use crate::{
     aggregate::dataspace::capture_data_objects,
     assemble::drained::assemble,
-    capture::session::{CaptureSession, WindowCapture, AGENT_SIDEBAND_INTERVAL},
-    cli::{seconds, SamplingArgs, Unwind},
-    commands::{capture_options, target_of},
     export::upload::UploadCounts,
     export::{
         offcpu::add_off_cpu_event,
-        otlp::otlp_sink,
-        pyroscope::pyroscope_sink,
-        series::ServiceName,
         sink::{Window, WindowSink},
     },
     launch::{signal_name, Stop, StopSignals},
     profile::{CpuIdentity, EventInfo, Profile},
-    prometheus::{serve, Kind, Metrics},
-    record::{profile_meta, target_description, RecordOptions},
+    prometheus::{Kind, Metrics},
+    session::{Capture, CaptureOptions, CaptureSession},
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
         FrameAddresses, FrameTable, SymbolCache,
@@ -47,143 +40,10 @@ use crate::{
 
 /// Windows waiting for the export thread at most; more are dropped, not queued without bound.
 const QUEUED_WINDOWS: usize = 4;
-/// Samples per second per CPU when no event or rate is given: the fleet profilers' rate.
-const DEFAULT_FREQUENCY: u64 = 99;
-
-/// `profiler agent` arguments.
-#[derive(Debug, clap::Args)]
-pub struct AgentArgs {
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-    /// Close a window and export it this often, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = seconds)]
-    pub interval: f64,
-    /// Write one gzipped pprof file per window into this directory.
-    #[arg(long, value_name = "DIR")]
-    pub output_dir: Option<PathBuf>,
-    /// Bytes the `--output-dir` profiles may take (suffixes K, M, G); the oldest are removed.
-    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = byte_size)]
-    pub max_disk: u64,
-    /// Push each window to Grafana Pyroscope at this URL (`http://host:4040`).
-    #[arg(long, value_name = "URL")]
-    pub pyroscope: Option<String>,
-    /// With `--pyroscope`: the tenant of a multi-tenant server (its `X-Scope-OrgID`).
-    #[arg(long, value_name = "ID", requires = "pyroscope")]
-    pub pyroscope_tenant: Option<String>,
-    /// Send each window as OpenTelemetry profiles over OTLP/HTTP to this URL
-    /// (`http://collector:4318`).
-    #[arg(long, value_name = "URL")]
-    pub otlp: Option<String>,
-    /// How `--pyroscope` and `--otlp` name a process's service: auto (its container, else its
-    /// systemd service, else its executable), executable, unit, container, or =NAME.
-    #[arg(long, value_name = "RULE", default_value = "auto", value_parser = ServiceName::parse)]
-    pub service_name: ServiceName,
-    /// Where windows a backend cannot take now wait until it can (a subdirectory per backend).
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/profiler/spool")]
-    pub spool_dir: PathBuf,
-    /// Bytes each backend's spool may hold (suffixes K, M, G); past it the oldest windows are
-    /// dropped and counted.
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = byte_size)]
-    pub spool_max: u64,
-    /// Serve Prometheus metrics about the agent on `http://HOST:PORT/metrics`.
-    #[arg(long, value_name = "HOST:PORT")]
-    pub metrics_addr: Option<String>,
-    /// Give frames their source lines and inlined functions, read from DWARF debug information.
-    /// Without it functions are named from symbol tables (a separate debug file's too), which
-    /// keeps the agent's memory small: DWARF is parsed once per file and kept, tens of MB for
-    /// a large program or glibc's debug file.
-    #[arg(long)]
-    pub source_lines: bool,
-    /// The least severe messages logged to standard error.
-    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
-    pub log_level: LogLevel,
-    /// Turn the kernel's BPF run-time statistics on while the agent runs, so that the metrics
-    /// carry its programs' time in the kernel (`profiler_bpf_run_seconds_total`,
-    /// `profiler_bpf_runs_total`). Every BPF program on the machine then reads the clock twice
-    /// per run. Without it they are exported when `kernel.bpf_stats_enabled` is 1 already.
-    #[arg(long)]
-    pub bpf_stats: bool,
-}
-
-/// A backend's URL: http or https, said before the agent starts rather than at the first window.
-fn backend_url<'a>(option: &str, url: &'a str) -> Result<&'a str> {
-    if url.starts_with("http://") || url.starts_with("https://") {
-        Ok(url)
-    } else {
-        bail!("{option} {url}: give the backend's http:// or https:// URL")
-    }
-}
-
-/// `--max-disk`: a number of bytes with an optional K, M or G suffix (powers of 1024).
-fn byte_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((at, _)) => text.split_at(at),
-        None => (text, ""),
-    };
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        _ => return Err(format!("unknown unit '{unit}': give bytes, or K, M or G")),
-    };
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| "give a size such as 500M or 2G".to_string())?;
-    match number.checked_mul(1 << shift) {
-        Some(0) => Err("give a size above 0".into()),
-        Some(bytes) => Ok(bytes),
-        None => Err("too large".into()),
-    }
-}
-
-impl AgentArgs {
-    fn interval(&self) -> Duration {
-        // `cli::seconds` checked that the value fits.
-        Duration::from_secs_f64(self.interval)
-    }
-
-    /// The sinks asked for; at least one.
-    fn sinks(&self) -> Result<Vec<Box<dyn WindowSink>>> {
-        let mut sinks: Vec<Box<dyn WindowSink>> = Vec::new();
-        if let Some(dir) = &self.output_dir {
-            sinks.push(Box::new(output_dir::OutputDirSink::new(
-                dir,
-                self.max_disk,
-            )?));
-        }
-        if let Some(url) = &self.pyroscope {
-            sinks.push(Box::new(pyroscope_sink(
-                backend_url("--pyroscope", url)?,
-                self.pyroscope_tenant.as_deref(),
-                self.service_name.clone(),
-                &self.spool_dir.join("pyroscope"),
-                self.spool_max,
-            )?));
-        }
-        if let Some(url) = &self.otlp {
-            sinks.push(Box::new(otlp_sink(
-                backend_url("--otlp", url)?,
-                self.service_name.clone(),
-                &self.spool_dir.join("otlp"),
-                self.spool_max,
-            )?));
-        }
-        if sinks.is_empty() {
-            bail!(
-                "nowhere to export the profiles: give --output-dir DIR, --pyroscope URL or \
-                 --otlp URL"
-            );
-        }
-        Ok(sinks)
-    }
-}
-
 /// A closed window on its way to the export thread.
 struct ClosedWindow {
     sequence: u64,
-    capture: WindowCapture,
+    capture: Capture,
 }
 
 /// What the export thread needs besides the windows.
@@ -200,8 +60,8 @@ struct Exporter {
 
 impl Exporter {
     /// Symbolizes a window into its profile.
-    fn profile(&self, capture: WindowCapture, symbols: &mut SymbolCache) -> Profile {
-        let meta = profile_meta(self.target.clone(), capture.start, capture.end);
+    fn profile(&self, capture: Capture, symbols: &mut SymbolCache) -> Profile {
+        let meta = capture.profile_meta(self.target.clone());
         let frames = FrameTable::with_cache(
             &capture.processes,
             Some(symbols),
@@ -313,7 +173,7 @@ impl Exporter {
     }
 
     /// Sample accounting of a window, added to the metrics' running totals.
-    fn count_samples(&self, capture: &WindowCapture) {
+    fn count_samples(&self, capture: &Capture) {
         let metrics = &self.metrics;
         let accounting = &capture.accounting;
         metrics.add("profiler_windows_total", "Windows closed.", &[], 1.0);
@@ -451,7 +311,7 @@ impl Windows {
 
     /// Hands over the last window, waiting for room: capture is over, so waiting costs nothing
     /// and dropping it would lose the partial window the agent promises to export.
-    fn send_last(&mut self, capture: WindowCapture) -> Result<()> {
+    fn send_last(&mut self, capture: Capture) -> Result<()> {
         let sequence = self.next;
         self.next += 1;
         self.sender
@@ -461,7 +321,7 @@ impl Windows {
             .map_err(|_| anyhow!("the export thread ended"))
     }
 
-    fn send(&mut self, capture: WindowCapture) -> Result<()> {
+    fn send(&mut self, capture: Capture) -> Result<()> {
         let sequence = self.next;
         self.next += 1;
         let fired = capture.accounting.samples_fired.iter().sum::<u64>();
@@ -514,55 +374,46 @@ fn next_boundary(
     start + interval * windows
 }
 
-pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
-    let mut signals = StopSignals::catch()?;
-    log::set_level(args.log_level);
-    if args.sampling.wakers {
-        bail!(
-            "--wakers is a view of `record`'s report: the agent exports off-CPU time \
-             (--off-cpu) without its wakers"
-        );
-    }
-    if args.sampling.unwind == Unwind::Check {
-        bail!(
-            "--unwind check compares two unwinders over one recording: use it with `record`; \
-             the agent takes --unwind dwarf, fp or copy"
-        );
-    }
-    let sinks = args.sinks()?;
-    let metrics = Arc::new(Metrics::default());
-    if let Some(addr) = &args.metrics_addr {
-        let bound = serve(addr, Arc::clone(&metrics))?;
-        log(LogLevel::Info, format!("metrics on http://{bound}/metrics"));
-    }
-    let sampling = &mut args.sampling;
-    if sampling.events.is_empty() && sampling.period.is_none() && sampling.target_rate.is_none() {
-        sampling.frequency.get_or_insert(DEFAULT_FREQUENCY);
-    }
-    let target = target_of(&args.sampling, &[], true).expect("-a stands for the whole system");
-    let options = RecordOptions {
-        stats: args.bpf_stats,
-        sideband_interval: AGENT_SIDEBAND_INTERVAL,
-        // Its exports carry stacks and data lines, not instructions.
-        per_instruction: false,
-        ..capture_options(&args.sampling, target)?
-    };
-    let interval = args.interval();
+/// What the agent runs with (resolved from its arguments by `cli`).
+pub struct AgentOptions {
+    pub capture: CaptureOptions,
+    /// The agent's target, as profiles name it.
+    pub target: String,
+    /// Close a window and export it this often.
+    pub interval: Duration,
+    /// Where the windows go; at least one.
+    pub sinks: Vec<Box<dyn WindowSink>>,
+    /// The agent's metrics (served when `--metrics-addr` is given).
+    pub metrics: Arc<Metrics>,
+    /// `--source-lines`.
+    pub source_lines: bool,
+}
+
+/// Runs the agent until a stop signal, then exports the last, partial window.
+pub async fn run_agent(options: AgentOptions, signals: &mut StopSignals) -> Result<ExitCode> {
+    let AgentOptions {
+        capture: options,
+        target,
+        interval,
+        sinks,
+        metrics,
+        source_lines,
+    } = options;
     let mut session = CaptureSession::open(&options)?;
     let mut windows = Windows::start(Exporter {
         events: session.events().to_vec(),
         cpu: session.cpu(),
         sinks,
         metrics,
-        target: target_description(&options),
-        source_lines: args.source_lines,
+        target: target.clone(),
+        source_lines,
     })?;
     session.start(&options.target).await?;
     log(
         LogLevel::Info,
         format!(
             "profiling {} ({}), a window every {:.1} s",
-            target_description(&options),
+            target,
             session
                 .events()
                 .iter()
@@ -575,13 +426,17 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
     let started = tokio::time::Instant::now();
     let stop = loop {
         let until = next_boundary(started, interval, tokio::time::Instant::now());
-        if let Some(stop) = session.run_until(Some(until), &mut signals).await? {
+        if let Some(stop) = session.run_until(Some(until), signals).await? {
             break stop;
         }
         windows.send(session.close_window()?)?;
     };
-    let last = session.finish(stop, &options)?;
-    windows.send_last(WindowCapture::from(last))?;
+    let (mut last, _) = session.finish(stop)?;
+    // The last window's processes are those its samples reference, as in every window.
+    last.processes = last
+        .processes
+        .snapshot(&last.drained.referenced_processes());
+    windows.send_last(last)?;
     windows.finish()?;
     let how = match stop {
         Stop::Signal(signal) => format!("received {}", signal_name(signal)),
@@ -595,39 +450,9 @@ pub async fn run_agent(mut args: AgentArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The window a finished capture holds (the agent's last, partial one).
-impl From<crate::record::Capture> for WindowCapture {
-    fn from(capture: crate::record::Capture) -> WindowCapture {
-        let start = UNIX_EPOCH + Duration::from_nanos(capture.meta.start_unix_ns);
-        let referenced = capture.drained.referenced_processes();
-        WindowCapture {
-            start,
-            end: start + Duration::from_nanos(capture.meta.duration_ns),
-            processes: capture.processes.snapshot(&referenced),
-            drained: capture.drained,
-            accounting: capture.accounting,
-            programs: capture.stats.programs,
-            // The agent is stopping: the gauges keep the last full window's.
-            unwind_tables: None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_take_binary_suffixes_and_refuse_nonsense() {
-        assert_eq!(byte_size("4096"), Ok(4096));
-        assert_eq!(byte_size("500M"), Ok(500 << 20));
-        assert_eq!(byte_size("2g"), Ok(2 << 30));
-        assert_eq!(byte_size("1KiB"), Ok(1024));
-        assert!(byte_size("0").is_err());
-        assert!(byte_size("12X").unwrap_err().contains("unknown unit"));
-        assert!(byte_size("M").is_err());
-        assert!(byte_size("99999999999G").unwrap_err().contains("too large"));
-    }
 
     #[test]
     fn windows_end_on_the_intervals_grid() {

@@ -10,8 +10,6 @@ pub mod offcpu;
 pub mod offsets_cache;
 pub mod perf_ring;
 pub mod program;
-pub mod raw;
 pub mod ring;
-pub mod session;
 pub mod sideband;
 pub mod stats;

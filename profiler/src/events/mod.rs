@@ -3,8 +3,8 @@
 //! this machine's PMUs from sysfs; probing whether an event opens here and explaining why not;
 //! and the data behind `profiler list`.
 
-pub mod calibrate;
 pub mod catalog;
+pub mod count;
 pub mod list;
 pub mod pmu;
 pub mod probe;

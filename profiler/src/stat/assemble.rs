@@ -17,9 +17,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::count::Count;
 use super::counters::{Reading, Split, ThreadId, ThreadLog};
 use super::{Breakdown, CpuRow, StatEvent, ThreadRow};
+use crate::events::count::Count;
 use crate::events::EventSpec;
 
 /// Per event, `Some(count)` for supported events, `None` for the others.

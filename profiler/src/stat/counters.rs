@@ -24,8 +24,8 @@ use perf_event::data::Record;
 use perf_event::events::Software;
 use perf_event::{Builder, Counter, ReadFormat, Sampler};
 
-use super::count::Count;
 use crate::capture::counters::online_cpus;
+use crate::events::count::Count;
 use crate::events::probe::explain;
 use crate::events::{open_error, EventSpec, OpenAs, Scope, SystemFacts};
 use crate::process::threads_of;

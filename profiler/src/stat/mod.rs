@@ -6,7 +6,7 @@
 //! the counted processes are gone, `--duration` passes, or on Ctrl-C / SIGTERM.
 
 pub mod assemble;
-pub mod count;
+pub mod calibrate;
 pub mod counters;
 pub mod metrics;
 pub mod render;
@@ -16,60 +16,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 
 use self::assemble::assemble;
-use self::count::Count;
 use self::counters::{CountScope, CounterSet, Split, ThreadId};
+use crate::events::count::Count;
 use crate::events::{parse_event_list, EventAttr, EventSpec, PmuRegistry, SystemFacts};
 use crate::launch::{
     spawn_stopped, CommandEnd, Ending, Run, StopSignals, StoppedCommand, TargetSpec,
 };
 use crate::output::Checker;
-
-/// `profiler stat` arguments.
-#[derive(Debug, clap::Args)]
-pub struct StatArgs {
-    /// Events to count: repeat or comma-separate (`profiler list` shows them). Default:
-    /// task-clock (cpu-clock with -a), context-switches, cpu-migrations, page-faults, cycles,
-    /// instructions, branch-instructions, branch-misses.
-    #[arg(short = 'e', long = "event", value_name = "EVENTS")]
-    pub events: Vec<String>,
-    /// Count on every CPU (all processes).
-    #[arg(short = 'a', long = "all-cpus", conflicts_with_all = ["pids", "command"])]
-    pub all_cpus: bool,
-    /// Count running processes (repeat or comma-separate), their threads and children.
-    #[arg(
-        short = 'p',
-        long = "pid",
-        value_name = "PID",
-        value_delimiter = ',',
-        conflicts_with = "command"
-    )]
-    pub pids: Vec<u32>,
-    /// Stop after this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = crate::cli::seconds)]
-    pub duration: Option<f64>,
-    /// Counts per thread (with the thread's name), then the totals. Not with -a.
-    #[arg(long, conflicts_with_all = ["all_cpus", "per_cpu"])]
-    pub per_thread: bool,
-    /// Counts per CPU, then the totals.
-    #[arg(long)]
-    pub per_cpu: bool,
-    /// Print the report as JSON (schema profiler.stat/1).
-    #[arg(long)]
-    pub json: bool,
-    /// Write the report to this file instead of standard error.
-    #[arg(short = 'o', long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
-    /// The command to launch and count.
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
-    pub command: Vec<String>,
-}
 
 /// The events counted when `-e` is not given. Hardware ones show as not supported, with the
 /// reason, where the machine has no PMU.
@@ -82,42 +38,25 @@ const DEFAULT_SYSTEM_EVENTS: &str =
 /// How often per-thread ring buffers are drained and `-p` targets checked for exit.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
-impl StatArgs {
-    fn target(&self) -> Result<TargetSpec> {
-        if !self.command.is_empty() {
-            Ok(TargetSpec::Command(self.command.clone()))
-        } else if !self.pids.is_empty() {
-            Ok(TargetSpec::Processes(self.pids.clone()))
-        } else if self.all_cpus {
-            Ok(TargetSpec::System)
+/// The events to count: `events` as given (`-e`, each a list), or the defaults for the target.
+pub fn event_specs(
+    events: &[String],
+    registry: &PmuRegistry,
+    system_wide: bool,
+) -> Result<Vec<EventSpec>> {
+    if events.is_empty() {
+        let defaults = if system_wide {
+            DEFAULT_SYSTEM_EVENTS
         } else {
-            Err(anyhow!(
-                "nothing to count: give a command after `--`, processes with -p PID, or -a for \
-                 all CPUs"
-            ))
-        }
+            DEFAULT_EVENTS
+        };
+        return Ok(parse_event_list(defaults, registry)?);
     }
-
-    pub(crate) fn duration(&self) -> Option<Duration> {
-        // `cli::seconds` checked that the value fits.
-        self.duration.map(Duration::from_secs_f64)
+    let mut specs = Vec::new();
+    for list in events {
+        specs.extend(parse_event_list(list, registry)?);
     }
-
-    fn event_specs(&self, registry: &PmuRegistry, system_wide: bool) -> Result<Vec<EventSpec>> {
-        if self.events.is_empty() {
-            let defaults = if system_wide {
-                DEFAULT_SYSTEM_EVENTS
-            } else {
-                DEFAULT_EVENTS
-            };
-            return Ok(parse_event_list(defaults, registry)?);
-        }
-        let mut specs = Vec::new();
-        for list in &self.events {
-            specs.extend(parse_event_list(list, registry)?);
-        }
-        Ok(specs)
-    }
+    Ok(specs)
 }
 
 /// One event's result over the whole target.
@@ -173,20 +112,34 @@ pub struct StatReport {
     pub lost_thread_records: u64,
 }
 
+/// What `profiler stat` counts and where it writes (resolved from its arguments by `cli`).
+pub struct StatOptions {
+    /// `-e`: lists of events; empty: the defaults.
+    pub events: Vec<String>,
+    pub target: TargetSpec,
+    /// `--duration`.
+    pub duration: Option<Duration>,
+    pub split: Split,
+    /// Print the report as JSON.
+    pub json: bool,
+    /// Write the report to this file instead of standard error.
+    pub output: Option<PathBuf>,
+}
+
 /// Runs `profiler stat`. Its exit code is the launched command's (128 + N when signal N killed
 /// it), or success.
-pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
+pub async fn run_stat(options: StatOptions) -> Result<ExitCode> {
     let mut signals = StopSignals::catch()?;
-    let output = Checker::default().check_optional("-o", args.output.as_deref())?;
-    let target = args.target()?;
-    let duration = args.duration();
+    let output = Checker::default().check_optional("-o", options.output.as_deref())?;
+    let StatOptions {
+        target,
+        duration,
+        split,
+        ..
+    } = options;
     let registry = PmuRegistry::live().context("reading the PMUs from /sys")?;
-    let specs = args.event_specs(&registry, target == TargetSpec::System)?;
+    let specs = event_specs(&options.events, &registry, target == TargetSpec::System)?;
     let facts = SystemFacts::read(&registry);
-    let split = Split {
-        per_cpu: args.per_cpu,
-        per_thread: args.per_thread,
-    };
 
     let command: Option<StoppedCommand> = match &target {
         TargetSpec::Command(argv) => Some(spawn_stopped(argv)?),
@@ -245,7 +198,7 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
         lost_thread_records: log.lost,
     };
 
-    let text = if args.json {
+    let text = if options.json {
         render::json(&report)?
     } else {
         render::text(&report)
@@ -264,74 +217,4 @@ pub async fn run_stat(args: StatArgs) -> Result<ExitCode> {
         None => eprint!("{text}"),
     }
     Ok(CommandEnd::exit_code(report.ending.command))
-}
-
-#[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        stat: StatArgs,
-    }
-
-    fn args(line: &[&str]) -> Result<StatArgs, clap::Error> {
-        Cli::try_parse_from(std::iter::once("stat").chain(line.iter().copied())).map(|cli| cli.stat)
-    }
-
-    #[test]
-    fn the_target_is_a_command_processes_or_all_cpus() {
-        let command = args(&["-e", "page-faults", "--", "ls", "-l"]).unwrap();
-        assert_eq!(
-            command.target().unwrap(),
-            TargetSpec::Command(vec!["ls".to_string(), "-l".to_string()])
-        );
-        assert_eq!(
-            args(&["-p", "1,2", "-p", "3"]).unwrap().target().unwrap(),
-            TargetSpec::Processes(vec![1, 2, 3])
-        );
-        assert_eq!(args(&["-a"]).unwrap().target().unwrap(), TargetSpec::System);
-        let err = args(&[]).unwrap().target().unwrap_err();
-        assert!(err.to_string().starts_with("nothing to count"), "{err}");
-        assert!(args(&["-a", "-p", "1"]).is_err());
-        assert!(args(&["-a", "--per-thread"]).is_err());
-        assert!(args(&["--per-thread", "--per-cpu", "--", "ls"]).is_err());
-    }
-
-    #[test]
-    fn durations_must_be_positive_numbers() {
-        let parsed = args(&["-a", "--duration", "2.5"]).unwrap();
-        assert_eq!(parsed.duration(), Some(Duration::from_millis(2_500)));
-        let err = args(&["-a", "--duration=-1"]).unwrap_err().to_string();
-        assert!(err.contains("'-1' for '--duration <SECONDS>'"), "{err}");
-    }
-
-    #[test]
-    fn events_default_to_the_perf_stat_set_and_accumulate() {
-        let registry = PmuRegistry::default();
-        let names = |specs: Vec<EventSpec>| -> Vec<String> {
-            specs.into_iter().map(|spec| spec.name).collect()
-        };
-        let defaults = args(&["--", "ls"]).unwrap();
-        let task = names(defaults.event_specs(&registry, false).unwrap());
-        assert_eq!(task[0], "task-clock");
-        assert_eq!(task.len(), 8);
-        let system = names(defaults.event_specs(&registry, true).unwrap());
-        assert_eq!(system[0], "cpu-clock");
-        let given = args(&["-e", "insts,cycles", "-e", "page-faults", "--", "ls"]).unwrap();
-        assert_eq!(
-            names(given.event_specs(&registry, false).unwrap()),
-            ["instructions", "cycles", "page-faults"]
-        );
-        let err = args(&["-e", "cycels", "--", "ls"])
-            .unwrap()
-            .event_specs(&registry, false)
-            .unwrap_err();
-        assert!(err
-            .to_string()
-            .starts_with("unknown event 'cycels'. Did you mean: cycles"));
-    }
 }

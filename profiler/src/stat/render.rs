@@ -38,10 +38,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::count::Count;
 use super::metrics::{metrics_for, EventValue, Metric};
 use super::{Breakdown, StatEvent, StatReport};
 use crate::events::catalog::unit;
+use crate::events::count::Count;
 use crate::launch::CommandEnd;
 
 /// Width of the count column, as in perf.

@@ -1,10 +1,24 @@
-//! Command-line arguments as the user writes them (clap). The commands resolve them into options.
+//! Command-line arguments as the user writes them (clap), and ([`options`]) their resolution
+//! into the options the commands run with.
+
+pub mod agent;
+pub mod options;
+pub mod stat;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::report::{hardware::HardwareArgs, ViewArgs};
+use crate::{
+    report::{hardware::HardwareArgs, ViewArgs},
+    session::{
+        self,
+        map_sizes::{
+            ring_buffer_bytes, DEFAULT_LATENCY_MAP_ENTRIES, DEFAULT_RING_BUFFER_KIB,
+            DEFAULT_UNWIND_TABLE_MIB, MAX_MAP_ENTRIES, MAX_RING_BUFFER_KIB, MAX_STACK_COPY_KIB,
+        },
+    },
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,9 +38,9 @@ pub enum Command {
     /// Report on a profile file (`record -o`).
     Report(Box<ReportArgs>),
     /// Profile continuously: a profile per interval, exported until SIGTERM.
-    Agent(Box<crate::agent::AgentArgs>),
+    Agent(Box<agent::AgentArgs>),
     /// Count events exactly for the whole run (HP Caliper's exact counts, like perf stat).
-    Stat(Box<crate::stat::StatArgs>),
+    Stat(Box<stat::StatArgs>),
     /// The events this machine can sample or count, with default overflow values.
     List {
         /// As JSON.
@@ -137,12 +151,13 @@ pub struct SamplingArgs {
     /// Entries of each latency-histogram map (one histogram per process, event and instruction,
     /// and one per process, event and data cache line), and of the `--off-cpu` block-duration
     /// histograms (one per thread, stacks and state).
-    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = map_entries)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_LATENCY_MAP_ENTRIES,
+          value_parser = map_entries)]
     pub latency_map_entries: u32,
     /// Size in KiB of each ring buffer the program streams through: the `--raw` samples and the
     /// registers of IBS samples (rounded up to a power of two pages; 4 to 1048576); the stack
     /// copies of `--unwind copy` get 8 times as much (at most 1 GiB).
-    #[arg(long, value_name = "KIB", default_value_t = 4096,
+    #[arg(long, value_name = "KIB", default_value_t = DEFAULT_RING_BUFFER_KIB,
           value_parser = clap::value_parser!(u32).range(4..=MAX_RING_BUFFER_KIB as i64))]
     pub ring_buffer_kib: u32,
     /// Kernel BTF to read structure offsets from (default: /sys/kernel/btf/vmlinux).
@@ -169,7 +184,7 @@ pub struct SamplingArgs {
     /// Kernel memory for the unwind tables of `--unwind dwarf`, in MiB (16 bytes a row). When
     /// it is full, the tables of exited, then idle processes are evicted (counted in `--stats`);
     /// a table that still does not fit is counted and its frames use frame pointers.
-    #[arg(long, value_name = "MIB", default_value_t = 64,
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_UNWIND_TABLE_MIB,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub unwind_table_mib: u32,
     /// Also record off-CPU time: where the threads in scope wait (asleep, on the disk, in the
@@ -187,24 +202,8 @@ pub struct SamplingArgs {
     pub wakers: bool,
 }
 
-/// How much larger than `--ring-buffer-kib` the stack-copy ring is.
-pub const STACK_COPY_RING_FACTOR: u32 = 8;
-
-/// `--stack-copy-kib` when not given.
-pub const DEFAULT_STACK_COPY_KIB: u32 = 16;
-
-/// Largest `--stack-copy-kib`: what the program's copy holds above the stack pointer's page.
-pub const MAX_STACK_COPY_KIB: u32 = 32;
-
-/// Largest `--ring-buffer-kib`: 1 GiB, whose bytes (a power of two) still fit the u32 size the
-/// kernel takes.
-pub const MAX_RING_BUFFER_KIB: u32 = 1 << 20;
 /// Largest `--drain-interval`: a day.
 const MAX_DRAIN_INTERVAL_MS: u64 = 24 * 3600 * 1000;
-/// Largest map size asked for: the kernel's own limit for BPF hash maps is about this, and
-/// larger values only fail later with less clear errors.
-const MAX_MAP_ENTRIES: u32 = 1 << 28;
-
 /// `--duration`: a finite, positive number of seconds that a `Duration` holds.
 pub fn seconds(text: &str) -> Result<f64, String> {
     let seconds: f64 = text
@@ -235,10 +234,14 @@ pub enum Unwind {
     Check,
 }
 
-impl Unwind {
-    /// Whether the kernel walks user stacks with the agent's unwind tables.
-    pub fn walks_tables(self) -> bool {
-        matches!(self, Unwind::Dwarf | Unwind::Check)
+impl From<Unwind> for session::Unwind {
+    fn from(unwind: Unwind) -> session::Unwind {
+        match unwind {
+            Unwind::Dwarf => session::Unwind::Dwarf,
+            Unwind::Fp => session::Unwind::Fp,
+            Unwind::Copy => session::Unwind::Copy,
+            Unwind::Check => session::Unwind::Check,
+        }
     }
 }
 
@@ -272,7 +275,7 @@ impl SamplingArgs {
     /// Bytes of each ring buffer: `--ring-buffer-kib` rounded up to a power of two (at most
     /// [`MAX_RING_BUFFER_KIB`], so it fits).
     pub fn ring_buffer_bytes(&self) -> u32 {
-        (self.ring_buffer_kib * 1024).next_power_of_two()
+        ring_buffer_bytes(self.ring_buffer_kib)
     }
 }
 

@@ -14,7 +14,7 @@ use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use profiler_common::capture::RawSample;
 
-use super::ring::KernelRing;
+use crate::capture::ring::KernelRing;
 use crate::output::{Output, OutputWriter};
 use crate::symbolize::kernel_addresses::{kernel_addresses_shown, shown_address};
 

@@ -2,8 +2,20 @@
 //! and the side-band, ticks (side-band records, ring buffers, drains on schedule and early when
 //! any map fills) until the run stops, and closes windows: what was sampled since the last
 //! window, the accounting over it and the processes its samples reference. `record` is one
-//! window ([`CaptureSession::finish`], which drains what is left after the counters stop); the agent closes one per interval
-//! ([`CaptureSession::close_window`]).
+//! window ([`CaptureSession::finish`], which drains what is left after the counters stop); the
+//! agent closes one per interval ([`CaptureSession::close_window`]). What it takes in is
+//! [`CaptureOptions`], sized by [`map_sizes`]; what it hands over is a [`Capture`].
+
+mod capture;
+mod config;
+mod cost;
+pub mod map_sizes;
+mod options;
+mod privileges;
+mod raw;
+
+pub use self::capture::{Capture, SessionEnd};
+pub use self::options::{CaptureOptions, Unwind};
 
 use std::{
     collections::HashSet,
@@ -25,30 +37,32 @@ use crate::{
         aux_trace::AuxTrace,
         counters::{open_sampling_counters, EventCounter, Target},
         hardware::{
-            cpu_identity, hardware_sampler, raw_decoding, records_data_addresses, samples_latency,
-            spe_period, HardwareSampler,
+            cpu_identity, exact_ip, hardware_sampler, raw_decoding, records_data_addresses,
+            samples_latency, spe_period, HardwareSampler,
         },
-        maps::MapNeeds,
         offcpu::offcpu_config,
         program::{CaptureProgram, Ring},
-        raw::RawStream,
         sideband::Sideband,
-        stats::{CaptureStats, MapMemory, ProgramRuns},
+        stats::{CaptureStats, MapMemory},
     },
     drain::{
         ibs::IbsStream, read_accounting, spe::SpeStream, stack_copy::StackCopyStream, Accounting,
         Drained, Drainer,
     },
-    events::{EventSpec, SystemFacts},
+    events::{count::Count, EventSpec, Sampling, SystemFacts},
     launch::{spawn_stopped, Run, Stop, StopSignals, TargetSpec},
     process::{ProcessTable, Settle},
     profile::{CpuIdentity, EventInfo},
-    record::{
-        capture_config, check_privileges, enable_run_statistics, event_counts, event_info,
-        held_map_memory, profile_meta, target_description, Capture, RecordOptions,
-    },
     symbolize::ReadAhead,
-    unwind::loader::{TablesLoaded, UnwindLoader},
+    unwind::loader::UnwindLoader,
+};
+
+use self::{
+    config::capture_config,
+    cost::{enable_run_statistics, held_map_memory},
+    map_sizes::MapNeeds,
+    privileges::check_privileges,
+    raw::RawStream,
 };
 
 /// How often `record` reads the side-band records (new mappings, exec, exit). Each read also
@@ -63,21 +77,6 @@ pub const SIDEBAND_INTERVAL: Duration = Duration::from_millis(100);
 /// by about 14% against 100 ms (0.80-0.85% of a core to 0.69-0.75%); the side-band's 512 KiB a
 /// CPU still hold about 2,500 new processes a second a CPU at that pace.
 pub const AGENT_SIDEBAND_INTERVAL: Duration = Duration::from_millis(250);
-
-/// What one window of a capture holds, at address level: symbolized off the capture thread.
-pub struct WindowCapture {
-    pub start: SystemTime,
-    pub end: SystemTime,
-    pub drained: Drained,
-    /// The processes the window's samples reference, as they were when it closed.
-    pub processes: ProcessTable,
-    /// The samples fired, lost and filtered over the window.
-    pub accounting: Accounting,
-    /// The programs' run-time statistics since they were loaded (zero while they are off).
-    pub programs: Vec<ProgramRuns>,
-    /// The unwind tables loaded as it closed (`--unwind dwarf`).
-    pub unwind_tables: Option<TablesLoaded>,
-}
 
 pub struct CaptureSession {
     config: CaptureConfig,
@@ -124,7 +123,7 @@ impl CaptureSession {
     /// Loads the program, opens the side-band and the counters (a launched command is started,
     /// stopped before its exec) and attaches them; nothing is sampled before
     /// [`CaptureSession::start`].
-    pub fn open(options: &RecordOptions) -> Result<CaptureSession> {
+    pub fn open(options: &CaptureOptions) -> Result<CaptureSession> {
         if options.events.is_empty() || options.events.len() > MAX_EVENTS {
             return Err(anyhow!("record takes 1 to {MAX_EVENTS} events"));
         }
@@ -157,7 +156,7 @@ impl CaptureSession {
             .map_err(|(what, e)| anyhow!("counting online CPUs ({what}): {e}"))?
             .len();
         let config = CaptureConfig {
-            drain_request_steps: sizes.drain_request_steps(cpus),
+            drain_request_steps: sizes.maps.drain_request_steps(cpus),
             ..config
         };
         let offcpu = options.off_cpu.map(|off_cpu| {
@@ -167,8 +166,8 @@ impl CaptureSession {
                 config.flags & CAPTURE_UNWIND_DWARF != 0,
             )
         });
-        let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes, offcpu)?;
-        let drainer = Drainer::new(&mut program, sizes)?;
+        let mut program = CaptureProgram::load(&config, &raw_decoding, &sizes.maps, offcpu)?;
+        let drainer = Drainer::new(&mut program, sizes.maps)?;
         program.filter_cgroups(&options.cgroups)?;
         let unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
             0 => None,
@@ -176,7 +175,7 @@ impl CaptureSession {
         };
         let mut map_memory = held_map_memory();
         // The stack-copy scratch array has an entry per possible CPU.
-        if sizes.stack_copy_scratch > 1 {
+        if sizes.maps.stack_copy_scratch > 1 {
             map_memory.per_cpu += std::mem::size_of::<StackCopyRecord>() as u64;
         }
         let host_map_memory = sizes.on_host(&map_memory, data_addresses);
@@ -516,7 +515,7 @@ impl CaptureSession {
     /// Closes the window that began at the last close (or the start): drains it and hands over
     /// its samples, the processes they reference and its accounting; processes that exited
     /// before it closed are forgotten, since no later window can sample them.
-    pub fn close_window(&mut self) -> Result<WindowCapture> {
+    pub fn close_window(&mut self) -> Result<Capture> {
         // Exits read before the drain: every sample of those processes is drained below.
         self.read_sideband();
         self.sync_unwinder()?;
@@ -552,7 +551,7 @@ impl CaptureSession {
         let start = self.window_start;
         let (drained, accounting) = self.take_drained(accounting, end, pending);
         let processes = self.processes.close_window(&sampled, &exited);
-        Ok(WindowCapture {
+        Ok(Capture {
             start,
             end,
             drained,
@@ -642,8 +641,9 @@ impl CaptureSession {
     }
 
     /// Stops sampling and drains everything left: the last window, with the whole process
-    /// table (a recording's profile file keeps the code and data of every process in it).
-    pub fn finish(mut self, stop: Stop, options: &RecordOptions) -> Result<Capture> {
+    /// table (a recording's profile file keeps the code and data of every process in it), and
+    /// how the run ended and what it cost.
+    pub fn finish(mut self, stop: Stop) -> Result<(Capture, SessionEnd)> {
         for counter in &mut self.counters {
             counter.counter.disable()?;
         }
@@ -672,8 +672,9 @@ impl CaptureSession {
         }
         self.compare_unwinders();
         let accounting = self.accounting()?;
+        let programs = self.program.run_statistics()?;
         let stats = CaptureStats {
-            programs: self.program.run_statistics()?,
+            programs: programs.clone(),
             map_memory: self.map_memory,
             host_map_memory: (self.host_map_memory, self.host_sample_entries),
             drain_time: self.drainer.drain_time,
@@ -695,17 +696,63 @@ impl CaptureSession {
         let start = self.window_start;
         // Nothing is drained after this: no stack needs keeping.
         let (drained, accounting) = self.take_drained(accounting, end, Vec::new());
-        Ok(Capture {
-            meta: profile_meta(target_description(options), start, end),
-            events: self.events,
+        let capture = Capture {
+            start,
+            end,
             drained,
             processes: std::mem::take(&mut self.processes),
-            cpu: self.cpu,
             accounting,
+            programs,
+            // The session is over: the agent's gauges keep the last full window's.
+            unwind_tables: None,
+        };
+        let session_end = SessionEnd {
+            events: self.events,
+            cpu: self.cpu,
             stats,
             ending: self.run.ending(stop),
             failures,
-        })
+        };
+        Ok((capture, session_end))
+    }
+}
+
+/// What the sampling counters counted, per event: each counter's reading (inherited children
+/// included) scaled for multiplexing, summed over its placements.
+///
+/// A clock counts the nanoseconds it runs, so its count is at most its running time. The
+/// kernel's task-clock overshoots that when its timer is saturated (every 10 us: 1.1 to 6
+/// times its running time here, exact from 20 us up), which would inflate every estimate.
+fn event_counts(counters: &mut [EventCounter], events: usize) -> Result<Vec<u64>> {
+    let mut totals = vec![0u64; events];
+    for counter in counters {
+        let reading = counter
+            .counter
+            .read_count_and_time()
+            .context("reading a sampling counter's count")?;
+        let raw = if counter.clock {
+            reading.count.min(reading.time_running)
+        } else {
+            reading.count
+        };
+        let count = Count::from_reading(raw, reading.time_enabled, reading.time_running);
+        totals[counter.event as usize] += count.estimate;
+    }
+    Ok(totals)
+}
+
+/// What reports say about an event.
+fn event_info(spec: &EventSpec) -> EventInfo {
+    let (period, frequency) = match spec.sampling {
+        Sampling::Period(period) => (Some(period), None),
+        Sampling::Frequency(hz) => (None, Some(hz)),
+    };
+    EventInfo {
+        name: spec.report_name(),
+        period,
+        frequency,
+        unit: spec.unit.clone(),
+        precise: exact_ip(spec),
     }
 }
 

@@ -11,13 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use super::{
-    sampling::Sampling,
-    spec::{EventSpec, SamplingOrigin},
-};
-use super::{EventError, PmuRegistry, SystemFacts};
-use crate::stat::count::Count;
-use crate::stat::counters::{CountScope, CounterSet, Split};
+use super::counters::{CountScope, CounterSet, Split};
+use crate::events::count::Count;
+use crate::events::{EventError, EventSpec, PmuRegistry, Sampling, SamplingOrigin, SystemFacts};
 
 /// The default length of the counting pass.
 pub const DEFAULT_PASS: Duration = Duration::from_millis(200);
@@ -251,8 +247,8 @@ pub fn calibrate(
 
 #[cfg(test)]
 mod tests {
-    use super::super::parse_event_list;
     use super::*;
+    use crate::events::parse_event_list;
 
     #[test]
     fn primes_are_recognised() {
