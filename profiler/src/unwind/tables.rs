@@ -6,10 +6,11 @@
 //! is counted by pattern.
 //!
 //! A [`TableCache`] compiles each file once, keyed by its build ID (else the file itself) and
-//! the digest of its call-frame information, so that a library mapped by many processes costs one compilation, and
-//! keeps the tables on disk across runs ([`crate::disk_cache`]): every count is bounded by the
-//! file's size, every row checked, and the whole file by a checksum; a bad file is refused with
-//! the reason and recompiled.
+//! the digest of its call-frame information, so that a library mapped by many processes costs
+//! one compilation, and keeps the tables on disk across runs ([`crate::disk_cache`]): every
+//! count is bounded by the file's size, every row checked, and the whole file by a checksum; a
+//! bad file is refused with the reason and recompiled. Compiling holds no more rows than a
+//! table may have, and reads no CFI section over 256 MB ([`CompileLimits`]).
 
 use std::{
     borrow::Cow,
@@ -170,7 +171,7 @@ struct FdeRows {
 /// was checked. A file over a limit gets no table, and the reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CompileLimits {
-    /// Bytes of one CFI section read, after decompression (Chromium's `.eh_frame` is 6 MB).
+    /// Bytes of one CFI section read, after decompression (libc's `.eh_frame` is 150 KB).
     pub section_bytes: u64,
     /// Rows held at once while compiling: the FDEs' rows, counted as gimli produces them, then
     /// the table's.
@@ -178,7 +179,7 @@ pub struct CompileLimits {
 }
 
 impl CompileLimits {
-    /// A table may hold [`MAX_TABLE_ROWS`]: 400 MB of rows at most while compiling it.
+    /// As many rows as a table may hold ([`MAX_TABLE_ROWS`], 24 bytes each while compiling).
     pub const DEFAULT: CompileLimits = CompileLimits {
         section_bytes: 256 << 20,
         rows: MAX_TABLE_ROWS as usize,
