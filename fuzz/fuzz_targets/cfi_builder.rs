@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
     let mut sections = CfiSections {
         architecture: "X86_64".into(),
         text: Some(0x1000),
-        executable: vec![0x1000..0x10_0000],
+        executable: vec![0x1000..0x8_0000, 0x8_0000..0x10_0000],
         ..CfiSections::default()
     };
     if which & 1 == 1 {

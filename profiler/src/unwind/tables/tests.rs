@@ -789,7 +789,7 @@ fn debug_frame_only(data: &[u8]) -> CfiSections<'_> {
     CfiSections {
         architecture: "X86_64".into(),
         debug_frame: Some(Cow::Borrowed(data)),
-        executable: vec![0x1000..0x2000],
+        executable: vec![0x1000..0x1800, 0x1800..0x2000],
         ..CfiSections::default()
     }
 }
