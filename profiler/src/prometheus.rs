@@ -1,16 +1,37 @@
 //! The agent's own health as Prometheus metrics (`--metrics-addr HOST:PORT`): what it sampled,
 //! kept and lost, what its backends took, how long windows take, its memory and its kernel cost
-//! per sample. Served as Prometheus' text format (version 0.0.4) on `GET /metrics` by one small
-//! thread, so a scrape never touches the capture or export threads.
+//! per sample. Served as Prometheus' text format (version 0.0.4) on `GET /metrics` by hyper on
+//! a thread of its own, so a scrape never touches the capture or export threads. Other users of
+//! the machine can reach the port: a request's headers are bounded in size and in time, each
+//! connection is served on its own task (a slow client holds back no other), and so are the
+//! connections open at once.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::convert::Infallible;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A scrape that does not send its request within this is dropped.
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+use http_body_util::Full;
+use hyper::{
+    body::{Bytes, Incoming},
+    header::{ALLOW, CONTENT_TYPE},
+    server::conn::http1,
+    service::service_fn,
+    Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::Semaphore;
+
+/// A client that does not send its request's headers within this is cut off.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most a connection lasts, whatever the client does (a scrape takes milliseconds).
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most bytes a request's line and headers may take (hyper's smallest buffer limit; a
+/// scrape's are a few hundred bytes).
+const MAX_HEADER_BYTES: usize = 8192;
+/// Connections served at once; more are closed as they come.
+const MAX_CONNECTIONS: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -146,52 +167,89 @@ pub fn serve(addr: &str, metrics: Arc<Metrics>) -> anyhow::Result<SocketAddr> {
              127.0.0.1:9464"
         )
     })?;
+    listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
     std::thread::Builder::new()
         .name("metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming().flatten() {
-                answer(stream, &metrics);
-            }
-        })?;
+        .spawn(move || runtime.block_on(accept(listener, metrics)))?;
     Ok(bound)
 }
 
-fn answer(stream: TcpStream, metrics: &Metrics) {
-    stream.set_read_timeout(Some(SCRAPE_TIMEOUT)).ok();
-    let mut reader = BufReader::new(stream);
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).is_err() {
+/// Accepts connections and serves each on a task of its own, [`MAX_CONNECTIONS`] at most.
+async fn accept(listener: TcpListener, metrics: Arc<Metrics>) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
         return;
-    }
-    // The headers are read and ignored: a scrape is a plain GET.
-    let mut line = String::new();
-    while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
-        line.clear();
-    }
-    let mut parts = request_line.split_whitespace();
-    let (status, content_type, body) = match (parts.next(), parts.next()) {
-        (Some("GET"), Some("/metrics")) => (
-            "200 OK",
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics.render(),
-        ),
-        (Some("GET"), _) => ("404 Not Found", "text/plain", "try /metrics\n".into()),
-        _ => ("405 Method Not Allowed", "text/plain", "GET only\n".into()),
     };
-    let mut stream = reader.into_inner();
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_HEADER_BYTES)
+        .keep_alive(false);
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of descriptors, most likely: let some close.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            continue;
+        };
+        let metrics = Arc::clone(&metrics);
+        let connection = http.serve_connection(
+            TokioIo::new(stream),
+            service_fn(move |request| {
+                let metrics = Arc::clone(&metrics);
+                async move { Ok::<_, Infallible>(answer(&request, &metrics)) }
+            }),
+        );
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+            drop(permit);
+        });
+    }
+}
+
+/// `GET /metrics`: the metrics; any other path 404, any other method 405.
+fn answer(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &'static str, body: String| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, content_type.parse().expect("a valid header"));
+        response
+    };
+    if request.method() != Method::GET {
+        let mut response = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET only\n".into(),
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, "GET".parse().expect("a valid header"));
+        return response;
+    }
+    if request.uri().path() != "/metrics" {
+        return reply(StatusCode::NOT_FOUND, "text/plain", "try /metrics\n".into());
+    }
+    reply(
+        StatusCode::OK,
+        "text/plain; version=0.0.4; charset=utf-8",
+        metrics.render(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
 
     fn get(addr: SocketAddr, path: &str) -> String {
         let mut stream = TcpStream::connect(addr).unwrap();
@@ -246,6 +304,34 @@ mod tests {
         let rss: f64 = rss_line.split(' ').nth(1).unwrap().parse().unwrap();
         assert!(rss > 1e6, "{rss_line}");
         assert!(get(addr, "/").starts_with("HTTP/1.1 404"));
+    }
+
+    #[test]
+    fn only_get_is_answered_and_a_slow_or_endless_request_holds_back_no_scrape() {
+        let addr = serve("127.0.0.1:0", Arc::default()).unwrap();
+        let mut post = TcpStream::connect(addr).unwrap();
+        write!(post, "POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        post.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 405"), "{reply}");
+        // A client that sent part of its request line and nothing since.
+        let mut slow = TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET /met").unwrap();
+        let started = std::time::Instant::now();
+        assert!(get(addr, "/metrics").starts_with("HTTP/1.1 200 OK"));
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // A request line without end is cut off after a few KiB.
+        let mut endless = TcpStream::connect(addr).unwrap();
+        endless
+            .set_write_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let chunk = vec![b'A'; 64 << 10];
+        let mut sent = 0usize;
+        while sent < 128 << 20 && endless.write_all(&chunk).is_ok() {
+            sent += chunk.len();
+        }
+        assert!(sent < 16 << 20, "{} MiB sent, never cut off", sent >> 20);
+        assert!(get(addr, "/metrics").starts_with("HTTP/1.1 200 OK"));
     }
 
     #[test]

@@ -32,6 +32,11 @@ const MIN_WIDTH: usize = 60;
 const INDENT: &str = "  ";
 /// Narrowest a shortened name gets before its column is left out.
 const MIN_NAME: usize = 12;
+/// Widest a name is shown, whatever the width: longer ones (a crafted symbol, a deeply nested
+/// template) are cut in the middle, keeping both the start and the function's own name at the
+/// end. Padding to a width over 65535 panics in `std::fmt`, and a 66,000-character symbol a
+/// user's program carried made every report of its profile panic.
+const MAX_NAME: usize = 2000;
 
 /// How a text column is shortened when the names do not fit.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -122,15 +127,30 @@ fn fit(text: &str, width: usize, shorten: Shorten) -> String {
     }
 }
 
+/// `text` cut in the middle to [`MAX_NAME`] characters with an ellipsis, when longer.
+fn clip(text: &str) -> Cow<'_, str> {
+    let count = chars(text);
+    if count <= MAX_NAME {
+        return Cow::Borrowed(text);
+    }
+    let head: String = text.chars().take(MAX_NAME / 2).collect();
+    let tail: String = text
+        .chars()
+        .skip(count - (MAX_NAME - 1 - MAX_NAME / 2))
+        .collect();
+    Cow::Owned(format!("{head}…{tail}"))
+}
+
 /// Writes an aligned table: numbers at their natural width, names sharing what is left of
-/// `width` in column order, optional names left out when no room remains.
+/// `width` in column order (at most [`MAX_NAME`] each), optional names left out when no room
+/// remains.
 fn table(out: &mut String, width: usize, columns: &[Column], rows: &[Vec<String>]) {
     let natural: Vec<usize> = columns
         .iter()
         .enumerate()
         .map(|(i, column)| {
             rows.iter()
-                .map(|row| chars(&row[i]))
+                .map(|row| chars(&row[i]).min(MAX_NAME))
                 .chain([chars(&column.header)])
                 .max()
                 .unwrap_or(0)
@@ -176,7 +196,7 @@ fn table(out: &mut String, width: usize, columns: &[Column], rows: &[Vec<String>
             if column.shorten == Shorten::Never {
                 let _ = write!(text, "{cell:>width$}");
             } else {
-                let _ = write!(text, "{:<width$}", fit(cell, *width, column.shorten));
+                let _ = write!(text, "{:<width$}", fit(&clip(cell), *width, column.shorten));
             }
         }
         text.trim_end().to_string()
@@ -950,5 +970,64 @@ fn render_accounting(profile: &Profile, width: usize, out: &mut String) {
     }
     for (what, count) in nonzero {
         let _ = writeln!(out, "{INDENT}{count:>10}  {what}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        aggregate::test_samples,
+        profile::file::{decode_profile, encode_profile},
+        report::{render_report, ViewArgs},
+    };
+
+    #[test]
+    fn a_symbol_longer_than_formatting_can_pad_is_cut_in_the_middle_and_kept_whole_in_the_profile()
+    {
+        let mut profile = test_samples::profile();
+        let long = format!("{}::compute", "x".repeat(66_000));
+        for frame in &mut profile.frames {
+            if frame.function.as_deref() == Some("compute") {
+                frame.function = Some(long.clone());
+            }
+        }
+        // The profile file keeps the whole name.
+        let profile = decode_profile(&encode_profile(&profile).unwrap()).unwrap();
+        assert!(profile
+            .frames
+            .iter()
+            .any(|f| f.function.as_deref() == Some(long.as_str())));
+        for by in [
+            ViewKind::Function,
+            ViewKind::Line,
+            ViewKind::Instruction,
+            ViewKind::Module,
+        ] {
+            for width in [None, Some(WIDTH), Some(100_000)] {
+                let args = ViewArgs {
+                    by,
+                    width,
+                    ..ViewArgs::default()
+                };
+                let text = render_report(&profile, &args).unwrap().text;
+                if by == ViewKind::Function {
+                    let row = text
+                        .lines()
+                        .find(|line| line.contains("::compute") && line.contains('…'))
+                        .unwrap_or_else(|| panic!("{args:?}: no shortened row"));
+                    assert!(chars(row) <= MAX_NAME + 100, "{args:?}: {}", chars(row));
+                    if width != Some(WIDTH) {
+                        assert!(row.contains("xxx…xxx"), "cut in the middle: {row:.200}");
+                    }
+                }
+                let json = render_report(&profile, &ViewArgs { json: true, ..args })
+                    .unwrap()
+                    .text;
+                if by == ViewKind::Function {
+                    assert!(json.contains(&long), "JSON keeps the whole name");
+                }
+            }
+        }
     }
 }

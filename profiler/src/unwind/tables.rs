@@ -5,13 +5,15 @@
 //! CFI the rows cannot express becomes [`CfaRule::Unsupported`] or [`SavedAt::Unsupported`] and
 //! is counted by pattern.
 //!
-//! A [`TableCache`] compiles each file once, keyed by its build ID (else its path, size and
-//! modification time), so that a library mapped by many processes costs one compilation, and
-//! keeps the tables on disk across runs ([`crate::disk_cache`]): every count is bounded by the
-//! file's size, every row checked, and the whole file by a checksum; a bad file is refused with
-//! the reason and recompiled.
+//! A [`TableCache`] compiles each file once, keyed by its build ID (else the file itself) and
+//! the digest of its call-frame information, so that a library mapped by many processes costs
+//! one compilation, and keeps the tables on disk across runs ([`crate::disk_cache`]): every
+//! count is bounded by the file's size, every row checked, and the whole file by a checksum; a
+//! bad file is refused with the reason and recompiled. Compiling holds no more rows than a
+//! table may have, and reads no CFI section over 256 MB ([`CompileLimits`]).
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, HashMap, HashSet},
     fs::File,
     ops::Range,
@@ -27,6 +29,7 @@ use gimli::{
 };
 use object::{Object, ObjectSection, ReadRef, SectionKind};
 use profiler_common::unwind::{CfaRule, SavedAt, UnwindRow, MAX_TABLE_ROWS};
+use sha2::{Digest, Sha256};
 
 use crate::disk_cache::{end_file, start_file, CacheBytes, CacheDir};
 use crate::input::ModuleImage;
@@ -163,65 +166,203 @@ struct FdeRows {
     rows: Vec<(u64, UnwindRow)>,
 }
 
-/// Compiles an ELF file's `.eh_frame` and `.debug_frame` into rows.
-pub fn compile<'d, R: ReadRef<'d>>(elf: &object::File<'d, R>) -> Result<UnwindTable> {
-    if elf.architecture() != object::Architecture::X86_64 {
-        bail!(
-            "unwind tables are compiled for x86-64 only, and this file is for {:?}",
-            elf.architecture()
-        );
-    }
-    let section = |name: &str| elf.section_by_name(name);
-    let mut bases = BaseAddresses::default();
-    if let Some(text) = section(".text") {
-        bases = bases.set_text(text.address());
-    }
-    if let Some(got) = section(".got") {
-        bases = bases.set_got(got.address());
-    }
-    let mut stats = CompileStats::default();
-    let mut fdes = Vec::new();
-    if let Some(eh_frame) = section(".eh_frame") {
-        let data = eh_frame.uncompressed_data().context("reading .eh_frame")?;
-        let bases = bases.clone().set_eh_frame(eh_frame.address());
-        let eh_frame = EhFrame::new(&data, gimli::LittleEndian);
-        read_fdes(&eh_frame, &bases, false, &mut fdes, &mut stats);
-    }
-    if let Some(debug_frame) = section(".debug_frame") {
-        let data = debug_frame
-            .uncompressed_data()
-            .context("reading .debug_frame")?;
-        let mut debug_frame = DebugFrame::new(&data, gimli::LittleEndian);
-        debug_frame.set_address_size(8);
-        read_fdes(&debug_frame, &bases, true, &mut fdes, &mut stats);
-    }
-    let executable: Vec<Range<u64>> = elf
-        .sections()
-        .filter(|s| s.kind() == SectionKind::Text && s.size() > 0)
-        .map(|s| s.address()..s.address() + s.size())
-        .collect();
-    lay_out(fdes, &executable, stats)
+/// What compiling one file may take, whatever its sections say: a crafted `.debug_frame` of
+/// one-byte rows once held over 1 GiB of rows, and ended the recording, before the table's size
+/// was checked. A file over a limit gets no table, and the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompileLimits {
+    /// Bytes of one CFI section read, after decompression (libc's `.eh_frame` is 150 KB).
+    pub section_bytes: u64,
+    /// Rows held at once while compiling: the FDEs' rows, counted as gimli produces them, then
+    /// the table's.
+    pub rows: usize,
 }
 
-/// Evaluates every FDE of one section into rows. A malformed FDE is counted and skipped; a
-/// malformed entry header ends the section, since the entries after it cannot be found.
+impl CompileLimits {
+    /// As many rows as a table may hold ([`MAX_TABLE_ROWS`], 24 bytes each while compiling).
+    pub const DEFAULT: CompileLimits = CompileLimits {
+        section_bytes: 256 << 20,
+        rows: MAX_TABLE_ROWS as usize,
+    };
+}
+
+/// Everything a table is compiled from, read out of the file: the table is a function of these
+/// alone, so their digest tells the tables of different files apart (see [`TableKey`]).
+#[derive(Clone, Debug, Default)]
+pub struct CfiSections<'d> {
+    pub architecture: String,
+    /// `.eh_frame`'s address and bytes.
+    pub eh_frame: Option<(u64, Cow<'d, [u8]>)>,
+    pub debug_frame: Option<Cow<'d, [u8]>>,
+    /// Addresses of `.text` and `.got`, which CFI pointers may be relative to.
+    pub text: Option<u64>,
+    pub got: Option<u64>,
+    /// Executable sections' address ranges.
+    pub executable: Vec<Range<u64>>,
+}
+
+impl<'d> CfiSections<'d> {
+    /// Reads the sections of `elf`, refusing one over `limits.section_bytes` before reading it.
+    pub fn read<R: ReadRef<'d>>(
+        elf: &object::File<'d, R>,
+        limits: &CompileLimits,
+    ) -> Result<CfiSections<'d>> {
+        let read = |name: &str| -> Result<Option<(u64, Cow<'d, [u8]>)>> {
+            let Some(section) = elf.section_by_name(name) else {
+                return Ok(None);
+            };
+            let over = |size: u64| {
+                anyhow!(
+                    "{name} is {size} bytes, more than the {} a CFI section may take",
+                    limits.section_bytes
+                )
+            };
+            if section.size() > limits.section_bytes {
+                return Err(over(section.size()));
+            }
+            let compressed = section
+                .compressed_data()
+                .with_context(|| format!("reading {name}"))?;
+            if compressed.uncompressed_size > limits.section_bytes {
+                return Err(over(compressed.uncompressed_size));
+            }
+            let data = compressed
+                .decompress()
+                .with_context(|| format!("reading {name}"))?;
+            Ok(Some((section.address(), data)))
+        };
+        let address = |name: &str| elf.section_by_name(name).map(|s| s.address());
+        Ok(CfiSections {
+            architecture: format!("{:?}", elf.architecture()),
+            eh_frame: read(".eh_frame")?,
+            debug_frame: read(".debug_frame")?.map(|(_, data)| data),
+            text: address(".text"),
+            got: address(".got"),
+            executable: elf
+                .sections()
+                .filter(|s| s.kind() == SectionKind::Text && s.size() > 0)
+                .map(|s| s.address()..s.address() + s.size())
+                .collect(),
+        })
+    }
+
+    /// SHA-256 of everything [`CfiSections::compile`] reads.
+    pub fn digest(&self) -> [u8; 32] {
+        let mut hash = Sha256::new();
+        let mut field = |bytes: &[u8]| {
+            hash.update((bytes.len() as u64).to_le_bytes());
+            hash.update(bytes);
+        };
+        field(self.architecture.as_bytes());
+        let (eh_frame_address, eh_frame) = match &self.eh_frame {
+            Some((address, data)) => (Some(*address), Some(data)),
+            None => (None, None),
+        };
+        for (present, bytes) in [
+            (eh_frame.is_some(), eh_frame.map_or(&[][..], |d| d)),
+            (
+                self.debug_frame.is_some(),
+                self.debug_frame.as_deref().unwrap_or_default(),
+            ),
+        ] {
+            field(&[u8::from(present)]);
+            field(bytes);
+        }
+        for address in [eh_frame_address, self.text, self.got] {
+            field(&address.map_or([0; 9], |a| {
+                let mut out = [1; 9];
+                out[1..].copy_from_slice(&a.to_le_bytes());
+                out
+            }));
+        }
+        for range in &self.executable {
+            field(&[range.start.to_le_bytes(), range.end.to_le_bytes()].concat());
+        }
+        hash.finalize().into()
+    }
+
+    /// The sections' rows, holding no more than `limits.rows` of them at any time.
+    pub fn compile(&self, limits: &CompileLimits) -> Result<UnwindTable> {
+        if self.architecture != "X86_64" {
+            bail!(
+                "unwind tables are compiled for x86-64 only, and this file is for {}",
+                self.architecture
+            );
+        }
+        let mut bases = BaseAddresses::default();
+        if let Some(text) = self.text {
+            bases = bases.set_text(text);
+        }
+        if let Some(got) = self.got {
+            bases = bases.set_got(got);
+        }
+        let mut stats = CompileStats::default();
+        let mut fdes = Vec::new();
+        let mut rows_left = limits.rows;
+        if let Some((address, data)) = &self.eh_frame {
+            let bases = bases.clone().set_eh_frame(*address);
+            let eh_frame = EhFrame::new(data, gimli::LittleEndian);
+            read_fdes(
+                &eh_frame,
+                &bases,
+                false,
+                &mut rows_left,
+                &mut fdes,
+                &mut stats,
+            )
+            .map_err(|TooManyRows| too_many_rows(limits.rows))?;
+        }
+        if let Some(data) = &self.debug_frame {
+            let mut debug_frame = DebugFrame::new(data, gimli::LittleEndian);
+            debug_frame.set_address_size(8);
+            read_fdes(
+                &debug_frame,
+                &bases,
+                true,
+                &mut rows_left,
+                &mut fdes,
+                &mut stats,
+            )
+            .map_err(|TooManyRows| too_many_rows(limits.rows))?;
+        }
+        lay_out(fdes, &self.executable, stats, limits.rows)
+    }
+}
+
+/// Compiles an ELF file's `.eh_frame` and `.debug_frame` into rows.
+pub fn compile<'d, R: ReadRef<'d>>(elf: &object::File<'d, R>) -> Result<UnwindTable> {
+    CfiSections::read(elf, &CompileLimits::DEFAULT)?.compile(&CompileLimits::DEFAULT)
+}
+
+/// CFI with more rows than a table may hold, found before the rows are held.
+struct TooManyRows;
+
+/// The refusal of CFI with more than `limit` rows.
+fn too_many_rows(limit: usize) -> anyhow::Error {
+    anyhow!("more than the {limit} unwind rows a table may hold")
+}
+
+/// Evaluates every FDE of one section into rows, taking them out of `rows_left`. A malformed
+/// FDE is counted and skipped; a malformed entry header ends the section, since the entries
+/// after it cannot be found. More rows than are left refuse the file.
 fn read_fdes<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     section: &S,
     bases: &BaseAddresses,
     from_debug_frame: bool,
+    rows_left: &mut usize,
     out: &mut Vec<FdeRows>,
     stats: &mut CompileStats,
-) {
+) -> Result<(), TooManyRows> {
     let mut context = Box::new(UnwindContext::new());
     let mut entries = section.entries(bases);
     loop {
         let partial = match entries.next() {
             Ok(Some(CieOrFde::Fde(partial))) => partial,
             Ok(Some(CieOrFde::Cie(_))) => continue,
-            Ok(None) => return,
+            Ok(None) => return Ok(()),
             Err(_) => {
                 stats.malformed_fdes += 1;
-                return;
+                return Ok(());
             }
         };
         let Ok(fde) = partial.parse(S::cie_from_offset) else {
@@ -232,7 +373,7 @@ fn read_fdes<R: Reader<Offset = usize>, S: UnwindSection<R>>(
         if range.is_empty() {
             continue;
         }
-        match fde_rows(section, bases, &mut context, &fde, stats) {
+        match fde_rows(section, bases, &mut context, &fde, rows_left, stats)? {
             Ok(rows) => {
                 stats.fdes += 1;
                 out.push(FdeRows {
@@ -246,24 +387,39 @@ fn read_fdes<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     }
 }
 
-/// One FDE's rows, with what they cost counted.
+/// One FDE's rows, with what they cost counted; an error, before the row is held, when it has
+/// more than `rows_left`.
 fn fde_rows<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     section: &S,
     bases: &BaseAddresses,
     context: &mut UnwindContext<usize>,
     fde: &gimli::FrameDescriptionEntry<R>,
+    rows_left: &mut usize,
     stats: &mut CompileStats,
-) -> gimli::Result<Vec<(u64, UnwindRow)>> {
+) -> Result<gimli::Result<Vec<(u64, UnwindRow)>>, TooManyRows> {
     let signal = fde.is_signal_trampoline();
-    let mut table = fde.rows(section, bases, context)?;
+    let mut table = match fde.rows(section, bases, context) {
+        Ok(table) => table,
+        Err(error) => return Ok(Err(error)),
+    };
     let mut rows = Vec::new();
     let mut counted = CompileStats::default();
-    while let Some(row) = table.next_row()? {
+    loop {
+        let row = match table.next_row() {
+            Ok(Some(row)) => row,
+            Ok(None) => break,
+            Err(error) => {
+                // The rows are let go: give them back.
+                *rows_left += rows.len();
+                return Ok(Err(error));
+            }
+        };
         counted.cfi_rows += 1;
         let (compact, unsupported) = compact_row(section, row, signal);
         if let Some(pattern) = unsupported {
             *counted.unsupported.entry(pattern).or_default() += 1;
         }
+        *rows_left = rows_left.checked_sub(1).ok_or(TooManyRows)?;
         rows.push((row.start_address(), compact));
     }
     // Counted only once the whole FDE evaluated.
@@ -271,7 +427,7 @@ fn fde_rows<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     for (pattern, count) in counted.unsupported {
         *stats.unsupported.entry(pattern).or_default() += count;
     }
-    Ok(rows)
+    Ok(Ok(rows))
 }
 
 /// One of gimli's rows as an [`UnwindRow`] (its `pc` set later), with the pattern that made it
@@ -437,14 +593,16 @@ fn saved_at<R: Reader<Offset = usize>, S: UnwindSection<R>>(
 }
 
 /// Lays the FDEs' rows end to end in address order: gaps between FDEs become
-/// [`CfaRule::NoInfo`] rows, and consecutive rows with the same rule merge.
+/// [`CfaRule::NoInfo`] rows, and consecutive rows with the same rule merge. More than
+/// `max_rows` rows refuse the table as soon as they are reached.
 fn lay_out(
     mut fdes: Vec<FdeRows>,
     executable: &[Range<u64>],
     mut stats: CompileStats,
+    max_rows: usize,
 ) -> Result<UnwindTable> {
     fdes.sort_by_key(|fde| (fde.range.start, fde.from_debug_frame));
-    let mut laid: Vec<(u64, UnwindRow)> = Vec::new();
+    let mut table = Merged::default();
     let mut covered: Vec<Range<u64>> = Vec::new();
     let mut end = 0u64;
     for fde in fdes {
@@ -454,8 +612,8 @@ fn lay_out(
         }
         if fde.range.start < end {
             stats.overlapping_fdes += 1;
-        } else if !laid.is_empty() && fde.range.start > end {
-            laid.push((end, UnwindRow::no_info(0)));
+        } else if table.base.is_some() && fde.range.start > end {
+            table.push(end, UnwindRow::no_info(0))?;
         }
         let start = fde.range.start.max(end);
         // The row in force at `start`, then those after it.
@@ -467,8 +625,11 @@ fn lay_out(
         for (i, (pc, row)) in fde.rows.iter().enumerate().skip(first) {
             let pc = if i == first { start } else { *pc };
             if pc < fde.range.end {
-                laid.push((pc, *row));
+                table.push(pc, *row)?;
             }
+        }
+        if table.rows.len() > max_rows {
+            return Err(too_many_rows(max_rows));
         }
         match covered.last_mut() {
             Some(last) if last.end >= start => last.end = fde.range.end,
@@ -476,15 +637,36 @@ fn lay_out(
         }
         end = fde.range.end;
     }
-    if laid.is_empty() {
+    let Some(base) = table.base else {
         bail!("no call-frame information (no FDE in .eh_frame or .debug_frame)");
+    };
+    table.push(end, UnwindRow::no_info(0))?;
+    if table.rows.len() > max_rows.min(MAX_TABLE_ROWS as usize) {
+        return Err(too_many_rows(max_rows.min(MAX_TABLE_ROWS as usize)));
     }
-    laid.push((end, UnwindRow::no_info(0)));
-    let base = laid[0].0;
-    let mut rows: Vec<UnwindRow> = Vec::with_capacity(laid.len());
-    for (pc, mut row) in laid {
-        row.pc = u32::try_from(pc - base)
-            .map_err(|_| anyhow!("the code with call-frame information spans more than 4 GiB"))?;
+    Ok(UnwindTable {
+        base,
+        rows: table.rows,
+        no_cfi: uncovered(executable, &covered),
+        stats,
+    })
+}
+
+/// Rows laid end to end, merged as they come: addresses are offsets from the first row's.
+#[derive(Default)]
+struct Merged {
+    base: Option<u64>,
+    rows: Vec<UnwindRow>,
+}
+
+impl Merged {
+    fn push(&mut self, pc: u64, mut row: UnwindRow) -> Result<()> {
+        let base = *self.base.get_or_insert(pc);
+        row.pc = pc
+            .checked_sub(base)
+            .and_then(|offset| u32::try_from(offset).ok())
+            .ok_or_else(|| anyhow!("the code with call-frame information spans more than 4 GiB"))?;
+        let rows = &mut self.rows;
         match rows.last_mut() {
             // A later row at the same address replaces an earlier one (an FDE's first row at
             // the end of the previous).
@@ -498,19 +680,8 @@ fn lay_out(
                 rows.pop();
             }
         }
+        Ok(())
     }
-    if rows.len() > MAX_TABLE_ROWS as usize {
-        bail!(
-            "{} unwind rows, more than the {MAX_TABLE_ROWS} a table may hold",
-            rows.len()
-        );
-    }
-    Ok(UnwindTable {
-        base,
-        rows,
-        no_cfi: uncovered(executable, &covered),
-        stats,
-    })
 }
 
 /// The parts of `sections` outside `covered` (sorted, disjoint).
@@ -534,10 +705,16 @@ fn uncovered(sections: &[Range<u64>], covered: &[Range<u64>]) -> Vec<Range<u64>>
     out
 }
 
-/// What identifies a file's tables across processes and runs.
+/// What identifies a file's tables across processes and runs: the file, and the digest of the
+/// sections its table is compiled from ([`CfiSections::digest`]). A build ID alone is whatever
+/// the file says: a user's file that carried a root program's build ID once had its table
+/// cached for the root program, which then unwound by it in every later run.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TableKey {
-    BuildId(Vec<u8>),
+    BuildId {
+        id: Vec<u8>,
+        cfi: [u8; 32],
+    },
     /// For files without a build ID (Rust's toolchain libraries, programs linked without one):
     /// the file itself, not a path to it. The loader reaches files through descriptor paths
     /// (`/proc/self/fd/N`), which differ between runs and each time a file is opened again, so
@@ -547,14 +724,24 @@ pub enum TableKey {
         inode: u64,
         size: u64,
         mtime_ns: i64,
+        cfi: [u8; 32],
     },
 }
 
 impl TableKey {
-    /// The key of `file`: its build ID, else its device, inode, size and modification time.
-    pub fn of<'d, R: ReadRef<'d>>(elf: &object::File<'d, R>, file: &File) -> Result<TableKey> {
+    /// The key of `file`: its build ID, else its device, inode, size and modification time;
+    /// with the digest of `cfi`, read from it.
+    pub fn of<'d, R: ReadRef<'d>>(
+        elf: &object::File<'d, R>,
+        file: &File,
+        cfi: &CfiSections<'d>,
+    ) -> Result<TableKey> {
+        let cfi = cfi.digest();
         if let Some(id) = elf.build_id().ok().flatten().filter(|id| !id.is_empty()) {
-            return Ok(TableKey::BuildId(id.to_vec()));
+            return Ok(TableKey::BuildId {
+                id: id.to_vec(),
+                cfi,
+            });
         }
         let metadata = file.metadata()?;
         Ok(TableKey::File {
@@ -562,34 +749,41 @@ impl TableKey {
             inode: metadata.ino(),
             size: metadata.len(),
             mtime_ns: metadata.mtime() * 1_000_000_000 + metadata.mtime_nsec(),
+            cfi,
         })
     }
 
     /// The key's bytes, as cache files store it.
     fn encode(&self) -> Vec<u8> {
         match self {
-            TableKey::BuildId(id) => [&[0u8][..], id].concat(),
+            TableKey::BuildId { id, cfi } => [&[1u8][..], cfi, id].concat(),
             TableKey::File {
                 device,
                 inode,
                 size,
                 mtime_ns,
+                cfi,
             } => [
-                &[2u8][..],
+                &[3u8][..],
                 &device.to_le_bytes(),
                 &inode.to_le_bytes(),
                 &size.to_le_bytes(),
                 &mtime_ns.to_le_bytes(),
+                cfi,
             ]
             .concat(),
         }
     }
 
-    /// The cache file's name: the build ID in hex, else a hash of the key (which the file
-    /// stores in full, so a collision is only a miss).
+    /// The cache file's name: the build ID in hex and the start of the CFI's digest, else a
+    /// hash of the key (which the file stores in full, so a collision is only a miss).
     fn file_name(&self) -> String {
         match self {
-            TableKey::BuildId(id) => format!("{}.unwind", crate::process::hex(id)),
+            TableKey::BuildId { id, cfi } => format!(
+                "{}-{}.unwind",
+                crate::process::hex(id),
+                crate::process::hex(&cfi[..8])
+            ),
             TableKey::File { .. } => {
                 // FNV-1a: stable across builds, unlike std's hasher.
                 let hash = self.encode().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -746,7 +940,15 @@ impl TableCache {
         let image = ModuleImage::new(file.try_clone()?);
         let elf = object::File::parse(&image)
             .map_err(|e| anyhow!("{}: not an ELF file: {e}", path.display()))?;
-        let key = TableKey::of(&elf, file)?;
+        // Read within the limits before anything else: the key is their digest.
+        let cfi = CfiSections::read(&elf, &CompileLimits::DEFAULT).map_err(|error| {
+            self.stats.compiled += 1;
+            anyhow!(
+                "compiling the unwind table of {}: {error:#}",
+                path.display()
+            )
+        })?;
+        let key = TableKey::of(&elf, file, &cfi)?;
         if let Some(table) = self.memory.get(&key) {
             self.stats.from_memory += 1;
             return table.clone().map_err(|message| anyhow!(message));
@@ -772,7 +974,7 @@ impl TableCache {
             }
             None => {
                 self.stats.compiled += 1;
-                let table = match compile(&elf) {
+                let table = match cfi.compile(&CompileLimits::DEFAULT) {
                     Ok(table) => table,
                     Err(error) => {
                         let message = format!(

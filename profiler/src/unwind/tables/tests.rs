@@ -371,6 +371,11 @@ fn open(path: &Path) -> File {
     open_regular(path, FinalLink::Follow).unwrap()
 }
 
+fn table_key(elf: &object::File<'_>, file: &File) -> TableKey {
+    let cfi = CfiSections::read(elf, &CompileLimits::DEFAULT).unwrap();
+    TableKey::of(elf, file, &cfi).unwrap()
+}
+
 #[test]
 fn tables_are_compiled_once_per_build_id_and_kept_on_disk_across_runs() {
     let dir = tempfile::tempdir().unwrap();
@@ -445,7 +450,7 @@ fn files_without_a_build_id_are_keyed_by_the_file_whatever_path_reaches_it() {
     let data = std::fs::read(&binary).unwrap();
     let elf = object::File::parse(data.as_slice()).unwrap();
     let file = open(&binary);
-    let key = TableKey::of(&elf, &file).unwrap();
+    let key = table_key(&elf, &file);
     let TableKey::File { size, .. } = &key else {
         panic!("{key:?}");
     };
@@ -468,7 +473,7 @@ fn files_without_a_build_id_are_keyed_by_the_file_whatever_path_reaches_it() {
     changed.extend_from_slice(b"more");
     std::fs::write(&binary, &changed).unwrap();
     let elf = object::File::parse(changed.as_slice()).unwrap();
-    assert_ne!(TableKey::of(&elf, &open(&binary)).unwrap(), key);
+    assert_ne!(table_key(&elf, &open(&binary)), key);
 }
 
 #[test]
@@ -483,7 +488,7 @@ fn corrupt_or_hostile_cache_files_are_refused_with_the_reason_and_recompiled() {
     let key_of = |path: &Path| {
         let data = std::fs::read(path).unwrap();
         let elf = object::File::parse(data.as_slice()).unwrap();
-        TableKey::of(&elf, &open(path)).unwrap()
+        table_key(&elf, &open(path))
     };
     let key = key_of(xz);
     let cache_file = cache_dir.join(key.file_name());
@@ -597,7 +602,7 @@ fn fdes_are_laid_end_to_end_with_gaps_marked_overlaps_clipped_and_equal_rows_mer
         fde(0x1030..0x1040, true, &[(0x1030, 64)]),
     ];
     let sections = [0xff0..0x1040, 0x1040..0x1060];
-    let table = lay_out(fdes, &sections, CompileStats::default()).unwrap();
+    let table = lay_out(fdes, &sections, CompileStats::default(), 100).unwrap();
     assert_eq!(table.base, 0x1000);
     let rows: Vec<(u32, u8, i32)> = table
         .rows
@@ -627,7 +632,7 @@ fn fdes_are_laid_end_to_end_with_gaps_marked_overlaps_clipped_and_equal_rows_mer
     assert_eq!(table.lookup(0x1025).unwrap().cfa_rule, none);
     assert_eq!(table.lookup(0x1047).unwrap().cfa_offset, 16);
     assert_eq!(table.lookup(0xfff), None);
-    let err = lay_out(Vec::new(), &[], CompileStats::default()).unwrap_err();
+    let err = lay_out(Vec::new(), &[], CompileStats::default(), 100).unwrap_err();
     assert_eq!(
         err.to_string(),
         "no call-frame information (no FDE in .eh_frame or .debug_frame)"
@@ -667,29 +672,8 @@ fn a_malformed_fde_loses_only_its_own_addresses() {
     let dir = tempfile::tempdir().unwrap();
     let binary = build_workload(dir.path(), "workload", &[]);
     let mut data = std::fs::read(&binary).unwrap();
-    let (good, range, patch_at) = {
-        let elf = object::File::parse(data.as_slice()).unwrap();
-        let good = compile(&elf).unwrap();
-        let section = elf.section_by_name(".eh_frame").unwrap();
-        let (file_offset, _) = section.file_range().unwrap();
-        let bases = BaseAddresses::default().set_eh_frame(section.address());
-        let eh_frame = EhFrame::new(section.data().unwrap(), gimli::LittleEndian);
-        let mut entries = eh_frame.entries(&bases);
-        // The program's last function: its FDE is the last in the section.
-        let mut last = None;
-        while let Some(entry) = entries.next().unwrap() {
-            if let CieOrFde::Fde(partial) = entry {
-                let fde = partial.parse(EhFrame::cie_from_offset).unwrap();
-                assert!(fde.lsda().is_none(), "no augmentation data");
-                last = Some((fde.initial_address()..fde.end_address(), fde.offset()));
-            }
-        }
-        let (range, offset) = last.unwrap();
-        // length, CIE pointer, pc_begin, pc_range, augmentation length: then instructions.
-        (good, range, file_offset as usize + offset + 17)
-    };
-    // DW_CFA 0x17 is no instruction.
-    data[patch_at] = 0x17;
+    let good = compile(&object::File::parse(data.as_slice()).unwrap()).unwrap();
+    let range = break_last_fde(&mut data);
     let elf = object::File::parse(data.as_slice()).unwrap();
     let table = compile(&elf).unwrap();
     assert_eq!(table.stats.malformed_fdes, 1, "{}", table.stats);
@@ -708,4 +692,151 @@ fn a_malformed_fde_loses_only_its_own_addresses() {
         );
     }
     assert!(table.no_cfi.iter().any(|r| r.contains(&range.start)));
+}
+
+/// Makes the last FDE of the program `data` malformed (its first instruction one that does not
+/// exist); the addresses it covers.
+fn break_last_fde(data: &mut [u8]) -> Range<u64> {
+    let (range, patch_at) = {
+        let elf = object::File::parse(&*data).unwrap();
+        let section = elf.section_by_name(".eh_frame").unwrap();
+        let (file_offset, _) = section.file_range().unwrap();
+        let bases = BaseAddresses::default().set_eh_frame(section.address());
+        let eh_frame = EhFrame::new(section.data().unwrap(), gimli::LittleEndian);
+        let mut entries = eh_frame.entries(&bases);
+        // The program's last function: its FDE is the last in the section.
+        let mut last = None;
+        while let Some(entry) = entries.next().unwrap() {
+            if let CieOrFde::Fde(partial) = entry {
+                let fde = partial.parse(EhFrame::cie_from_offset).unwrap();
+                assert!(fde.lsda().is_none(), "no augmentation data");
+                last = Some((fde.initial_address()..fde.end_address(), fde.offset()));
+            }
+        }
+        let (range, offset) = last.unwrap();
+        // length, CIE pointer, pc_begin, pc_range, augmentation length: then instructions.
+        (range, file_offset as usize + offset + 17)
+    };
+    // DW_CFA 0x17 is no instruction.
+    data[patch_at] = 0x17;
+    range
+}
+
+#[test]
+fn files_with_one_build_id_and_different_cfi_get_their_own_tables_in_memory_and_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = dir.path().join("cache");
+    let program = build_workload(dir.path(), "program", &[]);
+    // Another user's file that says it is the same build, with other CFI.
+    let mut data = std::fs::read(&program).unwrap();
+    break_last_fde(&mut data);
+    let impostor = dir.path().join("impostor");
+    std::fs::write(&impostor, &data).unwrap();
+    let build_id = |path: &Path| {
+        let data = std::fs::read(path).unwrap();
+        let elf = object::File::parse(data.as_slice()).unwrap();
+        elf.build_id().unwrap().unwrap().to_vec()
+    };
+    assert_eq!(build_id(&program), build_id(&impostor));
+    let mut cache = TableCache::new(Some(cache_dir.clone()));
+    // The impostor is profiled first.
+    let bad = cache.table(&open(&impostor), &impostor).unwrap();
+    let good = cache.table(&open(&program), &program).unwrap();
+    assert!(*bad != *good, "the impostor's table is its own");
+    assert_eq!(bad.stats.malformed_fdes, 1);
+    assert_eq!(good.stats.malformed_fdes, 0);
+    assert_eq!((cache.stats.compiled, cache.stats.from_memory), (2, 0));
+    assert_eq!(std::fs::read_dir(&cache_dir).unwrap().count(), 2);
+    // Later runs read each back for its own file.
+    let mut next_run = TableCache::new(Some(cache_dir));
+    assert_eq!(*next_run.table(&open(&program), &program).unwrap(), *good);
+    assert_eq!(*next_run.table(&open(&impostor), &impostor).unwrap(), *bad);
+    assert_eq!((next_run.stats.compiled, next_run.stats.from_disk), (0, 2));
+}
+
+/// A `.debug_frame` of one FDE whose instructions are `rows` one-byte DW_CFA_advance_loc, each
+/// a row: the shape that held over 1 GiB of rows from a 60 MB section.
+fn one_byte_rows(rows: usize) -> Vec<u8> {
+    let mut cie = Vec::new();
+    cie.extend_from_slice(&u32::MAX.to_le_bytes()); // CIE id
+    cie.push(1); // version
+    cie.push(0); // augmentation ""
+    cie.push(1); // code alignment
+    cie.push(0x78); // data alignment -8
+    cie.push(16); // return address register
+    cie.extend_from_slice(&[0x0c, 7, 8]); // DW_CFA_def_cfa rsp+8
+    cie.extend_from_slice(&[0x90, 1]); // DW_CFA_offset rip, cfa-8
+    while (cie.len() + 4) % 8 != 0 {
+        cie.push(0); // DW_CFA_nop
+    }
+    let mut fde = Vec::new();
+    fde.extend_from_slice(&0u32.to_le_bytes()); // the CIE at offset 0
+    fde.extend_from_slice(&0x1000u64.to_le_bytes()); // initial location
+    fde.extend_from_slice(&(rows as u64 + 16).to_le_bytes()); // address range
+    fde.resize(fde.len() + rows, 0x41); // DW_CFA_advance_loc 1
+    while (fde.len() + 4) % 8 != 0 {
+        fde.push(0);
+    }
+    let mut section = Vec::new();
+    for entry in [cie, fde] {
+        section.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+        section.extend_from_slice(&entry);
+    }
+    section
+}
+
+fn debug_frame_only(data: &[u8]) -> CfiSections<'_> {
+    CfiSections {
+        architecture: "X86_64".into(),
+        debug_frame: Some(Cow::Borrowed(data)),
+        executable: vec![0x1000..0x1800, 0x1800..0x2000],
+        ..CfiSections::default()
+    }
+}
+
+#[test]
+fn cfi_with_more_rows_than_the_limit_is_refused_before_they_are_held() {
+    let rows = 200_000;
+    let data = one_byte_rows(rows);
+    let sections = debug_frame_only(&data);
+    // Within the limit: every row evaluated, and merged into two.
+    let within = CompileLimits {
+        rows: rows + 1,
+        ..CompileLimits::DEFAULT
+    };
+    let table = sections.compile(&within).unwrap();
+    assert_eq!(table.stats.cfi_rows, rows as u64 + 1);
+    assert_eq!(table.rows.len(), 2);
+    // Over it: refused, having held no more than the limit's rows (24 bytes each, in a vector
+    // that may double) and gimli's evaluation context.
+    let limits = CompileLimits {
+        rows: 1000,
+        ..CompileLimits::DEFAULT
+    };
+    let (result, peak) = crate::alloc_meter::peak_bytes(|| sections.compile(&limits));
+    assert_eq!(
+        result.unwrap_err().to_string(),
+        "more than the 1000 unwind rows a table may hold"
+    );
+    assert!(peak < 1000 * 48 + (64 << 10), "{peak} bytes held");
+    // The default limit is a table's.
+    assert_eq!(CompileLimits::DEFAULT.rows, MAX_TABLE_ROWS as usize);
+}
+
+#[test]
+fn a_cfi_section_over_the_limit_is_refused_unread_with_the_reason() {
+    let xz = Path::new(SYSTEM_FILES[2]);
+    let data = std::fs::read(xz).unwrap();
+    let elf = object::File::parse(data.as_slice()).unwrap();
+    let size = elf.section_by_name(".eh_frame").unwrap().size();
+    let limits = CompileLimits {
+        section_bytes: 1000,
+        ..CompileLimits::DEFAULT
+    };
+    let err = CfiSections::read(&elf, &limits).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(".eh_frame is {size} bytes, more than the 1000 a CFI section may take")
+    );
+    assert!(CfiSections::read(&elf, &CompileLimits::DEFAULT).is_ok());
 }
