@@ -928,3 +928,102 @@ fn a_command_whose_profiler_fails_to_start_never_runs() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Samples whose innermost user frame is in `function` and whose stack reaches `root`.
+fn reaching(profile: &Profile, function: &str, root: &str) -> u64 {
+    profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            let mut user = stack
+                .frames
+                .iter()
+                .map(|&id| &profile.frames[id as usize])
+                .filter(|frame| !frame.kernel);
+            user.next()
+                .is_some_and(|frame| frame.function.as_deref() == Some(function))
+                && user.any(|frame| frame.function.as_deref() == Some(root))
+        })
+        .map(|stack| stack.count)
+        .sum()
+}
+
+#[test]
+fn perfs_call_graph_options_record_the_command_with_its_callers() {
+    let dir = temp_dir("perf-call-graph");
+    let cpu_split = workload("cpu_split");
+    for (i, options) in [
+        &["-g"][..],
+        &["--call-graph", "dwarf"],
+        &["--call-graph", "dwarf,16384"],
+        &["--call-graph", "fp"],
+        &["-g", "--call-graph", "dwarf"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let file = dir.join(format!("run-{i}.prof"));
+        let mut args = vec!["record", "-o", path_str(&file)];
+        args.extend_from_slice(options);
+        // perf's order: the options, then the command with no `--`.
+        args.extend([path_str(&cpu_split), "1500"]);
+        let output = run(&args);
+        assert!(
+            output.status.success(),
+            "{options:?}: {}",
+            text(&output.stderr)
+        );
+        let profile = read_profile(&file).unwrap();
+        let heavy = function_samples(&profile, "cpu_split::heavy_work");
+        assert!(heavy > 100, "{options:?}: {heavy} samples in heavy_work");
+        // Whole stacks: heavy_work's samples reach the program's main.
+        let whole = reaching(&profile, "cpu_split::heavy_work", "cpu_split::main");
+        assert!(
+            whole * 10 >= heavy * 9,
+            "{options:?}: {whole} of heavy_work's {heavy} samples reach main"
+        );
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn unknown_options_and_typos_are_refused_by_name_and_never_run() {
+    let dir = temp_dir("unknown-options");
+    let marker = dir.join("ran");
+    let script = dir.join("program.sh");
+    std::fs::write(&script, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (options, named, suggested) in [
+        (
+            &["--flamegrpah", "fg.svg"][..],
+            "--flamegrpah",
+            Some("--flamegraph"),
+        ),
+        (&["--bogus"], "--bogus", None),
+        (&["-x"], "-x", None),
+        (&["--call-graph", "lbr"], "lbr", Some("--unwind dwarf")),
+        (
+            &["--call-graph", "fp", "--unwind", "dwarf"],
+            "--call-graph",
+            None,
+        ),
+    ] {
+        let mut args = vec!["record"];
+        args.extend_from_slice(options);
+        args.push(path_str(&script));
+        let output = run(&args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{options:?}: {stderr}");
+        assert!(stderr.contains(named), "{options:?}: {stderr}");
+        if let Some(suggested) = suggested {
+            assert!(stderr.contains(suggested), "{options:?}: {stderr}");
+        }
+        assert!(!stderr.contains("cannot run"), "{options:?}: {stderr}");
+        assert!(!marker.exists(), "{options:?} ran the program");
+    }
+    // After the program's name, what follows is the program's own.
+    let output = run(&["record", path_str(&script), "-x", "--bogus"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(marker.exists(), "the program ran with its own options");
+    std::fs::remove_dir_all(dir).ok();
+}

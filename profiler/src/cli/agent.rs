@@ -160,7 +160,7 @@ impl AgentArgs {
                  (--off-cpu) without its wakers"
             );
         }
-        if self.sampling.unwind == Unwind::Check {
+        if self.sampling.unwind() == Unwind::Check {
             bail!(
                 "--unwind check compares two unwinders over one recording: use it with `record`; \
                  the agent takes --unwind dwarf, fp or copy"

@@ -85,9 +85,11 @@ pub struct RecordArgs {
     pub report: ReportOutput,
     /// The command to launch and profile: after `--`, or after the options as perf takes it
     /// (`record ./prog -x`: what follows the program is its own).
+    // No `allow_hyphen_values`: an option the profiler does not know (`-x`, a typo) is refused
+    // by name with a suggestion, never run as the program; after the program's name, its
+    // arguments are its own (`trailing_var_arg`).
     #[arg(
         trailing_var_arg = true,
-        allow_hyphen_values = true,
         value_name = "COMMAND",
         conflicts_with = "pids"
     )]
@@ -175,6 +177,15 @@ pub struct SamplingArgs {
     /// the in-kernel unwinder, costing both).
     #[arg(long, value_enum, default_value_t = Unwind::Dwarf)]
     pub unwind: Unwind,
+    /// perf's `-g`: call stacks are always recorded here, user stacks walked as `--unwind` says;
+    /// taken so that perf's habit works.
+    #[arg(short = 'g', hide_short_help = true)]
+    pub perf_call_graph: bool,
+    /// perf's `--call-graph MODE`: `dwarf` (or `dwarf,SIZE`) is `--unwind dwarf`, `fp` is
+    /// `--unwind fp`.
+    #[arg(long = "call-graph", value_name = "MODE", value_parser = call_graph,
+          conflicts_with = "unwind", hide_short_help = true)]
+    pub call_graph: Option<Unwind>,
     /// With `--unwind copy` or `check`: KiB of user stack copied per sample above the stack
     /// pointer (1 to 32, default 16 for `copy`, 32 for `check`); a deeper stack is cut short and
     /// counted as such.
@@ -247,6 +258,29 @@ impl From<Unwind> for session::Unwind {
 
 /// Entries of a BPF map: at least 1 (the kernel refuses an empty map) and at most
 /// [`MAX_MAP_ENTRIES`].
+/// perf's `--call-graph` modes, as the unwinder that does their job here.
+fn call_graph(mode: &str) -> Result<Unwind, String> {
+    let (method, size) = mode.split_once(',').unwrap_or((mode, ""));
+    match method {
+        "dwarf" if size.is_empty() || size.parse::<u32>().is_ok() => Ok(Unwind::Dwarf),
+        "dwarf" => Err(format!(
+            "'{size}' is not a stack size: perf writes `dwarf,SIZE`; here the kernel walks the \
+             stack with unwind tables and needs no copy (for copies: --unwind copy \
+             --stack-copy-kib KIB)"
+        )),
+        "fp" if size.is_empty() => Ok(Unwind::Fp),
+        "lbr" => Err(
+            "LBR call stacks are not recorded here: use --unwind dwarf (the default), which \
+             walks whole stacks without frame pointers"
+                .to_string(),
+        ),
+        _ => Err(format!(
+            "unknown call-graph mode '{mode}': perf's `dwarf` and `fp` are taken (--unwind \
+             dwarf|fp|copy|check says the same)"
+        )),
+    }
+}
+
 fn map_entries(text: &str) -> Result<u32, String> {
     let entries: u32 = text
         .trim()
@@ -272,6 +306,11 @@ impl RecordArgs {
 }
 
 impl SamplingArgs {
+    /// How user stacks are walked: `--unwind`, or perf's `--call-graph` for it.
+    pub fn unwind(&self) -> Unwind {
+        self.call_graph.unwrap_or(self.unwind)
+    }
+
     /// Bytes of each ring buffer: `--ring-buffer-kib` rounded up to a power of two (at most
     /// [`MAX_RING_BUFFER_KIB`], so it fits).
     pub fn ring_buffer_bytes(&self) -> u32 {

@@ -112,7 +112,7 @@ fn describe_scope(args: &SamplingArgs) -> Option<String> {
 
 /// KiB of user stack each sample copies, with `--unwind copy` or `check`.
 fn stack_copy_kib(args: &SamplingArgs) -> Result<Option<u32>> {
-    match (args.unwind, args.stack_copy_kib) {
+    match (args.unwind(), args.stack_copy_kib) {
         (Unwind::Copy, kib) => Ok(Some(kib.unwrap_or(DEFAULT_STACK_COPY_KIB))),
         // A check compares whole stacks: as deep a copy as there is.
         (Unwind::Check, kib) => Ok(Some(kib.unwrap_or(MAX_STACK_COPY_KIB))),
@@ -160,7 +160,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Captur
         }
     };
     let drain_interval = Duration::from_millis(args.drain_interval);
-    let unwind = session::Unwind::from(args.unwind);
+    let unwind = session::Unwind::from(args.unwind());
     let sizes = map_sizes::resolve(
         &events,
         drain_interval,
