@@ -5,6 +5,8 @@
 
 mod arm_pmu;
 mod bench;
+#[cfg(test)]
+mod doc_links;
 mod kernels;
 mod layers;
 mod setup;
