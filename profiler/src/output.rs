@@ -17,11 +17,11 @@
 
 use std::{
     ffi::{CStr, CString, OsStr, OsString},
-    fs::File,
-    io::{self, BufWriter, Write},
+    fs::{self, File},
+    io::{self, BufWriter, Read, Write},
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::ffi::OsStrExt,
+        unix::{ffi::OsStrExt, fs::DirBuilderExt},
     },
     path::{Component, Path, PathBuf},
     sync::{
@@ -282,6 +282,179 @@ fn may_follow(link: &Path, dir: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A directory the agent writes to for months (`--output-dir`, `--spool-dir`): created if
+/// absent, held open from the check on (a link swapped in for it later changes nothing), and
+/// refused unless this user owns it and no other user may write in it. The agent runs as root:
+/// a file another user planted or swapped in there would be read back or removed as root.
+#[derive(Clone, Debug)]
+pub struct PrivateDir {
+    fd: Arc<OwnedFd>,
+    path: PathBuf,
+}
+
+/// A regular file in a [`PrivateDir`], as `fstatat` sees it without following a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirFile {
+    pub device: u64,
+    pub inode: u64,
+    pub bytes: u64,
+}
+
+impl PrivateDir {
+    /// Creates `path` (and its parents) with `mode` if it does not exist, opens it without
+    /// following a link in its last component, and checks its owner and mode.
+    pub fn open(path: &Path, mode: u32) -> Result<PrivateDir> {
+        const FIX: &str = "give a directory only this user can write (it is created if absent)";
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(path)
+            .with_context(|| format!("cannot create it; {FIX}"))?;
+        let c_path = c_string(path.as_os_str())?;
+        // SAFETY: a NUL-terminated path; the descriptor returned is owned below.
+        let fd = unsafe {
+            libc::open(
+                c_path.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let error = io::Error::last_os_error();
+            // With O_DIRECTORY, Linux answers a link with ENOTDIR rather than ELOOP.
+            let is_link = fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+            match error.raw_os_error() {
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) if is_link => bail!(
+                    "it is a symbolic link, which another user may have swapped in: give the \
+                     directory itself"
+                ),
+                Some(libc::ENOTDIR) => bail!("it is not a directory; {FIX}"),
+                _ => return Err(error).context(format!("cannot open it; {FIX}")),
+            }
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: an all-zero `stat` is a valid value of this plain C struct; fstat writes it
+        // through a valid pointer for an open descriptor.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } != 0 {
+            return Err(io::Error::last_os_error()).context("cannot look at it");
+        }
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let mode = stat.st_mode & 0o7777;
+        if stat.st_uid != me {
+            bail!(
+                "it belongs to user {}, not to this user ({me}), who may change it at any time; \
+                 {FIX}",
+                stat.st_uid
+            );
+        }
+        if mode & 0o022 != 0 {
+            bail!(
+                "other users may write in it (mode {mode:04o}): they could plant or swap the \
+                 files the agent reads back and removes; run `chmod go-w` on it or {FIX}"
+            );
+        }
+        if mode & 0o700 != 0o700 {
+            bail!("this user cannot list and write in it (mode {mode:04o}); {FIX}");
+        }
+        Ok(PrivateDir {
+            fd: Arc::new(fd),
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `name` in this directory as an output of `option`, written as every output is (a new
+    /// file renamed over the old entry, never through a link).
+    pub fn output(&self, option: &'static str, name: &str) -> Result<Output> {
+        Ok(Output {
+            option,
+            path: self.path.join(name),
+            target: Target::File {
+                dir: self.fd.clone(),
+                name: c_string(OsStr::new(name))?,
+            },
+        })
+    }
+
+    /// `name` if it is a regular file (not a link, whatever it points to).
+    pub fn file(&self, name: &str) -> Option<DirFile> {
+        let stat = stat_at(
+            &self.fd,
+            &c_string(OsStr::new(name)).ok()?,
+            libc::AT_SYMLINK_NOFOLLOW,
+        );
+        let stat = stat.ok()?;
+        (stat.st_mode & libc::S_IFMT == libc::S_IFREG).then_some(DirFile {
+            device: stat.st_dev,
+            inode: stat.st_ino,
+            bytes: stat.st_size as u64,
+        })
+    }
+
+    /// The names in the directory.
+    pub fn names(&self) -> io::Result<Vec<String>> {
+        // The directory held open, not the path, which may lead elsewhere by now.
+        let entries = fs::read_dir(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))?;
+        Ok(entries
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .collect())
+    }
+
+    /// Reads the regular file `name`, refusing one larger than `max_bytes`.
+    pub fn read(&self, name: &str, max_bytes: u64) -> io::Result<Vec<u8>> {
+        let c_name = c_string(OsStr::new(name)).map_err(io::Error::other)?;
+        // SAFETY: an open directory descriptor and a NUL-terminated name; the descriptor
+        // returned is owned below.
+        let fd = unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c_name.as_ptr(),
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let metadata = file.metadata()?;
+        if !metadata.is_file() || metadata.len() > max_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: not a regular file of at most {max_bytes} bytes",
+                    self.path.join(name).display()
+                ),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(metadata.len() as usize);
+        // Bounded even if the file grows while it is read.
+        file.take(max_bytes + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > max_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: grew while it was read", self.path.join(name).display()),
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// Removes the entry `name` (a link itself, never what it points to).
+    pub fn remove(&self, name: &str) -> io::Result<()> {
+        let c_name = c_string(OsStr::new(name)).map_err(io::Error::other)?;
+        // SAFETY: an open directory descriptor and a NUL-terminated name.
+        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c_name.as_ptr(), 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
 }
 
 /// Temporary files being written, removed by [`remove_temporaries`] when the profiler exits on

@@ -13,8 +13,8 @@ use std::{
 };
 
 use common::{
-    google_pprof, profiler_bin, read_pprof, require_root, temp_dir, wait_until_recording, workload,
-    Running,
+    google_pprof, is_window, profiler_bin, read_pprof, require_root, temp_dir,
+    wait_until_recording, workload, Running,
 };
 use profiler::export::pprof::proto;
 use profiler_common::capture::LossKind;
@@ -76,9 +76,11 @@ impl WindowFile {
 
 /// The windows written into `dir`, oldest first (their names start with their start time).
 fn window_files(dir: &Path) -> Vec<WindowFile> {
+    // The agent's index of what it wrote is no window.
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|entry| entry.unwrap().path())
+        .filter(|path| is_window(path))
         .collect();
     paths.sort();
     paths.iter().map(|path| WindowFile::read(path)).collect()
@@ -277,15 +279,16 @@ fn the_agent_needs_somewhere_to_export() {
         stderr.contains("nowhere to export the profiles: give --output-dir DIR"),
         "{stderr}"
     );
-    let missing = Command::new(profiler_bin())
-        .args(["agent", "--output-dir", "/nonexistent/profiles"])
+    // A missing directory is created (see tests/security.rs); a file is no directory.
+    let not_a_directory = Command::new(profiler_bin())
+        .args(["agent", "--output-dir", "/etc/hostname"])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&missing.stderr);
+    let stderr = String::from_utf8_lossy(&not_a_directory.stderr);
     assert!(
-        !missing.status.success()
-            && stderr.contains("/nonexistent")
-            && stderr.contains("does not exist"),
+        !not_a_directory.status.success()
+            && stderr.contains("--output-dir /etc/hostname")
+            && stderr.contains("cannot create it"),
         "{stderr}"
     );
 }

@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{
-    c_workload::build_no_frame_pointers, metric, metrics_address, profiler_bin, read_pprof, scrape,
-    wait_until_recording, workload, Running,
+    c_workload::build_no_frame_pointers, is_window, metric, metrics_address, profiler_bin,
+    read_pprof, scrape, wait_until_recording, workload, Running,
 };
 use receiver::Receiver;
 
@@ -221,7 +221,10 @@ fn a_backend_that_never_answers_holds_up_no_other_window() {
     assert!(!log.contains("dropped"), "{log}");
     assert_eq!(metric(&scraped, "profiler_windows_dropped_total", &[]), 0.0);
     let exported = log.matches("exported to --output-dir").count();
-    let files = std::fs::read_dir(windows.path()).unwrap().count();
+    let files = std::fs::read_dir(windows.path())
+        .unwrap()
+        .filter(|entry| is_window(&entry.as_ref().unwrap().path()))
+        .count();
     assert!(exported >= 14, "{exported} windows\n{log}");
     assert_eq!(files, exported, "{log}");
     let backend = format!("--pyroscope {hung_url}");
@@ -466,7 +469,11 @@ fn the_agent_lets_go_of_the_files_and_unwind_tables_of_programs_that_exited() {
     let mut sampled = std::collections::HashSet::new();
     let mut unwound_to_main = std::collections::HashSet::new();
     for window in std::fs::read_dir(windows.path()).unwrap() {
-        let profile = read_pprof(&window.unwrap().path());
+        let window = window.unwrap().path();
+        if !is_window(&window) {
+            continue;
+        }
+        let profile = read_pprof(&window);
         let profile = &profile;
         let string = |index: i64| profile.string_table[index as usize].as_str();
         for sample in &profile.sample {

@@ -13,8 +13,8 @@ use std::{
 };
 
 use common::{
-    metric, metrics_address, profiler, profiler_bin, read_pprof, report_json, scrape, temp_dir,
-    wait_until_recording, workload, Running,
+    is_window, metric, metrics_address, profiler, profiler_bin, read_pprof, report_json, scrape,
+    temp_dir, wait_until_recording, workload, Running,
 };
 use serde_json::Value;
 
@@ -1205,7 +1205,11 @@ fn the_agent_exports_off_cpu_time_per_window() {
     let mut sums: HashMap<&str, u64> = HashMap::new();
     let mut files = 0;
     for entry in std::fs::read_dir(&windows).unwrap() {
-        let profile = read_pprof(&entry.unwrap().path());
+        let path = entry.unwrap().path();
+        if !is_window(&path) {
+            continue;
+        }
+        let profile = read_pprof(&path);
         files += 1;
         let text = |index: i64| profile.string_table[index as usize].as_str();
         let column = profile

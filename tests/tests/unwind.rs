@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::{
     c_workload::{build_dlopened_library, build_no_frame_pointers},
-    profiler, profiler_bin, read_pprof, record_to, report_json, temp_dir, wait_until_recording,
-    workload, Running,
+    is_window, profiler, profiler_bin, read_pprof, record_to, report_json, temp_dir,
+    wait_until_recording, workload, Running,
 };
 
 /// The C workload's "mix" mode, built without frame pointers.
@@ -453,7 +453,11 @@ fn the_agents_windows_end_a_deep_walk_at_the_same_126_frames() {
     // Leaf first, as pprof lists a sample's locations.
     let mut leaf_stacks: Vec<(Vec<String>, u64)> = Vec::new();
     for entry in std::fs::read_dir(&windows).unwrap() {
-        let profile = read_pprof(&entry.unwrap().path());
+        let path = entry.unwrap().path();
+        if !is_window(&path) {
+            continue;
+        }
+        let profile = read_pprof(&path);
         let text = |index: i64| profile.string_table[index as usize].clone();
         let function_of_location: HashMap<u64, String> = profile
             .location

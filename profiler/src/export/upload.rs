@@ -8,12 +8,12 @@
 //! is (another 4xx) is dropped and counted at once: sending it again would be refused again.
 //! The spool survives a restart of the agent: windows left in it are sent by the next run.
 
-use std::fs;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::ExportError;
+use crate::output::PrivateDir;
 
 /// How long one request may take, connection included. Requests run on the backend's own
 /// upload thread ([`super::delivery`]): a backend that accepts connections but never answers
@@ -152,8 +152,9 @@ impl Uploader {
     /// Sends spooled windows oldest first until the spool is empty or the backend fails.
     fn send_spooled(&mut self, refusals: &mut Vec<String>) {
         while let Some(entry) = self.spool.entries.first().cloned() {
-            let Ok(body) = fs::read(&entry.path) else {
-                // Removed behind our back: nothing left to send.
+            // Bounded by what was written: a window is never larger than the whole spool.
+            let Ok(body) = self.spool.dir.read(&entry.name, self.spool.limit) else {
+                // Removed or changed behind our back: nothing left to send.
                 self.spool.remove_oldest();
                 continue;
             };
@@ -227,14 +228,14 @@ impl Uploader {
 
 #[derive(Clone)]
 struct SpoolEntry {
-    path: PathBuf,
+    name: String,
     bytes: u64,
     sequence: u64,
 }
 
 /// Windows on disk, oldest first, at most `limit` bytes in all.
 struct Spool {
-    dir: PathBuf,
+    dir: PrivateDir,
     limit: u64,
     entries: Vec<SpoolEntry>,
 }
@@ -244,46 +245,26 @@ impl Spool {
     /// agent runs as root: a directory another user owns or may write to could feed it files,
     /// so it is refused.
     fn open(dir: &Path, limit: u64) -> Result<Spool, ExportError> {
-        let problem = |why: String| {
-            ExportError::Upload(format!(
-                "spool directory {}: {why}; give --spool-dir a directory only this user can write",
-                dir.display()
-            ))
-        };
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| problem(format!("cannot create it ({e})")))?;
-        let meta = fs::symlink_metadata(dir).map_err(|e| problem(e.to_string()))?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        if !meta.is_dir() || meta.uid() != euid || meta.permissions().mode() & 0o022 != 0 {
-            return Err(problem(
-                "it is not a directory owned by this user and writable by it alone".into(),
-            ));
-        }
-        let mut entries: Vec<SpoolEntry> = fs::read_dir(dir)
-            .map_err(|e| problem(e.to_string()))?
-            .filter_map(|entry| {
-                let entry = entry.ok()?;
-                let sequence = entry
-                    .file_name()
-                    .to_str()?
-                    .strip_suffix(".window")?
-                    .parse()
-                    .ok()?;
-                let meta = entry.metadata().ok()?;
-                meta.is_file().then(|| SpoolEntry {
-                    path: entry.path(),
-                    bytes: meta.len(),
+        let dir = PrivateDir::open(dir, 0o700)
+            .map_err(|e| ExportError::Upload(format!("--spool-dir {}: {e:#}", dir.display())))?;
+        let names = dir.names().map_err(|e| {
+            ExportError::Upload(format!("--spool-dir {}: {e}", dir.path().display()))
+        })?;
+        let mut entries: Vec<SpoolEntry> = names
+            .into_iter()
+            .filter_map(|name| {
+                let sequence = name.strip_suffix(".window")?.parse().ok()?;
+                let bytes = dir.file(&name)?.bytes;
+                Some(SpoolEntry {
+                    name,
+                    bytes,
                     sequence,
                 })
             })
             .collect();
         entries.sort_by_key(|e| e.sequence);
         let mut spool = Spool {
-            dir: dir.to_path_buf(),
+            dir,
             limit,
             entries,
         };
@@ -313,20 +294,13 @@ impl Spool {
             dropped += 1;
         }
         let sequence = self.entries.last().map_or(0, |e| e.sequence + 1);
-        let path = self.dir.join(format!("{sequence:020}.window"));
-        let written = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .and_then(|mut file| std::io::Write::write_all(&mut file, body));
-        if let Err(e) = written {
-            fs::remove_file(&path).ok();
-            return Err(format!("cannot write {} ({e})", path.display()));
-        }
+        let name = format!("{sequence:020}.window");
+        self.dir
+            .output("--spool-dir", &name)
+            .and_then(|output| output.write(|out| Ok(out.write_all(body)?)))
+            .map_err(|e| format!("{e:#}"))?;
         self.entries.push(SpoolEntry {
-            path,
+            name,
             bytes,
             sequence,
         });
@@ -336,7 +310,7 @@ impl Spool {
     fn remove_oldest(&mut self) {
         if !self.entries.is_empty() {
             let oldest = self.entries.remove(0);
-            fs::remove_file(oldest.path).ok();
+            self.dir.remove(&oldest.name).ok();
         }
     }
 }
@@ -344,8 +318,10 @@ impl Spool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::fs;
+    use std::io::{BufRead, BufReader, Read};
     use std::net::TcpListener;
+    use std::os::unix::fs::PermissionsExt;
     use std::sync::mpsc;
 
     /// A backend that answers each request with the next status of `statuses`, and reports
@@ -474,6 +450,9 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert!(error.contains("writable by it alone"), "{error}");
+        assert!(
+            error.contains("other users may write in it (mode 0777)"),
+            "{error}"
+        );
     }
 }

@@ -378,6 +378,12 @@ pub fn google_pprof() -> PathBuf {
     binary
 }
 
+/// Whether `path` is one of the agent's `--output-dir` windows (the directory also holds the
+/// agent's index of what it wrote).
+pub fn is_window(path: &std::path::Path) -> bool {
+    path.to_string_lossy().ends_with(".pb.gz")
+}
+
 /// A gzipped pprof file, decoded.
 pub fn read_pprof(path: &std::path::Path) -> profiler::export::pprof::proto::Profile {
     use prost::Message as _;
