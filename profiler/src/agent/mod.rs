@@ -22,7 +22,7 @@ use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 use self::log::{log, LogLevel};
 use crate::{
     aggregate::dataspace::capture_data_objects,
-    assemble::drained::assemble,
+    assemble::{drained::assemble, UNREADABLE_MODULE_LOSS},
     export::upload::UploadCounts,
     export::{
         offcpu::add_off_cpu_event,
@@ -102,6 +102,22 @@ impl Exporter {
             let lost = capture.accounting.samples_lost();
             self.count_samples(&capture);
             let profile = self.profile(capture, &mut symbols);
+            let unreadable: u64 = profile
+                .losses
+                .counters
+                .iter()
+                .filter(|(what, _)| what.starts_with(UNREADABLE_MODULE_LOSS))
+                .map(|(_, addresses)| addresses)
+                .sum();
+            if unreadable > 0 {
+                self.metrics.add(
+                    "profiler_unreadable_code_total",
+                    "Code addresses left unnamed because their module file could not be opened \
+                     (each window's losses name the modules).",
+                    &[],
+                    unreadable as f64,
+                );
+            }
             // Sampled events only: the off-CPU "event" counts nanoseconds.
             let sampled = self.events.len() as u32;
             let samples: u64 = profile

@@ -197,7 +197,7 @@ impl<'a> ProfileBuilder<'a> {
     }
 
     /// Symbolizes every address added, in one batch, and makes the profile.
-    pub fn build(self, meta: ProfileMeta, events: Vec<EventInfo>, losses: Losses) -> Profile {
+    pub fn build(self, meta: ProfileMeta, events: Vec<EventInfo>, mut losses: Losses) -> Profile {
         let ProfileBuilder {
             mut table,
             origin,
@@ -222,6 +222,7 @@ impl<'a> ProfileBuilder<'a> {
             .chain(latencies.iter().map(|(k, _)| code(k.pid, k.ip)))
             .chain(hardware.instructions().map(|(pid, ip)| code(pid, ip)));
         table.resolve(addresses);
+        count_unreadable_modules(&mut losses, &table.known.unreadable);
 
         // Symbolized once per distinct stack, however many threads and events share it.
         let frames: Vec<Vec<FrameId>> = stacks
@@ -427,6 +428,38 @@ fn cgroup_workloads() -> HashMap<u64, String> {
             ))
         })
         .collect()
+}
+
+/// How the losses name code left unnamed because its module could not be opened.
+pub const UNREADABLE_MODULE_LOSS: &str = "code addresses unnamed: ";
+
+/// Modules named one by one in the losses when their files could not be opened; the rest share
+/// one line (a user can map thousands of files).
+const UNREADABLE_MODULES_NAMED: usize = 16;
+
+/// Says in the losses which modules' code stayed unnamed because their files could not be
+/// opened, most addresses first.
+fn count_unreadable_modules(losses: &mut Losses, unreadable: &BTreeMap<String, u64>) {
+    let mut modules: Vec<(&String, &u64)> = unreadable.iter().collect();
+    modules.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    for (module, addresses) in modules.iter().take(UNREADABLE_MODULES_NAMED) {
+        losses.counters.insert(
+            format!("{UNREADABLE_MODULE_LOSS}the module could not be opened: {module}"),
+            **addresses,
+        );
+    }
+    let rest = modules.len().saturating_sub(UNREADABLE_MODULES_NAMED);
+    if rest > 0 {
+        let addresses = modules
+            .iter()
+            .skip(UNREADABLE_MODULES_NAMED)
+            .map(|m| *m.1)
+            .sum();
+        losses.counters.insert(
+            format!("{UNREADABLE_MODULE_LOSS}{rest} more modules could not be opened"),
+            addresses,
+        );
+    }
 }
 
 #[cfg(test)]

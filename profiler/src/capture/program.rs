@@ -201,6 +201,8 @@ impl CaptureProgram {
         offcpu: Option<(OffCpuConfig, Attachment)>,
     ) -> Result<CaptureProgram> {
         lift_memlock_limit();
+        // Module files are kept open for as long as the capture runs.
+        crate::process::raise_open_file_limit();
         let offcpu_config = offcpu.map_or(OffCpuConfig::EMPTY, |(config, _)| config);
         let mut loader = EbpfLoader::new();
         loader

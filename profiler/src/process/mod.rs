@@ -14,7 +14,7 @@ mod table;
 pub mod vdso;
 
 pub use build_id::hex;
-pub use files::{FileInode, MappedFiles};
+pub use files::{open_file_budget, raise_open_file_limit, FileInode, MappedFiles};
 pub use kernel_code::KernelCode;
 pub use mapping::{parse_maps_line, FileIdentity, Mapping};
 pub(crate) use pending::{Pending, RecordBytes};

@@ -12,7 +12,7 @@ use std::{
 
 use super::{
     build_id::build_id_of,
-    files::{FileInode, MappedFiles},
+    files::{open_again, FileInode, MappedFiles, WINDOW_REOPENS},
     kernel_code::KernelCode,
     mapping::{parse_maps_line, FileIdentity, Mapping},
     pending::{Pending, RecordBytes},
@@ -213,19 +213,16 @@ impl ProcessTable {
             return;
         }
         // A file already open (the same build ID, or the same inode) is not opened and read
-        // again: under process churn every new process maps the same few files.
+        // again: under process churn every new process maps the same few files. One closed
+        // for the budget since is opened again, through this process.
         let known = match (&mapping.build_id, inode) {
             (Some(build_id), _) => self.files.by_build_id.get(build_id).copied(),
-            (None, Some(inode)) => {
-                let identity = (libc::makedev(inode.major, inode.minor), inode.inode);
-                self.files
-                    .by_identity
-                    .contains_key(&identity)
-                    .then_some(identity)
-            }
+            (None, Some(inode)) => Some((libc::makedev(inode.major, inode.minor), inode.inode)),
             (None, None) => None,
-        };
+        }
+        .filter(|identity| self.files.is_open(*identity));
         if let Some(identity) = known {
+            self.files.touch(identity);
             mapping.file = Some(identity);
             if mapping.build_id.is_none() {
                 mapping.build_id = self.files.build_ids.get(&identity).cloned().flatten();
@@ -501,11 +498,7 @@ impl ProcessTable {
             .flat_map(ProcessInfo::all_mappings)
             .filter_map(|mapping| mapping.file)
             .collect();
-        let open = self.files.by_identity.len();
-        self.files
-            .by_identity
-            .retain(|identity, _| mapped.contains(identity));
-        self.files.closed += (open - self.files.by_identity.len()) as u64;
+        self.files.retain_open(|identity| mapped.contains(identity));
         self.files
             .by_path
             .retain(|_, identity| mapped.contains(identity));
@@ -554,12 +547,32 @@ impl ProcessTable {
     /// A table of `processes` with the thread names and the files they map (shared, not
     /// reopened).
     fn table_of(&self, processes: HashMap<u32, ProcessInfo>) -> ProcessTable {
-        let by_identity: HashMap<FileIdentity, Arc<fs::File>> = processes
-            .values()
-            .flat_map(ProcessInfo::all_mappings)
-            .filter_map(|mapping| mapping.file)
-            .filter_map(|identity| Some((identity, self.files.by_identity.get(&identity)?.clone())))
-            .collect();
+        let mut by_identity: HashMap<FileIdentity, Arc<fs::File>> = HashMap::default();
+        let mut reopened = 0;
+        let mappings = processes
+            .iter()
+            .flat_map(|(pid, process)| process.all_mappings().map(move |mapping| (*pid, mapping)));
+        for (pid, mapping) in mappings {
+            let Some(identity) = mapping.file else {
+                continue;
+            };
+            if by_identity.contains_key(&identity) {
+                continue;
+            }
+            // Closed for the budget since: opened again for this window, a bounded few.
+            let file = match self.files.by_identity.get(&identity) {
+                Some(file) => file.clone(),
+                None if reopened < WINDOW_REOPENS => {
+                    let Some(file) = open_again(pid, mapping, identity) else {
+                        continue;
+                    };
+                    reopened += 1;
+                    Arc::new(file)
+                }
+                None => continue,
+            };
+            by_identity.insert(identity, file);
+        }
         let by_path = self
             .files
             .by_path
@@ -578,7 +591,7 @@ impl ProcessTable {
                 // Only what finding files by path needs: a snapshot opens nothing.
                 build_ids: HashMap::default(),
                 by_build_id: HashMap::default(),
-                closed: 0,
+                ..MappedFiles::default()
             },
             last_change: self.last_change,
             // A window's table is read, never synced from.

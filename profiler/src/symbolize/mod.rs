@@ -129,6 +129,10 @@ pub struct SortedCode {
     /// Frames no module file names: anonymous and special mappings (JIT code, the vDSO),
     /// unmapped addresses, files that could not be opened.
     unnamed: Vec<(CodeAddress, Frame)>,
+    /// Addresses in module files that could not be opened (or were closed for the descriptor
+    /// budget and could not be opened again), by module path: said in the losses, not left
+    /// silently unnamed.
+    unreadable: BTreeMap<String, u64>,
 }
 
 impl SortedCode {
@@ -171,6 +175,8 @@ pub struct KnownFrames {
     /// With [`FrameAddresses::FileOffsets`], the frame of each file offset resolved: the
     /// same code sampled in another process is that frame, found without symbolizing it again.
     by_file_offset: HashMap<(FileIdentity, u64), FrameId>,
+    /// See [`SortedCode::unreadable`]: every batch's.
+    pub unreadable: BTreeMap<String, u64>,
 }
 
 impl KnownFrames {
@@ -225,7 +231,11 @@ impl KnownFrames {
             markers,
             same_code,
             mut unnamed,
+            unreadable,
         } = sorted;
+        for (module, addresses) in unreadable {
+            *self.unreadable.entry(module).or_default() += addresses;
+        }
         for (address, marker) in markers {
             let frame = Frame {
                 function: Some(marker.to_string()),
@@ -476,7 +486,10 @@ impl<'a> FrameTable<'a> {
                     };
                     match frames {
                         Some(frames) => frames.push((address, frame)),
-                        None => sorted.unnamed.push((address, frame)),
+                        None => {
+                            *sorted.unreadable.entry(frame.module.clone()).or_default() += 1;
+                            sorted.unnamed.push((address, frame))
+                        }
                     }
                 }
                 Some(mapping) => {
