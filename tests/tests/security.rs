@@ -123,6 +123,100 @@ fn watch(mut child: Child, max_rss_bytes: u64, deadline: Duration) -> Watched {
     }
 }
 
+/// A memory cgroup for a profiler under test: the kernel, not the test's polling, bounds what it
+/// may hold, as the shipped unit's `MemoryMax=` does. cgroup v1's memory controller at
+/// /sys/fs/cgroup/memory, else v2 at /sys/fs/cgroup/unified (or /sys/fs/cgroup). Removed when
+/// dropped.
+struct MemoryCap {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl MemoryCap {
+    fn new(name: &str, bytes: u64) -> MemoryCap {
+        let leaf = format!("profiler-test-{name}-{}", std::process::id());
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let (dir, v2) = if v1.join("memory.limit_in_bytes").exists() {
+            (v1.join(leaf), false)
+        } else {
+            let root = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+                .into_iter()
+                .map(Path::new)
+                .find(|root| {
+                    fs::read_to_string(root.join("cgroup.subtree_control"))
+                        .is_ok_and(|controllers| controllers.contains("memory"))
+                })
+                .expect("a memory cgroup controller (v1 or v2) to cap the profiler with");
+            (root.join(leaf), true)
+        };
+        fs::create_dir_all(&dir).unwrap();
+        let limit = if v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        fs::write(dir.join(limit), bytes.to_string()).unwrap();
+        MemoryCap { dir, v2 }
+    }
+
+    /// `program args` in the cgroup from its first instruction (a shell joins it, then execs),
+    /// with `limits` (`prlimit` options, such as `--nofile=1024:4096`) set before it starts.
+    fn command(&self, limits: &[&str], program: impl AsRef<Path>, args: &[&str]) -> Command {
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec prlimit \"$@\"",
+                self.dir.display()
+            ))
+            .arg("sh")
+            .args(limits)
+            .arg("--")
+            .arg(program.as_ref())
+            .args(args);
+        command
+    }
+
+    /// Times the kernel killed a process of the cgroup for memory.
+    fn oom_kills(&self) -> u64 {
+        let (file, key) = if self.v2 {
+            ("memory.events", "oom_kill ")
+        } else {
+            ("memory.oom_control", "oom_kill ")
+        };
+        fs::read_to_string(self.dir.join(file))
+            .unwrap()
+            .lines()
+            .find_map(|line| line.strip_prefix(key)?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Peak memory charged to the cgroup.
+    fn peak_bytes(&self) -> u64 {
+        let file = if self.v2 {
+            "memory.peak"
+        } else {
+            "memory.max_usage_in_bytes"
+        };
+        fs::read_to_string(self.dir.join(file))
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryCap {
+    fn drop(&mut self) {
+        // Its processes have exited; the kernel may take a moment to let the group go.
+        for _ in 0..50 {
+            if fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 /// Peak memory of `record -a` here is about 150 MiB; reading a planted device or sparse file
 /// whole would pass this at once.
 const RECORD_MEMORY_BOUND: u64 = 512 << 20;
@@ -496,4 +590,622 @@ fn kernel_addresses_are_hidden_from_whom_the_kernel_hides_them() {
         "kernel samples are kept"
     );
     fs::remove_dir_all(dir).ok();
+}
+
+// Issue 45: what another user controls cannot crash, hang, exhaust or mislead root's profiler.
+// Each attack is made as the untrusted user; root's profiler runs in a memory cgroup
+// ([`MemoryCap`]) and against a deadline, and must survive, end on time, keep its profiles, stay
+// under its cap and say what it could not read.
+
+/// The shipped unit's `MemoryMax=`.
+const AGENT_MEMORY_CAP: u64 = 512 << 20;
+
+/// The agent, capped, writing windows of `interval` seconds into `output_dir`, with `limits`
+/// (prlimit options) and `extra` options; its stderr is piped (its log).
+fn capped_agent(
+    cap: &MemoryCap,
+    limits: &[&str],
+    output_dir: &Path,
+    interval: &str,
+    extra: &[&str],
+) -> common::Running {
+    let mut args = vec![
+        "agent",
+        "--interval",
+        interval,
+        "--output-dir",
+        output_dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    common::Running::spawn(
+        cap.command(limits, profiler_bin(), &args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    )
+}
+
+/// Checks what every capped run must show: no OOM kill, the peak under the cap.
+fn assert_within_cap(cap: &MemoryCap, bytes: u64) {
+    assert_eq!(cap.oom_kills(), 0, "the kernel OOM-killed the profiler");
+    let peak = cap.peak_bytes();
+    assert!(peak < bytes, "peak {} MiB", peak >> 20);
+    eprintln!("peak {} MiB of {} MiB", peak >> 20, bytes >> 20);
+}
+
+/// The windows in `dir` that name a function containing `function`.
+fn windows_naming(dir: &Path, function: &str) -> usize {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| common::is_window(path))
+        .filter(|path| {
+            common::read_pprof(path)
+                .string_table
+                .iter()
+                .any(|name| name.contains(function))
+        })
+        .count()
+}
+
+/// The untrusted user's process holding `count` distinct files of theirs mapped executable, until
+/// its standard input closes.
+fn map_files_as_untrusted(home: &Path, count: usize) -> Child {
+    let script = format!(
+        "import mmap, os, sys\n\
+         maps = []\n\
+         for i in range({count}):\n\
+         \x20   path = os.path.join('{}', 'module%05d' % i)\n\
+         \x20   with open(path, 'wb') as f:\n\
+         \x20       f.write(bytes(4096))\n\
+         \x20   fd = os.open(path, os.O_RDONLY)\n\
+         \x20   maps.append(mmap.mmap(fd, 4096, flags=mmap.MAP_PRIVATE, \
+                 prot=mmap.PROT_READ | mmap.PROT_EXEC))\n\
+         \x20   os.close(fd)\n\
+         print('mapped', flush=True)\n\
+         sys.stdin.read()\n",
+        home.display()
+    );
+    let mut mapper = as_untrusted("/usr/bin/python3", &["-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(mapper.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "mapped", "the mapper failed");
+    mapper
+}
+
+/// Item 8: one user maps 1,100, then 4,200 distinct files while the agent runs under a unit's
+/// low soft descriptor limit (1,024; hard 4,096). The agent raises its limit, exports every
+/// window, keeps its descriptors within the budget (and counts them), and a root program that
+/// starts afterwards is named.
+#[test]
+fn one_user_mapping_thousands_of_files_exhausts_no_descriptor_and_hides_no_root_program() {
+    for count in [1100, 4200] {
+        let home = untrusted_dir(&format!("descriptors-{count}"));
+        let mut mapper = map_files_as_untrusted(&home, count);
+        let windows = home.parent().unwrap().join("windows");
+        let cap = MemoryCap::new(&format!("descriptors-{count}"), AGENT_MEMORY_CAP);
+        let addr = common::metrics_address();
+        let started = Instant::now();
+        let mut agent = capped_agent(
+            &cap,
+            &["--nofile=1024:4096"],
+            &windows,
+            "1",
+            &["--metrics-addr", &addr],
+        );
+        common::wait_until_recording(agent.id());
+        let limits = fs::read_to_string(format!("/proc/{}/limits", agent.id())).unwrap();
+        let soft: u64 = limits
+            .lines()
+            .find_map(|line| line.strip_prefix("Max open files"))
+            .and_then(|values| values.split_whitespace().next()?.parse().ok())
+            .unwrap();
+        assert_eq!(
+            soft, 4096,
+            "the agent did not raise its soft limit:\n{limits}"
+        );
+
+        // Root's program, started once the user's files are in the table.
+        let victim = Command::new(workload("cpu_split"))
+            .arg("1500")
+            .output()
+            .unwrap();
+        assert!(victim.status.success());
+        let scraped = common::scrape(&addr);
+        let open_files = common::metric(&scraped, "profiler_open_files", &[]);
+        sleep(Duration::from_millis(1500));
+        let log = agent.terminate();
+        drop(mapper.stdin.take());
+        mapper.wait().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_within_cap(&cap, AGENT_MEMORY_CAP);
+
+        eprintln!("{count} files mapped: the agent held {open_files} descriptors");
+        assert!(open_files > 0.0 && open_files < 4096.0, "{open_files}");
+        if count < 4096 - 768 {
+            // Within the budget every mapped file stays open.
+            assert!(open_files > count as f64, "{open_files}");
+        }
+        // Every window the agent closed was exported; none failed for want of a descriptor.
+        let windows_closed = log
+            .lines()
+            .filter(|line| {
+                line.split("window ").nth(1).is_some_and(|rest| {
+                    rest.split(':')
+                        .next()
+                        .is_some_and(|n| n.parse::<u64>().is_ok())
+                })
+            })
+            .count();
+        let exported = log.matches("exported to --output-dir").count();
+        assert!(exported >= 2 && exported == windows_closed, "{log}");
+        assert!(
+            !log.contains("export to") && !log.contains("Too many open files"),
+            "{log}"
+        );
+        assert!(
+            windows_naming(&windows, "cpu_split::heavy_work") > 0,
+            "root's program is unnamed:\n{log}"
+        );
+        fs::remove_dir_all(home.parent().unwrap()).ok();
+    }
+}
+
+/// Item 9: `--output-dir` is checked like the spool. A directory every user may write is
+/// refused at once; a directory the agent creates keeps only its own profiles within
+/// `--max-disk`: a sparse 10 GB file with a profile's name that the agent did not write is
+/// neither removed nor counted, and when the user swaps the directory for a link to a root-only
+/// directory, the agent neither writes there nor removes the root file with a profile's name in
+/// it, and a new run refuses the link.
+#[test]
+fn the_output_directory_is_checked_and_pruning_removes_only_what_the_agent_wrote() {
+    let cap = MemoryCap::new("output-dir", AGENT_MEMORY_CAP);
+    let shared = temp_dir("output-dir-shared");
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+    let refused = |dir: &Path| -> String {
+        let child = cap
+            .command(
+                &[],
+                profiler_bin(),
+                &["agent", "--output-dir", dir.to_str().unwrap()],
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let watched = watch(child, AGENT_MEMORY_CAP, Duration::from_secs(20));
+        assert!(!watched.output.status.success());
+        String::from_utf8(watched.output.stderr).unwrap()
+    };
+    let stderr = refused(&shared);
+    assert!(
+        stderr.contains(&format!("--output-dir {}", shared.display()))
+            && stderr.contains("other users may write in it (mode 1777)")
+            && stderr.contains("chmod go-w"),
+        "{stderr}"
+    );
+
+    let home = untrusted_dir("output-dir");
+    let out = home.join("profiles");
+    let moved = home.join("moved");
+    let root_only = home.parent().unwrap().join("root-only");
+    fs::create_dir(&root_only).unwrap();
+    fs::set_permissions(&root_only, fs::Permissions::from_mode(0o700)).unwrap();
+    let roots_file = root_only.join("profile-0000000000002-000000.pb.gz");
+    fs::write(&roots_file, b"root's own file").unwrap();
+
+    let mut agent = capped_agent(&cap, &[], &out, "0.3", &["--max-disk", "3K"]);
+    common::wait_until_recording(agent.id());
+    // Created by the agent, 0750.
+    let mode = fs::metadata(&out).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7027, 0, "{mode:o}");
+    // A file the agent did not write (left by another user before the directory was theirs no
+    // more), named as the oldest profile, 10 GB by its size.
+    let planted = out.join("profile-0000000000001-000000.pb.gz");
+    fs::File::create(&planted)
+        .unwrap()
+        .set_len(10 << 30)
+        .unwrap();
+    let (uid, gid) = untrusted_user();
+    std::os::unix::fs::chown(&planted, Some(uid), Some(gid)).unwrap();
+    sleep(Duration::from_secs(2));
+    // The user owns the directory's parent: they move it away and put a link in its place.
+    run_untrusted(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "mv {} {} && ln -s {} {}",
+                out.display(),
+                moved.display(),
+                root_only.display(),
+                out.display()
+            ),
+        ],
+    );
+    let swapped = std::time::SystemTime::now();
+    sleep(Duration::from_secs(2));
+    let log = agent.terminate();
+    assert_within_cap(&cap, AGENT_MEMORY_CAP);
+
+    assert_eq!(
+        fs::metadata(moved.join(planted.file_name().unwrap()))
+            .unwrap()
+            .len(),
+        10 << 30
+    );
+    assert_eq!(fs::read(&roots_file).unwrap(), b"root's own file");
+    assert_eq!(
+        fs::read_dir(&root_only).unwrap().count(),
+        1,
+        "the agent wrote through the link"
+    );
+    let mut kept: Vec<(String, u64, std::time::SystemTime)> = fs::read_dir(&moved)
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| {
+            common::is_window(&entry.path())
+                && entry.path() != moved.join(planted.file_name().unwrap())
+        })
+        .map(|entry| {
+            let metadata = entry.metadata().unwrap();
+            (
+                entry.file_name().into_string().unwrap(),
+                metadata.len(),
+                metadata.modified().unwrap(),
+            )
+        })
+        .collect();
+    kept.sort();
+    let exported = log.matches("exported to --output-dir").count();
+    assert!(!log.contains("export to"), "{log}");
+    // Rotated within --max-disk (or the newest alone), into the directory it opened.
+    let bytes: u64 = kept.iter().map(|(_, bytes, _)| bytes).sum();
+    assert!(
+        exported > kept.len() && !kept.is_empty(),
+        "{exported} exported, {kept:?} kept"
+    );
+    assert!(bytes <= 3 * 1024 || kept.len() == 1, "{kept:?}");
+    assert!(
+        kept.last().unwrap().2 > swapped,
+        "no window written after the swap: {kept:?}"
+    );
+
+    // A new run is given the link: refused.
+    let stderr = refused(&out);
+    assert!(stderr.contains("it is a symbolic link"), "{stderr}");
+    fs::remove_dir_all(home.parent().unwrap()).ok();
+    fs::remove_dir_all(shared).ok();
+}
+
+/// Root's `record` of `args`, capped at [`RECORD_MEMORY_BOUND`] and given `deadline`: it must
+/// succeed; its stderr.
+fn capped_record(name: &str, args: &[&str], deadline: Duration) -> String {
+    let cap = MemoryCap::new(name, RECORD_MEMORY_BOUND);
+    let child = cap
+        .command(&[], profiler_bin(), args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watched = watch(child, RECORD_MEMORY_BOUND, deadline);
+    let stderr = String::from_utf8(watched.output.stderr).unwrap();
+    assert!(
+        watched.output.status.success(),
+        "{args:?} failed ({}, {} OOM kills, peak {} MiB): {stderr}",
+        watched.output.status,
+        cap.oom_kills(),
+        cap.peak_bytes() >> 20
+    );
+    assert_within_cap(&cap, RECORD_MEMORY_BOUND);
+    eprintln!("{name}: {:?}", watched.elapsed);
+    stderr
+}
+
+/// tests/workloads/c/no_frame_pointers.c built by root into `dir/name` with `flags`, handed to
+/// the untrusted user.
+fn untrusted_c_program(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let program = common::c_workload::build_no_frame_pointers(dir, name, flags);
+    let (uid, gid) = untrusted_user();
+    std::os::unix::fs::chown(&program, Some(uid), Some(gid)).unwrap();
+    program
+}
+
+/// Item 2: the untrusted user's program carries a crafted 60 MB `.debug_frame` of one-byte
+/// rows (over 1 GiB of rows once evaluated). Root's system-wide recording with table
+/// unwinding refuses that table within its memory cap, ends on time, and keeps its profile,
+/// the program's code named by its symbols all the same.
+#[test]
+fn a_crafted_debug_frame_is_refused_within_the_memory_cap() {
+    let home = untrusted_dir("debug-frame");
+    let program = untrusted_c_program(&home, "crafted", &[]);
+    let section = home.parent().unwrap().join("debug_frame.bin");
+    let rows = 60 << 20;
+    let mut cie = Vec::new();
+    cie.extend_from_slice(&u32::MAX.to_le_bytes()); // CIE id
+    cie.extend_from_slice(&[1, 0, 1, 0x78, 16]); // version 1, "", code 1, data -8, rip
+    cie.extend_from_slice(&[0x0c, 7, 8, 0x90, 1]); // CFA rsp+8, rip at CFA-8
+    while (cie.len() + 4) % 8 != 0 {
+        cie.push(0);
+    }
+    let mut fde = Vec::new();
+    fde.extend_from_slice(&0u32.to_le_bytes()); // its CIE, at offset 0
+    fde.extend_from_slice(&0x1000u64.to_le_bytes());
+    fde.extend_from_slice(&(rows as u64 + 16).to_le_bytes());
+    fde.resize(fde.len() + rows, 0x41); // DW_CFA_advance_loc 1: a row each
+    let mut bytes = Vec::new();
+    for entry in [cie, fde] {
+        bytes.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&entry);
+    }
+    fs::write(&section, bytes).unwrap();
+    let status = Command::new("objcopy")
+        .arg(format!("--add-section=.debug_frame={}", section.display()))
+        .arg(&program)
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let profile = home.parent().unwrap().join("system.prof");
+    let recording = std::thread::spawn({
+        let profile = profile.clone();
+        move || {
+            capped_record(
+                "debug-frame",
+                &[
+                    "record",
+                    "-a",
+                    "--unwind",
+                    "dwarf",
+                    "--duration",
+                    "5",
+                    "-o",
+                    profile.to_str().unwrap(),
+                ],
+                Duration::from_secs(90),
+            )
+        }
+    });
+    sleep(Duration::from_millis(1500));
+    run_untrusted(&program, &["2000", "mix"]);
+    let stderr = recording.join().unwrap();
+    eprintln!("{stderr}");
+    let details = report_json(
+        &profile,
+        &[
+            "--only-module",
+            program.to_str().unwrap(),
+            "--function",
+            "leaf_mix",
+        ],
+    );
+    let function = &details["events"][0]["function_details"];
+    assert!(function["samples"].as_u64().unwrap() > 0, "{function:#}");
+    fs::remove_dir_all(home.parent().unwrap()).ok();
+}
+
+/// Item 3: the untrusted user sends the agent's metrics port a request line without end, and
+/// trickles another a byte a second. Both are cut off, scrapes are answered at once meanwhile,
+/// and the agent stays within its cap and exports its windows.
+#[test]
+fn endless_and_trickling_metrics_requests_starve_neither_memory_nor_scrapes() {
+    let windows = temp_dir("metrics-attack");
+    let cap = MemoryCap::new("metrics", AGENT_MEMORY_CAP);
+    let addr = common::metrics_address();
+    let mut agent = capped_agent(
+        &cap,
+        &[],
+        &windows.join("windows"),
+        "1",
+        &["--metrics-addr", &addr],
+    );
+    common::wait_until_recording(agent.id());
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let tcp = format!("/dev/tcp/{host}/{port}");
+    // 1 GiB without a newline; cut off long before.
+    let flood = as_untrusted(
+        "bash",
+        &[
+            "-c",
+            &format!("exec 3<>{tcp}; head -c 1073741824 /dev/zero | tr '\\0' A >&3"),
+        ],
+    )
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let trickle = as_untrusted(
+        "bash",
+        &[
+            "-c",
+            &format!(
+                "exec 3<>{tcp}; for c in G E T ' ' / m e t r i c s; do printf %s \"$c\" >&3 || \
+                 exit 0; sleep 1; done"
+            ),
+        ],
+    )
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let started = Instant::now();
+    for _ in 0..4 {
+        let asked = Instant::now();
+        let scraped = common::scrape(&addr);
+        assert!(scraped.contains("profiler_open_files"), "{scraped}");
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            asked.elapsed()
+        );
+        sleep(Duration::from_millis(700));
+    }
+    let mut flood = common::Running(flood);
+    let status = flood.wait_at_most(Duration::from_secs(30));
+    assert!(
+        !status.success(),
+        "the endless request line was taken whole"
+    );
+    let mut trickle = common::Running(trickle);
+    trickle.wait_at_most(Duration::from_secs(30));
+    let log = agent.terminate();
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_within_cap(&cap, AGENT_MEMORY_CAP);
+    assert!(
+        log.matches("exported to --output-dir").count() >= 2,
+        "{log}"
+    );
+    fs::remove_dir_all(windows).ok();
+}
+
+/// Item 6: the untrusted user's program has a function named by 66,000 characters. Root's
+/// recording of it writes its report and profile, `report -i` reads the profile back, the
+/// name cut in the middle for display and kept whole in the JSON.
+#[test]
+fn a_function_named_by_66000_characters_leaves_the_report_and_profile_readable() {
+    let home = untrusted_dir("long-name");
+    let long = format!("long_start_{}_long_end", "x".repeat(66_000));
+    let source = home.join("long.c");
+    fs::write(
+        &source,
+        format!(
+            "#include <time.h>\n\
+             __attribute__((noinline)) unsigned long spin(unsigned long n) __asm__(\"{long}\");\n\
+             unsigned long spin(unsigned long n) {{ volatile unsigned long x = 0; \
+             for (unsigned long i = 0; i < n; i++) x += i; return x; }}\n\
+             int main(void) {{ time_t end = time(0) + 3; while (time(0) < end) spin(1000000); \
+             return 0; }}\n"
+        ),
+    )
+    .unwrap();
+    let program = home.join("long");
+    let built = Command::new("gcc")
+        .args(["-O1", "-o"])
+        .arg(&program)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let profile = home.parent().unwrap().join("long.prof");
+    let mapped = as_untrusted(&program, &[]).spawn().unwrap();
+    let mut mapped = common::Running(mapped);
+    sleep(Duration::from_millis(300));
+    let stderr = capped_record(
+        "long-name",
+        &[
+            "record",
+            "-p",
+            &mapped.id().to_string(),
+            "--duration",
+            "2",
+            "-o",
+            profile.to_str().unwrap(),
+            "--report",
+            home.parent().unwrap().join("report.txt").to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    mapped.wait_at_most(Duration::from_secs(10));
+    let report = fs::read_to_string(home.parent().unwrap().join("report.txt")).unwrap();
+    assert!(report.contains("long_start_x"), "{stderr}\n{report}");
+    assert!(
+        report.lines().all(|line| line.len() < 4000),
+        "a line was not cut"
+    );
+    let again = common::profiler(&["report", "-i", profile.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("long_start_x"));
+    let json = report_json(&profile, &[]);
+    assert!(
+        json.to_string().contains(&long),
+        "the profile lost the whole name"
+    );
+    fs::remove_dir_all(home.parent().unwrap()).ok();
+}
+
+/// Item 7: the untrusted user builds another program carrying the build ID of root's program
+/// and runs it while root records the system with table unwinding; root's program, recorded
+/// next, still unwinds to its roots (the cached table is the content's, not the build ID's).
+#[test]
+fn a_program_carrying_a_root_programs_build_id_poisons_no_unwind_table() {
+    let home = untrusted_dir("build-id");
+    let root_dir = home.parent().unwrap().to_path_buf();
+    // A build ID no earlier run cached: this run's own.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let build_id = format!(
+        "{:016x}{:016x}{:08x}",
+        now.as_nanos() as u64,
+        u64::from(std::process::id()).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        now.subsec_nanos()
+    );
+    let flag = format!("-Wl,--build-id=0x{build_id}");
+    let victim = common::c_workload::build_no_frame_pointers(&root_dir, "victim", &[&flag]);
+    // Other code, other call-frame information, the same build ID.
+    let impostor = untrusted_c_program(&home, "impostor", &["-O0", &flag]);
+
+    let system = root_dir.join("system.prof");
+    let recording = std::thread::spawn({
+        let system = system.clone();
+        move || {
+            capped_record(
+                "build-id-system",
+                &[
+                    "record",
+                    "-a",
+                    "--unwind",
+                    "dwarf",
+                    "--duration",
+                    "4",
+                    "-o",
+                    system.to_str().unwrap(),
+                ],
+                Duration::from_secs(90),
+            )
+        }
+    });
+    sleep(Duration::from_millis(1500));
+    run_untrusted(&impostor, &["1500", "mix"]);
+    recording.join().unwrap();
+
+    let victim_profile = root_dir.join("victim.prof");
+    let stderr = capped_record(
+        "build-id-victim",
+        &[
+            "record",
+            "--unwind",
+            "dwarf",
+            "--stats",
+            "-o",
+            victim_profile.to_str().unwrap(),
+            "--",
+            victim.to_str().unwrap(),
+            "2000",
+            "mix",
+        ],
+        Duration::from_secs(60),
+    );
+    let line = stderr
+        .lines()
+        .find(|line| line.contains("user stacks unwound:"))
+        .unwrap_or_else(|| panic!("no unwinder line:\n{stderr}"));
+    let counts: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|word| word.parse().ok())
+        .collect();
+    let (walked, complete) = (counts[0], counts[1]);
+    assert!(
+        walked > 100 && complete as f64 >= 0.95 * walked as f64,
+        "{complete} of {walked} walks complete\n{stderr}"
+    );
+    fs::remove_dir_all(root_dir).ok();
 }

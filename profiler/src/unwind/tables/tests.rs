@@ -819,8 +819,8 @@ fn cfi_with_more_rows_than_the_limit_is_refused_before_they_are_held() {
         "more than the 1000 unwind rows a table may hold"
     );
     assert!(peak < 1000 * 48 + (64 << 10), "{peak} bytes held");
-    // The default limit is a table's.
-    assert_eq!(CompileLimits::DEFAULT.rows, MAX_TABLE_ROWS as usize);
+    // The default limit is within a table's.
+    assert!(CompileLimits::DEFAULT.rows < MAX_TABLE_ROWS as usize);
 }
 
 #[test]
