@@ -1,4 +1,5 @@
-//! Project tasks: `cargo xtask setup | build | run | test | layers | bench | kernels | arm-pmu | manuals`.
+//! Project tasks: `cargo xtask setup | build | run | test | layers | fuzz | bench | kernels | arm-pmu |
+//! manuals`.
 //!
 //! Every task sets up what it needs first (idempotently, saying what it installs), so a fresh
 //! clone on a fresh machine needs nothing but these commands.
@@ -7,6 +8,7 @@ mod arm_pmu;
 mod bench;
 #[cfg(test)]
 mod doc_links;
+mod fuzz;
 mod kernels;
 mod layers;
 mod setup;
@@ -47,7 +49,15 @@ enum Task {
     /// Check the profiler crate's imports against its floors (xtask/src/layers.rs): none up a
     /// floor, no circles.
     Layers,
-    /// Run every test: unit tests, and integration tests on the real kernel (needs root).
+    /// Fuzz every target in fuzz/fuzz_targets for a while each (installs cargo-fuzz and the
+    /// nightly compiler it needs).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
+    /// Run every test: unit tests, and integration tests on the real kernel (needs root); in CI
+    /// (`CI` set), also a fuzz pass of 15 s per target.
     Test {
         /// Only tests whose name contains this.
         filter: Option<String>,
@@ -216,6 +226,9 @@ fn manuals(prefix: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// Seconds each fuzz target runs in CI: 45 s in all, beside minutes of tests.
+const CI_FUZZ_SECONDS: u64 = 15;
+
 fn run(task: Task) -> Result<()> {
     match task {
         Task::Setup => setup::all(setup::Purpose::Test),
@@ -272,6 +285,9 @@ fn run(task: Task) -> Result<()> {
                 "warnings",
             ]))?;
             layers::run(&workspace_root())?;
+            if filter.is_none() && std::env::var_os("CI").is_some() {
+                fuzz::run(CI_FUZZ_SECONDS)?;
+            }
             build_release()?;
             if filter.is_none() {
                 // The benchmark's smoke run: every figure is produced, nothing is asserted about
@@ -298,6 +314,7 @@ fn run(task: Task) -> Result<()> {
             run_tests(&mut test)
         }
         Task::Layers => layers::run(&workspace_root()),
+        Task::Fuzz { seconds } => fuzz::run(seconds),
         Task::Bench(args) => bench::run(args),
         Task::Kernels => {
             setup::all(setup::Purpose::Build)?;

@@ -157,6 +157,35 @@ pub fn aarch64_cross_toolchain() -> Result<()> {
     ])
 }
 
+/// cargo-fuzz and the nightly compiler its sanitizers and coverage flags need, for the fuzz
+/// pass: each installed only if missing.
+pub fn fuzzing() -> Result<()> {
+    let nightly = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--version"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !nightly {
+        eprintln!("xtask setup: installing the nightly compiler for cargo-fuzz");
+        run_command(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))
+        .context("cargo-fuzz needs a rustup nightly toolchain (https://rustup.rs)")?;
+    }
+    let cargo_fuzz = Command::new("cargo")
+        .args(["+nightly", "fuzz", "--version"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !cargo_fuzz {
+        eprintln!("xtask setup: installing cargo-fuzz");
+        run_command(Command::new("cargo").args(["install", "--locked", "cargo-fuzz"]))?;
+    }
+    Ok(())
+}
+
 pub fn all(purpose: Purpose) -> Result<()> {
     setup_ebpf_toolchain()?;
     if purpose == Purpose::Test && have_apt() {

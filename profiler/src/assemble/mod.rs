@@ -466,6 +466,31 @@ fn count_unreadable_modules(losses: &mut Losses, unreadable: &BTreeMap<String, u
 mod tests {
     use super::*;
 
+    /// Every unreadable module counts; the 16 with most addresses are named, the rest summed.
+    #[test]
+    fn modules_that_could_not_be_opened_are_named_in_the_losses_most_addresses_first() {
+        let unreadable: BTreeMap<String, u64> = (0..20u64)
+            .map(|i| (format!("/home/u/module{i:02}"), i + 1))
+            .collect();
+        let mut losses = Losses::default();
+        count_unreadable_modules(&mut losses, &unreadable);
+        let named = |module: &str| {
+            losses.counters.get(&format!(
+                "{UNREADABLE_MODULE_LOSS}the module could not be opened: {module}"
+            ))
+        };
+        assert_eq!(named("/home/u/module19"), Some(&20));
+        assert_eq!(named("/home/u/module04"), Some(&5));
+        assert_eq!(named("/home/u/module03"), None);
+        assert_eq!(
+            losses.counters.get(&format!(
+                "{UNREADABLE_MODULE_LOSS}4 more modules could not be opened"
+            )),
+            Some(&(1 + 2 + 3 + 4))
+        );
+        assert_eq!(losses.counters.len(), 17);
+    }
+
     #[test]
     fn the_idle_task_is_named_as_perf_names_it() {
         let processes = ProcessTable::default();
