@@ -197,7 +197,7 @@ impl<'a> ProfileBuilder<'a> {
     }
 
     /// Symbolizes every address added, in one batch, and makes the profile.
-    pub fn build(self, meta: ProfileMeta, events: Vec<EventInfo>, losses: Losses) -> Profile {
+    pub fn build(self, meta: ProfileMeta, events: Vec<EventInfo>, mut losses: Losses) -> Profile {
         let ProfileBuilder {
             mut table,
             origin,
@@ -309,6 +309,8 @@ impl<'a> ProfileBuilder<'a> {
             .collect();
         let blocked = blocked.as_ref().map(|input| &input.blocks);
         let threads = thread_list(processes, origin, threads, blocked);
+        // Files other users control that symbolizing could not read, or read only in part.
+        losses.counters.extend(table.known.unread_files());
 
         Profile {
             meta,

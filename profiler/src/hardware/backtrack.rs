@@ -12,11 +12,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
 use object::ReadRef;
 
-use crate::input::{open_regular, FinalLink, ModuleImage};
+use crate::input::{open_regular, symbol_path, FinalLink, ModuleImage};
 use crate::profile::{
     BacktrackedAttribution, DataAccess, DataLineSample, EventIndex, EventInfo, Frame, FrameId,
     InstructionSample, LatencyHistogram, Profile, Stats,
@@ -234,9 +235,9 @@ fn add_per_cpu(into: &mut Vec<u64>, from: &[u64]) {
 /// Opens module files once each and finds where sampled frames move.
 #[derive(Default)]
 struct Mover {
-    /// By module path: the file open (regular files only, never blocking), the path of its
-    /// descriptor, and its image.
-    files: HashMap<String, Option<(File, PathBuf, ModuleImage)>>,
+    /// By module path: the file open (regular files only, never blocking), the path the
+    /// symbolizer may read it at (none where it may not: `input::symbol_path`), and its image.
+    files: HashMap<String, Option<(Arc<File>, Option<PathBuf>, ModuleImage)>>,
 }
 
 impl Mover {
@@ -259,7 +260,7 @@ impl Mover {
         let mut by_module: BTreeMap<PathBuf, Vec<usize>> = BTreeMap::new();
         for (index, (_, frame)) in targets.iter().enumerate() {
             // Targets exist only for modules that opened.
-            if let Some(Some((_, path, _))) = self.files.get(&frame.module) {
+            if let Some(Some((_, Some(path), _))) = self.files.get(&frame.module) {
                 by_module.entry(path.clone()).or_default().push(index);
             }
         }
@@ -296,8 +297,10 @@ impl Mover {
             .entry(frame.module.clone())
             .or_insert_with(|| {
                 let file = open_regular(Path::new(&frame.module), FinalLink::Refuse).ok()?;
-                let (path, image) = ModuleImage::of(&file)?;
-                Some((file, path, image))
+                let file = Arc::new(file);
+                let image = ModuleImage::of(&file)?;
+                let path = symbol_path(&file).ok().map(|read| read.path);
+                Some((Arc::clone(&file), path, image))
             })
             .as_ref()?;
         let end = (frame.module_offset + LOOKAHEAD_BYTES).min(image.len().ok()?);
