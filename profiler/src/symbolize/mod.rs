@@ -9,7 +9,7 @@ pub mod demangle;
 mod kallsyms;
 pub mod kernel_addresses;
 pub mod module_file;
-mod perf_map;
+pub mod perf_map;
 mod plain_debug;
 mod plt;
 
@@ -366,6 +366,9 @@ impl KnownFrames {
                 frame.module = format!("[perf-{}.map]", address.pid);
             }
             self.keep(address, frame);
+        }
+        for map in perf_maps.cut {
+            self.count_unread(perf_map::CUT_AT_CAP, map);
         }
     }
 }
