@@ -512,24 +512,26 @@ fn names(report: &Value, function: &str) -> bool {
 }
 
 /// The untrusted user's program and its shared library (tests/workloads/c/victim.c), built in
-/// their directory and owned by them. The library has a debug link to `libvictim.debug`
-/// beside it, which the user has made a FIFO: opened as blazesym opens it (blocking), it never
-/// returns.
-fn build_victim(home: &Path) -> (PathBuf, PathBuf) {
+/// their directory and owned by them. With `fifo_link`, the library has a debug link to
+/// `libvictim.debug` beside it, which the user has made a FIFO: opened as blazesym opens it
+/// (blocking), it never returns.
+fn build_victim(home: &Path, fifo_link: bool) -> (PathBuf, PathBuf) {
     let library = gcc(
         "victim.c",
         &home.join("libvictim.so"),
         &["-shared", "-fPIC", "-g", "-DVICTIM_LIBRARY"],
     );
     let link = home.join("libvictim.debug");
-    fs::copy(&library, &link).unwrap();
-    let status = Command::new("objcopy")
-        .arg(format!("--add-gnu-debuglink={}", link.display()))
-        .arg(&library)
-        .status()
-        .unwrap();
-    assert!(status.success(), "objcopy adds the debug link");
-    fs::remove_file(&link).unwrap();
+    if fifo_link {
+        fs::copy(&library, &link).unwrap();
+        let status = Command::new("objcopy")
+            .arg(format!("--add-gnu-debuglink={}", link.display()))
+            .arg(&library)
+            .status()
+            .unwrap();
+        assert!(status.success(), "objcopy adds the debug link");
+        fs::remove_file(&link).unwrap();
+    }
     let home_arg = home.to_str().unwrap();
     let program = gcc(
         "victim.c",
@@ -546,7 +548,9 @@ fn build_victim(home: &Path) -> (PathBuf, PathBuf) {
     for file in [&library, &program] {
         std::os::unix::fs::chown(file, Some(uid), Some(gid)).unwrap();
     }
-    run_untrusted("mkfifo", &[link.to_str().unwrap()]);
+    if fifo_link {
+        run_untrusted("mkfifo", &[link.to_str().unwrap()]);
+    }
     (program, library)
 }
 
@@ -635,10 +639,10 @@ fn profile_victim(
         &[
             "-c",
             &format!(
-                "while [ ! -e {done} ]; do sleep 0.01; done; \
-                 while [ ! -e {stop} ] && {truncating}; do truncate -s 0 {library}; \
-                 sleep 0.005; cat {backup} > {library}; sleep 0.005; done; \
-                 {truncating} && cat {backup} > {library}; true",
+                "n=0; while [ ! -e {done} ] && [ $n -lt 2000 ]; do sleep 0.01; n=$((n+1)); done; \
+                 while [ ! -e {stop} ] && [ $n -lt 8000 ] && {truncating}; do \
+                 truncate -s 0 {library}; sleep 0.005; cat {backup} > {library}; sleep 0.005; \
+                 n=$((n+1)); done; {truncating} && cat {backup} > {library}; true",
                 done = done.display(),
                 stop = stop.display()
             ),
@@ -680,7 +684,7 @@ fn profile_victim(
 #[test]
 fn a_library_truncated_while_profiled_is_never_mapped() {
     let home = untrusted_dir("truncated-library");
-    let (_, library) = build_victim(&home);
+    let (_, library) = build_victim(&home, false);
     let refused = "modules not symbolized: another user's file changed while it was copied";
     let attempts = [
         Target::System,
@@ -756,7 +760,7 @@ fn a_library_truncated_while_profiled_is_never_mapped() {
 #[test]
 fn a_fifo_at_a_debug_link_does_not_block_the_recording() {
     let home = untrusted_dir("debug-link-fifo");
-    build_victim(&home);
+    build_victim(&home, true);
     for (attempt, target) in [Target::System, Target::Process].into_iter().enumerate() {
         let (watched, report) =
             profile_victim(&home, target, false, Duration::from_secs(30), attempt);
