@@ -232,12 +232,20 @@ fn add_per_cpu(into: &mut Vec<u64>, from: &[u64]) {
     }
 }
 
+/// A module file open (a regular file, never opened blocking).
+struct OpenModule {
+    /// Held, so that the symbolizer's copy of it (if any) stays.
+    _file: Arc<File>,
+    /// Where the symbolizer may read it; none where it may not (`input::symbol_path`).
+    symbols: Option<PathBuf>,
+    image: ModuleImage,
+}
+
 /// Opens module files once each and finds where sampled frames move.
 #[derive(Default)]
 struct Mover {
-    /// By module path: the file open (regular files only, never blocking), the path the
-    /// symbolizer may read it at (none where it may not: `input::symbol_path`), and its image.
-    files: HashMap<String, Option<(Arc<File>, Option<PathBuf>, ModuleImage)>>,
+    /// By module path.
+    files: HashMap<String, Option<OpenModule>>,
 }
 
 impl Mover {
@@ -260,7 +268,11 @@ impl Mover {
         let mut by_module: BTreeMap<PathBuf, Vec<usize>> = BTreeMap::new();
         for (index, (_, frame)) in targets.iter().enumerate() {
             // Targets exist only for modules that opened.
-            if let Some(Some((_, Some(path), _))) = self.files.get(&frame.module) {
+            if let Some(Some(OpenModule {
+                symbols: Some(path),
+                ..
+            })) = self.files.get(&frame.module)
+            {
                 by_module.entry(path.clone()).or_default().push(index);
             }
         }
@@ -292,15 +304,17 @@ impl Mover {
         let function_start = frame.function_address?;
         let into_function = frame.address.checked_sub(function_start)?;
         let start_offset = frame.module_offset.checked_sub(into_function)?;
-        let (_, _, image) = self
+        let OpenModule { image, .. } = self
             .files
             .entry(frame.module.clone())
             .or_insert_with(|| {
                 let file = open_regular(Path::new(&frame.module), FinalLink::Refuse).ok()?;
                 let file = Arc::new(file);
-                let image = ModuleImage::of(&file)?;
-                let path = symbol_path(&file).ok().map(|read| read.path);
-                Some((Arc::clone(&file), path, image))
+                Some(OpenModule {
+                    image: ModuleImage::of(&file)?,
+                    symbols: symbol_path(&file).ok().map(|read| read.path),
+                    _file: file,
+                })
             })
             .as_ref()?;
         let end = (frame.module_offset + LOOKAHEAD_BYTES).min(image.len().ok()?);
