@@ -18,6 +18,9 @@ use std::{
 
 use object::{ReadCache, ReadRef};
 
+mod module_copy;
+pub use module_copy::{symbol_path, Refused, SymbolPath, LINKS_NOT_FOLLOWED};
+
 /// Whether the last component of a path may be a symbolic link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinalLink {
@@ -74,13 +77,12 @@ impl ModuleImage {
         }
     }
 
-    /// The module open as `file`, with a path that reaches that same file while `file` stays
-    /// open (for blazesym, which opens paths). The image reads through a new open file
-    /// description, so its reads do not move `file`'s offset.
-    pub fn of(file: &File) -> Option<(PathBuf, ModuleImage)> {
-        let path = descriptor_path(file);
-        let image = ModuleImage::new(open_regular(&path, FinalLink::Follow).ok()?);
-        Some((path, image))
+    /// The module open as `file`, read through a new open file description, so that its
+    /// reads do not move `file`'s offset. (The symbolizer reads it at [`symbol_path`].)
+    pub fn of(file: &File) -> Option<ModuleImage> {
+        Some(ModuleImage::new(
+            open_regular(&descriptor_path(file), FinalLink::Follow).ok()?,
+        ))
     }
 }
 

@@ -13,7 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{profiler, profiler_bin, report_json, system_user, temp_dir, workload};
+use common::{
+    c_workload::gcc, profiler, profiler_bin, read_pprof, report_json, system_user, temp_dir,
+    workload,
+};
 use serde_json::Value;
 
 /// The other user of the machine.
@@ -1208,4 +1211,359 @@ fn a_program_carrying_a_root_programs_build_id_poisons_no_unwind_table() {
         "{complete} of {walked} walks complete\n{stderr}"
     );
     fs::remove_dir_all(root_dir).ok();
+}
+
+/// The loss counter `name` of a JSON report, 0 when absent.
+fn loss(report: &Value, name: &str) -> u64 {
+    report["losses"][name].as_u64().unwrap_or(0)
+}
+
+/// Whether a JSON report names `function` anywhere.
+fn names(report: &Value, function: &str) -> bool {
+    report.to_string().contains(function)
+}
+
+/// The untrusted user's program and its shared library (tests/workloads/c/victim.c), built in
+/// their directory and owned by them. With `fifo_link`, the library has a debug link to
+/// `libvictim.debug` beside it, which the user has made a FIFO: opened as blazesym opens it
+/// (blocking), it never returns.
+fn build_victim(home: &Path, fifo_link: bool) -> (PathBuf, PathBuf) {
+    let library = gcc(
+        "victim.c",
+        &home.join("libvictim.so"),
+        &["-shared", "-fPIC", "-g", "-DVICTIM_LIBRARY"],
+    );
+    let link = home.join("libvictim.debug");
+    if fifo_link {
+        fs::copy(&library, &link).unwrap();
+        let status = Command::new("objcopy")
+            .arg(format!("--add-gnu-debuglink={}", link.display()))
+            .arg(&library)
+            .status()
+            .unwrap();
+        assert!(status.success(), "objcopy adds the debug link");
+        fs::remove_file(&link).unwrap();
+    }
+    let home_arg = home.to_str().unwrap();
+    let program = gcc(
+        "victim.c",
+        &home.join("victim"),
+        &[
+            "-g",
+            "-Wl,--no-as-needed",
+            &format!("-L{home_arg}"),
+            "-lvictim",
+            &format!("-Wl,-rpath,{home_arg}"),
+        ],
+    );
+    let (uid, gid) = untrusted_user();
+    for file in [&library, &program] {
+        std::os::unix::fs::chown(file, Some(uid), Some(gid)).unwrap();
+    }
+    if fifo_link {
+        run_untrusted("mkfifo", &[link.to_str().unwrap()]);
+    }
+    (program, library)
+}
+
+/// How root profiles the untrusted user's program.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    System,
+    Process,
+    /// `agent --source-lines`, one-second windows.
+    Agent,
+}
+
+/// Root profiles (as `target` says) the untrusted user's program, with `truncating` while they
+/// truncate and restore its library every few milliseconds, once the program has left the
+/// library's code; the profiler's run under [`watch`] (failing past `deadline`), and the
+/// profile's JSON report (the agent's windows' strings for [`Target::Agent`], as a JSON array).
+fn profile_victim(
+    home: &Path,
+    target: Target,
+    truncating: bool,
+    deadline: Duration,
+    attempt: usize,
+) -> (Watched, Value) {
+    let (program, library) = (home.join("victim"), home.join("libvictim.so"));
+    let done = home.join(format!("done-{attempt}"));
+    let out = home.parent().unwrap().join(format!("out-{attempt}"));
+    fs::create_dir_all(&out).unwrap();
+    let profile = out.join("victim.prof");
+    let spawn = |args: Vec<String>| {
+        Command::new(profiler_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let record = |which: &str| -> Vec<String> {
+        ["record", which]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let mut profiler = match target {
+        Target::System => {
+            let mut args = record("-a");
+            args.extend(["--duration", "5", "-o"].map(String::from));
+            args.push(profile.to_str().unwrap().into());
+            Some(spawn(args))
+        }
+        Target::Agent => Some(spawn(
+            [
+                "agent",
+                "--source-lines",
+                "-F",
+                "499",
+                "--interval",
+                "1",
+                "--output-dir",
+                out.to_str().unwrap(),
+            ]
+            .map(String::from)
+            .to_vec(),
+        )),
+        Target::Process => None,
+    };
+    sleep(Duration::from_millis(1000));
+    let mut victim = as_untrusted(&program, &["2", "6", done.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let profiler = profiler.take().unwrap_or_else(|| {
+        let mut args = record("-p");
+        args.push(victim.id().to_string());
+        args.extend(["--duration", "5", "-o"].map(String::from));
+        args.push(profile.to_str().unwrap().into());
+        spawn(args)
+    });
+    let library = library.to_str().unwrap();
+    let backup = format!("{library}.whole");
+    if truncating {
+        run_untrusted("cp", &[library, &backup]);
+    }
+    let stop = home.join(format!("stop-{attempt}"));
+    let mut attacker = as_untrusted(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "n=0; while [ ! -e {done} ] && [ $n -lt 2000 ]; do sleep 0.01; n=$((n+1)); done; \
+                 while [ ! -e {stop} ] && [ $n -lt 8000 ] && {truncating}; do \
+                 truncate -s 0 {library}; sleep 0.005; cat {backup} > {library}; sleep 0.005; \
+                 n=$((n+1)); done; {truncating} && cat {backup} > {library}; true",
+                done = done.display(),
+                stop = stop.display()
+            ),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    if let Target::Agent = target {
+        let pid = profiler.id() as libc::pid_t;
+        std::thread::spawn(move || {
+            sleep(Duration::from_secs(7));
+            // SAFETY: a signal to the agent, our child, still unwaited.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        });
+    }
+    let watched = watch(profiler, RECORD_MEMORY_BOUND, deadline);
+    run_untrusted("touch", &[stop.to_str().unwrap()]);
+    assert!(attacker.wait().unwrap().success());
+    let _ = victim.wait();
+    let report = match target {
+        Target::Agent => Value::Array(
+            fs::read_dir(&out)
+                .unwrap()
+                .flat_map(|entry| read_pprof(&entry.unwrap().path()).string_table)
+                .map(Value::String)
+                .collect(),
+        ),
+        _ => report_json(&profile, &[]),
+    };
+    (watched, report)
+}
+
+/// Issue 45, item 1. The untrusted user truncates their library again and again while root's
+/// `record -a`, `record -p` and `agent --source-lines` symbolize it: mapped, the truncated file
+/// killed the profiler with SIGBUS. Each survives, ends on time within its memory bound, keeps
+/// its profile and names the program's own function; the library's is named from the copy made
+/// before the truncation, or else the report says why it could not be. A library over the
+/// copy's cap is refused and counted.
+#[test]
+fn a_library_truncated_while_profiled_is_never_mapped() {
+    let home = untrusted_dir("truncated-library");
+    let (_, library) = build_victim(&home, false);
+    let refused = "modules not symbolized: another user's file changed while it was copied";
+    let attempts = [
+        Target::System,
+        Target::Process,
+        Target::Agent,
+        Target::System,
+        Target::Process,
+    ];
+    for (attempt, target) in attempts.into_iter().enumerate() {
+        let (watched, report) =
+            profile_victim(&home, target, true, Duration::from_secs(90), attempt);
+        assert!(
+            watched.output.status.success(),
+            "{target:?} failed ({:?}): {}",
+            watched.output.status,
+            String::from_utf8_lossy(&watched.output.stderr)
+        );
+        assert!(watched.max_rss_bytes < RECORD_MEMORY_BOUND);
+        eprintln!(
+            "{target:?} while the library was truncated: {:?}, {} MiB",
+            watched.elapsed,
+            watched.max_rss_bytes >> 20
+        );
+        assert!(
+            names(&report, "victim_program_spin"),
+            "{target:?}: {report:#}"
+        );
+        if let Target::Agent = target {
+            continue;
+        }
+        assert!(
+            names(&report, "victim_library_spin") || loss(&report, refused) == 1,
+            "{target:?}: {report:#}"
+        );
+    }
+
+    // Over the copy's cap (sparse: it costs its owner nothing): refused, counted and named.
+    run_untrusted("truncate", &["-s", "300M", library.to_str().unwrap()]);
+    let (watched, report) = profile_victim(
+        &home,
+        Target::System,
+        false,
+        Duration::from_secs(90),
+        attempts.len(),
+    );
+    assert!(watched.output.status.success());
+    assert!(watched.max_rss_bytes < RECORD_MEMORY_BOUND);
+    assert!(names(&report, "victim_program_spin"), "{report:#}");
+    assert!(!names(&report, "victim_library_spin"), "{report:#}");
+    assert_eq!(
+        loss(
+            &report,
+            "modules not symbolized: another user's file over 256 MiB"
+        ),
+        1,
+        "{report:#}"
+    );
+    let stderr = String::from_utf8_lossy(&watched.output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "warning: {}: not symbolized: another user's file over 256 MiB",
+            library.display()
+        )),
+        "{stderr}"
+    );
+    fs::remove_dir_all(home.parent().unwrap()).ok();
+}
+
+/// Issue 45, item 4. The untrusted user's library has a debug link to a FIFO beside it: the
+/// symbolizer followed it with a blocking open, and `record -a` never ended. Root's recordings
+/// end on time, name the library's function from its own symbols, and count the debug link not
+/// followed.
+#[test]
+fn a_fifo_at_a_debug_link_does_not_block_the_recording() {
+    let home = untrusted_dir("debug-link-fifo");
+    build_victim(&home, true);
+    for (attempt, target) in [Target::System, Target::Process].into_iter().enumerate() {
+        let (watched, report) =
+            profile_victim(&home, target, false, Duration::from_secs(30), attempt);
+        assert!(
+            watched.output.status.success(),
+            "{target:?}: {}",
+            String::from_utf8_lossy(&watched.output.stderr)
+        );
+        assert!(watched.max_rss_bytes < RECORD_MEMORY_BOUND);
+        assert!(
+            names(&report, "victim_library_spin"),
+            "{target:?}: {report:#}"
+        );
+        assert!(
+            names(&report, "victim_program_spin"),
+            "{target:?}: {report:#}"
+        );
+        assert_eq!(
+            loss(
+                &report,
+                "debug links of other users' modules not followed (their own symbols read)"
+            ),
+            1,
+            "{target:?}: {report:#}"
+        );
+    }
+    fs::remove_dir_all(home.parent().unwrap()).ok();
+}
+
+/// Issue 45, item 5. Two JIT processes of the untrusted user: the first writes a 256 MiB perf
+/// map of the smallest lines after its one real entry, the second's map is a hard link to it.
+/// Read whole, such a map took gigabytes and OOM-killed `record -a`. The recording stays
+/// within its memory bound, names both processes' JIT code from the entry kept, and counts the
+/// map cut at its cap once.
+#[test]
+fn a_huge_hard_linked_perf_map_is_read_only_to_its_cap() {
+    let home = untrusted_dir("perf-map");
+    let jit = gcc("jit.c", &home.join("jit"), &[]);
+    let profile = home.parent().unwrap().join("jit.prof");
+    let recording = Command::new(profiler_bin())
+        .args(["record", "-a", "--duration", "8", "-o"])
+        .arg(&profile)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_millis(1000));
+    let mut first = as_untrusted(&jit, &["4", "256"]).spawn().unwrap();
+    let mut second = as_untrusted(&jit, &["4", "0"]).spawn().unwrap();
+    let maps = [&first, &second].map(|jit| format!("/tmp/perf-{}.map", jit.id()));
+    // Once the first map is written (the second's, of one line, long before).
+    let whole = 256 << 20;
+    while fs::metadata(&maps[0]).map_or(0, |m| m.len()) < whole
+        && first.try_wait().unwrap().is_none()
+    {
+        sleep(Duration::from_millis(20));
+    }
+    run_untrusted("ln", &["-f", &maps[0], &maps[1]]);
+    let watched = watch(recording, RECORD_MEMORY_BOUND, Duration::from_secs(90));
+    assert!(first.wait().unwrap().success());
+    assert!(second.wait().unwrap().success());
+    for map in &maps {
+        fs::remove_file(map).ok();
+    }
+    assert!(
+        watched.output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&watched.output.stderr)
+    );
+    assert!(watched.max_rss_bytes < RECORD_MEMORY_BOUND);
+    eprintln!(
+        "record -a with a 256 MiB perf map: {:?}, {} MiB",
+        watched.elapsed,
+        watched.max_rss_bytes >> 20
+    );
+    let report = report_json(&profile, &[]);
+    for jit in [&first, &second] {
+        assert!(
+            names(&report, &format!("[perf-{}.map]", jit.id())),
+            "the JIT code of {} is named: {report:#}",
+            jit.id()
+        );
+    }
+    assert!(names(&report, "jit_spin"), "{report:#}");
+    assert_eq!(
+        loss(
+            &report,
+            "perf maps cut at their cap (16 MiB of entries each, 64 MiB in all)"
+        ),
+        1,
+        "{report:#}"
+    );
+    fs::remove_dir_all(home.parent().unwrap()).ok();
 }

@@ -72,7 +72,7 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer:
     let mut captured = Vec::new();
     for (module, functions) in by_module {
         let pids = pids.get(module).cloned().unwrap_or_default();
-        let Some((path, image)) = processes.module_image(pids, module) else {
+        let Some((file, image)) = processes.module_image(pids, module) else {
             continue;
         };
         let Ok(elf) = object::File::parse(&image) else {
@@ -133,9 +133,14 @@ pub fn capture_code(profile: &mut Profile, processes: &ProcessTable, symbolizer:
             .iter()
             .flat_map(|(_, offsets)| offsets.iter().copied())
             .collect();
-        let mut results = match offsets.is_empty() {
-            true => Vec::new(),
-            false => crate::symbolize::symbolize_offsets(symbolizer, &path, true, &offsets),
+        // A module the symbolizer may not read (see `input::symbol_path`) keeps its code
+        // without lines.
+        let path = crate::input::symbol_path(&file).ok().map(|read| read.path);
+        let mut results = match (offsets.is_empty(), path) {
+            (false, Some(path)) => {
+                crate::symbolize::symbolize_offsets(symbolizer, &path, true, &offsets)
+            }
+            _ => Vec::new(),
         }
         .into_iter();
         for (mut code, offsets) in module_code {

@@ -310,6 +310,8 @@ impl<'a> ProfileBuilder<'a> {
             .collect();
         let blocked = blocked.as_ref().map(|input| &input.blocks);
         let threads = thread_list(processes, origin, threads, blocked);
+        // Files other users control that symbolizing could not read, or read only in part.
+        losses.counters.extend(table.known.unread_files());
 
         Profile {
             meta,

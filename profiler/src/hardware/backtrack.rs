@@ -12,11 +12,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
 use object::ReadRef;
 
-use crate::input::{open_regular, FinalLink, ModuleImage};
+use crate::input::{open_regular, symbol_path, FinalLink, ModuleImage};
 use crate::profile::{
     BacktrackedAttribution, DataAccess, DataLineSample, EventIndex, EventInfo, Frame, FrameId,
     InstructionSample, LatencyHistogram, Profile, Stats,
@@ -231,12 +232,20 @@ fn add_per_cpu(into: &mut Vec<u64>, from: &[u64]) {
     }
 }
 
+/// A module file open (a regular file, never opened blocking).
+struct OpenModule {
+    /// Held, so that the symbolizer's copy of it (if any) stays.
+    _file: Arc<File>,
+    /// Where the symbolizer may read it; none where it may not (`input::symbol_path`).
+    symbols: Option<PathBuf>,
+    image: ModuleImage,
+}
+
 /// Opens module files once each and finds where sampled frames move.
 #[derive(Default)]
 struct Mover {
-    /// By module path: the file open (regular files only, never blocking), the path of its
-    /// descriptor, and its image.
-    files: HashMap<String, Option<(File, PathBuf, ModuleImage)>>,
+    /// By module path.
+    files: HashMap<String, Option<OpenModule>>,
 }
 
 impl Mover {
@@ -259,7 +268,11 @@ impl Mover {
         let mut by_module: BTreeMap<PathBuf, Vec<usize>> = BTreeMap::new();
         for (index, (_, frame)) in targets.iter().enumerate() {
             // Targets exist only for modules that opened.
-            if let Some(Some((_, path, _))) = self.files.get(&frame.module) {
+            if let Some(Some(OpenModule {
+                symbols: Some(path),
+                ..
+            })) = self.files.get(&frame.module)
+            {
                 by_module.entry(path.clone()).or_default().push(index);
             }
         }
@@ -291,13 +304,17 @@ impl Mover {
         let function_start = frame.function_address?;
         let into_function = frame.address.checked_sub(function_start)?;
         let start_offset = frame.module_offset.checked_sub(into_function)?;
-        let (_, _, image) = self
+        let OpenModule { image, .. } = self
             .files
             .entry(frame.module.clone())
             .or_insert_with(|| {
                 let file = open_regular(Path::new(&frame.module), FinalLink::Refuse).ok()?;
-                let (path, image) = ModuleImage::of(&file)?;
-                Some((file, path, image))
+                let file = Arc::new(file);
+                Some(OpenModule {
+                    image: ModuleImage::of(&file)?,
+                    symbols: symbol_path(&file).ok().map(|read| read.path),
+                    _file: file,
+                })
             })
             .as_ref()?;
         let end = (frame.module_offset + LOOKAHEAD_BYTES).min(image.len().ok()?);

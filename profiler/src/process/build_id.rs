@@ -7,7 +7,7 @@ use crate::input::ModuleImage;
 
 /// The GNU build ID of an ELF file, read in bounded ranges.
 pub(super) fn build_id_of(file: &fs::File) -> Option<Arc<[u8]>> {
-    let (_, image) = ModuleImage::of(file)?;
+    let image = ModuleImage::of(file)?;
     let elf = object::File::parse(&image).ok()?;
     object::Object::build_id(&elf).ok().flatten().map(Arc::from)
 }

@@ -212,8 +212,8 @@ impl MappedFiles {
             .map(|file| descriptor_path(file))
     }
 
-    /// The opened file, to be read in bounded ranges, with the path of [`MappedFiles::path`].
-    pub fn image(&self, identity: FileIdentity) -> Option<(PathBuf, ModuleImage)> {
+    /// The opened file, to be read in bounded ranges.
+    pub fn image(&self, identity: FileIdentity) -> Option<ModuleImage> {
         ModuleImage::of(self.by_identity.get(&identity)?)
     }
 }

@@ -6,7 +6,6 @@ use std::{
     cell::Cell,
     collections::{BTreeMap, BTreeSet},
     fs, io,
-    path::PathBuf,
     sync::Arc,
 };
 
@@ -622,7 +621,7 @@ impl ProcessTable {
         &self,
         pids: impl IntoIterator<Item = u32>,
         path: &str,
-    ) -> Option<(PathBuf, ModuleImage)> {
+    ) -> Option<(Arc<fs::File>, ModuleImage)> {
         let opened = |process: &ProcessInfo| {
             process
                 .mappings
@@ -636,7 +635,10 @@ impl ProcessTable {
             .filter_map(|pid| self.processes.get(&pid))
             .find_map(opened)
             .or_else(|| self.files.by_path.get(path).copied())?;
-        self.files.image(identity)
+        Some((
+            self.files.file(identity)?.clone(),
+            self.files.image(identity)?,
+        ))
     }
 
     fn newest_mapping(

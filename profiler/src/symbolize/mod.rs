@@ -9,7 +9,7 @@ pub mod demangle;
 mod kallsyms;
 pub mod kernel_addresses;
 pub mod module_file;
-mod perf_map;
+pub mod perf_map;
 mod plain_debug;
 mod plt;
 
@@ -177,6 +177,9 @@ pub struct KnownFrames {
     by_file_offset: HashMap<(FileIdentity, u64), FrameId>,
     /// See [`SortedCode::unreadable`]: every batch's.
     pub unreadable: BTreeMap<String, u64>,
+    /// Files read only in part or not at all, by why (a loss counter's name): each counted
+    /// once, however many frames and drains it had.
+    unread: BTreeMap<&'static str, HashSet<FileIdentity>>,
 }
 
 impl KnownFrames {
@@ -203,6 +206,17 @@ impl KnownFrames {
     fn keep(&mut self, address: CodeAddress, frame: Frame) {
         let id = self.intern(frame);
         self.resolved.insert(address, id);
+    }
+
+    fn count_unread(&mut self, why: &'static str, file: FileIdentity) {
+        self.unread.entry(why).or_default().insert(file);
+    }
+
+    /// How many files each reason left unread or cut short, as loss counters.
+    pub fn unread_files(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        self.unread
+            .iter()
+            .map(|(why, files)| (why.to_string(), files.len() as u64))
     }
 
     /// Whether `address` is resolved.
@@ -247,17 +261,27 @@ impl KnownFrames {
         let mut own = None;
         progress.set_length(files.len() as u64 + 1);
         for (identity, (file, entries)) in files {
-            let path = crate::input::descriptor_path(&file);
-            progress.set_message(
-                path.file_name()
-                    .map(|name| name.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            );
             progress.inc(1);
             let (sampled, mut frames): (Vec<CodeAddress>, Vec<Frame>) = entries.into_iter().unzip();
-            let aliases = match cache {
-                Some(cache) => cache.fill(identity, &file, &path, &mut frames),
-                None => {
+            if let Some(frame) = frames.first() {
+                progress.set_message(frame.module.clone());
+            }
+            let path = match crate::input::symbol_path(&file) {
+                Ok(read) => {
+                    if read.links_not_followed {
+                        self.count_unread(crate::input::LINKS_NOT_FOLLOWED, identity);
+                    }
+                    Some(read.path)
+                }
+                Err(refused) => {
+                    self.count_unread(refused.describe(), identity);
+                    None
+                }
+            };
+            let aliases = match (cache, path) {
+                (_, None) => Vec::new(),
+                (Some(cache), Some(path)) => cache.fill(identity, &file, &path, &mut frames),
+                (None, Some(path)) => {
                     fill_from_elf(
                         own.get_or_insert_with(new_symbolizer),
                         &path,
@@ -352,6 +376,9 @@ impl KnownFrames {
                 frame.module = format!("[perf-{}.map]", address.pid);
             }
             self.keep(address, frame);
+        }
+        for map in perf_maps.cut {
+            self.count_unread(perf_map::CUT_AT_CAP, map);
         }
     }
 }

@@ -412,7 +412,7 @@ impl CopyUnwinder {
         for mapping in &mappings {
             let sections = match mapping.file {
                 Some(identity) => self.files.entry(identity).or_insert_with(|| {
-                    let (_, image) = table.files.image(identity)?;
+                    let image = table.files.image(identity)?;
                     ModuleSections::read(&image).map(Arc::new)
                 }),
                 None if *mapping.path == *VDSO

@@ -21,7 +21,8 @@ pub fn build_dlopened_library(dir: &Path) -> PathBuf {
     )
 }
 
-fn gcc(source: &str, binary: &Path, flags: &[&str]) -> PathBuf {
+/// tests/workloads/c/`source` built into `binary` with `flags` added to gcc's command line.
+pub fn gcc(source: &str, binary: &Path, flags: &[&str]) -> PathBuf {
     // Both crates that use this live one level below the workspace's root.
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/workloads/c")
