@@ -3,6 +3,7 @@
 //! directory's profiles pass `--max-disk`. Files other than the agent's own are never touched.
 
 use std::{
+    os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
     time::UNIX_EPOCH,
 };
@@ -30,9 +31,22 @@ pub struct OutputDirSink {
 }
 
 impl OutputDirSink {
-    /// Checks now that `dir` exists and the profiler can create files in it.
+    /// Creates `dir` (and its parents, mode 0750: profiles name the machine's processes) when
+    /// missing, and checks now that the profiler can create files in it.
     pub fn new(dir: &Path, max_bytes: u64) -> Result<OutputDirSink> {
-        Checker::default().check("--output-dir", &dir.join(file_name(0, 0)))?;
+        let option = || format!("--output-dir {}", dir.display());
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)
+            .with_context(|| format!("{}: cannot create the directory", option()))?;
+        // The check's own errors name a file: said of the directory, which the user gave.
+        Checker::default()
+            .check("--output-dir", &dir.join(file_name(0, 0)))
+            .map_err(|error| {
+                let causes: Vec<String> = error.chain().skip(1).map(ToString::to_string).collect();
+                anyhow::anyhow!("{}: {}", option(), causes.join(": "))
+            })?;
         Ok(OutputDirSink {
             dir: dir.to_path_buf(),
             max_bytes,
