@@ -475,30 +475,37 @@ fn vdso_code_is_named_as_perf_names_it() {
 #[test]
 fn short_help_is_a_line_per_option_and_long_help_has_the_rest() {
     for subcommand in ["record", "report", "stat", "agent"] {
-        let help = |flag: &str| {
+        let help = |flag: &str, columns: &str| {
             let output = Command::new(profiler_bin())
                 .args([subcommand, flag])
-                .env("COLUMNS", "80")
+                .env("COLUMNS", columns)
                 .output()
                 .unwrap();
             assert!(output.status.success());
             String::from_utf8_lossy(&output.stdout).into_owned()
         };
-        let short = help("-h");
-        let long = help("--help");
-        for line in short.lines().chain(long.lines()) {
+        for flag in ["-h", "--help"] {
+            for line in help(flag, "80").lines() {
+                assert!(
+                    line.chars().count() <= 80,
+                    "{subcommand} {flag}: a line of {} columns at 80: {line}",
+                    line.chars().count()
+                );
+            }
+        }
+        // On a wide terminal each option's short help is one line; only clap's lists of
+        // values and defaults go on.
+        let short = help("-h", "120");
+        for line in short
+            .lines()
+            .filter(|line| line.starts_with(&" ".repeat(20)))
+        {
             assert!(
-                line.chars().count() <= 80,
-                "{subcommand}: a help line of {} columns at 80: {line}",
-                line.chars().count()
+                line.ends_with(']'),
+                "{subcommand} -h, a second line: {line}\n{short}"
             );
         }
-        // Each option's short help is one line, unless clap lists the option's values.
-        let continued = short
-            .lines()
-            .filter(|line| line.starts_with("                ") && !line.contains("values"))
-            .count();
-        assert!(continued <= 6, "{subcommand} -h:\n{short}");
+        let long = help("--help", "120");
         assert!(long.lines().count() > 2 * short.lines().count(), "{long}");
     }
     let record_short = text(&profiler(&["record", "-h"]));
