@@ -1161,7 +1161,7 @@ fn record_keeps_profiler_data_and_report_reads_it_with_perfs_options() {
         );
     }
     // The run before is kept, as perf keeps perf.data.old.
-    let old = read_profile(&dir.join("profiler.data.old")).unwrap();
+    let old = read_profile(dir.join("profiler.data.old")).unwrap();
     assert!(function_samples(&old, "cpu_split::heavy_work") > 100);
     // perf's report options: --stdio, -n, -g are how the report is anyway; --comm and --dso
     // filter; -i is not needed.
