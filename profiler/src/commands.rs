@@ -1,6 +1,6 @@
 //! Each subcommand: resolve the arguments into options, run, print.
 
-use std::{io::Write, process::ExitCode};
+use std::{io::Write, path::Path, process::ExitCode};
 
 use anyhow::{Context, Result};
 
@@ -9,7 +9,7 @@ use crate::{
     cli::{
         agent::AgentArgs,
         options::{capture_options, target_of, target_title},
-        Command, RecordArgs, ReportArgs, ReportOutput,
+        Command, RecordArgs, ReportArgs, ReportOutput, DEFAULT_PROFILE,
     },
     events::run_list,
     export::{
@@ -31,6 +31,7 @@ use crate::{
         ViewArgs,
     },
     session::{Capture, CaptureOptions, SessionEnd},
+    shell_docs::completion,
     stat::run_stat,
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
@@ -46,6 +47,12 @@ pub async fn run(command: Command) -> Result<ExitCode> {
         Command::Agent(args) => agent(*args).await,
         Command::List { json } => {
             print(&run_list(json)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            completion(shell, &mut script);
+            print(&String::from_utf8_lossy(&script))?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -68,18 +75,18 @@ fn print(text: &str) -> Result<()> {
 async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
     // From the start: no stop signal kills the profiler and leaves its command running.
     let mut signals = StopSignals::catch()?;
-    let outputs = RecordOutputs::check(&args)?;
-    // The report goes to standard error, or to a file.
-    args.report.view.width = terminal_width(&std::io::stderr());
     let Some(target) = target_of(&args.sampling, &args.command, args.all_cpus) else {
         anyhow::bail!(
             "nothing to profile: give a command after `--`, processes with -p PID, a cgroup, \
              container or user, or -a for all CPUs"
         );
     };
+    let outputs = RecordOutputs::check(&args)?;
+    // The report goes to standard error, or to a file.
+    args.report.view.width = terminal_width(&std::io::stderr());
     let title = target_title(&args.sampling, &target, args.record_args);
     let options = CaptureOptions {
-        duration: args.duration(),
+        duration: args.duration,
         raw: outputs.raw.clone(),
         stats: args.stats,
         ..capture_options(&args.sampling, target)?
@@ -109,6 +116,8 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
 /// nothing.
 struct RecordOutputs {
     profile: Option<Output>,
+    /// The profile goes to [`DEFAULT_PROFILE`], whose previous version is kept as `.old`.
+    default_profile: bool,
     raw: Option<Output>,
     report: ReportTargets,
 }
@@ -116,7 +125,22 @@ struct RecordOutputs {
 impl RecordOutputs {
     fn check(args: &RecordArgs) -> Result<RecordOutputs> {
         let mut checker = Checker::default();
-        let profile = checker.check_optional("-o", args.output.as_deref())?;
+        let default_profile = args.output.is_none();
+        let profile = match &args.output {
+            Some(path) => Some(checker.check("-o", path)?),
+            // Where the default cannot be written (a directory of someone else's), the run is
+            // still worth its report: said, not fatal.
+            None => match checker.check("-o", Path::new(DEFAULT_PROFILE)) {
+                Ok(output) => Some(output),
+                Err(error) => {
+                    eprintln!(
+                        "note: the profile is not kept ({error:#}): give -o FILE to keep it \
+                         elsewhere"
+                    );
+                    None
+                }
+            },
+        };
         let raw = checker.check_optional("--raw", args.raw.as_deref())?;
         let destination = match (&args.json, &args.report_file) {
             (Some(path), _) => Some(checker.check("--json", path)?),
@@ -126,6 +150,7 @@ impl RecordOutputs {
         let report = ReportTargets::check(&mut checker, &args.report, destination)?;
         Ok(RecordOutputs {
             profile,
+            default_profile,
             raw,
             report,
         })
@@ -153,7 +178,8 @@ fn finish_record(
     // The profile file is compressed and written while the report is computed: on a machine
     // whose CPUs are busy, a second thread is a second share of them at the run's end.
     let serialized = outputs.profile.as_ref().map(|output| {
-        SerializedProfile::of(&recording.profile).map_err(|e| e.in_file(output.path()).into())
+        SerializedProfile::of(&recording.profile)
+            .map_err(|e| anyhow::Error::from(e.in_file(output.path())))
     });
     std::thread::scope(|scope| {
         let written = outputs
@@ -161,7 +187,14 @@ fn finish_record(
             .as_ref()
             .zip(serialized)
             .map(|(output, serialized)| {
-                scope.spawn(move || serialized.and_then(|serialized| serialized.write(output)))
+                let keep_old = outputs.default_profile;
+                scope.spawn(move || {
+                    let serialized = serialized?;
+                    if keep_old {
+                        keep_previous(output.path())?;
+                    }
+                    serialized.write(output)
+                })
             });
         if args.stats {
             eprint!("{}", recording.stats_text());
@@ -209,6 +242,24 @@ fn finish_record(
     })
 }
 
+/// perf's habit: the profile a run replaces is kept as `FILE.old` (replacing the one before).
+fn keep_previous(path: &Path) -> Result<()> {
+    let mut old = path.as_os_str().to_owned();
+    old.push(".old");
+    match std::fs::rename(path, &old) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            Err(error).with_context(|| {
+                format!(
+                    "cannot keep the previous {} as {}",
+                    path.display(),
+                    Path::new(&old).display()
+                )
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
     args.report.view.width = terminal_width(&std::io::stdout());
     let mut checker = Checker::default();
@@ -218,6 +269,12 @@ fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
         report: (!checker.stdout_taken()).then(|| Output::stdout("report")),
         ..targets
     };
+    if args.input == Path::new(DEFAULT_PROFILE) && !args.input.exists() {
+        anyhow::bail!(
+            "no {DEFAULT_PROFILE} here to report on: record one with `profiler record -- \
+             COMMAND` (it writes {DEFAULT_PROFILE}), or give -i FILE (a perf.data too)"
+        );
+    }
     let mut profile = if is_perf_data(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?
     {
@@ -345,6 +402,9 @@ fn report(
         }
     }
     let rendered = render_report(profile, view)?;
+    for nothing in &rendered.nothing_to_show {
+        eprintln!("note: {nothing}");
+    }
     if let (Some(target), Some(svg)) = (&targets.latency_plot, &rendered.latency_plot) {
         failures.extend(target.write(|out| Ok(out.write_all(svg.as_bytes())?)).err());
     }

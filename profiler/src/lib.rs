@@ -16,6 +16,7 @@ pub mod cli;
 pub mod commands;
 pub mod disk_cache;
 pub mod drain;
+pub mod duration;
 pub mod events;
 pub mod export;
 pub mod fast_hash;

@@ -2,11 +2,10 @@
 
 use std::process::ExitCode;
 
-use clap::FromArgMatches;
 use profiler::{cli, commands};
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::from_arg_matches(&cli::command().get_matches()) {
+    let cli = match cli::try_parse_from(std::env::args_os()) {
         Ok(cli) => cli,
         Err(error) => error.exit(),
     };

@@ -1,6 +1,6 @@
 //! Man pages and shell completions, generated from the clap definitions of the command line so
-//! that they never drift from it. `cargo xtask manuals` writes and installs them through the
-//! `shell_docs` example.
+//! that they never drift from it. `cargo xtask manuals` (and `cargo xtask deb`) writes them
+//! through the `shell_docs` example; `profiler completions SHELL` prints a script.
 
 use std::{
     fs,
@@ -38,13 +38,18 @@ pub fn write_manuals(dir: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-/// Writes the completion script of `shell` to `path`.
+/// Writes the completion script of `shell` to `out` (`profiler completions SHELL`).
+pub fn completion(shell: Shell, out: &mut dyn Write) {
+    clap_complete::generate(shell, &mut command(), "profiler", out);
+}
+
+/// Writes the completion script of `shell` to `path` (`cargo xtask manuals`).
 pub fn write_completion(shell: Shell, path: &Path) -> io::Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
     }
     let mut file = fs::File::create(path)?;
-    clap_complete::generate(shell, &mut command(), "profiler", &mut file);
+    completion(shell, &mut file);
     file.flush()
 }
 

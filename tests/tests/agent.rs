@@ -279,18 +279,59 @@ fn the_agent_needs_somewhere_to_export() {
         stderr.contains("nowhere to export the profiles: give --output-dir DIR"),
         "{stderr}"
     );
-    // A missing directory is created (see tests/security.rs); a file is no directory.
-    let not_a_directory = Command::new(profiler_bin())
-        .args(["agent", "--output-dir", "/etc/hostname"])
+    // A missing directory is created (see tests/security.rs); one that cannot be made (a file
+    // stands where a parent should be) is named as the directory given, not as a profile file
+    // that never exists.
+    let file = temp_dir("agent-not-a-dir").join("file");
+    std::fs::write(&file, b"").unwrap();
+    let below_file = file.join("profiles");
+    let refused = Command::new(profiler_bin())
+        .args(["agent", "--output-dir"])
+        .arg(&below_file)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&not_a_directory.stderr);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
     assert!(
-        !not_a_directory.status.success()
-            && stderr.contains("--output-dir /etc/hostname")
-            && stderr.contains("cannot create it"),
+        stderr.starts_with(&format!(
+            "error: --output-dir {}: cannot create it",
+            below_file.display()
+        )) && !stderr.contains("profile-0000000000000"),
         "{stderr}"
     );
+}
+
+#[test]
+fn the_agent_creates_its_output_directory() {
+    require_root();
+    let parent = temp_dir("agent-creates-dir");
+    std::fs::remove_dir_all(&parent).ok();
+    let dir = parent.join("nested/profiles");
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-F", "99", "--interval", "500ms", "--output-dir"])
+            .arg(&dir)
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_dir(&dir).map_or(0, |entries| entries.count()) == 0 {
+        assert!(Instant::now() < deadline, "no window in {}", dir.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = agent.terminate();
+    use std::os::unix::fs::PermissionsExt;
+    for created in [&parent.join("nested"), &dir] {
+        let mode = std::fs::metadata(created).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o750, "{}: {mode:o}\n{log}", created.display());
+    }
+    assert!(
+        window_files(&dir)
+            .iter()
+            .all(|window| window.path.extension().is_some_and(|e| e == "gz")),
+        "{log}"
+    );
+    std::fs::remove_dir_all(parent).ok();
 }
 
 #[test]

@@ -1027,3 +1027,299 @@ fn unknown_options_and_typos_are_refused_by_name_and_never_run() {
     assert!(marker.exists(), "the program ran with its own options");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Runs the profiler in `dir` (where `record` keeps profiler.data and `report` reads it).
+fn run_in(dir: &Path, args: &[&str]) -> Output {
+    require_root();
+    Command::new(profiler_bin())
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the profiler runs")
+}
+
+/// A script that leaves a mark when it runs: a refused option must not run it.
+fn marking_program(dir: &Path) -> (PathBuf, PathBuf) {
+    let marker = dir.join("ran");
+    let script = dir.join("program.sh");
+    std::fs::write(&script, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (script, marker)
+}
+
+/// Each refused perf option: usage status 2, `error: OPTION: ...` naming what to use instead,
+/// and the program is not run.
+fn assert_refused(subcommand: &str, cases: &[(&[&str], &str, &str)]) {
+    let dir = temp_dir("perf-refused");
+    let (script, marker) = marking_program(&dir);
+    for (options, named, instead) in cases {
+        let mut args = vec![subcommand];
+        args.extend_from_slice(options);
+        if subcommand != "report" {
+            args.extend(["--", path_str(&script)]);
+        }
+        let output = run(&args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{options:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("error: {named}: ")) && stderr.contains(instead),
+            "{options:?}: {stderr}"
+        );
+        assert!(!marker.exists(), "{options:?} ran the program");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn perfs_record_options_work_or_say_what_to_use_instead() {
+    assert_refused(
+        "record",
+        &[
+            (&["-b"], "-b/--branch-any", "--unwind dwarf"),
+            (&["--branch-any"], "-b/--branch-any", "no LBR here"),
+            (&["-j", "any_call"], "-j/--branch-filter", "no LBR here"),
+            (&["--user-regs", "sp,ip"], "--user-regs", "--unwind copy"),
+            (
+                &["--switch-output"],
+                "--switch-output",
+                "profiler agent --interval",
+            ),
+            (
+                &["--switch-output=signal"],
+                "--switch-output",
+                "--output-dir DIR",
+            ),
+            (&["-q"], "-q/--quiet", "--report FILE"),
+            (&["-C", "0"], "-C/--cpu", "use -a"),
+            (&["-t", "1"], "-t/--tid", "-p PID"),
+            (&["-m", "128"], "-m/--mmap-pages", "--ring-buffer-kib"),
+        ],
+    );
+    // perf's `-a -- sleep TIME` records every CPU for TIME; `--count` is `-c`.
+    let dir = temp_dir("perf-sleep");
+    let _busy = Running::spawn(
+        Command::new(workload("cpu_split"))
+            .arg("20000")
+            .stderr(Stdio::null()),
+    );
+    let file = dir.join("sleep.prof");
+    let output = run(&[
+        "record",
+        "-a",
+        "-e",
+        "cpu-clock",
+        "--count",
+        "1000000",
+        "-o",
+        path_str(&file),
+        "--",
+        "sleep",
+        "1",
+    ]);
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("Recording ended: --duration ended."),
+        "{stderr}"
+    );
+    // Ended by the duration, not by a `sleep` command exiting; start-up on a loaded machine
+    // counts too: not less than asked, and not many times more.
+    let profile = read_profile(&file).unwrap();
+    let recorded = Duration::from_nanos(profile.meta.duration_ns);
+    assert!(
+        (Duration::from_millis(900)..Duration::from_secs(5)).contains(&recorded),
+        "recorded for {recorded:?}"
+    );
+    assert_eq!(profile.events[0].period, Some(1_000_000), "--count is -c");
+    assert!(function_samples(&profile, "cpu_split::heavy_work") > 100);
+    // Any other command with -a: perf would profile the system while it runs; said, not run.
+    let (script, marker) = marking_program(&dir);
+    let output = run(&["record", "-a", "--", path_str(&script)]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("give -a --duration TIME"), "{stderr}");
+    assert!(!marker.exists());
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn record_keeps_profiler_data_and_report_reads_it_with_perfs_options() {
+    let dir = temp_dir("default-profile");
+    let cpu_split = workload("cpu_split");
+    let nothing = run_in(&dir, &["report"]);
+    let stderr = text(&nothing.stderr);
+    assert_eq!(nothing.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("error: no profiler.data here to report on: record one with"),
+        "{stderr}"
+    );
+    for run in 0..2 {
+        let output = run_in(&dir, &["record", "-F", "999", path_str(&cpu_split), "800"]);
+        let stderr = text(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("profile written to profiler.data"),
+            "{run}: {stderr}"
+        );
+    }
+    // The run before is kept, as perf keeps perf.data.old.
+    let old = read_profile(dir.join("profiler.data.old")).unwrap();
+    assert!(function_samples(&old, "cpu_split::heavy_work") > 100);
+    // perf's report options: --stdio, -n, -g are how the report is anyway; --comm and --dso
+    // filter; -i is not needed.
+    let output = run_in(
+        &dir,
+        &[
+            "report",
+            "--stdio",
+            "-n",
+            "-g",
+            "--comm",
+            "cpu_split",
+            "--dso",
+            "cpu_split",
+        ],
+    );
+    let report = text(&output.stdout);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(report.contains("cpu_split::heavy_work"), "{report}");
+    assert!(
+        !report.contains("libc.so"),
+        "--dso keeps cpu_split's rows: {report}"
+    );
+    assert_refused(
+        "report",
+        &[(&["--percent-limit", "5"], "--percent-limit", "--top N")],
+    );
+    let sorted = run_in(&dir, &["report", "--sort", "dso,sym"]);
+    let stderr = text(&sorted.stderr);
+    assert_eq!(sorted.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("'dso,sym' for '--sort <KEY>'") && stderr.contains("give --by module"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn perfs_stat_options_work_or_say_what_to_use_instead() {
+    assert_refused(
+        "stat",
+        &[
+            (&["-r", "3"], "-r/--repeat", "repeat it in the shell"),
+            (&["-x", ","], "-x/--field-separator", "--json"),
+            (
+                &["-I", "1000"],
+                "-I/--interval-print",
+                "profiler agent --interval",
+            ),
+            (&["-C", "0"], "-C/--cpu", "use -a"),
+        ],
+    );
+    let started = Instant::now();
+    let output = run(&[
+        "stat",
+        "-a",
+        "-e",
+        "cpu-clock",
+        "--json",
+        "--",
+        "sleep",
+        "0.5",
+    ]);
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    let json: serde_json::Value = serde_json::from_str(&stderr).expect(&stderr);
+    assert_eq!(json["target"], "all CPUs", "{json}");
+    assert!(
+        json["elapsed_ns"].as_u64().unwrap() >= 500_000_000,
+        "{json}"
+    );
+    let event = &json["events"][0];
+    assert_eq!(event["event"], "cpu-clock", "{json}");
+    // Every CPU's clock for half a second: at least one whole CPU's worth.
+    assert!(event["count"].as_u64().unwrap() >= 450_000_000, "{json}");
+}
+
+#[test]
+fn durations_take_units_everywhere() {
+    let dir = temp_dir("duration-units");
+    for (duration, least, most) in [("500ms", 400, 4_000), ("1s", 900, 4_500)] {
+        let file = dir.join(format!("{duration}.prof"));
+        let output = run(&[
+            "record",
+            "-a",
+            "-e",
+            "cpu-clock",
+            "--duration",
+            duration,
+            "--drain-interval",
+            "250ms",
+            "--off-cpu",
+            "--off-cpu-min",
+            "2ms",
+            "-o",
+            path_str(&file),
+        ]);
+        assert!(
+            output.status.success(),
+            "{duration}: {}",
+            text(&output.stderr)
+        );
+        let recorded = Duration::from_nanos(read_profile(&file).unwrap().meta.duration_ns);
+        assert!(
+            (Duration::from_millis(least)..Duration::from_millis(most)).contains(&recorded),
+            "--duration {duration}: recorded for {recorded:?}"
+        );
+    }
+    let started = Instant::now();
+    let output = run(&["stat", "-a", "-e", "cpu-clock", "--duration", "300ms"]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    for (option, value, says) in [
+        (
+            "--duration",
+            "1x",
+            "unknown unit 'x': give a number with ns, us, ms, s, m or h",
+        ),
+        ("--duration", "0s", "give a time above 0"),
+        ("--drain-interval", "1ms", "give 10ms to 24h"),
+        ("--off-cpu-min", "fast", "unknown unit 'fast'"),
+    ] {
+        let output = run(&["record", "-a", "--off-cpu", option, value]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{option} {value}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "error: invalid value '{value}' for '{option} <TIME>'"
+            )) && stderr.contains(says),
+            "{option} {value}: {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    let bash = run(&["completions", "bash"]);
+    assert!(bash.status.success());
+    let script = text(&bash.stdout);
+    assert!(
+        script.contains("--call-graph") && script.contains("--only-event"),
+        "{script}"
+    );
+    let dir = temp_dir("completions");
+    let file = dir.join("profiler.bash");
+    std::fs::write(&file, &bash.stdout).unwrap();
+    let check = Command::new("bash").arg("-n").arg(&file).output().unwrap();
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    assert!(text(&run(&["completions", "zsh"]).stdout).starts_with("#compdef profiler"));
+    assert!(text(&run(&["completions", "fish"]).stdout).contains("complete -c profiler"));
+    let unknown = run(&["completions", "tcsh"]);
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(
+        text(&unknown.stderr).contains("[possible values: bash, elvish, fish, powershell, zsh]")
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

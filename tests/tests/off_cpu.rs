@@ -456,7 +456,7 @@ fn the_minimum_takes_units_and_says_what_it_cannot_read() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("--off-cpu-min") && stderr.contains("unknown unit `parsecs`"),
+        stderr.contains("--off-cpu-min") && stderr.contains("unknown unit 'parsecs'"),
         "{stderr}"
     );
     let output = std::process::Command::new(common::profiler_bin())

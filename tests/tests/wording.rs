@@ -304,7 +304,10 @@ fn views_an_event_cannot_fill_say_what_they_need() {
     ));
     assert!(dcache.contains("carry no data addresses"), "{dcache}");
     assert!(!dcache.contains(" 0x0 "), "no rows at address 0: {dcache}");
-    let hardware = text(&report(file, &["--hardware", "function"]));
+    // One rule for every view with nothing to show: said, and exit status 0.
+    let hardware = report(file, &["--hardware", "function"]);
+    assert!(hardware.status.success());
+    let hardware = text(&hardware);
     assert!(
         hardware.contains("No hardware data for --hardware"),
         "{hardware}"
@@ -327,9 +330,15 @@ fn views_an_event_cannot_fill_say_what_they_need() {
         .arg(&svg)
         .output()
         .unwrap();
-    assert!(!plot.status.success());
     let stderr = String::from_utf8_lossy(&plot.stderr);
-    assert!(stderr.contains("nothing to plot"), "{stderr}");
+    assert!(plot.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "note: --histogram {}: nothing to plot, the file is not written",
+            svg.display()
+        )),
+        "{stderr}"
+    );
     assert!(!svg.exists());
     std::fs::remove_dir_all(dir).ok();
 }
@@ -460,5 +469,118 @@ fn vdso_code_is_named_as_perf_names_it() {
         })
         .sum();
     assert!(vdso > 20.0, "{vdso}% in the vDSO: {functions:#?}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn short_help_is_a_line_per_option_and_long_help_has_the_rest() {
+    for subcommand in ["record", "report", "stat", "agent"] {
+        let help = |flag: &str, columns: &str| {
+            let output = Command::new(profiler_bin())
+                .args([subcommand, flag])
+                .env("COLUMNS", columns)
+                .output()
+                .unwrap();
+            assert!(output.status.success());
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        };
+        for flag in ["-h", "--help"] {
+            for line in help(flag, "80").lines() {
+                assert!(
+                    line.chars().count() <= 80,
+                    "{subcommand} {flag}: a line of {} columns at 80: {line}",
+                    line.chars().count()
+                );
+            }
+        }
+        // On a wide terminal each option's short help is one line; only clap's lists of
+        // values and defaults go on.
+        let short = help("-h", "120");
+        for line in short
+            .lines()
+            .filter(|line| line.starts_with(&" ".repeat(20)))
+        {
+            assert!(
+                line.ends_with(']'),
+                "{subcommand} -h, a second line: {line}\n{short}"
+            );
+        }
+        let long = help("--help", "120");
+        assert!(long.lines().count() > 2 * short.lines().count(), "{long}");
+    }
+    let record_short = text(&profiler(&["record", "-h"]));
+    let record_long = text(&profiler(&["record", "--help"]));
+    for expert in [
+        "--btf",
+        "--map-entries",
+        "--ring-buffer-kib",
+        "--drain-interval",
+    ] {
+        assert!(
+            !record_short.contains(expert),
+            "{expert} in -h:\n{record_short}"
+        );
+        assert!(record_long.contains(expert), "{expert} not in --help");
+    }
+    assert!(record_short.contains("-a, --all-cpus"), "{record_short}");
+    assert!(
+        record_short.contains("--off-cpu-min <TIME>  With `--off-cpu`: blocks shorter than"),
+        "{record_short}"
+    );
+}
+
+#[test]
+fn errors_are_lower_case_and_notes_come_only_with_a_recording() {
+    let dir = temp_dir("wording-errors");
+    // A usage error, a bad file and a failed check all read as clap's do.
+    for (args, says) in [
+        (
+            &["record", "--bogus"][..],
+            "error: unexpected argument '--bogus'",
+        ),
+        (
+            &["report", "-i", "/nonexistent/profile"],
+            "error: cannot read /nonexistent/profile",
+        ),
+        (
+            &["record", "--stack-copy-kib", "8", "--", "true"],
+            "error: --stack-copy-kib sizes the stack copies",
+        ),
+    ] {
+        let output = Command::new(profiler_bin()).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(stderr.starts_with(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("Error:"), "{args:?}: {stderr}");
+        // Nothing is recorded: no note about what would have been.
+        assert!(!stderr.contains("no hardware PMU"), "{args:?}: {stderr}");
+    }
+    // Software events asked for: the PMU changes nothing, and is not mentioned.
+    let output = Command::new(profiler_bin())
+        .args(["record", "-e", "cpu-clock", "-o"])
+        .arg(dir.join("sw.prof"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("no hardware PMU"), "{stderr}");
+    // The default event where there is no PMU: said, once.
+    if common::core_pmu().is_none() {
+        let output = Command::new(profiler_bin())
+            .args(["record", "-o"])
+            .arg(dir.join("default.prof"))
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            stderr
+                .matches("note: no hardware PMU on this machine")
+                .count(),
+            1,
+            "{stderr}"
+        );
+    }
     std::fs::remove_dir_all(dir).ok();
 }

@@ -23,6 +23,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("heap", 0),
     ("alloc_meter", 0),
     ("input", 0),
+    ("duration", 0),
     ("output", 0),
     ("launch", 0),
     ("scope", 0),

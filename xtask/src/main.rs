@@ -1,11 +1,12 @@
-//! Project tasks: `cargo xtask setup | build | run | test | layers | fuzz | bench | kernels | arm-pmu |
-//! manuals`.
+//! Project tasks: `cargo xtask setup | build | run | test | layers | fuzz | bench | kernels |
+//! arm-pmu | manuals | deb`.
 //!
 //! Every task sets up what it needs first (idempotently, saying what it installs), so a fresh
 //! clone on a fresh machine needs nothing but these commands.
 
 mod arm_pmu;
 mod bench;
+mod deb;
 #[cfg(test)]
 mod doc_links;
 mod fuzz;
@@ -87,6 +88,10 @@ enum Task {
         #[arg(long, value_name = "PREFIX")]
         prefix: Option<PathBuf>,
     },
+    /// Build the Debian package target/debian/profiler_<version>_<arch>.deb: the binary (with
+    /// its eBPF program), man pages, bash/zsh/fish completions, the agent's systemd unit and the
+    /// README.
+    Deb,
 }
 
 /// An architecture `cargo xtask build --target` cross-builds for.
@@ -236,6 +241,10 @@ fn run(task: Task) -> Result<()> {
             setup::all(setup::Purpose::Build)?;
             manuals(prefix)
         }
+        Task::Deb => {
+            setup::all(setup::Purpose::Build)?;
+            deb::build().map(|_| ())
+        }
         Task::Build { target: None } => {
             setup::all(setup::Purpose::Build)?;
             build_release()
@@ -288,7 +297,10 @@ fn run(task: Task) -> Result<()> {
             if filter.is_none() && std::env::var_os("CI").is_some() {
                 fuzz::run(CI_FUZZ_SECONDS)?;
             }
-            build_release()?;
+            // The package builds the release binaries the tests run; installed, it is checked
+            // from /usr/bin as a user runs it.
+            let package = deb::build()?;
+            deb::check_installed(&package)?;
             if filter.is_none() {
                 // The benchmark's smoke run: every figure is produced, nothing is asserted about
                 // speed. Before the tests, so that their closing line ends the output.

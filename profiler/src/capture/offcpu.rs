@@ -323,35 +323,6 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::
         .ok_or_else(|| anyhow!("the capture program has no {name}"))
 }
 
-/// `--off-cpu-min`: nanoseconds, or a number with `ns`, `us`, `ms` or `s`.
-pub fn parse_block_time(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let scale = match unit.trim() {
-        "" | "ns" => 1.0,
-        "us" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        other => {
-            return Err(format!(
-                "unknown unit `{other}`: give nanoseconds, or a number with ns, us, ms or s \
-                 (e.g. 500us)"
-            ))
-        }
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a time: give e.g. 1000, 500us or 2ms"))?;
-    let nanoseconds = value * scale;
-    if !(nanoseconds.is_finite() && nanoseconds < u64::MAX as f64) {
-        return Err(format!("`{text}` is too long"));
-    }
-    Ok(nanoseconds.round() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,20 +339,5 @@ mod tests {
         assert_ne!(config.task_runtime, 0);
         assert_eq!(config.task_slice_start, config.task_runtime + 8);
         assert_ne!(config.task_policy, 0);
-    }
-
-    #[test]
-    fn block_times_take_nanoseconds_or_a_unit() {
-        assert_eq!(parse_block_time("1500"), Ok(1500));
-        assert_eq!(parse_block_time("250ns"), Ok(250));
-        assert_eq!(parse_block_time("500us"), Ok(500_000));
-        assert_eq!(parse_block_time("2.5ms"), Ok(2_500_000));
-        assert_eq!(parse_block_time("1s"), Ok(1_000_000_000));
-        assert!(parse_block_time("3 minutes")
-            .unwrap_err()
-            .contains("unknown unit"));
-        assert!(parse_block_time("ms")
-            .unwrap_err()
-            .contains("is not a time"));
     }
 }

@@ -28,9 +28,9 @@ const DEFAULT_FREQUENCY: u64 = 99;
 pub struct AgentArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Close a window and export it this often, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = super::seconds)]
-    pub interval: f64,
+    /// Close a window and export it this often (`10s`, `1m`; a bare number is seconds).
+    #[arg(long, value_name = "TIME", default_value = "10s", value_parser = crate::duration::seconds)]
+    pub interval: Duration,
     /// Write one gzipped pprof file per window into this directory.
     #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
@@ -112,11 +112,6 @@ fn byte_size(text: &str) -> Result<u64, String> {
 }
 
 impl AgentArgs {
-    fn interval(&self) -> Duration {
-        // `seconds` checked that the value fits.
-        Duration::from_secs_f64(self.interval)
-    }
-
     /// The sinks asked for; at least one.
     fn sinks(&self) -> Result<Vec<Box<dyn WindowSink>>> {
         let mut sinks: Vec<Box<dyn WindowSink>> = Vec::new();
@@ -189,7 +184,7 @@ impl AgentArgs {
         Ok(AgentOptions {
             capture,
             target: title,
-            interval: self.interval(),
+            interval: self.interval,
             sinks,
             metrics,
             source_lines: self.source_lines,

@@ -3,11 +3,12 @@
 
 pub mod agent;
 pub mod options;
+pub mod perf;
 pub mod stat;
 
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{error::ErrorKind, Args, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::{
     report::{hardware::HardwareArgs, ViewArgs},
@@ -35,7 +36,7 @@ pub struct Cli {
 pub enum Command {
     /// Sample a command, processes, cgroups or the whole system and print a report.
     Record(Box<RecordArgs>),
-    /// Report on a profile file (`record -o`).
+    /// Report on a profile file (profiler.data, or `record -o FILE`, or a perf.data).
     Report(Box<ReportArgs>),
     /// Profile continuously: a profile per interval, exported until SIGTERM.
     Agent(Box<agent::AgentArgs>),
@@ -47,19 +48,31 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the completion script of a shell to standard output (e.g. `profiler completions
+    /// bash > /etc/bash_completion.d/profiler`).
+    Completions {
+        /// bash, zsh or fish (elvish and powershell too).
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
+
+/// The profile `record` keeps and `report` reads when no file is named, as perf's perf.data
+/// (the previous one is kept as `profiler.data.old`).
+pub const DEFAULT_PROFILE: &str = "profiler.data";
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Profile every CPU (all processes).
-    #[arg(short = 'a', long = "all-cpus", conflicts_with_all = ["pids", "command"])]
+    /// Profile every CPU (all processes); perf's `-a -- sleep TIME` is `-a --duration TIME`.
+    #[arg(short = 'a', long = "all-cpus", conflicts_with = "pids")]
     pub all_cpus: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Stop after this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
-    pub duration: Option<f64>,
-    /// Write the profile to this file (read it back with `profiler report -i`).
+    /// Stop after this long (`30s`, `500ms`, `2m`; a bare number is seconds).
+    #[arg(long, value_name = "TIME", value_parser = crate::duration::seconds)]
+    pub duration: Option<Duration>,
+    /// Write the profile to this file instead of profiler.data (the previous profiler.data is
+    /// kept as profiler.data.old); `profiler report -i FILE` reads it.
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Also stream every sample through a ring buffer into this file (JSON lines, in timestamp
@@ -114,19 +127,20 @@ pub struct SamplingArgs {
     )]
     pub frequency: Option<u64>,
     /// Sample every N events, for every event (the overflow value; Caliper's -s).
-    #[arg(short = 'c', short_alias = 's', long, value_name = "N",
+    #[arg(short = 'c', short_alias = 's', long, alias = "count", value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..))]
     pub period: Option<u64>,
     /// Pick each event's overflow value from a short counting pass so that it samples about HZ
     /// times per second (a launched command, not yet running, is sampled at HZ instead).
     #[arg(long, value_name = "HZ", conflicts_with_all = ["period", "frequency"],
+          hide_short_help = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub target_rate: Option<u64>,
     /// Profile running processes (repeat or comma-separate), their threads and children.
     #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
     /// Only samples in this cgroup (v2 path, absolute or relative to the mount) and below.
-    #[arg(long, value_name = "PATH")]
+    #[arg(short = 'G', long, value_name = "PATH")]
     pub cgroup: Option<PathBuf>,
     /// Only samples of this container (docker, containerd, CRI-O, podman id or unique prefix).
     #[arg(long, value_name = "ID")]
@@ -134,36 +148,38 @@ pub struct SamplingArgs {
     /// Only samples of this user (name or number).
     #[arg(long, value_name = "USER")]
     pub uid: Option<String>,
-    /// How often the agent drains the kernel maps, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 1000,
-          value_parser = clap::value_parser!(u64).range(10..=MAX_DRAIN_INTERVAL_MS))]
-    pub drain_interval: u64,
+    /// How often the agent drains the kernel maps (`250ms`, `1s`; a bare number is
+    /// milliseconds; 10ms to 24h).
+    #[arg(long, value_name = "TIME", default_value = "1s", value_parser = drain_interval,
+          hide_short_help = true)]
+    pub drain_interval: Duration,
     /// Distinct call stacks the kernel holds until the agent takes them into its stack cache
     /// (1 KiB each); the agent empties the map before it fills. By default twice the sample
     /// maps' entries (a sample stores up to two stacks), from 2,048 to 32,768.
-    #[arg(long, value_name = "N", value_parser = map_entries)]
+    #[arg(long, value_name = "N", value_parser = map_entries, hide_short_help = true)]
     pub stack_map_entries: Option<u32>,
     /// Entries of the sample maps (stacks, instructions, data cache lines) per generation, and
     /// of the `--off-cpu` map (thread, stacks, state). By default the sample maps hold twice
     /// the samples the events fire on every CPU between two drains (16,384 for events sampled
     /// by period, whose rate is unknown), from 1,024 to 16,384 entries, and within 64 MiB of
     /// per-CPU values on hosts with many CPUs; the `--off-cpu` map holds 16,384.
-    #[arg(long, value_name = "N", value_parser = map_entries)]
+    #[arg(long, value_name = "N", value_parser = map_entries, hide_short_help = true)]
     pub map_entries: Option<u32>,
     /// Entries of each latency-histogram map (one histogram per process, event and instruction,
     /// and one per process, event and data cache line), and of the `--off-cpu` block-duration
     /// histograms (one per thread, stacks and state).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_LATENCY_MAP_ENTRIES,
-          value_parser = map_entries)]
+          value_parser = map_entries, hide_short_help = true)]
     pub latency_map_entries: u32,
     /// Size in KiB of each ring buffer the program streams through: the `--raw` samples and the
     /// registers of IBS samples (rounded up to a power of two pages; 4 to 1048576); the stack
     /// copies of `--unwind copy` get 8 times as much (at most 1 GiB).
     #[arg(long, value_name = "KIB", default_value_t = DEFAULT_RING_BUFFER_KIB,
+          hide_short_help = true,
           value_parser = clap::value_parser!(u32).range(4..=MAX_RING_BUFFER_KIB as i64))]
     pub ring_buffer_kib: u32,
     /// Kernel BTF to read structure offsets from (default: /sys/kernel/btf/vmlinux).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", hide_short_help = true)]
     pub btf: Option<PathBuf>,
     /// Do not collect kernel call stacks.
     #[arg(long)]
@@ -189,44 +205,38 @@ pub struct SamplingArgs {
     /// With `--unwind copy` or `check`: KiB of user stack copied per sample above the stack
     /// pointer (1 to 32, default 16 for `copy`, 32 for `check`); a deeper stack is cut short and
     /// counted as such.
-    #[arg(long, value_name = "KIB",
+    #[arg(long, value_name = "KIB", hide_short_help = true,
           value_parser = clap::value_parser!(u32).range(1..=MAX_STACK_COPY_KIB as i64))]
     pub stack_copy_kib: Option<u32>,
     /// Kernel memory for the unwind tables of `--unwind dwarf`, in MiB (16 bytes a row). When
     /// it is full, the tables of exited, then idle processes are evicted (counted in `--stats`);
     /// a table that still does not fit is counted and its frames use frame pointers.
     #[arg(long, value_name = "MIB", default_value_t = DEFAULT_UNWIND_TABLE_MIB,
+          hide_short_help = true,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub unwind_table_mib: u32,
     /// Also record off-CPU time: where the threads in scope wait (asleep, on the disk, in the
     /// run queue), with kernel and user stacks and the distribution of block durations.
     #[arg(long)]
     pub off_cpu: bool,
-    /// With `--off-cpu`: blocks shorter than this are counted without stacks (nanoseconds, or
-    /// with a unit: `500us`, `2ms`, `1s`).
+    /// With `--off-cpu`: blocks shorter than this are counted without stacks (`500us`, `2ms`,
+    /// `1s`; a bare number is nanoseconds).
     #[arg(long, value_name = "TIME", requires = "off_cpu",
-          value_parser = crate::capture::offcpu::parse_block_time)]
-    pub off_cpu_min: Option<u64>,
+          value_parser = crate::duration::nanoseconds)]
+    pub off_cpu_min: Option<Duration>,
     /// With `--off-cpu`: also keep who woke each blocked thread, with the waker's kernel stack
     /// and its user stack by frame pointers (bcc's offwaketime).
     #[arg(long, requires = "off_cpu")]
     pub wakers: bool,
 }
 
-/// Largest `--drain-interval`: a day.
-const MAX_DRAIN_INTERVAL_MS: u64 = 24 * 3600 * 1000;
-/// `--duration`: a finite, positive number of seconds that a `Duration` holds.
-pub fn seconds(text: &str) -> Result<f64, String> {
-    let seconds: f64 = text
-        .trim()
-        .parse()
-        .map_err(|_| "give a number of seconds, e.g. 2.5".to_string())?;
-    if !(seconds.is_finite() && seconds > 0.0) {
-        return Err("give a positive, finite number of seconds, e.g. 2.5".into());
+/// `--drain-interval`: often enough to matter, at least once a day.
+fn drain_interval(text: &str) -> Result<Duration, String> {
+    let interval = crate::duration::milliseconds(text)?;
+    if !(Duration::from_millis(10)..=Duration::from_secs(24 * 3600)).contains(&interval) {
+        return Err("give 10ms to 24h".into());
     }
-    std::time::Duration::try_from_secs_f64(seconds)
-        .map(|_| seconds)
-        .map_err(|_| "too long: give at most about 5e11 seconds".into())
+    Ok(interval)
 }
 
 /// How `record` walks user call stacks.
@@ -298,13 +308,6 @@ fn map_entries(text: &str) -> Result<u32, String> {
     Ok(entries)
 }
 
-impl RecordArgs {
-    pub fn duration(&self) -> Option<std::time::Duration> {
-        // `seconds` checked that the value fits.
-        self.duration.map(std::time::Duration::from_secs_f64)
-    }
-}
-
 impl SamplingArgs {
     /// How user stacks are walked: `--unwind`, or perf's `--call-graph` for it.
     pub fn unwind(&self) -> Unwind {
@@ -320,12 +323,22 @@ impl SamplingArgs {
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// The profile file to read: one `record -o` wrote, or a perf.data from `perf record`.
-    #[arg(short = 'i', long, value_name = "FILE")]
+    /// The profile file to read: one `record` wrote, or a perf.data from `perf record`.
+    #[arg(short = 'i', long, value_name = "FILE", default_value = DEFAULT_PROFILE)]
     pub input: PathBuf,
     /// Print the report as JSON (schema profiler.report/1, docs/json-report.md).
     #[arg(long, help_heading = "Report")]
     pub json: bool,
+    /// perf's `--stdio`: the report is text already; taken so that the habit works.
+    #[arg(long, hide = true)]
+    pub stdio: bool,
+    /// perf's `-n`: every row shows its samples; taken so that the habit works.
+    #[arg(short = 'n', long = "show-nr-samples", hide = true)]
+    pub show_samples: bool,
+    /// perf's `-g`: the function view shows the hot call paths (`--paths N`, `--callers NAME`);
+    /// taken so that the habit works.
+    #[arg(short = 'g', hide = true)]
+    pub call_graph: bool,
     #[command(flatten)]
     pub report: ReportOutput,
 }
@@ -353,18 +366,103 @@ pub struct ReportOutput {
 }
 
 /// The command line, with `report`'s sample filters also under their plain names (`--event`,
-/// `--pid`, `--comm`, `--module`): only `record` needs the `--only-` prefix, where `-e/--event`
-/// and `-p/--pid` choose what to sample.
+/// `--pid`, `--comm`, `--module`, perf's `--dso`): only `record` needs the `--only-` prefix,
+/// where `-e/--event` and `-p/--pid` choose what to sample; perf's options that have no
+/// counterpart here are declared to be refused ([`perf`]); `-h` is one short line per option.
 pub fn command() -> clap::Command {
     use clap::CommandFactory;
 
-    Cli::command().mut_subcommand("report", |report| {
+    let command = Cli::command().mut_subcommand("report", |report| {
         report
             .mut_arg("only_event", |arg| arg.visible_alias("event"))
             .mut_arg("only_pids", |arg| arg.visible_alias("pid"))
             .mut_arg("only_comm", |arg| arg.visible_alias("comm"))
-            .mut_arg("only_module", |arg| arg.visible_alias("module"))
+            .mut_arg("only_module", |arg| {
+                arg.visible_alias("module").alias("dso")
+            })
+    });
+    short_help(perf::declare_refused(command))
+}
+
+/// `-h` shows each option's first sentence, cut at its first clause when that is still long;
+/// `--help` shows it whole.
+fn short_help(command: clap::Command) -> clap::Command {
+    let command = command.mut_args(|arg| {
+        let Some(help) = arg.get_help().map(ToString::to_string) else {
+            return arg;
+        };
+        let short = short_line(&help);
+        if short == help || arg.get_long_help().is_some() {
+            return arg;
+        }
+        arg.long_help(help).help(short)
+    });
+    let names: Vec<String> = command
+        .get_subcommands()
+        .map(|sub| sub.get_name().to_string())
+        .collect();
+    names.iter().fold(command, |command, name| {
+        command.mut_subcommand(name, short_help)
     })
+}
+
+/// Longest `-h` line of an option's help, in characters: with the option's name it fits 80
+/// columns.
+const SHORT_HELP: usize = 56;
+
+/// The first sentence of `help`, cut at a clause (`:`, `;`, ` (`, `,`) when it is longer than
+/// [`SHORT_HELP`].
+fn short_line(help: &str) -> String {
+    let sentence = help.split_once(". ").map_or(help, |(first, _)| first);
+    let sentence = sentence.trim_end_matches('.');
+    if sentence.chars().count() <= SHORT_HELP {
+        return sentence.to_string();
+    }
+    // "With `--off-cpu`: ..." keeps what it is with, and is cut after it.
+    let kept = match sentence.split_once(": ") {
+        Some((with, _)) if with.starts_with("With ") => with.len() + 2,
+        _ => 0,
+    };
+    [": ", "; ", " (", ", "]
+        .iter()
+        .filter_map(|mark| sentence[kept..].find(mark))
+        .filter(|&at| at >= 12)
+        .min()
+        .map_or_else(
+            || sentence.to_string(),
+            |at| sentence[..kept + at].to_string(),
+        )
+}
+
+/// Parses a command line as `main` does: clap's own checks, then perf's refused options and
+/// `-a -- sleep TIME`, each refused as clap refuses (`error: ...`, usage, exit status 2).
+pub fn try_parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let mut command = command();
+    let matches = command.try_get_matches_from_mut(args)?;
+    let name = matches.subcommand_name().unwrap_or_default().to_string();
+    let mut refuse = |kind: ErrorKind, message: String| match command.find_subcommand_mut(&name) {
+        Some(sub) => sub.error(kind, message),
+        None => command.error(kind, message),
+    };
+    if let Some(message) = perf::refusal(&matches) {
+        return Err(refuse(ErrorKind::ArgumentConflict, message));
+    }
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    let (all_cpus, command_line, duration) = match &mut cli.command {
+        Command::Record(record) => (record.all_cpus, &mut record.command, &mut record.duration),
+        Command::Stat(stat) => (stat.all_cpus, &mut stat.command, &mut stat.duration),
+        _ => return Ok(cli),
+    };
+    let (resolved, sleep) =
+        perf::system_wide_sleep(all_cpus, std::mem::take(command_line), *duration)
+            .map_err(|(kind, message)| refuse(kind, message))?;
+    *command_line = resolved;
+    *duration = sleep;
+    Ok(cli)
 }
 
 #[cfg(test)]
@@ -419,28 +517,22 @@ mod tests {
     /// Parses a command line and computes every value the commands derive from numbers, as
     /// they do before touching the kernel.
     fn resolve(line: &[String]) {
-        let Ok(matches) = command().try_get_matches_from(line) else {
-            return;
-        };
-        let Ok(cli) = Cli::from_arg_matches(&matches) else {
+        let Ok(cli) = try_parse_from(line) else {
             return;
         };
         match cli.command {
             Command::Record(record) => {
-                let _ = record.duration();
                 let _ = record.sampling.ring_buffer_bytes();
                 let _ = record.report.view.rows();
             }
             Command::Report(report) => {
                 let _ = report.report.view.rows();
             }
-            Command::Stat(stat) => {
-                let _ = stat.duration();
-            }
+            Command::Stat(_) => {}
             Command::Agent(agent) => {
                 let _ = agent.sampling.ring_buffer_bytes();
             }
-            Command::List { .. } => {}
+            Command::List { .. } | Command::Completions { .. } => {}
         }
     }
 
@@ -475,8 +567,8 @@ mod tests {
             let option = format!("--duration={value}");
             let message = error(&["profiler", "record", "-a", &option]);
             assert!(
-                message.contains(&format!("'{value}' for '--duration <SECONDS>'"))
-                    && message.contains("seconds"),
+                message.contains(&format!("'{value}' for '--duration <TIME>'"))
+                    && message.contains("1s"),
                 "{message}"
             );
         }
@@ -502,6 +594,80 @@ mod tests {
         assert_eq!(largest.sampling.ring_buffer_bytes(), 1 << 30);
         let odd = parse(&["profiler", "record", "-a", "--ring-buffer-kib", "5"]);
         assert_eq!(odd.sampling.ring_buffer_bytes(), 8192);
+    }
+
+    #[test]
+    fn perfs_spellings_map_to_ours() {
+        let parse = |args: &[&str]| try_parse_from(args).unwrap().command;
+        let Command::Record(record) = parse(&[
+            "profiler",
+            "record",
+            "-a",
+            "-G",
+            "system.slice",
+            "--count",
+            "5000",
+            "--",
+            "sleep",
+            "2m",
+        ]) else {
+            panic!("not a record");
+        };
+        assert_eq!(record.sampling.cgroup, Some(PathBuf::from("system.slice")));
+        assert_eq!(record.sampling.period, Some(5000));
+        assert!(record.command.is_empty());
+        assert_eq!(record.duration, Some(Duration::from_secs(120)));
+        let Command::Stat(stat) = parse(&["profiler", "stat", "-a", "sleep", "0.5"]) else {
+            panic!("not a stat");
+        };
+        assert!(stat.command.is_empty());
+        assert_eq!(stat.duration, Some(Duration::from_millis(500)));
+        let Command::Report(report) = parse(&[
+            "profiler",
+            "report",
+            "--stdio",
+            "-n",
+            "-g",
+            "--dso",
+            "libc.so.6",
+        ]) else {
+            panic!("not a report");
+        };
+        assert_eq!(report.input, PathBuf::from(DEFAULT_PROFILE));
+        assert_eq!(report.report.view.module.as_deref(), Some("libc.so.6"));
+        let refused = |args: &[&str]| try_parse_from(args).unwrap_err();
+        let error = refused(&["profiler", "record", "-a", "--", "sleep", "1x"]);
+        assert_eq!(error.kind(), ErrorKind::InvalidValue);
+        assert!(
+            error.to_string().contains("sleep 1x: unknown unit 'x'"),
+            "{error}"
+        );
+        let error = refused(&["profiler", "record", "-b", "--", "ls"]);
+        assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
+        assert!(
+            error
+                .to_string()
+                .starts_with("error: -b/--branch-any: no LBR"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn short_help_is_the_first_clause_that_says_enough() {
+        assert_eq!(short_line("Stop after this long."), "Stop after this long");
+        assert_eq!(
+            short_line(
+                "Only samples in this cgroup (v2 path, absolute or relative to the mount) and \
+                 below."
+            ),
+            "Only samples in this cgroup"
+        );
+        assert_eq!(
+            short_line(
+                "With `--off-cpu`: blocks shorter than this are counted without stacks (`500us`)."
+            ),
+            "With `--off-cpu`: blocks shorter than this are counted without stacks"
+        );
     }
 
     #[test]

@@ -2,8 +2,6 @@
 //! and unwinding resolved from [`SamplingArgs`] into a session's [`CaptureOptions`], for
 //! `record` and `agent` alike.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result};
 
 use super::{SamplingArgs, Unwind};
@@ -27,16 +25,23 @@ use crate::{
     stat::calibrate::{calibrate, CalibrationTarget, DEFAULT_PASS},
 };
 
-/// The events to sample: as given, or cycles (cpu-clock where there is no hardware PMU, said
-/// once), with any global overflow override.
-fn resolve_events(args: &SamplingArgs, pmus: &PmuRegistry) -> Result<Vec<EventSpec>> {
+/// The events to sample: as given, or cycles (cpu-clock where there is no hardware PMU), with
+/// any global overflow override; and the notes to print once every option is resolved (a usage
+/// error is not preceded by notes about a recording that never starts).
+fn resolve_events(
+    args: &SamplingArgs,
+    pmus: &PmuRegistry,
+) -> Result<(Vec<EventSpec>, Vec<String>)> {
+    let mut notes = Vec::new();
     let text = if args.events.is_empty() {
         if pmus.has_hardware_pmu() {
             "cycles".to_string()
         } else {
-            eprintln!(
-                "note: no hardware PMU on this machine (a virtual machine?): sampling cpu-clock \
+            // Said only here, where it changes what is recorded.
+            notes.push(
+                "no hardware PMU on this machine (a virtual machine?): sampling cpu-clock \
                  instead of cycles"
+                    .to_string(),
             );
             "cpu-clock".to_string()
         }
@@ -54,11 +59,9 @@ fn resolve_events(args: &SamplingArgs, pmus: &PmuRegistry) -> Result<Vec<EventSp
     }
     // After the overrides: IBS periods must still be multiples of 16.
     for spec in &mut specs {
-        for note in prepare_sampled_event(spec)? {
-            eprintln!("note: {note}");
-        }
+        notes.extend(prepare_sampled_event(spec)?);
     }
-    Ok(specs)
+    Ok((specs, notes))
 }
 
 /// `--target-rate`: overflow values from a counting pass on the same scope, printed (and kept
@@ -142,28 +145,25 @@ pub fn target_of(args: &SamplingArgs, command: &[String], all_cpus: bool) -> Opt
 /// `record` and `agent` alike; the outputs and duration are the caller's.
 pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<CaptureOptions> {
     let pmus = PmuRegistry::live()?;
-    let mut events = resolve_events(args, &pmus)?;
+    let (mut events, notes) = resolve_events(args, &pmus)?;
     let cgroups = resolve_cgroups(args)?;
     let uid = args.uid.as_deref().map(resolve_uid).transpose()?;
+    let stack_copy_kib = stack_copy_kib(args)?;
     let offsets = match &args.btf {
         Some(path) => Btf::from_file(path).and_then(|btf| btf.kernel_offsets()),
         None => running_kernel_offsets(),
     };
+    for note in notes {
+        eprintln!("note: {note}");
+    }
     if let Some(rate) = args.target_rate {
         calibrate_events(&mut events, &target, rate)?;
     }
-    let offsets = match offsets {
-        Ok(offsets) => Some(offsets),
-        Err(e) => {
-            eprintln!("warning: {e}");
-            None
-        }
-    };
-    let drain_interval = Duration::from_millis(args.drain_interval);
+    // After calibration: the sizes follow the rates it chose.
     let unwind = session::Unwind::from(args.unwind());
     let sizes = map_sizes::resolve(
         &events,
-        drain_interval,
+        args.drain_interval,
         unwind.walks_tables(),
         &MapRequest {
             map_entries: args.map_entries,
@@ -173,19 +173,26 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Captur
             unwind_table_mib: args.unwind_table_mib,
         },
     )?;
+    let offsets = match offsets {
+        Ok(offsets) => Some(offsets),
+        Err(e) => {
+            eprintln!("warning: {e}");
+            None
+        }
+    };
     Ok(CaptureOptions {
         events,
         pmus,
         target,
         duration: None,
-        drain_interval,
+        drain_interval: args.drain_interval,
         sideband_interval: SIDEBAND_INTERVAL,
         sizes,
         stacks: StackCapture {
             user: true,
             kernel: !args.no_kernel_stacks,
         },
-        stack_copy_kib: stack_copy_kib(args)?,
+        stack_copy_kib,
         unwind,
         raw: None,
         stats: false,
@@ -193,7 +200,9 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Captur
         uid,
         offsets,
         off_cpu: args.off_cpu.then(|| OffCpuOptions {
-            min_block_ns: args.off_cpu_min.unwrap_or(0),
+            min_block_ns: args
+                .off_cpu_min
+                .map_or(0, |min| u64::try_from(min.as_nanos()).unwrap_or(u64::MAX)),
             wakers: args.wakers,
         }),
         per_instruction: true,

@@ -17,8 +17,8 @@ pub struct StatArgs {
     /// instructions, branch-instructions, branch-misses.
     #[arg(short = 'e', long = "event", value_name = "EVENTS")]
     pub events: Vec<String>,
-    /// Count on every CPU (all processes).
-    #[arg(short = 'a', long = "all-cpus", conflicts_with_all = ["pids", "command"])]
+    /// Count on every CPU (all processes); perf's `-a -- sleep TIME` is `-a --duration TIME`.
+    #[arg(short = 'a', long = "all-cpus", conflicts_with = "pids")]
     pub all_cpus: bool,
     /// Count running processes (repeat or comma-separate), their threads and children.
     #[arg(
@@ -29,9 +29,9 @@ pub struct StatArgs {
         conflicts_with = "command"
     )]
     pub pids: Vec<u32>,
-    /// Stop after this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = super::seconds)]
-    pub duration: Option<f64>,
+    /// Stop after this long (`30s`, `500ms`, `2m`; a bare number is seconds).
+    #[arg(long, value_name = "TIME", value_parser = crate::duration::seconds)]
+    pub duration: Option<Duration>,
     /// Counts per thread (with the thread's name), then the totals. Not with -a.
     #[arg(long, conflicts_with_all = ["all_cpus", "per_cpu"])]
     pub per_thread: bool,
@@ -69,16 +69,11 @@ impl StatArgs {
         }
     }
 
-    pub fn duration(&self) -> Option<Duration> {
-        // `seconds` checked that the value fits.
-        self.duration.map(Duration::from_secs_f64)
-    }
-
     /// Resolves the arguments into what `profiler stat` runs with.
     pub fn options(self) -> Result<StatOptions> {
         Ok(StatOptions {
             target: self.target()?,
-            duration: self.duration(),
+            duration: self.duration,
             split: Split {
                 per_cpu: self.per_cpu,
                 per_thread: self.per_thread,
@@ -130,9 +125,11 @@ mod tests {
     #[test]
     fn durations_must_be_positive_numbers() {
         let parsed = args(&["-a", "--duration", "2.5"]).unwrap();
-        assert_eq!(parsed.duration(), Some(Duration::from_millis(2_500)));
+        assert_eq!(parsed.duration, Some(Duration::from_millis(2_500)));
+        let parsed = args(&["-a", "--duration", "1s"]).unwrap();
+        assert_eq!(parsed.duration, Some(Duration::from_secs(1)));
         let err = args(&["-a", "--duration=-1"]).unwrap_err().to_string();
-        assert!(err.contains("'-1' for '--duration <SECONDS>'"), "{err}");
+        assert!(err.contains("'-1' for '--duration <TIME>'"), "{err}");
     }
 
     #[test]

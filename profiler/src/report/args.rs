@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, FromArgMatches};
+use clap::{Args, FromArgMatches, ValueEnum};
 
 use crate::aggregate::{
     filter::SampleFilter,
@@ -38,8 +38,8 @@ pub struct ViewArgs {
     /// Rows per view; 0 for all (default: 20 in text, all in JSON).
     #[arg(long, value_name = "N")]
     pub top: Option<usize>,
-    /// Row order.
-    #[arg(long, value_enum, value_name = "KEY", default_value_t = SortKey::Samples)]
+    /// Row order: samples, latency or name (perf's keys, such as `dso,sym`, are `--by`'s).
+    #[arg(long, value_name = "KEY", default_value = "samples", value_parser = sort_key)]
     pub sort: SortKey,
     /// Hot call paths shown with the function view and the call graph.
     #[arg(long, value_name = "N", default_value_t = 5)]
@@ -64,6 +64,28 @@ pub struct ViewArgs {
     /// Columns the text report fits (the terminal's); `None`: no line is cut.
     #[arg(skip)]
     pub width: Option<usize>,
+}
+
+/// `--sort`: a row order; perf's sort keys choose what a row is, which is `--by` here.
+fn sort_key(text: &str) -> Result<SortKey, String> {
+    if let Ok(key) = SortKey::from_str(text, true) {
+        return Ok(key);
+    }
+    let view = |key: &str| match key.trim() {
+        "comm" | "tid" => Some("thread"),
+        "pid" => Some("process"),
+        "dso" => Some("module"),
+        "sym" | "symbol" => Some("function"),
+        "srcline" => Some("line"),
+        _ => None,
+    };
+    match text.split(',').find_map(view) {
+        Some(by) => Err(format!(
+            "perf's sort keys choose the rows: here give --by {by} (--sort samples, latency or \
+             name orders them)"
+        )),
+        None => Err("give samples, latency or name".to_string()),
+    }
 }
 
 /// Rows of a text view when `--top` is not given.

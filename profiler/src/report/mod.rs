@@ -216,25 +216,31 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
 pub struct Rendered {
     pub text: String,
     pub latency_plot: Option<String>,
+    /// Views asked for that have nothing to show: said as notes, and not a failure (the same
+    /// rule for every view, docs/command-line.md).
+    pub nothing_to_show: Vec<String>,
 }
 
 /// The report as text or JSON, and with `--histogram FILE.svg` the latency plot.
 pub fn render_report(profile: &Profile, args: &ViewArgs) -> Result<Rendered> {
     let report = build_report(profile, args)?;
+    let mut nothing_to_show = Vec::new();
     let latency_plot = match &args.histogram {
         Some(Some(path)) => {
             let plotted = report
                 .sections
                 .iter()
                 .any(|s| s.latency.as_ref().is_some_and(|l| !l.is_empty()));
-            if !plotted {
-                anyhow::bail!(
-                    "--histogram {}: nothing to plot: {NO_LATENCY}, and no event of this report \
-                     has any",
+            if plotted {
+                Some(svg::latency_plot(&report))
+            } else {
+                nothing_to_show.push(format!(
+                    "--histogram {}: nothing to plot, the file is not written: {NO_LATENCY}, and \
+                     no event of this report has any",
                     path.display()
-                );
+                ));
+                None
             }
-            Some(svg::latency_plot(&report))
         }
         _ => None,
     };
@@ -243,7 +249,11 @@ pub fn render_report(profile: &Profile, args: &ViewArgs) -> Result<Rendered> {
     } else {
         text::render(&report)
     };
-    Ok(Rendered { text, latency_plot })
+    Ok(Rendered {
+        text,
+        latency_plot,
+        nothing_to_show,
+    })
 }
 
 #[cfg(test)]
