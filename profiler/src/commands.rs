@@ -1,6 +1,9 @@
 //! Each subcommand: resolve the arguments into options, run, print.
 
-use std::{io::Write, process::ExitCode};
+use std::{
+    io::{IsTerminal, Write},
+    process::ExitCode,
+};
 
 use anyhow::{Context, Result};
 
@@ -27,7 +30,7 @@ use crate::{
     report::{
         hardware::{hardware_json, render_hardware},
         render_report,
-        text::terminal_width,
+        text::{finish_text, terminal_width},
         ViewArgs,
     },
     session::{Capture, CaptureOptions, SessionEnd},
@@ -69,8 +72,7 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
     // From the start: no stop signal kills the profiler and leaves its command running.
     let mut signals = StopSignals::catch()?;
     let outputs = RecordOutputs::check(&args)?;
-    // The report goes to standard error, or to a file.
-    args.report.view.width = terminal_width(&std::io::stderr());
+    args.report.view.width = outputs.report.report_width();
     let Some(target) = target_of(&args.sampling, &args.command, args.all_cpus) else {
         anyhow::bail!(
             "nothing to profile: give a command after `--`, processes with -p PID, a cgroup, \
@@ -210,7 +212,6 @@ fn finish_record(
 }
 
 fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
-    args.report.view.width = terminal_width(&std::io::stdout());
     let mut checker = Checker::default();
     let targets = ReportTargets::check(&mut checker, &args.report, None)?;
     // The report goes to standard output, unless an export streams there.
@@ -218,6 +219,7 @@ fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
         report: (!checker.stdout_taken()).then(|| Output::stdout("report")),
         ..targets
     };
+    args.report.view.width = targets.report_width();
     let mut profile = if is_perf_data(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?
     {
@@ -264,6 +266,24 @@ struct ReportTargets {
 }
 
 impl ReportTargets {
+    /// Whether the text report goes to a terminal: standard error (`None`) or standard output
+    /// that is one; a file is none.
+    fn report_on_terminal(&self) -> bool {
+        match &self.report {
+            None => std::io::stderr().is_terminal(),
+            Some(output) => output.is_stdout() && std::io::stdout().is_terminal(),
+        }
+    }
+
+    /// The width the text report fits (see [`terminal_width`]): a file's is the file width.
+    fn report_width(&self) -> Option<usize> {
+        match &self.report {
+            None => terminal_width(&std::io::stderr()),
+            Some(output) if output.is_stdout() => terminal_width(&std::io::stdout()),
+            Some(_) => None,
+        }
+    }
+
     fn check(
         checker: &mut Checker,
         output: &ReportOutput,
@@ -332,7 +352,7 @@ fn report(
         export(
             &targets.flamegraph,
             &format!("flame graph of {first}"),
-            &|out| Ok(write_flamegraph(&selected, 0, out)?),
+            &|out| Ok(write_flamegraph(&selected, 0, view.runtime_frames(), out)?),
         );
         let names: Vec<&str> = selected.events.iter().map(|e| e.name.as_str()).collect();
         export(
@@ -362,6 +382,7 @@ fn report(
             text.push_str(&render_hardware(profile, hardware));
         }
         annotate(&mut text, None);
+        text = finish_text(&text, view.color.enabled(targets.report_on_terminal()));
     }
     match &targets.report {
         Some(target) => target.write(|out| Ok(out.write_all(text.as_bytes())?)),
