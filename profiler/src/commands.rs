@@ -1,6 +1,10 @@
 //! Each subcommand: resolve the arguments into options, run, print.
 
-use std::{io::Write, path::Path, process::ExitCode};
+use std::{
+    io::{IsTerminal, Write},
+    path::Path,
+    process::ExitCode,
+};
 
 use anyhow::{Context, Result};
 
@@ -27,7 +31,7 @@ use crate::{
     report::{
         hardware::{hardware_json, render_hardware},
         render_report,
-        text::terminal_width,
+        text::{finish_text, terminal_width},
         ViewArgs,
     },
     session::{Capture, CaptureOptions, SessionEnd},
@@ -82,8 +86,7 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
         );
     };
     let outputs = RecordOutputs::check(&args)?;
-    // The report goes to standard error, or to a file.
-    args.report.view.width = terminal_width(&std::io::stderr());
+    args.report.view.width = outputs.report.report_width();
     let title = target_title(&args.sampling, &target, args.record_args);
     let options = CaptureOptions {
         duration: args.duration,
@@ -261,7 +264,6 @@ fn keep_previous(path: &Path) -> Result<()> {
 }
 
 fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
-    args.report.view.width = terminal_width(&std::io::stdout());
     let mut checker = Checker::default();
     let targets = ReportTargets::check(&mut checker, &args.report, None)?;
     // The report goes to standard output, unless an export streams there.
@@ -275,6 +277,7 @@ fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
              COMMAND` (it writes {DEFAULT_PROFILE}), or give -i FILE (a perf.data too)"
         );
     }
+    args.report.view.width = targets.report_width();
     let mut profile = if is_perf_data(&args.input)
         .with_context(|| format!("cannot read {}", args.input.display()))?
     {
@@ -321,6 +324,24 @@ struct ReportTargets {
 }
 
 impl ReportTargets {
+    /// Whether the text report goes to a terminal: standard error (`None`) or standard output
+    /// that is one; a file is none.
+    fn report_on_terminal(&self) -> bool {
+        match &self.report {
+            None => std::io::stderr().is_terminal(),
+            Some(output) => output.is_stdout() && std::io::stdout().is_terminal(),
+        }
+    }
+
+    /// The width the text report fits (see [`terminal_width`]): a file's is the file width.
+    fn report_width(&self) -> Option<usize> {
+        match &self.report {
+            None => terminal_width(&std::io::stderr()),
+            Some(output) if output.is_stdout() => terminal_width(&std::io::stdout()),
+            Some(_) => None,
+        }
+    }
+
     fn check(
         checker: &mut Checker,
         output: &ReportOutput,
@@ -389,7 +410,7 @@ fn report(
         export(
             &targets.flamegraph,
             &format!("flame graph of {first}"),
-            &|out| Ok(write_flamegraph(&selected, 0, out)?),
+            &|out| Ok(write_flamegraph(&selected, 0, view.runtime_frames(), out)?),
         );
         let names: Vec<&str> = selected.events.iter().map(|e| e.name.as_str()).collect();
         export(
@@ -422,6 +443,7 @@ fn report(
             text.push_str(&render_hardware(profile, hardware));
         }
         annotate(&mut text, None);
+        text = finish_text(&text, view.color.enabled(targets.report_on_terminal()));
     }
     match &targets.report {
         Some(target) => target.write(|out| Ok(out.write_all(text.as_bytes())?)),

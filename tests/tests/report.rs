@@ -444,3 +444,281 @@ fn corrupt_and_truncated_files_are_rejected_clearly() {
     }
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `profiler report -i FILE ARGS` as text, its standard output piped, with `COLUMNS` set to
+/// `columns` or unset, and NO_COLOR unset.
+fn text_report(file: &Path, args: &[&str], columns: Option<usize>) -> String {
+    let mut command = Command::new(profiler_bin());
+    command
+        .args(["report", "-i", file.to_str().unwrap()])
+        .args(args)
+        .env_remove("COLUMNS")
+        .env_remove("NO_COLOR");
+    if let Some(columns) = columns {
+        command.env("COLUMNS", columns.to_string());
+    }
+    let output = command.output().expect("the profiler runs");
+    assert!(
+        output.status.success(),
+        "report {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("the report is UTF-8")
+}
+
+/// The paths of a text report's hot call paths (leaf first), without their counts.
+fn hot_paths_of(text: &str) -> Vec<String> {
+    let start = text.find("Hot call paths").expect("hot paths");
+    text[start..]
+        .lines()
+        .skip(2)
+        .take_while(|line| !line.is_empty())
+        .map(|line| {
+            let mut rest = line.trim_start();
+            for _ in 0..2 {
+                rest = rest.split_once(' ').expect("samples and %").1.trim_start();
+            }
+            rest.to_string()
+        })
+        .collect()
+}
+
+/// The root (last, outermost) frame of a leaf-first path.
+fn root_of(path: &str) -> &str {
+    path.rsplit(" <- ").next().unwrap()
+}
+
+const RUNTIME_FRAMES: [&str; 5] = [
+    "_start",
+    "__libc_start",
+    "std::rt::lang_start",
+    "catch_unwind",
+    "start_thread",
+];
+
+fn flamegraph_titles(file: &Path, args: &[&str]) -> (String, Vec<String>) {
+    let svg_file = file.with_extension(format!("{}.svg", args.len()));
+    let mut all = vec![
+        "report",
+        "-i",
+        file.to_str().unwrap(),
+        "--flamegraph",
+        svg_file.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    profiler(&all);
+    let svg = std::fs::read_to_string(&svg_file).unwrap();
+    let titles = svg
+        .split("<title>")
+        .skip(1)
+        .filter_map(|t| t.split_once("</title>").map(|(t, _)| t.to_string()))
+        .collect();
+    (svg, titles)
+}
+
+fn folded_of(file: &Path) -> String {
+    let output = profiler(&["report", "-i", file.to_str().unwrap(), "--folded", "-"]);
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn runtime_start_up_frames_are_hidden_from_hot_paths_and_flame_graphs_and_kept_in_exports() {
+    // Rust: the paths start at the program's main, not in std::rt.
+    let rust = cpu_split_profile();
+    let paths = hot_paths_of(&text_report(rust, &["--paths", "3"], None));
+    assert_eq!(paths.len(), 3, "{paths:?}");
+    for path in &paths {
+        assert_eq!(root_of(path), "cpu_split::main", "{path}");
+        for runtime in RUNTIME_FRAMES {
+            assert!(!path.contains(runtime), "{runtime} in {path}");
+        }
+    }
+    let shown = hot_paths_of(&text_report(
+        rust,
+        &["--paths", "3", "--show-runtime-frames"],
+        None,
+    ));
+    assert_eq!(root_of(&shown[0]), "_start", "{shown:?}");
+    let (_, titles) = flamegraph_titles(rust, &[]);
+    assert!(titles.iter().any(|t| t.starts_with("cpu_split::main (")));
+    assert!(
+        !titles
+            .iter()
+            .any(|t| t.starts_with("std::rt::lang_start") || t.starts_with("_start (")),
+        "{titles:?}"
+    );
+    let (_, titles) = flamegraph_titles(rust, &["--show-runtime-frames"]);
+    assert!(titles.iter().any(|t| t.starts_with("std::rt::lang_start")));
+    // Exports for tools keep every frame.
+    let folded = folded_of(rust);
+    assert!(folded.contains("cpu_split;_start;"), "{folded:.500}");
+    assert!(folded.contains("std::rt::lang_start_internal"));
+    let json = report_json(rust, &["--paths", "1"]);
+    let functions = json["events"][0]["hot_paths"][0]["functions"]
+        .as_array()
+        .unwrap();
+    assert_eq!(functions.last().unwrap(), "_start", "{functions:?}");
+
+    // C, with a second thread: paths start at main and at the thread's function.
+    let dir = temp_dir("runtime-frames-c");
+    let binary = build_no_frame_pointers(&dir, "sorter", &[]);
+    let c = dir.join("c.prof");
+    record_to(&c, &["-F", "999"], &[binary.to_str().unwrap(), "1500"]);
+    let paths = hot_paths_of(&text_report(&c, &["--paths", "10"], None));
+    let roots: Vec<&str> = paths.iter().map(|p| root_of(p)).collect();
+    assert!(roots.contains(&"main"), "{paths:#?}");
+    assert!(roots.contains(&"copier_main"), "{paths:#?}");
+    for path in &paths {
+        for runtime in RUNTIME_FRAMES.iter().chain(&["clone3"]) {
+            assert!(!path.contains(runtime), "{runtime} in {path}");
+        }
+    }
+    let folded = folded_of(&c);
+    assert!(
+        folded.contains(";start_thread;copier_main;"),
+        "{folded:.800}"
+    );
+    assert!(
+        folded.contains(";__libc_start_call_main;main;"),
+        "{folded:.800}"
+    );
+}
+
+/// deep_stack's recording, shared by the tests that need deep stacks.
+fn deep_stack_profile() -> &'static Path {
+    static PROFILE: OnceLock<PathBuf> = OnceLock::new();
+    PROFILE.get_or_init(|| {
+        let file = temp_dir("deep-stack").join("deep_stack.prof");
+        let deep = workload("deep_stack");
+        record_to(&file, &["-F", "999"], &[deep.to_str().unwrap(), "3000"]);
+        file
+    })
+}
+
+#[test]
+fn text_lines_fit_the_terminal_and_files_are_bounded_without_trailing_spaces() {
+    let file = deep_stack_profile();
+    for (columns, bound) in [(Some(80), 80), (Some(120), 120), (None, 200)] {
+        let text = text_report(file, &[], columns);
+        for line in text.lines() {
+            assert!(line.chars().count() <= bound, "{columns:?}: {line:?}");
+            assert_eq!(line, line.trim_end(), "{columns:?}: trailing spaces");
+        }
+        // The module column stays; function names shrink instead.
+        let header = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("self "))
+            .unwrap();
+        assert!(header.ends_with(" module"), "{columns:?}: {header}");
+        assert!(
+            text.lines()
+                .any(|l| l.contains("deep_stack::leaf_work") && l.ends_with(" deep_stack")),
+            "{columns:?}: {text}"
+        );
+        // The 60-frame path keeps its leaf and its root, and says how many frames are between.
+        let paths = hot_paths_of(&text);
+        let path = paths
+            .iter()
+            .find(|p| p.starts_with("deep_stack::leaf_work <- "))
+            .unwrap_or_else(|| panic!("{columns:?}: no path from leaf_work in {paths:#?}"));
+        assert_eq!(root_of(path), "deep_stack::main", "{path}");
+        let between: usize = path
+            .split("… ")
+            .nth(1)
+            .and_then(|rest| rest.split(" frames").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{columns:?}: no elided frames in {path}"));
+        let shown = path.split(" <- ").count() - 1;
+        assert!(shown + between >= 62, "{shown} + {between}: {path}");
+    }
+    // `record --report FILE` writes the same bounded lines, whatever the terminal.
+    let dir = temp_dir("report-file");
+    let report = dir.join("report.txt");
+    let deep = workload("deep_stack");
+    let output = Command::new(profiler_bin())
+        .args(["record", "-F", "999", "--report"])
+        .arg(&report)
+        .args(["--", deep.to_str().unwrap(), "1000"])
+        .env("COLUMNS", "80")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let text = std::fs::read_to_string(&report).unwrap();
+    assert!(text.contains("Hot call paths"), "{text}");
+    assert!(
+        text.lines().any(|l| l.chars().count() > 80),
+        "a file is not the terminal"
+    );
+    for line in text.lines() {
+        assert!(line.chars().count() <= 200, "{line:?}");
+        assert_eq!(line, line.trim_end(), "trailing spaces");
+    }
+}
+
+#[test]
+fn flame_graphs_of_deep_stacks_fit_one_screen_and_the_folded_export_keeps_them_whole() {
+    let file = deep_stack_profile();
+    let (svg, titles) = flamegraph_titles(file, &[]);
+    let height: f64 = svg
+        .split("<svg ")
+        .nth(1)
+        .and_then(|svg| svg.split("height=\"").nth(1))
+        .and_then(|h| h.split('"').next())
+        .and_then(|h| h.parse().ok())
+        .expect("the SVG's height");
+    assert!(height <= 900.0, "{height} px");
+    assert!(
+        titles.iter().any(|t| t.starts_with("[… frames cut …] (")),
+        "{titles:?}"
+    );
+    // Both ends of the cut stacks are drawn: the program's main and the leaf.
+    for function in [
+        "deep_stack::main (",
+        "deep_stack::frame_01 (",
+        "deep_stack::leaf_work (",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.starts_with(function)),
+            "{function}: {titles:?}"
+        );
+    }
+    let deepest = folded_of(file)
+        .lines()
+        .map(|line| line.split(';').count())
+        .max()
+        .unwrap();
+    assert!(deepest > 60, "the folded export keeps {deepest} frames");
+}
+
+#[test]
+fn colour_on_request_and_never_when_piped() {
+    let file = cpu_split_profile();
+    let plain = text_report(file, &[], None);
+    assert!(!plain.contains('\x1b'), "piped: no colour");
+    let colored = text_report(file, &["--color", "always"], None);
+    assert!(colored.contains("\x1b[1mEvent cpu-clock"), "{colored}");
+    // cpu_split's heaviest function takes about half the samples: a hot share.
+    assert!(colored.contains("\x1b[1;31m"), "{colored}");
+    let stripped = colored
+        .replace("\x1b[1;31m", "")
+        .replace("\x1b[1m", "")
+        .replace("\x1b[33m", "")
+        .replace("\x1b[0m", "");
+    assert_eq!(stripped, plain, "colour changes nothing else");
+    assert_eq!(text_report(file, &["--color", "never"], None), plain);
+    let error = Command::new(profiler_bin())
+        .args([
+            "report",
+            "-i",
+            file.to_str().unwrap(),
+            "--color",
+            "sometimes",
+        ])
+        .output()
+        .unwrap();
+    assert!(!error.status.success());
+    assert!(
+        String::from_utf8_lossy(&error.stderr).contains("auto, always, never"),
+        "{error:?}"
+    );
+}

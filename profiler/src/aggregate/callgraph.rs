@@ -8,6 +8,7 @@ use crate::profile::{EventIndex, Profile};
 use super::{
     filter::Selection,
     functions::{FunctionName, FunctionNumbers},
+    startup::{startup_frames, RuntimeFrames},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -114,13 +115,15 @@ pub struct CallPath {
 }
 
 /// The hottest call paths of one event by function (stacks that differ only in addresses inside
-/// the same functions are merged), optionally only those through one function.
+/// the same functions are merged), optionally only those through one function. Hidden runtime
+/// start-up frames merge paths that differ only there.
 pub fn hot_paths(
     profile: &Profile,
     event: EventIndex,
     selection: &Selection,
     through: Option<&FunctionName>,
     limit: usize,
+    runtime: RuntimeFrames,
 ) -> Vec<CallPath> {
     let mut numbers = FunctionNumbers::new(profile);
     let through = through.map(|function| numbers.number(function));
@@ -139,10 +142,15 @@ pub fn hot_paths(
         if through.is_some_and(|through| !functions.contains(&through)) {
             continue;
         }
-        let path = functions
+        let mut path: Vec<u32> = functions
             .iter()
             .map(|&function| numbers.name_number(function))
             .collect();
+        if runtime == RuntimeFrames::Hide {
+            // Root first there, leaf first here.
+            let hidden = startup_frames(path.iter().rev().map(|&name| numbers.name(name)));
+            path.drain(path.len() - hidden.end..path.len() - hidden.start);
+        }
         *paths.entry(path).or_default() += stack.count;
     }
     let mut paths: Vec<(Vec<u32>, u64)> = paths.into_iter().collect();
@@ -229,7 +237,14 @@ mod tests {
         let add_lanes = name("add_lanes").unwrap();
         let callees = neighbours(&profile, 0, &selection, &add_lanes, Direction::Callees);
         assert_eq!(callees.self_samples, 60);
-        let through = hot_paths(&profile, 0, &selection, Some(&add_lanes), 10);
+        let through = hot_paths(
+            &profile,
+            0,
+            &selection,
+            Some(&add_lanes),
+            10,
+            RuntimeFrames::Show,
+        );
         assert_eq!(through.len(), 1);
         assert_eq!(through[0].samples, 60);
     }
@@ -239,7 +254,7 @@ mod tests {
         let profile = test_profile::profile();
         let filter = SampleFilter::default();
         let selection = Selection::new(&profile, &filter);
-        let all = hot_paths(&profile, 0, &selection, None, 10);
+        let all = hot_paths(&profile, 0, &selection, None, 10, RuntimeFrames::Show);
         // Inlined functions are on the path, innermost first, as in folded stacks.
         assert_eq!(
             all[0].functions,
@@ -247,7 +262,14 @@ mod tests {
         );
         assert_eq!(all[0].samples, 60);
         assert_eq!(all.len(), 4);
-        let through = hot_paths(&profile, 0, &selection, name("run").as_ref(), 10);
+        let through = hot_paths(
+            &profile,
+            0,
+            &selection,
+            name("run").as_ref(),
+            10,
+            RuntimeFrames::Show,
+        );
         let samples: Vec<u64> = through.iter().map(|p| p.samples).collect();
         assert_eq!(samples, [60, 25]);
         let filter = SampleFilter {
@@ -255,7 +277,7 @@ mod tests {
             ..SampleFilter::default()
         };
         let selection = Selection::new(&profile, &filter);
-        let worker = hot_paths(&profile, 0, &selection, None, 10);
+        let worker = hot_paths(&profile, 0, &selection, None, 10, RuntimeFrames::Show);
         assert_eq!(worker.len(), 1);
         assert_eq!(worker[0].samples, 10);
     }

@@ -10,6 +10,7 @@ pub mod latency;
 pub mod location;
 pub mod offcpu;
 pub mod stack_quality;
+pub mod startup;
 #[cfg(test)]
 pub mod test_samples;
 pub mod views;

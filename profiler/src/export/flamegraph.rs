@@ -1,25 +1,72 @@
 //! Flame graph SVG of one event, drawn by inferno from the folded stacks, so the graph and the
-//! folded export always agree.
+//! folded export always agree. Two things differ, both so that the graph's first screen shows
+//! where the samples are: runtime start-up frames are hidden (unless shown on request), and a
+//! stack deeper than [`MAX_DEPTH`] frames is drawn with its middle cut (one 228-frame stack made
+//! a system-wide graph 3,758 px tall, its first screen blank). The folded export keeps both.
 
-use std::io::Write;
+use std::{collections::BTreeMap, io::Write};
 
 use inferno::flamegraph::{
     color::{BasicPalette, MultiPalette},
     from_lines, Options, Palette,
 };
 
-use super::{event_info, folded::folded_stacks, offcpu::OFF_CPU_EVENT, samples_of, ExportError};
-use crate::profile::{EventIndex, Profile};
+use super::{
+    event_info,
+    folded::{folded_function, folded_stacks},
+    offcpu::OFF_CPU_EVENT,
+    samples_of, ExportError,
+};
+use crate::{
+    aggregate::startup::{startup_frames, RuntimeFrames},
+    profile::{EventIndex, Profile},
+};
+
+/// Deepest stack drawn, in frames under the command's name: with inferno's 16 px frames and its
+/// margins the graph is under 900 px tall, one screen.
+pub const MAX_DEPTH: usize = 48;
+/// Of a deeper stack, the outermost frames drawn; the innermost fill the rest, after [`CUT`].
+const ROOT_FRAMES: usize = 12;
+/// The frame that stands for the middle of a deeper stack.
+pub const CUT: &str = "[… frames cut …]";
+
+/// The folded stacks as drawn: without runtime start-up frames when they are hidden, deep stacks
+/// cut in the middle, and merged again where that made stacks equal.
+fn drawn_stacks(lines: &[String], runtime: RuntimeFrames) -> Vec<String> {
+    let mut merged: BTreeMap<String, u64> = BTreeMap::new();
+    for line in lines {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        // The command's name comes first, the stack under it.
+        let mut frames: Vec<&str> = stack.split(';').collect();
+        if runtime == RuntimeFrames::Hide {
+            let hidden = startup_frames(frames[1..].iter().map(|f| folded_function(f)));
+            frames.drain(1 + hidden.start..1 + hidden.end);
+        }
+        if frames.len() - 1 > MAX_DEPTH {
+            let inner = MAX_DEPTH - 1 - ROOT_FRAMES;
+            let end = frames.len() - inner;
+            frames.splice(1 + ROOT_FRAMES..end, [CUT]);
+        }
+        *merged.entry(frames.join(";")).or_default() += count.parse::<u64>().unwrap_or(0);
+    }
+    merged
+        .into_iter()
+        .map(|(stack, count)| format!("{stack} {count}"))
+        .collect()
+}
 
 /// Writes the flame graph of `event` as an interactive SVG titled with the event and its sample
 /// count.
 pub fn write_flamegraph(
     profile: &Profile,
     event: EventIndex,
+    runtime: RuntimeFrames,
     out: impl Write,
 ) -> Result<(), ExportError> {
     let info = event_info(profile, event)?;
-    let lines = folded_stacks(profile, event)?;
+    let lines = drawn_stacks(&folded_stacks(profile, event)?, runtime);
     if lines.is_empty() {
         return Err(ExportError::NoSamples {
             event: info.name.clone(),
@@ -75,7 +122,13 @@ mod tests {
 
     fn flamegraph(event: EventIndex) -> String {
         let mut svg = Vec::new();
-        write_flamegraph(&test_profile::profile(), event, &mut svg).unwrap();
+        write_flamegraph(
+            &test_profile::profile(),
+            event,
+            RuntimeFrames::Show,
+            &mut svg,
+        )
+        .unwrap();
         String::from_utf8(svg).unwrap()
     }
 
@@ -121,10 +174,37 @@ mod tests {
     }
 
     #[test]
+    fn start_up_frames_are_hidden_and_deep_stacks_cut_in_the_middle() {
+        let deep: Vec<String> = (0..100).map(|n| format!("f{n}")).collect();
+        let lines = [
+            "app;_start;__libc_start_main;main;work 3".to_string(),
+            "app;main;work 2".to_string(),
+            "app;[truncated];main;std::rt::lang_start_internal;app::main 4".to_string(),
+            format!("app;main;{};leaf_[k] 1", deep.join(";")),
+        ];
+        let drawn = drawn_stacks(&lines, RuntimeFrames::Hide);
+        assert_eq!(drawn.len(), 3, "{drawn:?}");
+        assert_eq!(drawn[0], "app;[truncated];app::main 4", "markers stay");
+        assert_eq!(drawn[2], "app;main;work 5", "hidden start-up merges stacks");
+        let cut: Vec<&str> = drawn[1].split(';').collect();
+        assert_eq!(cut.len(), 1 + MAX_DEPTH, "{cut:?}");
+        assert_eq!(
+            cut[1..=ROOT_FRAMES],
+            ["main", "f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9", "f10"]
+        );
+        assert_eq!(cut[1 + ROOT_FRAMES], CUT);
+        assert_eq!(cut[cut.len() - 2..], ["f99", "leaf_[k] 1"]);
+        assert_eq!(
+            drawn_stacks(&lines[..1], RuntimeFrames::Show),
+            ["app;_start;__libc_start_main;main;work 3"]
+        );
+    }
+
+    #[test]
     fn event_without_samples_is_an_error() {
         let mut profile = test_profile::profile();
         profile.stacks.retain(|s| s.event == 0);
-        let err = write_flamegraph(&profile, 1, std::io::sink()).unwrap_err();
+        let err = write_flamegraph(&profile, 1, RuntimeFrames::Show, std::io::sink()).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("event page-faults has no stack samples"),

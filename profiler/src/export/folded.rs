@@ -63,6 +63,14 @@ pub fn write_folded(
     Ok(())
 }
 
+/// The function of one folded frame, without its annotation.
+pub fn folded_function(frame: &str) -> &str {
+    frame
+        .strip_suffix(KERNEL_SUFFIX)
+        .or_else(|| frame.strip_suffix(INLINED_SUFFIX))
+        .unwrap_or(frame)
+}
+
 /// Appends a frame: its function, then the functions inlined at its address.
 fn push_frame(stack: &mut String, frame: &Frame) {
     let (own, inlined) = if frame.kernel {

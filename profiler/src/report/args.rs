@@ -8,6 +8,7 @@ use clap::{Args, FromArgMatches, ValueEnum};
 
 use crate::aggregate::{
     filter::SampleFilter,
+    startup::RuntimeFrames,
     views::{SortKey, ViewKind},
 };
 
@@ -57,11 +58,21 @@ pub struct ViewArgs {
     /// into that SVG file.
     #[arg(long, value_name = "FILE.svg", num_args = 0..=1)]
     pub histogram: Option<Option<PathBuf>>,
+    /// Show the language runtimes' start-up frames (`_start`, `__libc_start_main`,
+    /// `std::rt::lang_start` and the panic catching under it, thread start-up) in hot paths and
+    /// flame graphs; hidden by default. Folded, pprof and JSON always keep them.
+    #[arg(long)]
+    pub show_runtime_frames: bool,
+    /// Colour the text report's headings, hot percentages and losses: auto colours on a
+    /// terminal when NO_COLOR is not set.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
     /// The report as JSON (schema profiler.report/1, docs/json-report.md): set from `report
     /// --json` or `record --json PATH`, whose options differ.
     #[arg(skip)]
     pub json: bool,
-    /// Columns the text report fits (the terminal's); `None`: no line is cut.
+    /// Columns the text report fits (the terminal's); `None`: a file's
+    /// ([`crate::report::text::FILE_WIDTH`]).
     #[arg(skip)]
     pub width: Option<usize>,
 }
@@ -88,6 +99,28 @@ fn sort_key(text: &str) -> Result<SortKey, String> {
     }
 }
 
+/// When the text report is coloured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    /// On a terminal, unless the NO_COLOR environment variable is set (no-color.org).
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    /// Whether a report written to `terminal` (`false` for a file or a pipe) is coloured.
+    pub fn enabled(self, terminal: bool) -> bool {
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                terminal && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
+            }
+        }
+    }
+}
+
 /// Rows of a text view when `--top` is not given.
 const TEXT_ROWS: usize = 20;
 
@@ -100,6 +133,16 @@ impl ViewArgs {
             Some(rows) => rows,
             None if self.json => usize::MAX,
             None => TEXT_ROWS,
+        }
+    }
+
+    /// Runtime start-up frames are hidden from what people read (the text report, flame
+    /// graphs), unless asked for; JSON, for tools, keeps them.
+    pub fn runtime_frames(&self) -> RuntimeFrames {
+        if self.show_runtime_frames {
+            RuntimeFrames::Show
+        } else {
+            RuntimeFrames::Hide
         }
     }
 

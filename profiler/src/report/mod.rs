@@ -21,6 +21,7 @@ use crate::{
         latency::{distributions, Distribution, LineHistograms},
         offcpu::{offcpu_report, waited_in, OffCpuOptions, OffCpuReport},
         stack_quality::{stack_quality, StackQuality},
+        startup::RuntimeFrames,
         views::{build_view, RowKey, View, ViewKind, ViewOptions},
     },
     profile::{EventIndex, Profile},
@@ -124,6 +125,11 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
         (None, Some(function)) => Some((function, Direction::Callees)),
         (None, None) => None,
     };
+    let runtime = if args.json {
+        RuntimeFrames::Show
+    } else {
+        args.runtime_frames()
+    };
     let options = ViewOptions {
         filter: &filter,
         sort: args.sort,
@@ -137,14 +143,21 @@ pub fn build_report<'a>(profile: &'a Profile, args: &'a ViewArgs) -> Result<Repo
             (Content::Function(details), Vec::new())
         } else if let Some((function, direction)) = &graph_of {
             let graph = neighbours(profile, event, &selection, function, *direction);
-            let paths = hot_paths(profile, event, &selection, Some(function), args.paths);
+            let paths = hot_paths(
+                profile,
+                event,
+                &selection,
+                Some(function),
+                args.paths,
+                runtime,
+            );
             (Content::CallGraph(graph), paths)
         } else {
             // The view and the hot paths each pass over every stack: side by side on two
             // threads, a report of a large profile takes the time of the longer.
             let (mut view, paths) = std::thread::scope(|scope| {
                 let paths = (args.by == ViewKind::Function).then(|| {
-                    scope.spawn(|| hot_paths(profile, event, &selection, None, args.paths))
+                    scope.spawn(|| hot_paths(profile, event, &selection, None, args.paths, runtime))
                 });
                 let view = build_view(profile, args.by, event, &options);
                 let paths = paths.map_or_else(Vec::new, |paths| {
@@ -363,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn text_width_is_the_terminal_s_or_whole_and_events_have_a_unit() {
+    fn text_width_is_the_terminal_s_or_the_file_s_and_events_have_a_unit() {
         let mut profile = test_samples::profile();
         profile.events[0].period = Some(1_000_000);
         let long = format!("{}::compute", "very_long_module_path".repeat(5));
@@ -375,7 +388,7 @@ mod tests {
         let whole = render_report(&profile, &ViewArgs::default()).unwrap().text;
         assert!(
             whole.contains(&long),
-            "nothing cut without a terminal: {whole}"
+            "a file's 200 columns hold it: {whole}"
         );
         let header = whole.lines().find(|l| l.contains(" function ")).unwrap();
         assert!(
@@ -386,7 +399,7 @@ mod tests {
             whole.contains("cum     % events lat avg"),
             "page-faults: {whole}"
         );
-        for width in [80, 150] {
+        for width in [80, 180] {
             let text = render_report(
                 &profile,
                 &ViewArgs {
@@ -397,7 +410,7 @@ mod tests {
             .unwrap()
             .text;
             assert!(text.lines().all(|l| chars(l) <= width), "{width}: {text}");
-            assert_eq!(text.contains(&long), width == 150, "{width}: {text}");
+            assert_eq!(text.contains(&long), width == 180, "{width}: {text}");
         }
     }
 

@@ -1,6 +1,6 @@
 //! The text report: per event, the chosen view as an aligned table that fits the width the
-//! report is given, the terminal's (names are shortened, never the numbers; not at all when the
-//! output is no terminal), the details the view carries (data cache lines,
+//! report is given, the terminal's, or [`FILE_WIDTH`] in a file or a pipe (names are shortened,
+//! never the numbers), the details the view carries (data cache lines,
 //! function statements and instructions, callers or callees, hot call paths, latency
 //! percentiles), then the sample accounting with every kind of loss.
 
@@ -20,13 +20,17 @@ use crate::{
 };
 
 mod offcpu;
+mod paint;
+
+pub use paint::finish_text;
 
 use super::{Content, EventSection, Report};
 
 /// The width of a classic terminal: rules never get longer than this.
 pub const WIDTH: usize = 100;
-/// The width when nothing is to be cut: large, with room for the arithmetic on it.
-const UNLIMITED: usize = usize::MAX / 4;
+/// The width of a report written to a file or a pipe: whole lines of most names, and no line of
+/// thousands of characters for an editor or a pager to wrap.
+pub const FILE_WIDTH: usize = 200;
 /// Narrowest width laid out: on a narrower terminal, lines wrap.
 const MIN_WIDTH: usize = 60;
 const INDENT: &str = "  ";
@@ -43,11 +47,18 @@ const MAX_NAME: usize = 2000;
 enum Shorten {
     /// Numbers: never shortened, right-aligned.
     Never,
-    /// Names whose end tells them apart (functions, paths): keep the end.
+    /// Names whose end tells them apart (files, paths): keep the end.
     KeepEnd,
-    /// Lists (leaf-first call paths, function lists): keep the start.
+    /// Lists (function lists): keep the start.
     KeepStart,
+    /// Function names: keep the function's own name (see [`fit_function`]).
+    Function,
+    /// Call paths, functions joined by [`PATH_SEPARATOR`]: keep both ends (see [`fit_path`]).
+    Path,
 }
+
+/// Between the functions of a call path, leaf first.
+const PATH_SEPARATOR: &str = " <- ";
 
 struct Column {
     header: Cow<'static, str>,
@@ -81,8 +92,7 @@ const fn optional(header: &'static str, shorten: Shorten) -> Column {
 }
 
 /// The width a text report on `stream` fits: `COLUMNS` when set (as shells and `ls` read it),
-/// else the terminal's; `None`, cutting nothing, when the stream is no terminal (a file or a
-/// pipe keeps whole names for grep and scripts).
+/// else the terminal's; `None` when the stream is no terminal ([`FILE_WIDTH`] then).
 pub fn terminal_width(stream: &(impl AsRawFd + IsTerminal)) -> Option<usize> {
     if let Some(columns) = std::env::var("COLUMNS")
         .ok()
@@ -109,7 +119,7 @@ fn chars(text: &str) -> usize {
     text.chars().count()
 }
 
-/// Shortens `text` to `width` characters with an ellipsis, keeping its start or its end.
+/// Shortens `text` to `width` characters with an ellipsis, as `shorten` says.
 fn fit(text: &str, width: usize, shorten: Shorten) -> String {
     let count = chars(text);
     if count <= width || shorten == Shorten::Never {
@@ -120,11 +130,117 @@ fn fit(text: &str, width: usize, shorten: Shorten) -> String {
             let tail: String = text.chars().skip(count - (width - 1)).collect();
             format!("…{tail}")
         }
-        _ => {
+        Shorten::Function => fit_function(text, width),
+        Shorten::Path => fit_path(text, width),
+        Shorten::KeepStart | Shorten::Never => {
             let head: String = text.chars().take(width - 1).collect();
             format!("{head}…")
         }
     }
+}
+
+/// `name` with the insides of its outermost `<…>` and `(…)` cut out (template and generic
+/// arguments, parameter lists): `ns::Map<K, V>::find(K const&)` is `ns::Map<…>::find(…)`.
+/// `None` when the brackets do not pair (`operator<`, `operator->`).
+fn without_arguments(name: &str) -> Option<String> {
+    let mut bare = String::new();
+    let mut open = Vec::new();
+    // Whether the outermost open bracket holds anything yet: `f()` stays `f()`.
+    let mut holds = false;
+    let mut previous = ' ';
+    for c in name.chars() {
+        // Rust's `fn() -> T`: the arrow closes nothing.
+        let arrow = c == '>' && previous == '-';
+        previous = c;
+        match c {
+            '<' | '(' => {
+                if open.is_empty() {
+                    bare.push(c);
+                    holds = false;
+                } else {
+                    holds = true;
+                }
+                open.push(c);
+            }
+            '>' | ')' if !arrow => {
+                let opened = open.pop()?;
+                if !matches!((opened, c), ('<', '>') | ('(', ')')) {
+                    return None;
+                }
+                if open.is_empty() {
+                    if holds {
+                        bare.push('…');
+                    }
+                    bare.push(c);
+                } else {
+                    holds = true;
+                }
+            }
+            _ if open.is_empty() => bare.push(c),
+            _ => holds = true,
+        }
+    }
+    open.is_empty().then_some(bare)
+}
+
+/// A function name in `width` characters keeping the function's own name: arguments go first
+/// ([`without_arguments`]), then the middle of the path before the last `::`
+/// (`std::collections…::insert`); an own name longer than the width is cut at its end.
+fn fit_function(name: &str, width: usize) -> String {
+    let bare = without_arguments(name).unwrap_or_else(|| name.to_string());
+    if chars(&bare) <= width {
+        return bare;
+    }
+    let own = bare.rfind("::").map_or(bare.as_str(), |at| &bare[at..]);
+    let own_chars = chars(own);
+    if own_chars + 2 > width {
+        return fit(own.trim_start_matches("::"), width, Shorten::KeepStart);
+    }
+    let head: String = bare.chars().take(width - 1 - own_chars).collect();
+    format!("{head}…{own}")
+}
+
+/// A call path (leaf first) in `width` characters: its functions without arguments, then, when
+/// still too long, the frames nearest the leaf and the root around `… N frames …`.
+fn fit_path(path: &str, width: usize) -> String {
+    let frames: Vec<String> = path
+        .split(PATH_SEPARATOR)
+        .map(|frame| without_arguments(frame).unwrap_or_else(|| frame.to_string()))
+        .collect();
+    let whole = frames.join(PATH_SEPARATOR);
+    if chars(&whole) <= width {
+        return whole;
+    }
+    let elided = |leaf: usize, root: usize| {
+        let marker = format!(
+            "… {} …",
+            plural((frames.len() - leaf - root) as u64, "frame")
+        );
+        frames[..leaf]
+            .iter()
+            .map(String::as_str)
+            .chain([marker.as_str()])
+            .chain(frames[frames.len() - root..].iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(PATH_SEPARATOR)
+    };
+    let (mut leaf, mut root) = (1, 1);
+    if frames.len() < 3 || chars(&elided(leaf, root)) > width {
+        return fit(&whole, width, Shorten::KeepStart);
+    }
+    // Frames from the leaf's end and the root's in turn, while they fit.
+    while leaf + root + 1 < frames.len() {
+        if leaf <= root && chars(&elided(leaf + 1, root)) <= width {
+            leaf += 1;
+        } else if chars(&elided(leaf, root + 1)) <= width {
+            root += 1;
+        } else if chars(&elided(leaf + 1, root)) <= width {
+            leaf += 1;
+        } else {
+            break;
+        }
+    }
+    elided(leaf, root)
 }
 
 /// `text` cut in the middle to [`MAX_NAME`] characters with an ellipsis, when longer.
@@ -168,13 +284,21 @@ fn table(out: &mut String, width: usize, columns: &[Column], rows: &[Vec<String>
         .filter(|i| columns[*i].shorten != Shorten::Never)
         .collect();
     for (n, &i) in names.iter().enumerate() {
-        // Leave each later required name its minimum.
-        let later: usize = names[n + 1..]
-            .iter()
-            .filter(|j| !columns[**j].optional)
-            .map(|j| natural[*j].min(MIN_NAME) + 1)
-            .sum();
-        let available = room.saturating_sub(later + 1);
+        // Leave each later name its minimum: optional ones too (the module column of a narrow
+        // terminal) while this one keeps its own minimum, else only the required ones.
+        let later = |optional: bool| -> usize {
+            names[n + 1..]
+                .iter()
+                .filter(|j| optional || !columns[**j].optional)
+                .map(|j| natural[*j].min(MIN_NAME) + 1)
+                .sum()
+        };
+        let with_optional = room.saturating_sub(later(true) + 1);
+        let available = if with_optional >= MIN_NAME.min(natural[i]) {
+            with_optional
+        } else {
+            room.saturating_sub(later(false) + 1)
+        };
         widths[i] = if columns[i].optional && available < MIN_NAME.min(natural[i]) {
             0
         } else {
@@ -284,7 +408,7 @@ const LATENCY_COLUMNS: [Column; 5] = [
 ];
 
 pub fn render(report: &Report) -> String {
-    let width = report.args.width.map_or(UNLIMITED, |w| w.max(MIN_WIDTH));
+    let width = report.args.width.map_or(FILE_WIDTH, |w| w.max(MIN_WIDTH));
     let mut out = String::new();
     let profile = report.profile;
     let meta = &profile.meta;
@@ -347,7 +471,8 @@ fn render_section(report: &Report, section: &EventSection, width: usize, out: &m
                 "{}",
                 event_header(report, section, width, view.total_samples, &what)
             );
-            let _ = writeln!(out, "{INDENT}{}", view.scale.describe());
+            let scale = format!("{INDENT}{}", view.scale.describe());
+            let _ = writeln!(out, "{}", fit(&scale, width, Shorten::KeepStart));
             render_stack_quality(&section.stacks, width, out);
             for note in &section.notes {
                 wrapped(out, width, "note", std::slice::from_ref(note));
@@ -440,12 +565,12 @@ fn key_columns(kind: ViewKind) -> Vec<Column> {
         ViewKind::Module => vec![name("module", Shorten::KeepEnd)],
         // Module file names are cut from the right: their start tells them apart.
         ViewKind::Function => vec![
-            name("function", Shorten::KeepEnd),
+            name("function", Shorten::Function),
             optional("module", Shorten::KeepStart),
         ],
         ViewKind::Line => vec![
             name("location", Shorten::KeepEnd),
-            optional("function", Shorten::KeepEnd),
+            optional("function", Shorten::Function),
         ],
         ViewKind::Instruction => vec![
             name("instruction", Shorten::KeepEnd),
@@ -591,18 +716,14 @@ fn render_paths(title: &str, paths: &[CallPath], total: u64, width: usize, out: 
             vec![
                 count(path.samples),
                 percent(share(path.samples, total)),
-                path.functions.join(" <- "),
+                path.functions.join(PATH_SEPARATOR),
             ]
         })
         .collect();
     table(
         out,
         width,
-        &[
-            number("samples"),
-            number("%"),
-            name("path", Shorten::KeepStart),
-        ],
+        &[number("samples"), number("%"), name("path", Shorten::Path)],
         &rows,
     );
 }
@@ -899,7 +1020,7 @@ fn render_call_graph(graph: &Neighbours, width: usize, out: &mut String) {
         &[
             number("samples"),
             number("%"),
-            name(header, Shorten::KeepEnd),
+            name(header, Shorten::Function),
             optional("module", Shorten::KeepStart),
         ],
         &rows,
@@ -977,7 +1098,7 @@ fn render_accounting(profile: &Profile, width: usize, out: &mut String) {
 mod tests {
     use super::*;
     use crate::{
-        aggregate::test_samples,
+        aggregate::{functions::FunctionName, test_samples},
         profile::file::{decode_profile, encode_profile},
         report::{render_report, ViewArgs},
     };
@@ -1017,8 +1138,11 @@ mod tests {
                         .find(|line| line.contains("::compute") && line.contains('…'))
                         .unwrap_or_else(|| panic!("{args:?}: no shortened row"));
                     assert!(chars(row) <= MAX_NAME + 100, "{args:?}: {}", chars(row));
-                    if width != Some(WIDTH) {
+                    if width == Some(100_000) {
                         assert!(row.contains("xxx…xxx"), "cut in the middle: {row:.200}");
+                    } else {
+                        assert!(chars(row) <= width.unwrap_or(FILE_WIDTH), "{row}");
+                        assert!(row.contains("x…::compute"), "own name kept: {row}");
                     }
                 }
                 let json = render_report(&profile, &ViewArgs { json: true, ..args })
@@ -1029,5 +1153,83 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn function_names_keep_their_own_name_arguments_and_templates_go_first() {
+        let cpp =
+            "ns::detail::Table<std::pair<int, long>, Hash>::find_slot(unsigned long, int) const";
+        assert_eq!(
+            fit_function(cpp, 50),
+            "ns::detail::Table<…>::find_slot(…) const",
+            "arguments go first"
+        );
+        assert_eq!(fit_function(cpp, 30), "ns::detai…::find_slot(…) const");
+        assert_eq!(fit_function(cpp, 12), "find_slot(……");
+        let rust = "<alloc::vec::Vec<T,A> as core::ops::drop::Drop>::drop";
+        assert_eq!(fit_function(rust, 20), "<…>::drop");
+        // Brackets that do not pair are no arguments.
+        assert_eq!(
+            fit_function("std::operator<<(std::ostream&)", 30),
+            "std::operator<<(std::ostream&)"
+        );
+        assert_eq!(
+            without_arguments("run(fn() -> u32)"),
+            Some("run(…)".to_string())
+        );
+        assert_eq!(without_arguments("f()"), Some("f()".to_string()));
+    }
+
+    #[test]
+    fn long_paths_keep_the_leaf_and_the_root_and_count_the_frames_between() {
+        let frames: Vec<String> = (0..30).map(|n| format!("frame_{n:02}")).collect();
+        let path = frames.join(PATH_SEPARATOR);
+        let cut = fit_path(&path, 80);
+        assert!(chars(&cut) <= 80, "{cut}");
+        assert!(cut.starts_with("frame_00 <- frame_01 <- "), "{cut}");
+        assert!(cut.ends_with(" <- frame_28 <- frame_29"), "{cut}");
+        let shown = cut.matches("frame_").count();
+        assert!(cut.contains(&format!("… {} frames …", 30 - shown)), "{cut}");
+        assert_eq!(fit_path(&path, 1000), path);
+        assert_eq!(
+            fit_path("f(int) <- main(int, char**)", 25),
+            "f(…) <- main(…)",
+            "arguments go first"
+        );
+    }
+
+    #[test]
+    fn the_module_column_stays_at_80_columns_and_names_shrink() {
+        let mut profile = test_samples::profile();
+        let long = format!(
+            "{}::compute(int, long)",
+            "a_rather_long_namespace".repeat(3)
+        );
+        for frame in &mut profile.frames {
+            if frame.function.as_deref() == Some("compute") {
+                frame.function = Some(long.clone());
+            }
+        }
+        let args = ViewArgs {
+            width: Some(80),
+            ..ViewArgs::default()
+        };
+        let text = render_report(&profile, &args).unwrap().text;
+        assert!(text.lines().all(|l| chars(l) <= 80), "{text}");
+        let header = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("self "))
+            .unwrap();
+        assert!(header.ends_with(" module"), "{header}");
+        let module = FunctionName::of(
+            profile
+                .frames
+                .iter()
+                .find(|f| f.function.as_deref() == Some(long.as_str()))
+                .unwrap(),
+        )
+        .module;
+        let row = text.lines().find(|l| l.contains("::compute(…)")).unwrap();
+        assert!(row.ends_with(&format!(" {module}")), "{module}: {row}");
     }
 }

@@ -102,7 +102,7 @@ pub fn render_offcpu(report: &OffCpuReport, width: usize, out: &mut String) {
     );
     render_rows(
         "By function (each block counts for every function on its stack)",
-        name("function", Shorten::KeepEnd),
+        name("function", Shorten::Function),
         &report.by_function,
         width,
         out,
