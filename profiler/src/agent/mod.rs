@@ -102,7 +102,7 @@ impl Exporter {
             let lost = capture.accounting.samples_lost();
             self.count_samples(&capture);
             let profile = self.profile(capture, &mut symbols);
-            // Sampled events only: the off-CPU "event" counts nanoseconds.
+            // Sampled events only: the off-CPU "event" counts blocks.
             let sampled = self.events.len() as u32;
             let samples: u64 = profile
                 .stacks
