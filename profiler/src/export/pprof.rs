@@ -33,8 +33,8 @@
 //!   the file offset that makes pprof's address -> file offset translation exact. The range covers
 //!   only the sampled part of the module, not all of it.
 //! - `time_nanos`, `duration_nanos`, `period_type`/`period` from the first event, and comments
-//!   naming the profiler, host, kernel, target, the samples fired per event and every non-zero
-//!   loss counter.
+//!   naming the profiler, host, kernel, target, the samples fired per event, the events its
+//!   counter counted (where it did) and every non-zero loss counter.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -436,6 +436,15 @@ impl<'a> Builder<'a> {
                 .iter()
                 .zip(&profile.losses.samples_fired)
                 .map(|(event, fired)| format!("samples fired: {}: {fired}", event.name)),
+        );
+        // And what the counters counted, which the `_event` columns are scaled to.
+        comments.extend(
+            profile
+                .events
+                .iter()
+                .zip(&profile.losses.event_counts)
+                .filter(|(_, &counted)| counted > 0)
+                .map(|(event, counted)| format!("events counted: {}: {counted}", event.name)),
         );
         comments.extend(
             profile
