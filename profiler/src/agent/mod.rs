@@ -118,7 +118,7 @@ impl Exporter {
                     unreadable as f64,
                 );
             }
-            // Sampled events only: the off-CPU "event" counts nanoseconds.
+            // Sampled events only: the off-CPU "event" counts blocks.
             let sampled = self.events.len() as u32;
             let samples: u64 = profile
                 .stacks

@@ -217,6 +217,37 @@ impl EventScale {
     }
 }
 
+/// Whole events for samples counted a group at a time (pprof's samples, a window's series),
+/// rounded so that the groups add up to the estimate of all their samples, the report's: each
+/// group gets the rounded estimate of the samples so far, less what the groups before it got.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WholeEvents {
+    scale: EventScale,
+    samples: u64,
+    events: u64,
+}
+
+impl WholeEvents {
+    /// `None` when the scale estimates nothing.
+    pub fn new(scale: EventScale) -> Option<WholeEvents> {
+        scale.estimate(0)?;
+        Some(WholeEvents {
+            scale,
+            samples: 0,
+            events: 0,
+        })
+    }
+
+    /// The events of the next group's `samples`.
+    pub fn next(&mut self, samples: u64) -> u64 {
+        self.samples += samples;
+        let through = self.scale.estimate(self.samples).unwrap_or(0.0).round() as u64;
+        let these = through.saturating_sub(self.events);
+        self.events += these;
+        these
+    }
+}
+
 /// Data-line samples of one event that the filters keep.
 pub fn selected_data_lines<'a>(
     profile: &'a Profile,
@@ -275,6 +306,21 @@ mod tests {
             ..SampleFilter::default()
         };
         assert!(!Selection::new(&profile, &filter).thread(100, 101));
+    }
+
+    #[test]
+    fn whole_events_of_groups_add_up_to_the_estimate_of_all() {
+        let scale = EventScale::Counted {
+            events: 6_995_756_053,
+            samples: 6989,
+        };
+        let mut whole = WholeEvents::new(scale).unwrap();
+        let groups = [1, 1, 1, 3000, 7, 1, 3978];
+        let total: u64 = groups.iter().map(|&samples| whole.next(samples)).sum();
+        assert_eq!(total, 6_995_756_053);
+        let mut period = WholeEvents::new(EventScale::Period(10)).unwrap();
+        assert_eq!([3, 4].map(|samples| period.next(samples)), [30, 40]);
+        assert_eq!(WholeEvents::new(EventScale::Unknown), None);
     }
 
     #[test]

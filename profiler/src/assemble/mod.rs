@@ -246,6 +246,7 @@ impl<'a> ProfileBuilder<'a> {
                 kernel_stack_lost: key.kernel_stack_lost,
                 count,
                 per_cpu,
+                weight: None,
             })
             .collect();
         stacks.sort_by(|a, b| b.count.cmp(&a.count).then(a.frames.cmp(&b.frames)));

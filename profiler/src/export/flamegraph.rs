@@ -72,16 +72,16 @@ pub fn write_flamegraph(
             event: info.name.clone(),
         });
     }
-    let samples: u64 = samples_of(profile, event).map(|s| s.count).sum();
+    let measured: u64 = samples_of(profile, event).map(|s| s.measure()).sum();
 
     let mut options = Options::default();
     if info.name == OFF_CPU_EVENT {
         // Off-CPU flame graphs are blue, as Brendan Gregg draws them; widths are time blocked.
-        options.title = format!("off-CPU time: {:.3} s blocked", samples as f64 / 1e9);
+        options.title = format!("off-CPU time: {:.3} s blocked", measured as f64 / 1e9);
         options.count_name = "ns".into();
         options.colors = Palette::Basic(BasicPalette::Io);
     } else {
-        options.title = format!("{}: {samples} samples", info.name);
+        options.title = format!("{}: {measured} samples", info.name);
         options.count_name = "samples".into();
         // The java palette is the one that reads stackcollapse-perf's annotations: kernel
         // frames orange, inlined frames aqua.

@@ -4,7 +4,9 @@
 //!
 //! Frame names follow stackcollapse-perf's annotations, which flame graph palettes colour by:
 //! kernel frames end in `_[k]`, functions inlined into user code in `_[i]` (listed after the
-//! function they were inlined into, outermost first). Code without symbols is `module+0xoffset`.
+//! function they were inlined into, outermost first). Code without symbols is named by its
+//! function's start, `module+0xstart` (see `symbolize::call_frames`), else `module+0xoffset`.
+//! Counts are samples, and nanoseconds blocked for `off-cpu`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -43,7 +45,7 @@ pub fn folded_stacks(profile: &Profile, event: EventIndex) -> Result<Vec<String>
                 }
             }
         }
-        *merged.entry(stack.clone()).or_default() += sample.count;
+        *merged.entry(stack.clone()).or_default() += sample.measure();
     }
     Ok(merged
         .into_iter()

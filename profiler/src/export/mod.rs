@@ -152,6 +152,9 @@ pub fn selected_profile(
     if !profile.losses.period_sums.is_empty() {
         losses.period_sums = per_event(&profile.losses.period_sums);
     }
+    if !profile.losses.event_counts.is_empty() {
+        losses.event_counts = per_event(&profile.losses.event_counts);
+    }
     let stacks = profile
         .stacks
         .iter()

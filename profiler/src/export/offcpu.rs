@@ -1,6 +1,7 @@
 //! Off-CPU time in the exports: the blocks of `record --off-cpu` as one more event, `off-cpu`,
-//! whose "samples" are nanoseconds blocked, so that folded stacks, flame graphs and pprof (a
-//! nanoseconds sample type) show where threads waited as they show where they ran.
+//! whose samples are the blocks, each stack weighing the nanoseconds they blocked, so that
+//! folded stacks and flame graphs (by nanoseconds) and pprof (blocks in `off-cpu_sample`,
+//! nanoseconds in `off-cpu_event`) show where threads waited as they show where they ran.
 
 use std::borrow::Cow;
 
@@ -27,30 +28,30 @@ pub fn add_off_cpu_event(with: &mut Profile) {
     let event = with.events.len() as u32;
     with.events.push(EventInfo {
         name: OFF_CPU_EVENT.to_string(),
-        // Each "sample" is one nanosecond blocked.
-        period: Some(1),
+        // Blocks are not sampled at a rate: each stack carries its own nanoseconds.
+        period: None,
         frequency: None,
         unit: "nanoseconds".to_string(),
         precise: false,
     });
+    let blocks: u64 = off_cpu.blocks.iter().map(|blocks| blocks.count).sum();
+    let blocked_ns: u64 = off_cpu.blocks.iter().map(|blocks| blocks.total_ns).sum();
+    // Per-event columns line up with the events: a missing column reads as zero, which no
+    // estimate takes.
     let losses = &mut with.losses;
-    // Per-event columns line up with the events: a missing column reads as zero.
-    let total: u64 = off_cpu.blocks.iter().map(|blocks| blocks.total_ns).sum();
-    losses.samples_fired.resize(event as usize, 0);
-    losses.samples_fired.push(total);
-    if !losses.period_sums.is_empty() {
-        losses.period_sums.resize(event as usize, 0);
-        losses.period_sums.push(total);
-    }
-    if !losses.event_counts.is_empty() {
-        losses.event_counts.resize(event as usize, 0);
-        losses.event_counts.push(total);
+    for (column, value) in [
+        (&mut losses.samples_fired, blocks),
+        (&mut losses.event_counts, blocked_ns),
+        (&mut losses.period_sums, blocked_ns),
+    ] {
+        column.resize(event as usize, 0);
+        column.push(value);
     }
     with.stacks.extend(
         off_cpu
             .blocks
             .iter()
-            .filter(|b| b.total_ns > 0)
+            .filter(|b| b.count > 0)
             .map(|blocks| StackSample {
                 pid: blocks.pid,
                 tid: blocks.tid,
@@ -59,8 +60,9 @@ pub fn add_off_cpu_event(with: &mut Profile) {
                 frames: blocks.frames.clone(),
                 user_stack_lost: blocks.user_stack_lost,
                 kernel_stack_lost: blocks.kernel_stack_lost,
-                count: blocks.total_ns,
+                count: blocks.count,
                 per_cpu: Vec::new(),
+                weight: Some(blocks.total_ns),
             }),
     );
 }

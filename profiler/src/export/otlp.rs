@@ -6,8 +6,8 @@
 //! `process.executable.name`, `container.id`, `container.runtime`, `k8s.pod.uid`,
 //! `systemd.unit`), one profile per event. A profile's samples count samples
 //! (`samples`/`count`), or nanoseconds blocked for off-CPU time (`off-cpu`/`nanoseconds`); its
-//! period type is the event and its unit, with the events each sample
-//! stands for as the period when that is fixed. Stacks, locations, mappings and functions are
+//! period type is the event and its unit, with the events each sample stands for, as the report
+//! estimates them, as the period. Stacks, locations, mappings and functions are
 //! the ones `export::pprof` builds for the series, moved into the request's shared dictionary,
 //! whose tables all start with the zero value as the protocol requires.
 
@@ -255,17 +255,18 @@ impl Dictionary {
             type_strindex: self.string(text(period.r#type)),
             unit_strindex: self.string(text(period.unit)),
         });
-        // Off-CPU "samples" are nanoseconds blocked (`export::offcpu`): their values say so.
+        // Off-CPU samples are blocks, each with its nanoseconds blocked in the `_event` column
+        // after them (`export::offcpu`): the time is what the profile measures.
         let off_cpu = pprof
             .period_type
             .as_ref()
             .is_some_and(|period| text(period.r#type) == OFF_CPU_EVENT);
-        let stacks = match off_cpu {
-            true => (OFF_CPU_EVENT, "nanoseconds"),
-            false => ("samples", "count"),
-        };
         // The stack samples' `_sample` column is the first; the data columns follow it.
-        let mut measures = vec![(0, stacks)];
+        let stacks = match off_cpu {
+            true => (1, (OFF_CPU_EVENT, "nanoseconds")),
+            false => (0, ("samples", "count")),
+        };
+        let mut measures = vec![stacks];
         for (column, value_type) in pprof.sample_type.iter().enumerate() {
             let name = text(value_type.r#type);
             if name.ends_with(DATA_SAMPLE_SUFFIX) {

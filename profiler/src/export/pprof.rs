@@ -4,12 +4,12 @@
 //!
 //! What the file holds:
 //! - Value columns, per event and in event order, named as Google's perf_to_profile names them:
-//!   `<event>_sample` (count) with the samples, then `<event>_event` with the estimated event
-//!   count, samples x events per sample. That column exists only when every sample stands for a
-//!   known number of events: a fixed period, or a clock (unit nanoseconds: cpu-clock, task-clock)
-//!   sampled at a frequency, which the kernel turns into the fixed period 1e9/freq ns. Any other
-//!   frequency-sampled event has a varying period the profile does not keep, so it gets no
-//!   estimate. Its unit is `nanoseconds` for clocks and `count` for everything else. A sample
+//!   `<event>_sample` (count) with the samples, then `<event>_event` with the events they stand
+//!   for, estimated as the report estimates them (`EventScale`: the counters' own count over the
+//!   samples fired, else the period or the mean period) and rounded so that the column adds up
+//!   to the report's estimate. The column exists where the report has an estimate. Off-CPU
+//!   blocks (`export::offcpu`) are samples of their own, each stack with its nanoseconds
+//!   blocked. Its unit is `nanoseconds` for clocks and `count` for everything else. A sample
 //!   carries its event's values and 0 in the other events' columns.
 //! - Data addresses: an event whose samples carried them (page faults, precise memory events)
 //!   also has `<event>_data_sample` (and `_data_event`) columns, and `<event>_latency` (cycles,
@@ -33,8 +33,8 @@
 //!   the file offset that makes pprof's address -> file offset translation exact. The range covers
 //!   only the sampled part of the module, not all of it.
 //! - `time_nanos`, `duration_nanos`, `period_type`/`period` from the first event, and comments
-//!   naming the profiler, host, kernel, target, the samples fired per event and every non-zero
-//!   loss counter.
+//!   naming the profiler, host, kernel, target, the samples fired per event, the events its
+//!   counter counted (where it did) and every non-zero loss counter.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -45,6 +45,7 @@ use prost::Message;
 use super::{stack_root_first, ExportError, StackEntry};
 use crate::aggregate::{
     dataspace::describe_data_address,
+    filter::{EventScale, WholeEvents},
     latency::{LatencyAccumulator, LatencySummary},
 };
 use crate::profile::{
@@ -197,15 +198,6 @@ pub fn pprof_profile(profile: &Profile) -> proto::Profile {
     Builder::new(profile).build()
 }
 
-/// Events each sample of `event` stands for, when that is the same for every sample.
-fn events_per_sample(event: &EventInfo) -> Option<u64> {
-    match (event.period, event.frequency) {
-        (Some(period), _) if period > 0 => Some(period),
-        (_, Some(hz)) if hz > 0 && event.unit == "nanoseconds" => Some(1_000_000_000 / hz),
-        _ => None,
-    }
-}
-
 /// The pprof unit of an event's estimated count: pprof scales and names time units, and would
 /// glue any other unit ("CPU-cycles") to the numbers, so those are plain counts.
 fn value_unit(event: &EventInfo) -> &'static str {
@@ -247,20 +239,21 @@ const LATENCY_UNIT: &str = "cycles";
 pub const DATA_SAMPLE_SUFFIX: &str = "_data_sample";
 pub const LATENCY_SUFFIX: &str = "_latency";
 
-/// A count of samples and, when every sample stands for a known number of events, the events
-/// they estimate: the `_sample` column and the `_event` column after it.
+/// A count of samples and, when the event's samples have an estimate, the events they stand
+/// for: the `_sample` column and the `_event` column after it.
 #[derive(Clone, Copy)]
 struct CountColumns {
     samples: usize,
-    /// Events per sample for the `_event` column (at `samples + 1`), when there is one.
-    events_per_sample: Option<u64>,
+    /// The `_event` column's events so far (it is at `samples + 1`), when there is one.
+    events: Option<WholeEvents>,
 }
 
 impl CountColumns {
-    fn fill(self, count: u64, value: &mut [i64]) {
+    /// `weight`: the events of samples that measure themselves (off-CPU nanoseconds).
+    fn fill(&mut self, count: u64, weight: Option<u64>, value: &mut [i64]) {
         value[self.samples] = to_i64(count);
-        if let Some(per_sample) = self.events_per_sample {
-            value[self.samples + 1] = to_i64(count.saturating_mul(per_sample));
+        if let Some(events) = &mut self.events {
+            value[self.samples + 1] = to_i64(weight.unwrap_or_else(|| events.next(count)));
         }
     }
 }
@@ -377,7 +370,8 @@ impl<'a> Builder<'a> {
     fn sample_types(&mut self) {
         let profile = self.profile;
         for (index, event) in profile.events.iter().enumerate() {
-            let stacks = self.count_columns(&event.name, event);
+            let scale = EventScale::of(profile, index as EventIndex);
+            let stacks = self.count_columns(&event.name, event, scale);
             let data_lines = || {
                 profile
                     .data_lines
@@ -385,7 +379,7 @@ impl<'a> Builder<'a> {
                     .filter(move |d| d.event as usize == index && has_address(d))
             };
             let data = (data_lines().next().is_some())
-                .then(|| self.count_columns(&format!("{}_data", event.name), event));
+                .then(|| self.count_columns(&format!("{}_data", event.name), event, scale));
             let latency = data_lines().any(|d| d.stats.latency_count > 0).then(|| {
                 let latency_type =
                     self.value_type(&format!("{}{LATENCY_SUFFIX}", event.name), LATENCY_UNIT);
@@ -401,26 +395,23 @@ impl<'a> Builder<'a> {
         // The first event's best estimate is what pprof shows unless told otherwise.
         if let Some(first) = self.columns.first() {
             let stacks = first.stacks;
-            let column = stacks.samples + usize::from(stacks.events_per_sample.is_some());
+            let column = stacks.samples + usize::from(stacks.events.is_some());
             self.out.default_sample_type = self.out.sample_type[column].r#type;
         }
     }
 
     /// Adds the `<name>_sample` column and, when the event's samples have a known weight, the
     /// `<name>_event` column.
-    fn count_columns(&mut self, name: &str, event: &EventInfo) -> CountColumns {
+    fn count_columns(&mut self, name: &str, event: &EventInfo, scale: EventScale) -> CountColumns {
         let samples = self.out.sample_type.len();
         let sample_type = self.value_type(&format!("{name}_sample"), "count");
         self.out.sample_type.push(sample_type);
-        let events_per_sample = events_per_sample(event);
-        if events_per_sample.is_some() {
+        let events = WholeEvents::new(scale);
+        if events.is_some() {
             let event_type = self.value_type(&format!("{name}_event"), value_unit(event));
             self.out.sample_type.push(event_type);
         }
-        CountColumns {
-            samples,
-            events_per_sample,
-        }
+        CountColumns { samples, events }
     }
 
     fn meta(&mut self) {
@@ -430,7 +421,9 @@ impl<'a> Builder<'a> {
         self.out.duration_nanos = to_i64(meta.duration_ns);
         if let Some(event) = profile.events.first() {
             self.out.period_type = Some(self.value_type(&event.name, value_unit(event)));
-            self.out.period = events_per_sample(event).map_or(0, to_i64);
+            self.out.period = EventScale::of(profile, 0)
+                .estimate(1)
+                .map_or(0, |per_sample| per_sample.round() as i64);
         }
         let mut comments = vec![format!(
             "profiler {} on {} (kernel {}): {}",
@@ -443,6 +436,15 @@ impl<'a> Builder<'a> {
                 .iter()
                 .zip(&profile.losses.samples_fired)
                 .map(|(event, fired)| format!("samples fired: {}: {fired}", event.name)),
+        );
+        // And what the counters counted, which the `_event` columns are scaled to.
+        comments.extend(
+            profile
+                .events
+                .iter()
+                .zip(&profile.losses.event_counts)
+                .filter(|(_, &counted)| counted > 0)
+                .map(|(event, counted)| format!("events counted: {}: {counted}", event.name)),
         );
         comments.extend(
             profile
@@ -526,7 +528,7 @@ impl<'a> Builder<'a> {
         let mut value = vec![0; self.out.sample_type.len()];
         self.columns[sample.event as usize]
             .stacks
-            .fill(sample.count, &mut value);
+            .fill(sample.count, sample.weight, &mut value);
         let label = self.thread_labels(sample.pid, Some(sample.tid));
         self.out.sample.push(proto::Sample {
             location_id,
@@ -547,11 +549,11 @@ impl<'a> Builder<'a> {
             self.pseudo_location(&format!("{:#x}", access.line)),
             self.pseudo_location(&object),
         ];
-        let columns = &self.columns[access.event as usize];
-        let (data, latency) = (columns.data, columns.latency);
+        let columns = &mut self.columns[access.event as usize];
+        let latency = columns.latency;
         let mut value = vec![0; self.out.sample_type.len()];
-        if let Some(data) = data {
-            data.fill(access.stats.count, &mut value);
+        if let Some(data) = &mut columns.data {
+            data.fill(access.stats.count, None, &mut value);
         }
         if let Some(latency) = latency {
             value[latency] = to_i64(access.stats.latency_sum);
@@ -716,9 +718,17 @@ mod tests {
     use super::*;
     use crate::profile::test_profile::{self, APP, APP_BASE, LIBBLOB, LIBBLOB_BASE};
 
+    /// `profile` as a recording leaves it: the counters' own counts beside the samples they
+    /// fired (cpu-clock: 100 samples over 100,000,003 ns; page-faults: 7 over 70).
+    fn recorded(mut profile: Profile) -> Profile {
+        profile.losses.samples_fired = vec![100, 7];
+        profile.losses.event_counts = vec![100_000_003, 70];
+        profile
+    }
+
     fn exported() -> (Vec<u8>, proto::Profile) {
         let mut gz = Vec::new();
-        write_pprof(&test_profile::profile(), &mut gz).unwrap();
+        write_pprof(&recorded(test_profile::profile()), &mut gz).unwrap();
         let mut encoded = Vec::new();
         GzDecoder::new(gz.as_slice())
             .read_to_end(&mut encoded)
@@ -778,8 +788,8 @@ mod tests {
         );
         assert_eq!(text(&p, p.default_sample_type), "cpu-clock_event");
         assert_eq!(total(&p, "cpu-clock_sample"), 100);
-        // 1000 Hz on a clock is a fixed 1 ms period.
-        assert_eq!(total(&p, "cpu-clock_event"), 100 * 1_000_000);
+        // The report's estimate: the counted nanoseconds, not 100 x the nominal 1 ms.
+        assert_eq!(total(&p, "cpu-clock_event"), 100_000_003);
         assert_eq!(total(&p, "page-faults_sample"), 7);
         assert_eq!(total(&p, "page-faults_event"), 70);
         // A sample carries only its own event's values.
@@ -795,8 +805,59 @@ mod tests {
     }
 
     #[test]
+    fn off_cpu_samples_count_blocks_and_their_values_are_nanoseconds() {
+        use crate::profile::offcpu::{OffCpuBlocks, OffCpuProfile};
+        let mut profile = test_profile::profile();
+        let (pid, tid) = (profile.stacks[0].pid, profile.stacks[0].tid);
+        let blocks = |frames: Vec<FrameId>, count: u64, total_ns: u64| OffCpuBlocks {
+            pid,
+            tid,
+            frames,
+            count,
+            total_ns,
+            ..OffCpuBlocks::default()
+        };
+        profile.off_cpu = Some(OffCpuProfile {
+            blocks: vec![
+                blocks(profile.stacks[0].frames.clone(), 5, 250_000_000),
+                blocks(profile.stacks[1].frames.clone(), 2, 1_500),
+            ],
+            ..OffCpuProfile::default()
+        });
+        crate::export::offcpu::add_off_cpu_event(&mut profile);
+        let p = pprof_profile(&profile);
+        assert_eq!(
+            value_types(&p)[3..],
+            [
+                ("off-cpu_sample", "count"),
+                ("off-cpu_event", "nanoseconds")
+            ]
+        );
+        assert_eq!(total(&p, "off-cpu_sample"), 7);
+        assert_eq!(total(&p, "off-cpu_event"), 250_001_500);
+        // Each stack its own time, not the mean block's.
+        let event = column(&p, "off-cpu_event");
+        let mut values: Vec<i64> = p.sample.iter().map(|s| s.value[event]).collect();
+        values.retain(|&value| value > 0);
+        values.sort();
+        assert_eq!(values, [1_500, 250_000_000]);
+        let comments: Vec<&str> = p.comment.iter().map(|&c| text(&p, c)).collect();
+        assert!(
+            comments.contains(&"samples fired: off-cpu: 7"),
+            "{comments:?}"
+        );
+        // Folded stacks weigh them by their time, as off-CPU flame graphs do.
+        let folded: u64 = crate::export::folded::folded_stacks(&profile, 2)
+            .unwrap()
+            .iter()
+            .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(folded, 250_001_500);
+    }
+
+    #[test]
     fn data_addresses_are_samples_of_their_own_columns_under_object_and_line() {
-        let p = pprof_profile(&test_profile::profile_with_data());
+        let p = pprof_profile(&recorded(test_profile::profile_with_data()));
         assert_eq!(
             value_types(&p)[2..],
             [
@@ -885,7 +946,8 @@ mod tests {
     }
 
     #[test]
-    fn frequency_sampled_counter_has_no_estimate_column() {
+    fn frequency_sampling_without_recorded_periods_has_no_estimate_column() {
+        // As the report, which says "event counts not estimated, samples only".
         let mut profile = test_profile::profile();
         profile.events[1] = EventInfo {
             name: "cycles".into(),
@@ -895,10 +957,7 @@ mod tests {
         };
         let p = pprof_profile(&profile);
         let types: Vec<&str> = p.sample_type.iter().map(|t| text(&p, t.r#type)).collect();
-        assert_eq!(
-            types,
-            ["cpu-clock_sample", "cpu-clock_event", "cycles_sample"]
-        );
+        assert_eq!(types, ["cpu-clock_sample", "cycles_sample"]);
         assert_eq!(total(&p, "cycles_sample"), 7);
     }
 
@@ -1117,7 +1176,7 @@ mod tests {
 
     #[test]
     fn google_pprof_reads_the_same_totals_and_functions() {
-        let (_dir, file) = pprof_file(&test_profile::profile());
+        let (_dir, file) = pprof_file(&recorded(test_profile::profile()));
 
         let cpu = top(&file, "cpu-clock_sample");
         let row = |name: &str| top_row(&cpu, name);
@@ -1149,7 +1208,7 @@ mod tests {
 
     #[test]
     fn google_pprof_shows_data_lines_and_their_latency() {
-        let (_dir, file) = pprof_file(&test_profile::profile_with_data());
+        let (_dir, file) = pprof_file(&recorded(test_profile::profile_with_data()));
 
         let data = top(&file, "page-faults_data_sample");
         let cum = |name: &str| top_row(&data, name).1;

@@ -287,6 +287,7 @@ fn process_profile(
     let mut losses = profile.losses.clone();
     losses.samples_fired = per_event(&profile.losses.samples_fired);
     losses.period_sums = per_event(&profile.losses.period_sums);
+    losses.event_counts = per_event(&profile.losses.event_counts);
     Profile {
         meta: profile.meta.clone(),
         events: vec![profile.events[event as usize].clone()],

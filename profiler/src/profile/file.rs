@@ -861,6 +861,7 @@ mod written_formats {
                 kernel_stack_lost: true,
                 count: 9,
                 per_cpu: vec![4, 5],
+                weight: None,
             }],
             instructions: vec![InstructionSample {
                 pid: 42,

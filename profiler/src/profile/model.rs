@@ -118,7 +118,9 @@ pub struct Frame {
     /// Offset of the address inside the module's file (ELF file offset).
     pub module_offset: u64,
     pub build_id: Option<String>,
-    /// The function (symbol) containing the address; `None` for stripped code.
+    /// The function (symbol) containing the address; for code without symbols, the function
+    /// its call-frame information bounds (`libz.so.1+0x2f40`: module and start); `None` where
+    /// nothing says which function holds it.
     pub function: Option<String>,
     /// Start address of `function`, to compute the offset into it.
     pub function_address: Option<u64>,
@@ -175,6 +177,19 @@ pub struct StackSample {
     pub count: u64,
     /// Samples per CPU, index = CPU number (empty when unknown).
     pub per_cpu: Vec<u64>,
+    /// The events these samples stand for where each measures itself rather than being
+    /// scaled by its event: the nanoseconds of off-CPU blocks, whose `count` is the blocks
+    /// (`export::offcpu`). Exports only: never in a profile file.
+    #[serde(skip)]
+    pub weight: Option<u64>,
+}
+
+impl StackSample {
+    /// What folded stacks and flame graphs weigh the stack by: its own measure where it has
+    /// one (off-CPU nanoseconds), else its samples.
+    pub fn measure(&self) -> u64 {
+        self.weight.unwrap_or(self.count)
+    }
 }
 
 /// Samples at one instruction of one process and event.

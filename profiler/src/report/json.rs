@@ -91,6 +91,8 @@ struct JsonEstimate {
     /// `none`.
     method: &'static str,
     events_per_sample: Option<f64>,
+    /// The events all of `samples` stand for, rounded: what pprof's `_event` column adds up to.
+    events: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -322,23 +324,31 @@ struct JsonDistribution {
     buckets: Vec<[u64; 3]>,
 }
 
-fn estimate(scale: EventScale) -> JsonEstimate {
+fn estimate(scale: EventScale, samples: u64) -> JsonEstimate {
+    let events = scale.estimate(samples).map(|events| events.round() as u64);
     match scale {
-        EventScale::Counted { events, samples } => JsonEstimate {
+        EventScale::Counted {
+            events: counted,
+            samples: fired,
+        } => JsonEstimate {
             method: "counted",
-            events_per_sample: Some(events as f64 / samples as f64),
+            events_per_sample: Some(counted as f64 / fired as f64),
+            events,
         },
         EventScale::Period(period) => JsonEstimate {
             method: "period",
             events_per_sample: Some(period as f64),
+            events,
         },
         EventScale::MeanPeriod(mean) => JsonEstimate {
             method: "mean-period",
             events_per_sample: Some(mean),
+            events,
         },
         EventScale::Unknown => JsonEstimate {
             method: "none",
             events_per_sample: None,
+            events,
         },
     }
 }
@@ -632,20 +642,21 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
             let has_paths = matches!(section.content, Content::CallGraph(_))
                 || matches!(&section.content, Content::View { view, .. }
                     if view.kind == crate::aggregate::views::ViewKind::Function);
+            let samples = event_samples(profile, index);
             JsonEvent {
                 index,
                 name: event.name.clone(),
                 unit: event.unit.clone(),
                 period: event.period,
                 frequency: event.frequency,
-                samples: event_samples(profile, index),
+                samples,
                 samples_fired: profile
                     .losses
                     .samples_fired
                     .get(index as usize)
                     .copied()
                     .unwrap_or(0),
-                estimate: estimate(EventScale::of(profile, index)),
+                estimate: estimate(EventScale::of(profile, index), samples),
                 content,
                 hot_paths: has_paths.then(|| paths(&section.hot_paths)),
                 latency_distributions: section

@@ -533,6 +533,8 @@ mod tests {
         assert_eq!(event["hot_paths"][0]["functions"][3], "run");
         let faults = &report["events"][1];
         assert_eq!(faults["estimate"]["events_per_sample"], 10.0);
+        assert_eq!(faults["estimate"]["events"], 70);
+        assert!(event["estimate"]["events"].is_null());
         assert_eq!(faults["functions"][0]["estimated_events"], 70.0);
         assert_eq!(faults["functions"][0]["latency"]["max"], 2000);
     }

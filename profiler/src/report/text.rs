@@ -471,7 +471,15 @@ fn render_section(report: &Report, section: &EventSection, width: usize, out: &m
                 "{}",
                 event_header(report, section, width, view.total_samples, &what)
             );
-            let scale = format!("{INDENT}{}", view.scale.describe());
+            let event = &report.profile.events[section.event as usize];
+            // The total every export's event column adds up to.
+            let total = view
+                .scale
+                .estimate(view.total_samples)
+                .map_or(String::new(), |events| {
+                    format!(": {events:.0} {} in all", event.unit)
+                });
+            let scale = format!("{INDENT}{}{total}", view.scale.describe());
             let _ = writeln!(out, "{}", fit(&scale, width, Shorten::KeepStart));
             render_stack_quality(&section.stacks, width, out);
             for note in &section.notes {

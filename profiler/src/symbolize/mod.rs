@@ -5,6 +5,7 @@
 mod ahead;
 mod aliases;
 mod cache;
+mod call_frames;
 pub mod demangle;
 mod kallsyms;
 pub mod kernel_addresses;
@@ -558,7 +559,8 @@ impl<'a> FrameTable<'a> {
 
 /// What the symbolizer does not say, from the module open at `path` (a descriptor path): names
 /// of the frames in its PLT stubs (`memcpy@plt`) or only in its separate debug file's symbol
-/// table (glibc's internal functions, when DWARF is not read), and with `aliases` the other
+/// table (glibc's internal functions, when DWARF is not read), else the bounds of the function
+/// its call-frame information gives (`liblzma.so.5.4.1+0x15b80`), and with `aliases` the other
 /// names of the frames' functions.
 fn module_names(path: &Path, frames: &mut [Frame], aliases: bool) -> Vec<FunctionAliases> {
     let Ok(file) = crate::input::open_regular(path, crate::input::FinalLink::Follow) else {
@@ -586,6 +588,9 @@ fn module_names(path: &Path, frames: &mut [Frame], aliases: bool) -> Vec<Functio
         if frames.iter().any(|frame| frame.function.is_none()) {
             aliases::name_from_debug_file(&module, debug, frames);
         }
+    }
+    if frames.iter().any(|frame| frame.function.is_none()) {
+        call_frames::name_by_call_frames(&module, frames);
     }
     if !aliases {
         return Vec::new();

@@ -284,6 +284,58 @@ impl<'d> CfiSections<'d> {
         hash.finalize().into()
     }
 
+    /// What CFI pointers may be relative to, apart from `.eh_frame` itself.
+    fn bases(&self) -> BaseAddresses {
+        let mut bases = BaseAddresses::default();
+        if let Some(text) = self.text {
+            bases = bases.set_text(text);
+        }
+        if let Some(got) = self.got {
+            bases = bases.set_got(got);
+        }
+        bases
+    }
+
+    /// The code ranges the FDEs describe (ELF virtual addresses), sorted by start: one per
+    /// function (a compiler's split-off cold part is one more), so that code without symbols
+    /// is named by the function that holds it. Malformed entries are skipped, as compiling
+    /// them does.
+    pub fn function_ranges(&self) -> Vec<Range<u64>> {
+        fn ranges_of<R: Reader<Offset = usize>, S: UnwindSection<R>>(
+            section: &S,
+            bases: &BaseAddresses,
+            out: &mut Vec<Range<u64>>,
+        ) {
+            let mut entries = section.entries(bases);
+            while let Ok(Some(entry)) = entries.next() {
+                if let CieOrFde::Fde(partial) = entry {
+                    if let Ok(fde) = partial.parse(S::cie_from_offset) {
+                        out.push(fde.initial_address()..fde.end_address());
+                    }
+                }
+            }
+        }
+        let bases = self.bases();
+        let mut ranges = Vec::new();
+        if let Some((address, data)) = &self.eh_frame {
+            let eh_frame = EhFrame::new(data, gimli::LittleEndian);
+            ranges_of(
+                &eh_frame,
+                &bases.clone().set_eh_frame(*address),
+                &mut ranges,
+            );
+        }
+        if let Some(data) = &self.debug_frame {
+            let mut debug_frame = DebugFrame::new(data, gimli::LittleEndian);
+            debug_frame.set_address_size(8);
+            ranges_of(&debug_frame, &bases, &mut ranges);
+        }
+        ranges.retain(|range| !range.is_empty());
+        ranges.sort_by_key(|range| (range.start, range.end));
+        ranges.dedup();
+        ranges
+    }
+
     /// The sections' rows, holding no more than `limits.rows` of them at any time.
     pub fn compile(&self, limits: &CompileLimits) -> Result<UnwindTable> {
         if self.architecture != "X86_64" {
@@ -292,13 +344,7 @@ impl<'d> CfiSections<'d> {
                 self.architecture
             );
         }
-        let mut bases = BaseAddresses::default();
-        if let Some(text) = self.text {
-            bases = bases.set_text(text);
-        }
-        if let Some(got) = self.got {
-            bases = bases.set_got(got);
-        }
+        let bases = self.bases();
         let mut stats = CompileStats::default();
         let mut fdes = Vec::new();
         let mut rows_left = limits.rows;

@@ -1,0 +1,346 @@
+//! Every view and export tells the same numbers, and stripped code is one row per function.
+//!
+//! One recording of each kind of event (cpu-clock and task-clock at their default frequency, a
+//! frequency set with -F, a period set with -c, page faults, off-CPU blocks) is reported as
+//! text and JSON and exported as folded stacks and pprof: the samples and the estimated events
+//! agree in all of them. The agent's windows carry the same estimate as a recording. Code
+//! without symbols (a stripped build of a C workload; Debian's stripped liblzma under `xz`) is
+//! named by the start of the function its call-frame information bounds.
+
+mod common;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::{
+    profiler, profiler_bin, read_pprof, record_to, report_json, require_root, run_checked,
+    temp_dir, wait_until_recording, workload, Running,
+};
+use profiler::export::pprof::proto;
+use serde_json::Value;
+
+/// The sum of a pprof value column, by its type's name.
+fn column_total(profile: &proto::Profile, name: &str) -> i64 {
+    let column = profile
+        .sample_type
+        .iter()
+        .position(|t| profile.string_table[t.r#type as usize] == name)
+        .unwrap_or_else(|| panic!("no sample type {name} in the pprof export"));
+    profile.sample.iter().map(|s| s.value[column]).sum()
+}
+
+/// The sum of the counts of a folded stacks file.
+fn folded_total(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// The total the text report states for its event (`...: 123 nanoseconds in all`).
+fn text_total(text: &str) -> u64 {
+    let line = text
+        .lines()
+        .find(|line| line.contains(" in all"))
+        .unwrap_or_else(|| panic!("no estimated total in the text report:\n{text}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().rposition(|w| *w == "in").unwrap();
+    words[at - 2].parse().unwrap_or_else(|_| panic!("{line}"))
+}
+
+/// Folded stacks and pprof of `file`'s `event`, as `report` writes them.
+fn exports(file: &Path, event: &str) -> (u64, proto::Profile) {
+    let dir = file.parent().unwrap();
+    let (folded, pprof) = (dir.join("stacks.folded"), dir.join("profile.pb.gz"));
+    profiler(&[
+        "report",
+        "-i",
+        file.to_str().unwrap(),
+        "--only-event",
+        event,
+        "--folded",
+        folded.to_str().unwrap(),
+        "--pprof",
+        pprof.to_str().unwrap(),
+    ]);
+    (folded_total(&folded), read_pprof(&pprof))
+}
+
+/// Records `command` with `options` and checks that text, JSON, folded stacks and pprof give
+/// its event the same samples and the same estimated events.
+fn same_numbers_everywhere(name: &str, options: &[&str], command: &[&str]) {
+    let file = temp_dir(name).join("recording.prof");
+    record_to(&file, options, command);
+    let report = report_json(&file, &[]);
+    let event = &report["events"][0];
+    let event_name = event["name"].as_str().unwrap();
+    let samples = event["samples"].as_u64().unwrap();
+    assert!(samples > 20, "{name}: too few samples to compare: {event}");
+    let estimated = event["estimate"]["events"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name}: no estimate: {}", event["estimate"]));
+    let text = String::from_utf8_lossy(&profiler(&["report", "-i", file.to_str().unwrap()]).stdout)
+        .into_owned();
+    assert_eq!(text_total(&text), estimated, "{name}: text vs JSON");
+    let (folded, pprof) = exports(&file, event_name);
+    assert_eq!(
+        folded, samples,
+        "{name}: folded stacks vs the report's samples"
+    );
+    assert_eq!(
+        column_total(&pprof, &format!("{event_name}_sample")) as u64,
+        samples,
+        "{name}: pprof's samples"
+    );
+    assert_eq!(
+        column_total(&pprof, &format!("{event_name}_event")) as u64,
+        estimated,
+        "{name}: pprof's events vs the report's estimate"
+    );
+}
+
+#[test]
+fn clocks_at_a_frequency_tell_the_same_numbers_everywhere() {
+    require_root();
+    let cpu_split = workload("cpu_split");
+    let command = [cpu_split.to_str().unwrap(), "600"];
+    same_numbers_everywhere("same-cpu-clock", &["-e", "cpu-clock"], &command);
+    same_numbers_everywhere("same-task-clock", &["-e", "task-clock"], &command);
+    same_numbers_everywhere(
+        "same-frequency",
+        &["-e", "cpu-clock", "-F", "1999"],
+        &command,
+    );
+}
+
+#[test]
+fn a_period_and_page_faults_tell_the_same_numbers_everywhere() {
+    require_root();
+    let cpu_split = workload("cpu_split");
+    same_numbers_everywhere(
+        "same-period",
+        &["-e", "cpu-clock", "-c", "250000"],
+        &[cpu_split.to_str().unwrap(), "600"],
+    );
+    let page_toucher = workload("page_toucher");
+    same_numbers_everywhere(
+        "same-page-faults",
+        &["-e", "page-faults"],
+        &[page_toucher.to_str().unwrap(), "20000"],
+    );
+}
+
+#[test]
+fn off_cpu_exports_count_blocks_and_weigh_them_in_nanoseconds() {
+    require_root();
+    let file = temp_dir("same-off-cpu").join("recording.prof");
+    record_to(
+        &file,
+        &["--off-cpu"],
+        &["sh", "-c", "for i in 1 2 3 4 5 6 7 8; do sleep 0.05; done"],
+    );
+    let off_cpu = report_json(&file, &[])["off_cpu"].clone();
+    let blocks = off_cpu["blocks"].as_u64().unwrap();
+    let blocked_ns = off_cpu["total_ns"].as_u64().unwrap();
+    assert!(blocks >= 8, "{off_cpu}");
+    let (folded, pprof) = exports(&file, "off-cpu");
+    assert_eq!(folded, blocked_ns, "folded off-CPU stacks are nanoseconds");
+    assert_eq!(column_total(&pprof, "off-cpu_sample") as u64, blocks);
+    assert_eq!(column_total(&pprof, "off-cpu_event") as u64, blocked_ns);
+    let comments: Vec<&str> = pprof
+        .comment
+        .iter()
+        .map(|&c| pprof.string_table[c as usize].as_str())
+        .collect();
+    assert!(
+        comments.contains(&format!("samples fired: off-cpu: {blocks}").as_str()),
+        "{comments:?}"
+    );
+}
+
+/// The number after `prefix: ` among a pprof file's comments.
+fn comment_number(profile: &proto::Profile, prefix: &str) -> Option<u64> {
+    profile.comment.iter().find_map(|&index| {
+        profile.string_table[index as usize]
+            .strip_prefix(&format!("{prefix}: "))
+            .map(|count| count.parse().unwrap())
+    })
+}
+
+#[test]
+fn the_agents_windows_scale_to_what_the_counters_counted() {
+    require_root();
+    let dir = temp_dir("same-agent");
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-F", "499", "--interval", "1", "--output-dir"])
+            .arg(&dir)
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let mut cpu_split = Running::spawn(
+        Command::new(workload("cpu_split"))
+            .arg("2500")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(cpu_split.wait_at_most(Duration::from_secs(60)).success());
+    agent.terminate();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let window = read_pprof(&entry.unwrap().path());
+        let (Some(fired), Some(counted)) = (
+            comment_number(&window, "samples fired: cpu-clock"),
+            comment_number(&window, "events counted: cpu-clock"),
+        ) else {
+            continue;
+        };
+        let samples = column_total(&window, "cpu-clock_sample") as u64;
+        let events = column_total(&window, "cpu-clock_event") as u64;
+        let expected = (samples as f64 * counted as f64 / fired as f64).round() as u64;
+        assert_eq!(
+            events, expected,
+            "{samples} samples of {fired} fired, {counted} ns"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 1, "no window with counted events");
+}
+
+/// `nm`'s text symbols of `binary`: address -> name.
+fn text_symbols(binary: &Path) -> BTreeMap<u64, String> {
+    let output = run_checked("nm", &[binary.to_str().unwrap()]);
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let (address, kind, name) = (words.next()?, words.next()?, words.next()?);
+            matches!(kind, "T" | "t")
+                .then(|| Some((u64::from_str_radix(address, 16).ok()?, name.to_string())))?
+        })
+        .collect()
+}
+
+/// The function rows of the first event whose module's file name is `module`.
+fn rows_of_module<'a>(report: &'a Value, module: &str) -> Vec<&'a Value> {
+    report["events"][0]["functions"]
+        .as_array()
+        .expect("functions")
+        .iter()
+        .filter(|row| {
+            row["module"]
+                .as_str()
+                .is_some_and(|m| Path::new(m).file_name().unwrap() == module)
+        })
+        .collect()
+}
+
+/// The start address of a row named `module+0xSTART`; `None` for a row with a symbol's name.
+fn named_start(row: &Value, module: &str) -> Option<u64> {
+    let name = row["function"].as_str().unwrap();
+    let hex = name.strip_prefix(&format!("{module}+0x"))?;
+    Some(u64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("{name}")))
+}
+
+#[test]
+fn a_stripped_programs_functions_are_one_row_each_at_their_start() {
+    require_root();
+    let dir = temp_dir("stripped-functions");
+    let built = common::c_workload::build_no_frame_pointers(&dir, "with_symbols", &[]);
+    let stripped = dir.join("stripped_sorter");
+    std::fs::copy(&built, &stripped).unwrap();
+    run_checked("strip", &[stripped.to_str().unwrap()]);
+    let symbols = text_symbols(&built);
+    let file = dir.join("recording.prof");
+    record_to(
+        &file,
+        &["--unwind", "copy"],
+        &[stripped.to_str().unwrap(), "1500"],
+    );
+    let report = report_json(&file, &["--top", "1000"]);
+    let rows = rows_of_module(&report, "stripped_sorter");
+    let mut named: BTreeMap<String, u64> = BTreeMap::new();
+    for row in &rows {
+        let start = named_start(row, "stripped_sorter")
+            .unwrap_or_else(|| panic!("a stripped function named otherwise: {row}"));
+        let function = symbols
+            .get(&start)
+            .unwrap_or_else(|| panic!("{row}: no function starts at {start:#x}: {symbols:?}"));
+        assert!(
+            named.insert(function.clone(), start).is_none(),
+            "two rows of {function}"
+        );
+    }
+    let self_samples = |function: &str| {
+        rows.iter()
+            .find(|row| {
+                named_start(row, "stripped_sorter").and_then(|s| symbols.get(&s))
+                    == Some(&function.to_string())
+            })
+            .map_or(0, |row| row["self_samples"].as_u64().unwrap())
+    };
+    // The sort's key function is where the main thread spends its time, the copier's loop
+    // around memcpy is on every copier stack.
+    assert!(self_samples("record_key") > 50, "{named:?}");
+    for caller in ["compare_records", "sort_records", "main", "copier_main"] {
+        assert!(named.contains_key(caller), "no row of {caller}: {named:?}");
+    }
+}
+
+/// The start addresses of the FDEs of `module`, as readelf lists them.
+fn fde_starts(module: &Path) -> BTreeSet<u64> {
+    let output = run_checked(
+        "readelf",
+        &["--debug-dump=frames", module.to_str().unwrap()],
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| line.contains(" FDE "))
+        .filter_map(|line| {
+            let range = line.split("pc=").nth(1)?;
+            u64::from_str_radix(range.split("..").next()?, 16).ok()
+        })
+        .collect()
+}
+
+#[test]
+fn debians_stripped_liblzma_is_one_row_per_function() {
+    require_root();
+    let dir = temp_dir("stripped-liblzma");
+    let input = dir.join("input.txt");
+    // Text that compresses, so that xz's match finder and encoder do the work.
+    let text: String = (0..400_000u64)
+        .map(|i| format!("{} {}\n", i * 2_654_435_761 % 1_000_003, i % 97))
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    let liblzma = std::fs::canonicalize("/lib/x86_64-linux-gnu/liblzma.so.5")
+        .expect("liblzma (Debian: apt-get install xz-utils)");
+    let module = liblzma.file_name().unwrap().to_str().unwrap().to_string();
+    let file = dir.join("recording.prof");
+    record_to(
+        &file,
+        &["--unwind", "copy"],
+        &["xz", "-k", "-f", "-T1", "-9", input.to_str().unwrap()],
+    );
+    let report = report_json(&file, &["--top", "1000"]);
+    let rows = rows_of_module(&report, &module);
+    let starts = fde_starts(&liblzma);
+    let named: Vec<u64> = rows
+        .iter()
+        .filter_map(|row| named_start(row, &module))
+        .collect();
+    for start in &named {
+        assert!(starts.contains(start), "{module}+{start:#x} starts no FDE");
+    }
+    assert!(named.len() >= 3, "{rows:?}");
+    let samples: u64 = rows
+        .iter()
+        .map(|r| r["self_samples"].as_u64().unwrap())
+        .sum();
+    assert!(samples > 100, "too few samples in {module}: {rows:?}");
+}
