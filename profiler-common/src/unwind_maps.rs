@@ -173,6 +173,18 @@ impl UnwindCount {
         UnwindCount::TruncatedDepth,
         UnwindCount::FramesTableNotLoaded,
     ];
+
+    /// The sample-accounting loss a walk ending this way is, as the copy unwinder counts the
+    /// same ends: a stack cut short is a loss, whichever unwinder cut it.
+    pub const fn loss(self) -> Option<crate::capture::LossKind> {
+        use crate::capture::LossKind;
+        match self {
+            UnwindCount::TruncatedOutsideMappings => Some(LossKind::UnwindOutsideCode),
+            UnwindCount::TruncatedNoCaller => Some(LossKind::UnwindBroken),
+            UnwindCount::TruncatedDepth => Some(LossKind::UnwindTooDeep),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(feature = "user")]

@@ -10,8 +10,8 @@ use std::{
 };
 
 use common::{
-    assert_no_losses, profiler, profiler_bin, record_page_faults, second_touched_region, temp_dir,
-    touched_region, wait_until_recording, workload, Running,
+    assert_few_cut_short, assert_no_losses, profiler, profiler_bin, record_page_faults,
+    second_touched_region, temp_dir, touched_region, wait_until_recording, workload, Running,
 };
 use profiler::profile::{file::read_profile, Profile, StackSample};
 use profiler_common::capture::LossKind;
@@ -241,7 +241,15 @@ fn tens_of_thousands_of_distinct_stacks_at_50_khz_lose_under_a_thousandth() {
         LossKind::UserStackFramesFull.describe(),
         LossKind::KernelStackFramesFull.describe(),
     ];
-    assert_no_losses(&profile, &map_full);
+    // Every child's first moments are walked before its mappings are published: cut short,
+    // counted (issue 46); what this test bounds is the stack maps' losses.
+    let cut_short = [
+        LossKind::UnwindOutsideCode.describe(),
+        LossKind::UnwindBroken.describe(),
+        LossKind::UnwindTooDeep.describe(),
+    ];
+    let explained: Vec<&str> = map_full.iter().chain(&cut_short).copied().collect();
+    assert_no_losses(&profile, &explained);
     let fired: u64 = profile.losses.samples_fired.iter().sum();
     let drained: u64 = profile.stacks.iter().map(|s| s.count).sum();
     assert_eq!(fired, drained, "fired == kept");
@@ -304,7 +312,7 @@ fn a_stack_seen_again_is_not_read_again() {
     ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let profile = read_profile(&file).unwrap();
-    assert_no_losses(&profile, &[]);
+    assert_few_cut_short(&profile, &[]);
     let drains = stats_numbers(&stderr, "drains: ")[0];
     assert!(drains > 20, "{drains} drains\n{stderr}");
     let [distinct, read] = stats_numbers(&stderr, "stacks: ")[..] else {
@@ -613,7 +621,7 @@ fn every_data_line_of_a_large_run_is_kept_whatever_the_map_size() {
         let profile = read_profile(&file).unwrap();
         let view_full = "data cache-line view: map full";
         let explained = if lossless { vec![] } else { vec![view_full] };
-        assert_no_losses(&profile, &explained);
+        assert_few_cut_short(&profile, &explained);
         let counted_lost = profile.losses.counters.get(view_full).copied().unwrap_or(0);
         let mut missing = 0;
         for region in [touched_region(&stderr), second_touched_region(&stderr)] {

@@ -143,32 +143,6 @@ fn assert_most_reach_a_root(profile: &Profile, what: &str) {
     );
 }
 
-/// Asserts that every loss is a walk cut short or a copy that fell back to frame pointers, for
-/// at most 1% of the samples: a sample early in the dynamic loader's start-up may meet a return
-/// address no mapping holds yet, and one as the process exits may find no stack page left to
-/// copy.
-fn assert_few_cut_short(profile: &Profile) {
-    let total: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
-    let counted: Vec<&str> = profile
-        .losses
-        .counters
-        .iter()
-        .filter(|(name, count)| {
-            **count > 0
-                && (name.starts_with("user stacks cut short")
-                    || name.starts_with("user stacks by frame pointers only"))
-        })
-        .map(|(name, _)| name.as_str())
-        .collect();
-    common::assert_no_losses(profile, &counted);
-    let cut: u64 = profile.losses.counters.values().sum();
-    assert!(
-        cut * 100 <= total,
-        "{total} samples, {:?}",
-        profile.losses.counters
-    );
-}
-
 /// Samples whose user stack has `chain` as a contiguous run of functions, leaf first, starting
 /// at the leaf when `from_leaf`.
 fn samples_with_chain(profile: &Profile, chain: &[&str]) -> u64 {
@@ -309,7 +283,7 @@ fn dwarf_recording_of_code_without_frame_pointers_is_unwound_to_main_like_perf()
         copying * 10 >= total * 2,
         "copy_blocks <- copier_main <- start_thread in {copying} of {total} samples"
     );
-    assert_few_cut_short(&profile);
+    common::assert_few_cut_short(&profile, &[]);
     assert_matches_perf_script(&file, &profile);
 }
 
@@ -373,7 +347,7 @@ fn unwind_copy_recording_of_code_without_frame_pointers_matches_perf_dwarf_by_fu
     let live = record_copy(dir.path(), &[], &command);
 
     assert_most_reach_a_root(&live, "no_frame_pointers, --unwind copy");
-    assert_few_cut_short(&live);
+    common::assert_few_cut_short(&live, &[]);
     let (total, _) = samples_reaching_a_root(&live);
     let chain = [
         "record_key",
@@ -510,7 +484,7 @@ fn a_sixty_frame_rust_stack_is_unwound_whole_and_stray_or_out_of_range_copy_size
         samples_with_chain(&profile, &["deep_stack::frame_60", "deep_stack::frame_59"]);
     let (total, _) = samples_reaching_a_root(&profile);
     assert!(sixty_deep * 100 >= total * 95, "{sixty_deep} of {total}");
-    assert_few_cut_short(&profile);
+    common::assert_few_cut_short(&profile, &[]);
     let output = Command::new(common::profiler_bin())
         .args(["record", "--stack-copy-kib", "8", "--", "true"])
         .output()
@@ -577,7 +551,7 @@ fn a_stack_deeper_than_the_copy_is_cut_short_and_counted_and_a_larger_copy_reach
 
     let whole = record_copy(dir.path(), &["--stack-copy-kib", "32"], &command);
     assert_most_reach_a_root(&whole, "25 KiB deep, --stack-copy-kib 32");
-    assert_few_cut_short(&whole);
+    common::assert_few_cut_short(&whole, &[]);
 }
 
 #[test]
@@ -616,7 +590,7 @@ fn samples_taken_in_the_kernel_carry_the_tasks_user_stack() {
         in_kernel_from_main * 100 >= in_kernel * 95,
         "{in_kernel_from_main} of {in_kernel} kernel samples have a user stack from main"
     );
-    assert_few_cut_short(&profile);
+    common::assert_few_cut_short(&profile, &[]);
 }
 
 #[test]
@@ -827,4 +801,45 @@ fn a_signal_handlers_samples_are_unwound_through_the_signal_frame_to_main() {
             "--unwind {unwind}: {through} of {total} samples in the handler reach work and a root"
         );
     }
+}
+
+#[test]
+fn walks_the_kernel_cut_short_are_losses_in_every_report() {
+    // 200 frames: every walk stops at the walker's 126 and is cut short. `--stats` counts the
+    // walker's ends; the sample accounting (text, JSON, the profile) must count the same walks,
+    // never say "no losses" beside them.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let binary = no_frame_pointer_workload(dir.path());
+    let file = dir.path().join("deep.prof");
+    let output = Command::new(common::profiler_bin())
+        .args(["record", "--unwind", "dwarf", "--stats", "-F", "999", "-o"])
+        .arg(&file)
+        .args(["--", binary.to_str().unwrap(), "1500", "deep", "200"])
+        .output()
+        .expect("the profiler runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let truncated = stderr
+        .lines()
+        .find_map(|line| line.split_once("truncated: ").map(|(_, counts)| counts))
+        .unwrap_or_else(|| panic!("no walker counts in --stats:\n{stderr}"));
+    let counts: Vec<u64> = truncated
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|word| word.parse().ok())
+        .take(3)
+        .collect();
+    let (outside, no_caller, too_deep) = (counts[0], counts[1], counts[2]);
+    assert!(too_deep >= 500, "{too_deep} walks too deep:\n{stderr}");
+    assert!(!stderr.contains("no losses"), "{stderr}");
+    let profile = read_profile(&file).expect("the profile reads");
+    let loss = |name: &str| profile.losses.counters.get(name).copied().unwrap_or(0);
+    assert_eq!(
+        (
+            loss("user stacks cut short: return address outside executable mappings"),
+            loss("user stacks cut short: unwind rules led nowhere"),
+            loss("user stacks cut short: deeper than the unwinder walks"),
+        ),
+        (outside, no_caller, too_deep),
+        "{stderr}"
+    );
 }

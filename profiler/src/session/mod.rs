@@ -509,6 +509,13 @@ impl CaptureSession {
                 *total += walks;
             }
         }
+        // The in-kernel walker's stacks cut short; with `--unwind check` the copies of those
+        // walks are only compared, never counted above.
+        if let Some(unwinder) = &self.unwinder {
+            for (kind, walks) in unwinder.losses() {
+                accounting.losses[kind as usize] += walks;
+            }
+        }
         Ok(accounting)
     }
 

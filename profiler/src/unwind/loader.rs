@@ -18,6 +18,7 @@ use anyhow::{anyhow, Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use object::{Object, ObjectSegment};
 use profiler_common::{
+    capture::LossKind,
     unwind::UnwindRow,
     unwind_maps::{
         use_stamp, ExecMapping, ProcessMappings, UnwindCount, MAX_PROCESS_MAPPINGS,
@@ -736,18 +737,24 @@ impl UnwindLoader {
     }
 
     /// The `--stats` lines: the tables loaded and what the walker did.
+    /// What the walker counted of `what`, on every CPU.
+    fn count(&self, what: UnwindCount) -> u64 {
+        self.counts
+            .get(&(what as u32), 0)
+            .map(|per_cpu| per_cpu.iter().sum())
+            .unwrap_or(0)
+    }
+
+    /// The walks the walker cut short, by the loss each is in the sample accounting.
+    pub fn losses(&self) -> impl Iterator<Item = (LossKind, u64)> + '_ {
+        UnwindCount::ALL
+            .iter()
+            .filter_map(|what| Some((what.loss()?, self.count(*what))))
+    }
+
     pub fn render_stats(&self) -> String {
         let mut out = String::new();
-        let counts: Vec<u64> = UnwindCount::ALL
-            .iter()
-            .map(|what| {
-                self.counts
-                    .get(&(*what as u32), 0)
-                    .map(|per_cpu| per_cpu.iter().sum())
-                    .unwrap_or(0)
-            })
-            .collect();
-        let count = |what: UnwindCount| counts[what as usize];
+        let count = |what: UnwindCount| self.count(what);
         let mib = |rows: f64| rows * UnwindRow::SIZE as f64 / (1024.0 * 1024.0);
         let loaded = self.loaded();
         let _ = writeln!(

@@ -213,6 +213,34 @@ pub fn assert_no_losses(profile: &profiler::profile::Profile, explained: &[&str]
     assert!(lost.is_empty(), "losses: {lost:?}");
 }
 
+/// Every loss but those in `explained` is a user stack cut short or walked by frame pointers
+/// only, for at most 1% of the samples: a sample early in the dynamic loader's start-up may meet
+/// a return address no mapping holds yet (a new process's first moments, issue 46), and one as
+/// the process exits may find no stack page left to copy. Any other loss fails, as in
+/// [`assert_no_losses`].
+pub fn assert_few_cut_short(profile: &profiler::profile::Profile, explained: &[&str]) {
+    let total: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
+    let start_up: Vec<(&str, u64)> = profile
+        .losses
+        .counters
+        .iter()
+        .filter(|(name, count)| {
+            **count > 0
+                && (name.starts_with("user stacks cut short")
+                    || name.starts_with("user stacks by frame pointers only"))
+        })
+        .map(|(name, count)| (name.as_str(), *count))
+        .collect();
+    let mut allowed: Vec<&str> = start_up.iter().map(|(name, _)| *name).collect();
+    allowed.extend_from_slice(explained);
+    assert_no_losses(profile, &allowed);
+    let cut: u64 = start_up.iter().map(|(_, count)| count).sum();
+    assert!(
+        cut * 100 <= total,
+        "{total} samples, cut short: {start_up:?}"
+    );
+}
+
 /// A process a test started, killed and reaped when the test ends, passed or failed, so that a
 /// failing test leaves no workload behind.
 pub struct Running(pub std::process::Child);
