@@ -984,6 +984,13 @@ fn a_crafted_debug_frame_is_refused_within_the_memory_cap() {
     run_untrusted(&program, &["2000", "mix"]);
     let stderr = recording.join().unwrap();
     eprintln!("{stderr}");
+    // Refused by name, not only counted.
+    assert!(
+        stderr.lines().any(|line| line.starts_with("warning: ")
+            && line.contains(program.to_str().unwrap())
+            && line.contains("no unwind table")),
+        "{stderr}"
+    );
     let details = report_json(
         &profile,
         &[

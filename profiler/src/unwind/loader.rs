@@ -10,6 +10,7 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt::Write,
     os::fd::{AsFd, AsRawFd},
+    path::Path,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -28,7 +29,7 @@ use profiler_common::{
 
 use super::{
     arena::{eviction_order, ArenaSpace, Placed, TableUse},
-    tables::{compile, TableCache, UnwindTable},
+    tables::{compile, NoCallFrameInformation, TableCache, UnwindTable},
 };
 use crate::{
     capture::{program::CaptureProgram, ring::KernelRing},
@@ -467,7 +468,7 @@ impl UnwindLoader {
     fn table_rows(&mut self, processes: &ProcessTable, mapping: &Mapping) -> usize {
         match (mapping.is_file(), mapping.file) {
             (true, Some(identity)) => self
-                .file_table(processes, identity)
+                .file_table(processes, identity, &mapping.path)
                 .map_or(0, |file| file.table.rows.len()),
             _ => 0,
         }
@@ -492,7 +493,7 @@ impl UnwindLoader {
             (false, _) if *mapping.path == *VDSO => self.vdso_table(mapping),
             (false, _) => Err("not a file (JIT code)"),
             (true, None) => Err("its file could not be opened"),
-            (true, Some(identity)) => self.file_table(processes, identity),
+            (true, Some(identity)) => self.file_table(processes, identity, &mapping.path),
         };
         let file = match file {
             Ok(file) => file,
@@ -525,23 +526,24 @@ impl UnwindLoader {
         }
     }
 
+    /// The table of the file `identity`, mapped as `shown`.
     fn file_table(
         &mut self,
         processes: &ProcessTable,
         identity: FileIdentity,
+        shown: &str,
     ) -> Result<Arc<FileTable>, &'static str> {
         if let Some(known) = self.files.get(&identity) {
             return known
                 .clone()
                 .map_err(|_| "its call-frame information did not compile");
         }
+        let path = processes.files.path(identity);
+        let mut has_no_cfi = false;
         let compiled = (|| -> Result<FileTable> {
-            let path = processes
-                .files
-                .path(identity)
-                .context("the mapped file is no longer open")?;
-            let file = open_regular(&path, FinalLink::Follow)?;
-            let table = self.cache.table(&file, &path)?;
+            let path = path.as_ref().context("the mapped file is no longer open")?;
+            let file = open_regular(path, FinalLink::Follow)?;
+            let table = self.cache.table(&file, Path::new(shown))?;
             let image = ModuleImage::new(file);
             let elf = object::File::parse(&image)?;
             Ok(FileTable {
@@ -549,7 +551,19 @@ impl UnwindLoader {
                 segments: segments(&elf),
             })
         })();
-        let compiled = compiled.map(Arc::new).map_err(|e| format!("{e:#}"));
+        let compiled = compiled.map(Arc::new).map_err(|e| {
+            has_no_cfi = e.downcast_ref::<NoCallFrameInformation>().is_some();
+            format!("{e:#}")
+        });
+        // Once per file: a table refused (a crafted or huge section, a file gone) is said by
+        // name, not only counted, since that file's stacks are walked by frame pointers.
+        // A file closed meanwhile (a short process exited) is no refusal: not said either.
+        if let (Err(error), false, Some(_)) = (&compiled, has_no_cfi, &path) {
+            eprintln!(
+                "warning: {shown}: no unwind table ({error}): its frames are walked by frame \
+                 pointers"
+            );
+        }
         self.files.insert(identity, compiled.clone());
         compiled.map_err(|_| "its call-frame information did not compile")
     }

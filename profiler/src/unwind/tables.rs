@@ -383,6 +383,12 @@ pub fn compile<'d, R: ReadRef<'d>>(elf: &object::File<'d, R>) -> Result<UnwindTa
     CfiSections::read(elf, &CompileLimits::DEFAULT)?.compile(&CompileLimits::DEFAULT)
 }
 
+/// A file without call-frame information (Go's binaries, code built without unwind tables):
+/// its frames are walked by frame pointers, as with no table at all; not worth a warning.
+#[derive(Debug, thiserror::Error)]
+#[error("no call-frame information (no FDE in .eh_frame or .debug_frame)")]
+pub struct NoCallFrameInformation;
+
 /// CFI with more rows than a table may hold, found before the rows are held.
 struct TooManyRows;
 
@@ -687,7 +693,7 @@ fn lay_out(
         end = fde.range.end;
     }
     let Some(base) = table.base else {
-        bail!("no call-frame information (no FDE in .eh_frame or .debug_frame)");
+        return Err(NoCallFrameInformation.into());
     };
     table.push(end, UnwindRow::no_info(0))?;
     if table.rows.len() > max_rows.min(MAX_TABLE_ROWS as usize) {
@@ -958,12 +964,30 @@ pub struct CacheStats {
     pub problems: Vec<String>,
 }
 
+/// Why a file got no table, kept to be told again: its message, and whether it simply has no
+/// call-frame information ([`NoCallFrameInformation`], which callers treat apart).
+#[derive(Clone, Debug)]
+struct Refused {
+    message: String,
+    no_cfi: bool,
+}
+
+impl Refused {
+    fn error(&self) -> anyhow::Error {
+        if self.no_cfi {
+            anyhow::Error::new(NoCallFrameInformation).context(self.message.clone())
+        } else {
+            anyhow!("{}", self.message)
+        }
+    }
+}
+
 /// Compiled tables by [`TableKey`], in memory and (when given a directory) on disk.
 #[derive(Debug, Default)]
 pub struct TableCache {
     /// Files that cannot be compiled (no CFI: Go, hand-written assembly) are remembered too, so
     /// that each process mapping one does not try again while it is open.
-    memory: HashMap<TableKey, Result<Arc<UnwindTable>, String>>,
+    memory: HashMap<TableKey, Result<Arc<UnwindTable>, Refused>>,
     /// The tables no one held at the last release, let go at the next one if still unused.
     idle: HashSet<TableKey>,
     directory: Option<CacheDir>,
@@ -1000,7 +1024,7 @@ impl TableCache {
         let key = TableKey::of(&elf, file, &cfi)?;
         if let Some(table) = self.memory.get(&key) {
             self.stats.from_memory += 1;
-            return table.clone().map_err(|message| anyhow!(message));
+            return table.clone().map_err(|refused| refused.error());
         }
         let cached = self
             .directory
@@ -1026,12 +1050,16 @@ impl TableCache {
                 let table = match cfi.compile(&CompileLimits::DEFAULT) {
                     Ok(table) => table,
                     Err(error) => {
-                        let message = format!(
-                            "compiling the unwind table of {}: {error:#}",
-                            path.display()
-                        );
-                        self.memory.insert(key, Err(message.clone()));
-                        bail!(message);
+                        let refused = Refused {
+                            no_cfi: error.downcast_ref::<NoCallFrameInformation>().is_some(),
+                            message: format!(
+                                "compiling the unwind table of {}: {error:#}",
+                                path.display()
+                            ),
+                        };
+                        let error = refused.error();
+                        self.memory.insert(key, Err(refused));
+                        return Err(error);
                     }
                 };
                 if let Some(dir) = &self.directory {
@@ -1060,7 +1088,7 @@ impl TableCache {
     /// disk and placing its rows again was a twelfth of the agent's CPU. The tables are handed
     /// back for the caller to undo what it did with them before they are dropped.
     pub fn release_unused(&mut self) -> Vec<Arc<UnwindTable>> {
-        let unused = |table: &Result<Arc<UnwindTable>, String>| !matches!(table, Ok(t) if Arc::strong_count(t) > 1);
+        let unused = |table: &Result<Arc<UnwindTable>, Refused>| !matches!(table, Ok(t) if Arc::strong_count(t) > 1);
         let idle = std::mem::take(&mut self.idle);
         let released = self
             .memory
