@@ -209,10 +209,13 @@ pub enum LossKind {
     /// that collided (a period too short), or the kernel lost ring records: the records in them
     /// are lost, uncounted.
     SpeTraceLost = 29,
+    /// The in-kernel walker met a process before the agent had published its mappings (its
+    /// first moments, read from the side-band): the stack was walked by frame pointers only.
+    UnwindProcessNotLoaded = 30,
 }
 
 impl LossKind {
-    pub const COUNT: usize = 30;
+    pub const COUNT: usize = 31;
     pub const ALL: [LossKind; Self::COUNT] = [
         LossKind::StackCountsFull,
         LossKind::UnknownEvent,
@@ -244,6 +247,7 @@ impl LossKind {
         LossKind::SpeRecordsDamaged,
         LossKind::SpeRecordsWithoutThread,
         LossKind::SpeTraceLost,
+        LossKind::UnwindProcessNotLoaded,
     ];
 
     /// Whether the whole sample is gone (it counts against conservation), rather than a part of
@@ -306,6 +310,9 @@ impl LossKind {
             LossKind::SpeTraceLost => {
                 "Arm SPE trace lost: AUX data truncated, records collided or ring records lost \
                  (records uncounted)"
+            }
+            LossKind::UnwindProcessNotLoaded => {
+                "user stacks by frame pointers only: the process's mappings were not loaded yet"
             }
         }
     }

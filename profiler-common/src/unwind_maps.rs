@@ -175,10 +175,12 @@ impl UnwindCount {
     ];
 
     /// The sample-accounting loss a walk ending this way is, as the copy unwinder counts the
-    /// same ends: a stack cut short is a loss, whichever unwinder cut it.
+    /// same ends: a stack cut short or left to frame pointers is a loss, whichever unwinder
+    /// walked it.
     pub const fn loss(self) -> Option<crate::capture::LossKind> {
         use crate::capture::LossKind;
         match self {
+            UnwindCount::ProcessUnknown => Some(LossKind::UnwindProcessNotLoaded),
             UnwindCount::TruncatedOutsideMappings => Some(LossKind::UnwindOutsideCode),
             UnwindCount::TruncatedNoCaller => Some(LossKind::UnwindBroken),
             UnwindCount::TruncatedDepth => Some(LossKind::UnwindTooDeep),

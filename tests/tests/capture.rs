@@ -247,6 +247,7 @@ fn tens_of_thousands_of_distinct_stacks_at_50_khz_lose_under_a_thousandth() {
         LossKind::UnwindOutsideCode.describe(),
         LossKind::UnwindBroken.describe(),
         LossKind::UnwindTooDeep.describe(),
+        LossKind::UnwindProcessNotLoaded.describe(),
     ];
     let explained: Vec<&str> = map_full.iter().chain(&cut_short).copied().collect();
     assert_no_losses(&profile, &explained);

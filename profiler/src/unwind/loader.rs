@@ -810,6 +810,10 @@ impl UnwindLoader {
             count(UnwindCount::TruncatedDepth),
             count(UnwindCount::FramesTableNotLoaded),
         );
+        // The walks the sample accounting counts as losses, under the accounting's own names.
+        for (kind, walks) in self.losses() {
+            let _ = writeln!(out, "  walker: {walks} {}", kind.describe());
+        }
         out
     }
 }
