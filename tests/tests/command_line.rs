@@ -1093,6 +1093,9 @@ fn perfs_record_options_work_or_say_what_to_use_instead() {
             (&["-C", "0"], "-C/--cpu", "use -a"),
             (&["-t", "1"], "-t/--tid", "-p PID"),
             (&["-m", "128"], "-m/--mmap-pages", "--ring-buffer-kib"),
+            (&["-d"], "-d/--data", "--by dcache-line"),
+            (&["-W"], "-W/--weight", "--histogram"),
+            (&["-T"], "-T/--timestamp", "--raw FILE"),
         ],
     );
     // perf's `-a -- sleep TIME` records every CPU for TIME; `--count` is `-c`.

@@ -91,6 +91,30 @@ const REFUSED: &[Refused] = &[
         instead: NO_TID,
     },
     Refused {
+        subcommand: "record",
+        long: "data",
+        short: Some('d'),
+        takes: Takes::Nothing,
+        instead: "data addresses are recorded with every event that has them (page faults; \
+            PEBS, IBS and SPE's precise events): report them with --by dcache-line",
+    },
+    Refused {
+        subcommand: "record",
+        long: "weight",
+        short: Some('W'),
+        takes: Takes::Nothing,
+        instead: "latencies are recorded with every event that has them (precise memory \
+            events): report them with --histogram",
+    },
+    Refused {
+        subcommand: "record",
+        long: "timestamp",
+        short: Some('T'),
+        takes: Takes::Nothing,
+        instead: "samples are counted in the kernel, not kept one by one: --raw FILE also \
+            keeps every sample with its time",
+    },
+    Refused {
         subcommand: "report",
         long: "percent-limit",
         short: None,
