@@ -1385,7 +1385,9 @@ fn profile_victim(
         Target::Agent => Value::Array(
             fs::read_dir(&out)
                 .unwrap()
-                .flat_map(|entry| read_pprof(&entry.unwrap().path()).string_table)
+                .map(|entry| entry.unwrap().path())
+                .filter(|path| common::is_window(path))
+                .flat_map(|path| read_pprof(&path).string_table)
                 .map(Value::String)
                 .collect(),
         ),

@@ -42,7 +42,7 @@ use std::io::Write;
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
-use super::{stack_root_first, ExportError, StackEntry};
+use super::{offcpu::OFF_CPU_EVENT, stack_root_first, ExportError, StackEntry};
 use crate::aggregate::{
     dataspace::describe_data_address,
     filter::{EventScale, WholeEvents},
@@ -370,7 +370,12 @@ impl<'a> Builder<'a> {
     fn sample_types(&mut self) {
         let profile = self.profile;
         for (index, event) in profile.events.iter().enumerate() {
-            let scale = EventScale::of(profile, index as EventIndex);
+            let scale = match EventScale::of(profile, index as EventIndex) {
+                // Off-CPU blocks weigh themselves (each stack its nanoseconds): the column is
+                // there in a window without blocks too, so that every window has the same.
+                EventScale::Unknown if event.name == OFF_CPU_EVENT => EventScale::Period(1),
+                scale => scale,
+            };
             let stacks = self.count_columns(&event.name, event, scale);
             let data_lines = || {
                 profile
