@@ -302,17 +302,35 @@ fn program_replaced_by_a_fifo_does_not_block_the_recording() {
     replaced_module_is_not_read_by_path(Planted::Fifo);
 }
 
-/// Runs the profiler as root with `args` under [`watch`], expecting it to fail; its stderr.
-fn failing_root_run(args: &[&str], max_rss_bytes: u64, deadline: Duration) -> String {
-    let child = Command::new(profiler_bin())
-        .args(args)
+/// Runs the profiler as root with `args` in a memory cgroup of `max_bytes` and under [`watch`],
+/// expecting it to fail, never killed for memory; its stderr. The cgroup, not the exited
+/// process's `ru_maxrss`, bounds it: a child spawned with vfork inherits the test process's peak there, and the tests running
+/// beside this one may have taken more than a small bound.
+fn failing_root_run(args: &[&str], max_bytes: u64, deadline: Duration) -> String {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let cap = MemoryCap::new(&format!("failing-{run}"), max_bytes);
+    let child = cap
+        .command(&[], profiler_bin(), args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let watched = watch(child, max_rss_bytes, deadline);
+    // The cgroup holds it to the bound; the watch only ends a run past its deadline.
+    let watched = watch(child, u64::MAX, deadline);
     assert!(!watched.output.status.success(), "{args:?} succeeded");
-    assert!(watched.max_rss_bytes < max_rss_bytes);
+    // Never killed for memory: the profiler refused what it could not hold. (The peak may reach
+    // the bound where the kernel charges a refused map's allocation to the cgroup.)
+    assert_eq!(
+        cap.oom_kills(),
+        0,
+        "the kernel OOM-killed the profiler: {args:?}"
+    );
+    eprintln!(
+        "peak {} MiB of {} MiB",
+        cap.peak_bytes() >> 20,
+        max_bytes >> 20
+    );
     String::from_utf8(watched.output.stderr).unwrap()
 }
 
