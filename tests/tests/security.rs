@@ -1447,16 +1447,18 @@ fn a_library_truncated_while_profiled_is_never_mapped() {
             watched.elapsed,
             watched.max_rss_bytes >> 20
         );
+        let stderr = String::from_utf8_lossy(&watched.output.stderr);
         assert!(
             names(&report, "victim_program_spin"),
-            "{target:?}: {report:#}"
+            "{target:?}: the program's function is not named\n{stderr}\n{report:#}"
         );
         if let Target::Agent = target {
             continue;
         }
         assert!(
             names(&report, "victim_library_spin") || loss(&report, refused) == 1,
-            "{target:?}: {report:#}"
+            "{target:?}: the library's function is neither named nor counted once as \
+             refused\n{stderr}\n{report:#}"
         );
     }
 
