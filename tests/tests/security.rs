@@ -910,6 +910,41 @@ fn the_output_directory_is_checked_and_pruning_removes_only_what_the_agent_wrote
     fs::remove_dir_all(shared).ok();
 }
 
+/// Root's capped `record -a --unwind dwarf` for `seconds` into `profile`, during which the
+/// untrusted user runs `program MILLISECONDS mix` (the no_frame_pointers workload's mix of
+/// frameless calls); its stderr.
+fn record_all_while_untrusted_runs(
+    name: &'static str,
+    profile: &Path,
+    seconds: u32,
+    program: &Path,
+    milliseconds: &str,
+) -> String {
+    let recording = std::thread::spawn({
+        let profile = profile.to_str().unwrap().to_string();
+        let seconds = seconds.to_string();
+        move || {
+            capped_record(
+                name,
+                &[
+                    "record",
+                    "-a",
+                    "--unwind",
+                    "dwarf",
+                    "--duration",
+                    &seconds,
+                    "-o",
+                    &profile,
+                ],
+                Duration::from_secs(90),
+            )
+        }
+    });
+    sleep(Duration::from_millis(1500));
+    run_untrusted(program, &[milliseconds, "mix"]);
+    recording.join().unwrap()
+}
+
 /// Root's `record` of `args`, capped at [`RECORD_MEMORY_BOUND`] and given `deadline`: it must
 /// succeed; its stderr.
 fn capped_record(name: &str, args: &[&str], deadline: Duration) -> String {
@@ -979,28 +1014,7 @@ fn a_crafted_debug_frame_is_refused_within_the_memory_cap() {
     assert!(status.success());
 
     let profile = home.parent().unwrap().join("system.prof");
-    let recording = std::thread::spawn({
-        let profile = profile.clone();
-        move || {
-            capped_record(
-                "debug-frame",
-                &[
-                    "record",
-                    "-a",
-                    "--unwind",
-                    "dwarf",
-                    "--duration",
-                    "5",
-                    "-o",
-                    profile.to_str().unwrap(),
-                ],
-                Duration::from_secs(90),
-            )
-        }
-    });
-    sleep(Duration::from_millis(1500));
-    run_untrusted(&program, &["2000", "mix"]);
-    let stderr = recording.join().unwrap();
+    let stderr = record_all_while_untrusted_runs("debug-frame", &profile, 5, &program, "2000");
     eprintln!("{stderr}");
     // Refused by name, not only counted.
     assert!(
@@ -1182,28 +1196,7 @@ fn a_program_carrying_a_root_programs_build_id_poisons_no_unwind_table() {
     let impostor = untrusted_c_program(&home, "impostor", &["-O0", &flag]);
 
     let system = root_dir.join("system.prof");
-    let recording = std::thread::spawn({
-        let system = system.clone();
-        move || {
-            capped_record(
-                "build-id-system",
-                &[
-                    "record",
-                    "-a",
-                    "--unwind",
-                    "dwarf",
-                    "--duration",
-                    "4",
-                    "-o",
-                    system.to_str().unwrap(),
-                ],
-                Duration::from_secs(90),
-            )
-        }
-    });
-    sleep(Duration::from_millis(1500));
-    run_untrusted(&impostor, &["1500", "mix"]);
-    recording.join().unwrap();
+    record_all_while_untrusted_runs("build-id-system", &system, 4, &impostor, "1500");
 
     let victim_profile = root_dir.join("victim.prof");
     let stderr = capped_record(

@@ -8,29 +8,20 @@ use crate::{
     symbolize::FRAME_POINTERS_ONLY_FUNCTION,
 };
 
-use super::filter::Selection;
+use super::{filter::Selection, startup::C_RUNTIME_START};
 
-/// Functions a complete user stack reaches: the program's entry and `main`, and the functions
-/// threads start in (glibc's, and the clone system call's wrappers).
-pub const STACK_ROOTS: [&str; 10] = [
-    "_start",
-    "__libc_start_main",
-    "__libc_start_call_main",
-    "main",
-    "start_thread",
-    "clone",
-    "clone3",
-    "__clone",
-    "__clone3",
-    "__clone_internal",
-];
+/// Whether a user stack that reaches `function` is whole: the program's `main`, or a function
+/// the C library starts a program or a thread in.
+fn is_stack_root(function: &str) -> bool {
+    function == "main" || C_RUNTIME_START.contains(&function)
+}
 
 /// The user stacks of one event's samples (those with user code; kernel threads have none).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StackQuality {
     /// Samples with a user stack, or whose user stack was lost.
     pub user_samples: u64,
-    /// Samples whose user stack reaches one of [`STACK_ROOTS`].
+    /// Samples whose user stack reaches a root ([`is_stack_root`]).
     pub complete: u64,
     /// Samples whose user stack could not be read at all.
     pub lost: u64,
@@ -86,12 +77,9 @@ pub fn stack_quality(profile: &Profile, event: EventIndex, selection: &Selection
         }
         quality.user_samples += stack.count;
         frames_sum += user.len() as u64 * stack.count;
-        let rooted = user.iter().any(|frame| {
-            frame
-                .function
-                .as_deref()
-                .is_some_and(|name| STACK_ROOTS.contains(&name))
-        });
+        let rooted = user
+            .iter()
+            .any(|frame| frame.function.as_deref().is_some_and(is_stack_root));
         if rooted {
             quality.complete += stack.count;
         }

@@ -14,8 +14,9 @@ pub enum RuntimeFrames {
 }
 
 /// Start-up functions by their whole name: the C library's program and thread start, and the
-/// kernel's clone entry as user stacks see it.
-const STARTUP_FUNCTIONS: &[&str] = &[
+/// kernel's clone entry as user stacks see it. A user stack that reaches one is whole
+/// ([`super::stack_quality`]).
+pub const C_RUNTIME_START: &[&str] = &[
     "_start",
     "__libc_start_main",
     "__libc_start_main_impl",
@@ -57,7 +58,7 @@ const CALL_ONCE: &str = "::call_once";
 
 /// Whether `function` is one of the runtime's start-up functions.
 pub fn is_startup(function: &str) -> bool {
-    STARTUP_FUNCTIONS.contains(&function)
+    C_RUNTIME_START.contains(&function)
         || STARTUP_PREFIXES
             .iter()
             .any(|prefix| function.starts_with(prefix))
