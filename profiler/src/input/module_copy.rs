@@ -237,6 +237,12 @@ fn sealed_copy(file: &File, before: &fs::Metadata, room: u64) -> Result<(File, b
     if changed(&after) != changed(before) {
         return Err(Refused::Changed);
     }
+    // Truncated or caught half rewritten before the copy began, the file passes the check
+    // above with its new size: empty, or an ELF file whose section headers are not all in it.
+    // It is not what the process mapped, and the symbolizer would name nothing from it.
+    if len == 0 || !elf_headers_within(&copy).map_err(|_| Refused::Unreadable)? {
+        return Err(Refused::Changed);
+    }
     let links = rename_debug_links(&copy).map_err(|_| Refused::Unreadable)?;
     seal(&copy).map_err(|_| Refused::Unreadable)?;
     Ok((copy, links))
@@ -262,6 +268,31 @@ fn seal(copy: &File) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Whether `copy`, if it is ELF, holds its whole header and section header table. A file
+/// that is not ELF is not judged here: the symbolizer refuses it.
+fn elf_headers_within(copy: &File) -> io::Result<bool> {
+    fn sections_within<Elf: FileHeader<Endian = Endianness>>(image: &ModuleImage) -> bool {
+        Elf::parse(image)
+            .and_then(|header| header.sections(header.endian()?, image))
+            .is_ok()
+    }
+    let image = ModuleImage::new(copy.try_clone()?);
+    Ok(match FileKind::parse(&image) {
+        Ok(FileKind::Elf32) => sections_within::<object::elf::FileHeader32<Endianness>>(&image),
+        Ok(FileKind::Elf64) => sections_within::<object::elf::FileHeader64<Endianness>>(&image),
+        Ok(_) => true,
+        // Too short to tell its kind: an ELF file cut short, or no module at all.
+        Err(_) => !image_starts_with_elf_magic(copy)?,
+    })
+}
+
+/// Whether the file begins with ELF's magic bytes.
+fn image_starts_with_elf_magic(file: &File) -> io::Result<bool> {
+    let mut magic = [0u8; 4];
+    let read = file.read_at(&mut magic, 0)?;
+    Ok(magic[..read] == object::elf::ELFMAG[..read])
 }
 
 /// Renames the sections in [`DEBUG_FILE_LINKS`] in `copy` (`.gnu_debuglink` becomes
@@ -367,6 +398,30 @@ mod tests {
         let metadata = file.metadata().unwrap();
         if metadata.uid() == 0 && metadata.mode() & 0o022 == 0 {
             assert_eq!(symbol_path(&file).unwrap().path, descriptor_path(&file));
+        }
+    }
+
+    /// A module truncated, or caught half rewritten, before its copy began (its size and change
+    /// time then hold still while it is read) is refused as changed: an empty file, or an ELF
+    /// file whose section headers are not all in it. A file that is not ELF is left to the
+    /// symbolizer.
+    #[test]
+    fn a_module_cut_short_before_its_copy_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = fs::read(std::env::current_exe().unwrap()).unwrap();
+        for (name, bytes, refused) in [
+            ("empty", &[][..], true),
+            ("magic", &exe[..2], true),
+            ("half", &exe[..exe.len() / 2], true),
+            ("whole", &exe[..], false),
+            ("text", &b"not a module"[..], false),
+        ] {
+            let path = dir.path().join(name);
+            fs::write(&path, bytes).unwrap();
+            let file = File::open(&path).unwrap();
+            let before = file.metadata().unwrap();
+            let copied = sealed_copy(&file, &before, MAX_COPIES_BYTES);
+            assert_eq!(copied.err() == Some(Refused::Changed), refused, "{name}");
         }
     }
 
