@@ -1097,9 +1097,33 @@ fn render_accounting(profile: &Profile, width: usize, out: &mut String) {
     if nonzero.is_empty() {
         let _ = writeln!(out, "{INDENT}no losses");
     }
+    // A loss's name says why: wrapped under itself, never cut.
+    let room = width.saturating_sub(INDENT.len() + 12).max(20);
     for (what, count) in nonzero {
-        let _ = writeln!(out, "{INDENT}{count:>10}  {what}");
+        for (i, line) in word_lines(what, room).iter().enumerate() {
+            match i {
+                0 => writeln!(out, "{INDENT}{count:>10}  {line}"),
+                _ => writeln!(out, "{INDENT}{:12}{line}", ""),
+            }
+            .expect("writing to a String");
+        }
     }
+}
+
+/// `text` in lines of at most `room` characters, broken between words (a word longer than a
+/// line stands alone).
+fn word_lines(text: &str, room: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split(' ') {
+        match lines.last_mut() {
+            Some(line) if chars(line) + 1 + chars(word) <= room => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -1110,6 +1134,15 @@ mod tests {
         profile::file::{decode_profile, encode_profile},
         report::{render_report, ViewArgs},
     };
+
+    #[test]
+    fn loss_names_wrap_between_words_and_are_never_cut() {
+        let name = "user stacks by frame pointers only: the process's mappings were not loaded yet";
+        let lines = word_lines(name, 40);
+        assert!(lines.iter().all(|line| chars(line) <= 40), "{lines:?}");
+        assert_eq!(lines.join(" "), name);
+        assert_eq!(word_lines("short", 40), ["short"]);
+    }
 
     #[test]
     fn a_symbol_longer_than_formatting_can_pad_is_cut_in_the_middle_and_kept_whole_in_the_profile()
