@@ -10,7 +10,8 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{
-    assert_few_cut_short, core_pmu, profiler, profiler_bin, temp_dir, touched_region, workload,
+    assert_few_cut_short, assert_only_partial_stacks, core_pmu, profiler, profiler_bin, temp_dir,
+    touched_region, workload,
 };
 use profiler::aggregate::functions::event_samples;
 use profiler::profile::{file::read_profile, Profile};
@@ -57,7 +58,9 @@ fn raw_stream_holds_every_sample_with_its_data_address() {
         ],
         &[toucher.to_str().unwrap(), "20000", "9"],
     );
-    assert_few_cut_short(&profile, &[]);
+    // Every 7th page fault of a short program: its start-up in the dynamic loader is a large
+    // share, and stacks walked there may be cut short; the samples must all be kept.
+    assert_only_partial_stacks(&profile, &[]);
     let lines = raw_lines(&raw);
     let fired = profile.losses.samples_fired[0];
     assert_eq!(lines.len() as u64, fired, "one raw line per fired sample");

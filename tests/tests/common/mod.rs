@@ -213,15 +213,14 @@ pub fn assert_no_losses(profile: &profiler::profile::Profile, explained: &[&str]
     assert!(lost.is_empty(), "losses: {lost:?}");
 }
 
-/// Every loss but those in `explained` is a user stack cut short or walked by frame pointers
-/// only, cut short for at most 1% of the samples and walked before the process's mappings were
-/// loaded for at most 5%: a sample early in the dynamic loader's start-up may meet
-/// a return address no mapping holds yet (a new process's first moments, issue 46), and one as
-/// the process exits may find no stack page left to copy. Any other loss fails, as in
-/// [`assert_no_losses`].
-pub fn assert_few_cut_short(profile: &profiler::profile::Profile, explained: &[&str]) {
-    let total: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
-    let start_up: Vec<(&str, u64)> = profile
+/// The losses of partial user stacks (cut short, or walked by frame pointers only) with their
+/// counts; every other loss but those in `explained` is asserted zero, as in
+/// [`assert_no_losses`]: the samples themselves are all kept.
+pub fn assert_only_partial_stacks<'p>(
+    profile: &'p profiler::profile::Profile,
+    explained: &[&str],
+) -> Vec<(&'p str, u64)> {
+    let partial: Vec<(&str, u64)> = profile
         .losses
         .counters
         .iter()
@@ -232,9 +231,21 @@ pub fn assert_few_cut_short(profile: &profiler::profile::Profile, explained: &[&
         })
         .map(|(name, count)| (name.as_str(), *count))
         .collect();
-    let mut allowed: Vec<&str> = start_up.iter().map(|(name, _)| *name).collect();
+    let mut allowed: Vec<&str> = partial.iter().map(|(name, _)| *name).collect();
     allowed.extend_from_slice(explained);
     assert_no_losses(profile, &allowed);
+    partial
+}
+
+/// [`assert_only_partial_stacks`], with stacks cut short for at most 1% of the samples and
+/// walked before the process's mappings were loaded for at most 5%: a sample early in the
+/// dynamic loader's start-up may meet a return address no mapping holds yet (a new process's
+/// first moments, issue 46), and one as the process exits may find no stack page left to copy.
+/// For CPU-time recordings of a second or more; a page-fault recording of a short program is
+/// mostly its start-up.
+pub fn assert_few_cut_short(profile: &profiler::profile::Profile, explained: &[&str]) {
+    let total: u64 = profile.stacks.iter().map(|stack| stack.count).sum();
+    let start_up = assert_only_partial_stacks(profile, explained);
     // Walked before the process's mappings were published: its first moments, bounded apart.
     let not_loaded = |name: &str| name.ends_with("the process's mappings were not loaded yet");
     let (early, cut): (Vec<_>, Vec<_>) = start_up.iter().partition(|(name, _)| not_loaded(name));
