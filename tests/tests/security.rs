@@ -112,6 +112,24 @@ fn watch(mut child: Child, max_rss_bytes: u64, deadline: Duration) -> Watched {
             .unwrap_or(0);
         let over_memory = rss_kib * 1024 > max_rss_bytes;
         if over_memory || start.elapsed() > deadline {
+            // Where each thread waits, for a run that hangs: read before the kill.
+            let threads: String = fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|task| {
+                    let at =
+                        |file: &str| fs::read_to_string(task.path().join(file)).unwrap_or_default();
+                    format!(
+                        "{} {}: {}\n{}",
+                        at("comm").trim(),
+                        at("wchan"),
+                        at("stat"),
+                        at("stack")
+                    )
+                })
+                .collect();
+            eprintln!("threads of the profiler at the deadline:\n{threads}");
             let _ = child.kill();
             let _ = child.wait();
             panic!(
