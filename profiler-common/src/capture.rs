@@ -330,6 +330,10 @@ pub const OFFSETS_VALID: u32 = 1;
 /// which fields the PMU filled. Older kernels fill the fields the event's `attr.sample_type`
 /// asks for, which the program then reads instead.
 pub const OFFSETS_SAMPLE_FLAGS: u32 = 2;
+/// `KernelOffsets::valid` bit: the kernel keeps a process's mappings in a maple tree (Linux 6.1
+/// on) whose layout the offsets describe, so the walker finds the mapping of an address itself,
+/// before the agent has published the process.
+pub const OFFSETS_VMA_TREE: u32 = 4;
 
 /// Offsets (bytes) of kernel structure fields, read from the running kernel's BTF by the agent
 /// and handed to the program as read-only data. `valid == 0` means no BTF: the program then
@@ -357,6 +361,28 @@ pub struct KernelOffsets {
     /// registers) and its length.
     pub raw_frag_data: u32,
     pub raw_frag_size: u32,
+    /// With `OFFSETS_VMA_TREE`, what the walker reads to find the mapping holding an address in
+    /// the kernel's own tree of a process's mappings (Linux 6.1 on: a maple tree): the task's
+    /// `mm`, the tree's root in it, where the two kinds of node hold their pivots, slots and
+    /// the count of slots in use, and the mapping's range, flags, file offset and file (its
+    /// inode's number and device).
+    pub task_mm: u32,
+    pub mm_vma_root: u32,
+    pub maple_range_pivots: u32,
+    pub maple_range_slots: u32,
+    pub maple_range_end: u32,
+    pub maple_arange_pivots: u32,
+    pub maple_arange_slots: u32,
+    pub maple_arange_end: u32,
+    pub vma_start: u32,
+    pub vma_end: u32,
+    pub vma_flags: u32,
+    pub vma_pgoff: u32,
+    pub vma_file: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
 }
 
 /// [`KernelOffsets`] as words and back, from one list of its fields: what the offsets cache
@@ -398,6 +424,23 @@ offsets_as_words!(
     event_sample_type,
     raw_frag_data,
     raw_frag_size,
+    task_mm,
+    mm_vma_root,
+    maple_range_pivots,
+    maple_range_slots,
+    maple_range_end,
+    maple_arange_pivots,
+    maple_arange_slots,
+    maple_arange_end,
+    vma_start,
+    vma_end,
+    vma_flags,
+    vma_pgoff,
+    vma_file,
+    file_inode,
+    inode_ino,
+    inode_sb,
+    sb_dev,
 );
 
 /// Capture options, a read-only global of the program (`CAPTURE_CONFIG`).
@@ -437,6 +480,23 @@ impl CaptureConfig {
             event_sample_type: 0,
             raw_frag_data: 0,
             raw_frag_size: 0,
+            task_mm: 0,
+            mm_vma_root: 0,
+            maple_range_pivots: 0,
+            maple_range_slots: 0,
+            maple_range_end: 0,
+            maple_arange_pivots: 0,
+            maple_arange_slots: 0,
+            maple_arange_end: 0,
+            vma_start: 0,
+            vma_end: 0,
+            vma_flags: 0,
+            vma_pgoff: 0,
+            vma_file: 0,
+            file_inode: 0,
+            inode_ino: 0,
+            inode_sb: 0,
+            sb_dev: 0,
         },
         flags: 0,
         uid: 0,
@@ -756,8 +816,8 @@ mod tests {
         assert_eq!(size_of::<LineLatencyKey>(), 16);
         assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
-        assert_eq!(size_of::<KernelOffsets>(), 56);
-        assert_eq!(size_of::<CaptureConfig>(), 92);
+        assert_eq!(size_of::<KernelOffsets>(), 124);
+        assert_eq!(size_of::<CaptureConfig>(), 160);
         assert_eq!(size_of::<crate::stack::StackFrames>(), 1024);
         assert_eq!(size_of::<RawDecoding>(), 16);
         assert_eq!(size_of::<IbsRecord>(), 120);

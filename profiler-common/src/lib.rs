@@ -8,6 +8,7 @@
 pub mod capture;
 pub mod hw;
 pub mod latency;
+pub mod maple;
 pub mod offcpu;
 pub mod stack;
 pub mod unwind;

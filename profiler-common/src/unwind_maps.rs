@@ -57,6 +57,73 @@ pub struct ExecMapping {
     pub rows_len: u32,
 }
 
+/// Files whose tables the walker finds by the file itself (`UNWIND_FILES`), for mappings the
+/// agent has not published.
+pub const MAX_UNWIND_FILES: u32 = 4096;
+
+/// A file as the kernel names it in a VMA: its filesystem's device numbers (`MAJOR` and `MINOR`
+/// of the superblock's `s_dev`, which `stat` reports too for a disk or tmpfs file) and its
+/// inode number.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub major: u32,
+    pub minor: u32,
+    pub inode: u64,
+}
+
+impl FileKey {
+    /// The key of inode `inode` on the filesystem of the kernel's device number `dev`
+    /// (12 bits of major above 20 of minor).
+    pub const fn of_kernel_dev(dev: u32, inode: u64) -> FileKey {
+        FileKey {
+            major: dev >> 20,
+            minor: dev & 0xf_ffff,
+            inode,
+        }
+    }
+}
+
+/// Where one file's table lies in the row arena, for the walker to make the mapping of a VMA of
+/// that file itself.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileRows {
+    /// A mapping's `table_base` minus the address its file's offset 0 would be mapped at.
+    pub table_delta: u64,
+    /// File offsets of the code the table covers (its executable segment, from that segment's
+    /// first page): a VMA mapping another part of the file gets no table.
+    pub code_start: u64,
+    pub code_end: u64,
+    pub rows_start: u32,
+    pub rows_len: u32,
+}
+
+impl FileRows {
+    /// The walker's mapping of a VMA from `start` to `end` that maps the file from
+    /// `file_offset`.
+    pub const fn mapping(&self, start: u64, end: u64, file_offset: u64) -> ExecMapping {
+        if file_offset < self.code_start || file_offset >= self.code_end {
+            return ExecMapping {
+                start,
+                end,
+                table_base: 0,
+                rows_start: 0,
+                rows_len: 0,
+            };
+        }
+        ExecMapping {
+            start,
+            end,
+            table_base: start
+                .wrapping_sub(file_offset)
+                .wrapping_add(self.table_delta),
+            rows_start: self.rows_start,
+            rows_len: self.rows_len,
+        }
+    }
+}
+
 /// `rows_start` of a mapping whose file has a table that is not in the arena (it did not fit,
 /// or was evicted for a busier process's): the walker steps its frames by frame pointers and
 /// asks the agent to load it.
@@ -158,10 +225,16 @@ pub enum UnwindCount {
     /// Frames stepped by frame pointers: their mapping's table is not loaded
     /// ([`TABLE_NOT_LOADED`]; also counted in `FramesWithoutTable`).
     FramesTableNotLoaded = 8,
+    /// User stacks walked with tables before the agent published the process's mappings, by
+    /// the kernel's own record of them (Linux 6.1 on).
+    ProcessFromKernel = 9,
+    /// Frames whose mapping the walker found in the kernel's own record (the process, or this
+    /// mapping of it, not published yet).
+    FramesMappingFromKernel = 10,
 }
 
 impl UnwindCount {
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 11;
     pub const ALL: [UnwindCount; UnwindCount::COUNT] = [
         UnwindCount::Walked,
         UnwindCount::Complete,
@@ -172,6 +245,8 @@ impl UnwindCount {
         UnwindCount::TruncatedNoCaller,
         UnwindCount::TruncatedDepth,
         UnwindCount::FramesTableNotLoaded,
+        UnwindCount::ProcessFromKernel,
+        UnwindCount::FramesMappingFromKernel,
     ];
 
     /// The sample-accounting loss a walk ending this way is, as the copy unwinder counts the
@@ -193,6 +268,12 @@ impl UnwindCount {
 // SAFETY: #[repr(C)] with only integer fields and no padding (32 bytes).
 unsafe impl aya::Pod for ExecMapping {}
 #[cfg(feature = "user")]
+// SAFETY: #[repr(C)] with only integer fields and no padding (16 bytes).
+unsafe impl aya::Pod for FileKey {}
+#[cfg(feature = "user")]
+// SAFETY: #[repr(C)] with only integer fields and no padding (32 bytes).
+unsafe impl aya::Pod for FileRows {}
+#[cfg(feature = "user")]
 // SAFETY: #[repr(C)], integer fields and an array of padding-free mappings; `last_used` fills
 // the only gap.
 unsafe impl aya::Pod for ProcessMappings {}
@@ -210,6 +291,34 @@ mod tests {
             mapping
         ));
         Some(mapping)
+    }
+
+    #[test]
+    fn a_files_rows_map_its_code_and_nothing_else() {
+        // The text of a PIE laid out as lld does: file offset 0x13730 at address 0x14730, rows
+        // from address 0x14730 on (table base 0x14730): offset - address + base.
+        let rows = FileRows {
+            table_delta: 0x13730,
+            code_start: 0x13000,
+            code_end: 0x13730 + 0x3e2f0,
+            rows_start: 7,
+            rows_len: 9,
+        };
+        // Mapped from file offset 0x13000 at 0x5555_0001_4000: load bias 0x5555_0000_0000.
+        let text = rows.mapping(0x5555_0001_4000, 0x5555_0005_3000, 0x13000);
+        assert_eq!(text.table_base, 0x5555_0000_0000 + 0x14730);
+        assert_eq!((text.rows_start, text.rows_len), (7, 9));
+        let data = rows.mapping(0x5555_0005_3000, 0x5555_0005_6000, 0x52000);
+        assert_eq!(
+            data.rows_len, 0,
+            "a VMA of another part of the file has no table"
+        );
+        let key = FileKey {
+            major: 8,
+            minor: 1,
+            inode: 42,
+        };
+        assert_eq!(FileKey::of_kernel_dev(8 << 20 | 1, 42), key);
     }
 
     #[test]

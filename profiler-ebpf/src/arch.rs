@@ -26,6 +26,10 @@ pub struct UserFrame {
     pub link: u64,
 }
 
+/// Bytes of a page, as a VMA's `vm_pgoff` counts file offsets: 4 KiB on x86-64, and on the
+/// arm64 kernels the profiler is built for (Debian's; 16 and 64 KiB kernels are not read).
+pub const PAGE_SHIFT: u32 = 12;
+
 /// The row a frame without CFI is walked by. x86-64's `push rbp; mov rbp, rsp` and AAPCS64's
 /// frame record (`stp x29, x30, [sp, -N]!; mov x29, sp`) have the same shape: at the frame
 /// pointer, the caller's frame pointer, then the return address. On aarch64 the record sits at

@@ -16,6 +16,7 @@ mod offcpu;
 mod sample;
 mod stacks;
 mod unwind;
+mod vma;
 
 #[cfg(not(test))]
 #[panic_handler]

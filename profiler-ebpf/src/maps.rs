@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, PerCpuHashMap},
 };
 use profiler_common::{
-    capture::{CaptureConfig, LossKind},
+    capture::{CaptureConfig, KernelOffsets, LossKind},
     latency::{bucket_index, LatencyBuckets, LATENCY_BUCKETS},
 };
 
@@ -20,6 +20,14 @@ pub(crate) fn config() -> CaptureConfig {
     // SAFETY: a plain read of our own read-only global; volatile so the compiler cannot fold
     // the all-zero initializer that the agent overrides at load time.
     unsafe { core::ptr::read_volatile(&CAPTURE_CONFIG) }
+}
+
+/// One of the kernel offsets in the options, read alone: the unwinder's frame step has no room on
+/// its stack for a copy of all the options.
+#[inline(always)]
+pub(crate) fn kernel_offset(field: impl FnOnce(&KernelOffsets) -> &u32) -> u32 {
+    // SAFETY: as in `config`, one field of it.
+    unsafe { core::ptr::read_volatile(field(&CAPTURE_CONFIG.offsets)) }
 }
 
 /// Samples dropped by the uid or cgroup filter (not losses: the user asked for it).

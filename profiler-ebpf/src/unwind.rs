@@ -11,6 +11,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     capture::CAPTURE_QUIET_NEW_PROCESSES,
+    maple::NODE_WORDS,
     stack::{StackFrames, MAX_STACK_DEPTH},
     unwind::{find_row_by, is_row_for, step, Caller, CfaRule, Registers, StepEnd, UnwindRow},
     unwind_maps::{
@@ -23,6 +24,7 @@ use crate::{
     arch,
     maps::{add, config},
     stacks::{stack_hash, user_stack_losses, FramesBuffer},
+    vma::{kernel_mapping, kernel_tree_known},
 };
 
 /// Unwind rows of every file the agent has loaded, each file's table once, in one arena that
@@ -54,6 +56,11 @@ struct RememberedRow {
 /// the agent): kernels before 6.1 refuse other hash maps in perf_event programs.
 #[map]
 static UNWIND_PROCESSES: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(1, 0);
+
+/// The mappings of a process the agent has not published: none, so that every frame's mapping
+/// is found in the kernel's own tree ([`kernel_mapping`]). Never written.
+#[map]
+static NO_MAPPINGS: Array<ProcessMappings> = Array::with_max_entries(1, 0);
 
 /// Process ids sampled before the agent loaded their mappings: wakes the agent to load them now
 /// rather than at its next side-band tick.
@@ -87,6 +94,12 @@ pub struct WalkState {
     met_unloaded_table: u64,
     /// The index of the mapping the last frame was in.
     mapping: u64,
+    /// 1 when `found` holds the mapping the walk last found in the kernel's tree (callers are
+    /// mostly in the module of the frame they called: one tree walk a module, not a frame).
+    found_held: u64,
+    found: ExecMapping,
+    /// Scratch for the nodes of the kernel's mapping tree.
+    node: [u64; NODE_WORDS],
     /// Where [`opaque`] passes values through.
     opaque: u64,
     /// 1 when `page_words` holds the user-stack page at `page`.
@@ -117,7 +130,7 @@ fn stamp_use(process: *mut ProcessMappings) -> bool {
 /// Starts the table walk of `pid`'s user stack at `registers`: stores `pending` (what the walk
 /// is for) and the walk's state in this CPU's slots, then tail-calls the walker in `unwinder`.
 /// Returns only when the walk cannot start (the agent has not loaded the process's mappings
-/// yet, which it is asked to; the tail call failed).
+/// yet, which it is asked to, and the kernel's own tree cannot be read; the tail call failed).
 #[inline(always)]
 pub(crate) fn start_walk<P: Copy + 'static>(
     ctx: &impl EbpfContext,
@@ -127,16 +140,25 @@ pub(crate) fn start_walk<P: Copy + 'static>(
     walk: &PerCpuArray<WalkState>,
     unwinder: &ProgramArray,
 ) {
-    let Some(process) = UNWIND_PROCESSES.get_ptr_mut(&pid) else {
-        count_unwind(UnwindCount::ProcessUnknown);
-        if config().flags & CAPTURE_QUIET_NEW_PROCESSES == 0 {
-            request_mappings(pid);
+    let fresh = match UNWIND_PROCESSES.get_ptr_mut(&pid) {
+        // A thread that is rarely sampled (one that mostly waits) must ask for the tables its
+        // own walks meet unloaded.
+        Some(process) => stamp_use(process),
+        None => {
+            if config().flags & CAPTURE_QUIET_NEW_PROCESSES == 0 {
+                request_mappings(pid);
+            }
+            // Walked all the same where the kernel's own tree says where the process's code
+            // is; by frame pointers (the caller's walk) where it cannot.
+            if !kernel_tree_known() {
+                count_unwind(UnwindCount::ProcessUnknown);
+                return;
+            }
+            count_unwind(UnwindCount::ProcessFromKernel);
+            // Asked for above.
+            false
         }
-        return;
     };
-    // A thread that is rarely sampled (one that mostly waits) must ask for the tables its own
-    // walks meet unloaded.
-    let fresh = stamp_use(process);
     let (Some(stored), Some(state)) = (slot.get_ptr_mut(0), walk.get_ptr_mut(0)) else {
         return;
     };
@@ -152,6 +174,7 @@ pub(crate) fn start_walk<P: Copy + 'static>(
         (*state).may_request = u64::from(fresh);
         (*state).met_unloaded_table = 0;
         (*state).mapping = 0;
+        (*state).found_held = 0;
         (*state).page_held = 0;
         unwinder.tail_call(ctx, 0);
     }
@@ -185,8 +208,9 @@ pub(crate) fn continue_walk(
     };
     // SAFETY: this CPU's slots; programs do not nest on one CPU.
     let (state, stack) = unsafe { (&mut *state, &mut *buffer) };
-    // SAFETY: the value is only read.
-    let end = match unsafe { UNWIND_PROCESSES.get(&pid) } {
+    // SAFETY: the values are only read.
+    let process = unsafe { UNWIND_PROCESSES.get(&pid).or_else(|| NO_MAPPINGS.get(0)) };
+    let end = match process {
         Some(process) => walk_frames(process, state, stack),
         None => Some(WalkEnd::Truncated(UnwindCount::TruncatedNoCaller)),
     };
@@ -345,6 +369,7 @@ fn unwind_frame(
     let Some(mapping) = find_mapping(process, pc, state) else {
         return Err(WalkEnd::Truncated(UnwindCount::TruncatedOutsideMappings));
     };
+    let mapping = &mapping;
     let mut table_row = None;
     if mapping.rows_len == 0 {
         count_unwind(UnwindCount::FramesWithoutTable);
@@ -451,19 +476,28 @@ fn read_stack_word(state: &mut WalkState, address: u64) -> Option<u64> {
 }
 
 /// The mapping holding `pc`: the last frame's when it holds it (most callers are in the
-/// module of the frame they called), else searched for.
+/// module of the frame they called), else searched for among the process's published
+/// mappings, else in the kernel's own tree (a process or a library the agent has not published
+/// yet).
 #[inline(always)]
-fn find_mapping<'p>(
-    process: &'p ProcessMappings,
-    pc: u64,
-    state: &mut WalkState,
-) -> Option<&'p ExecMapping> {
+fn find_mapping(process: &ProcessMappings, pc: u64, state: &mut WalkState) -> Option<ExecMapping> {
     if let Some(mapping) = process.at_if_contains(state.mapping as u32, pc) {
-        return Some(mapping);
+        return Some(*mapping);
     }
-    let (index, mapping) = process.find_through(pc, |index| opaque(&mut state.opaque, index))?;
-    state.mapping = u64::from(index);
-    Some(mapping)
+    if let Some((index, mapping)) =
+        process.find_through(pc, |index| opaque(&mut state.opaque, index))
+    {
+        state.mapping = u64::from(index);
+        return Some(*mapping);
+    }
+    let held = state.found_held != 0 && state.found.start <= pc && pc < state.found.end;
+    if !held {
+        state.found_held = 0;
+        state.found = kernel_mapping(pc, &mut state.node)?;
+        state.found_held = 1;
+    }
+    count_unwind(UnwindCount::FramesMappingFromKernel);
+    Some(state.found)
 }
 
 /// `value`, written to map memory and read back: the verifier does not track what map memory

@@ -12,7 +12,10 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use profiler_common::capture::{KernelOffsets, OFFSETS_SAMPLE_FLAGS, OFFSETS_VALID};
+use profiler_common::{
+    capture::{KernelOffsets, OFFSETS_SAMPLE_FLAGS, OFFSETS_VALID, OFFSETS_VMA_TREE},
+    maple::NodeLayout,
+};
 
 /// Where the kernel publishes its own BTF.
 pub const KERNEL_BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
@@ -248,10 +251,16 @@ impl Btf {
         let frag = "perf_raw_frag";
         // Linux 6.1 added it; before, the event's sample_type says what the sample holds.
         let sample_flags = self.member_offset(sample, "sample_flags");
+        let vma_tree = self.vma_tree_offsets();
         Ok(KernelOffsets {
             valid: OFFSETS_VALID
                 | if sample_flags.is_some() {
                     OFFSETS_SAMPLE_FLAGS
+                } else {
+                    0
+                }
+                | if vma_tree.is_some() {
+                    OFFSETS_VMA_TREE
                 } else {
                     0
                 },
@@ -268,6 +277,51 @@ impl Btf {
             event_sample_type: offset(event, "attr")? + offset("perf_event_attr", "sample_type")?,
             raw_frag_data: offset(raw, "frag")? + offset(frag, "data")?,
             raw_frag_size: offset(raw, "frag")? + offset(frag, "size")?,
+            ..vma_tree.unwrap_or_default()
+        })
+    }
+
+    /// The offsets of the kernel's tree of a process's mappings and of what a mapping names
+    /// (`OFFSETS_VMA_TREE`), as the defaults of a [`KernelOffsets`]; `None` where the kernel
+    /// keeps no maple tree (before 6.1: a red-black tree the walker does not read) or lays its
+    /// nodes out otherwise.
+    fn vma_tree_offsets(&self) -> Option<KernelOffsets> {
+        let offset = |structure: &str, member: &str| self.member_offset(structure, member);
+        let (range, arange) = ("maple_range_64", "maple_arange_64");
+        let end = offset("maple_metadata", "end")?;
+        let range_layout = [
+            offset(range, "pivot")?,
+            offset(range, "slot")?,
+            offset(range, "meta")? + end,
+        ];
+        let arange_layout = [
+            offset(arange, "pivot")?,
+            offset(arange, "slot")?,
+            offset(arange, "meta")? + end,
+        ];
+        NodeLayout::from_offsets(range_layout, arange_layout)?;
+        let [range_pivots, range_slots, range_end] = range_layout;
+        let [arange_pivots, arange_slots, arange_end] = arange_layout;
+        let vma = "vm_area_struct";
+        Some(KernelOffsets {
+            task_mm: offset("task_struct", "mm")?,
+            mm_vma_root: offset("mm_struct", "mm_mt")? + offset("maple_tree", "ma_root")?,
+            maple_range_pivots: range_pivots,
+            maple_range_slots: range_slots,
+            maple_range_end: range_end,
+            maple_arange_pivots: arange_pivots,
+            maple_arange_slots: arange_slots,
+            maple_arange_end: arange_end,
+            vma_start: offset(vma, "vm_start")?,
+            vma_end: offset(vma, "vm_end")?,
+            vma_flags: offset(vma, "vm_flags")?,
+            vma_pgoff: offset(vma, "vm_pgoff")?,
+            vma_file: offset(vma, "vm_file")?,
+            file_inode: offset("file", "f_inode")?,
+            inode_ino: offset("inode", "i_ino")?,
+            inode_sb: offset("inode", "i_sb")?,
+            sb_dev: offset("super_block", "s_dev")?,
+            ..KernelOffsets::default()
         })
     }
 
@@ -916,7 +970,10 @@ mod tests {
         let offsets = btf.kernel_offsets().unwrap();
         let ctx = "bpf_perf_event_data_kern";
         let sample = "perf_sample_data";
-        assert_eq!(offsets.valid, OFFSETS_VALID | OFFSETS_SAMPLE_FLAGS);
+        assert_eq!(
+            offsets.valid,
+            OFFSETS_VALID | OFFSETS_SAMPLE_FLAGS | OFFSETS_VMA_TREE
+        );
         assert_eq!(
             offsets.event_sample_type,
             expected("perf_event", "attr") + expected("perf_event_attr", "sample_type")
@@ -940,6 +997,32 @@ mod tests {
             offsets.raw_frag_size,
             frag + expected("perf_raw_frag", "size")
         );
+        // The mapping tree's, through the anonymous unions vm_area_struct wraps its fields in.
+        let vma = "vm_area_struct";
+        assert_eq!(offsets.task_mm, expected("task_struct", "mm"));
+        assert_eq!(
+            offsets.mm_vma_root,
+            expected("mm_struct", "mm_mt") + expected("maple_tree", "ma_root")
+        );
+        assert_eq!(
+            offsets.maple_range_slots,
+            expected("maple_range_64", "slot")
+        );
+        assert_eq!(
+            offsets.maple_arange_slots,
+            expected("maple_arange_64", "slot")
+        );
+        assert_eq!(
+            offsets.maple_arange_end,
+            expected("maple_arange_64", "meta")
+        );
+        assert_eq!(offsets.vma_start, expected(vma, "vm_start"));
+        assert_eq!(offsets.vma_end, expected(vma, "vm_end"));
+        assert_eq!(offsets.vma_flags, expected(vma, "vm_flags"));
+        assert_eq!(offsets.vma_pgoff, expected(vma, "vm_pgoff"));
+        assert_eq!(offsets.vma_file, expected(vma, "vm_file"));
+        assert_eq!(offsets.inode_ino, expected("inode", "i_ino"));
+        assert_eq!(offsets.sb_dev, expected("super_block", "s_dev"));
 
         // Every member of every named struct and union, anonymous nesting and bitfields
         // included: thousands of layouts checked against an independent reader.

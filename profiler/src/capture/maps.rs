@@ -40,6 +40,8 @@ pub struct MapSizes {
     pub unwind_rows: u32,
     /// Processes whose mappings the unwinder holds (`record --unwind dwarf`).
     pub unwind_processes: u32,
+    /// Files whose tables the unwinder finds by the file (`record --unwind dwarf`).
+    pub unwind_files: u32,
 }
 
 impl MapSizes {

@@ -229,7 +229,8 @@ impl CaptureProgram {
             .map_max_entries("STACK_COPIES", sizes.stack_copy_ring_bytes)
             .map_max_entries("STACK_COPY_SCRATCH", sizes.stack_copy_scratch)
             .map_max_entries("UNWIND_ROWS", sizes.unwind_rows)
-            .map_max_entries("UNWIND_PROCESSES", sizes.unwind_processes);
+            .map_max_entries("UNWIND_PROCESSES", sizes.unwind_processes)
+            .map_max_entries("UNWIND_FILES", sizes.unwind_files);
         let mut ebpf = loader.load(PROGRAM_OBJECT).map_err(load_error)?;
         let program: &mut PerfEvent = ebpf
             .program_mut(SAMPLE_PROGRAM)

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use profiler_common::{capture::SampleStats, stack::StackFrames, unwind::UnwindRow};
+use profiler_common::{
+    capture::SampleStats, stack::StackFrames, unwind::UnwindRow, unwind_maps::MAX_UNWIND_FILES,
+};
 
 use crate::{
     capture::{
@@ -238,6 +240,11 @@ pub fn resolve(
                 true => UNWIND_PROCESSES,
                 false => 1,
             },
+            // 48 bytes each, preallocated.
+            unwind_files: match unwind_tables {
+                true => MAX_UNWIND_FILES,
+                false => 1,
+            },
         },
         host_sample_entries,
         host_stacks,
@@ -310,6 +317,7 @@ mod tests {
                 stack_copy_scratch: 1,
                 unwind_rows: 1,
                 unwind_processes: 1,
+                unwind_files: 1,
             },
             host_sample_entries: None,
             host_stacks: None,

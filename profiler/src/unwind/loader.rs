@@ -22,8 +22,8 @@ use profiler_common::{
     capture::LossKind,
     unwind::UnwindRow,
     unwind_maps::{
-        use_stamp, ExecMapping, ProcessMappings, UnwindCount, MAX_PROCESS_MAPPINGS,
-        TABLE_NOT_LOADED,
+        use_stamp, ExecMapping, FileKey, FileRows, ProcessMappings, UnwindCount,
+        MAX_PROCESS_MAPPINGS, TABLE_NOT_LOADED,
     },
 };
 
@@ -229,6 +229,10 @@ pub struct TablesLoaded {
 pub struct UnwindLoader {
     rows: RowArena,
     processes: BpfHashMap<MapData, u32, ProcessMappings>,
+    /// Where each placed file's table is, for the walker to unwind a mapping of it that is not
+    /// published (a process it meets before the side-band has told of it), and what it holds.
+    kernel_files: BpfHashMap<MapData, FileKey, FileRows>,
+    files_published: HashMap<FileIdentity, FileRows>,
     counts: PerCpuArray<MapData, u64>,
     /// Process ids the walker met before their mappings were published.
     requests: KernelRing,
@@ -268,26 +272,15 @@ impl UnwindLoader {
             aya::maps::Map::Array(map) => map,
             _ => return Err(anyhow!("the capture program has no array UNWIND_ROWS")),
         };
-        Ok(UnwindLoader::new(
-            RowArena::new(rows)?,
-            program.take_map("UNWIND_PROCESSES")?,
-            program.take_map("UNWIND_COUNTS")?,
-            KernelRing::new(program.take_map("UNWIND_REQUESTS")?)?,
-        ))
-    }
-
-    pub fn new(
-        rows: RowArena,
-        processes: BpfHashMap<MapData, u32, ProcessMappings>,
-        counts: PerCpuArray<MapData, u64>,
-        requests: KernelRing,
-    ) -> UnwindLoader {
-        UnwindLoader {
+        let rows = RowArena::new(rows)?;
+        Ok(UnwindLoader {
             space: ArenaSpace::new(rows.len()),
             rows,
-            processes,
-            counts,
-            requests,
+            processes: program.take_map("UNWIND_PROCESSES")?,
+            kernel_files: program.take_map("UNWIND_FILES")?,
+            files_published: HashMap::new(),
+            counts: program.take_map("UNWIND_COUNTS")?,
+            requests: KernelRing::new(program.take_map("UNWIND_REQUESTS")?)?,
             cache: TableCache::new(TableCache::default_directory()),
             files: HashMap::new(),
             vdso: None,
@@ -302,7 +295,7 @@ impl UnwindLoader {
             without_table: BTreeMap::new(),
             refused: HashSet::new(),
             files_closed: 0,
-        }
+        })
     }
 
     /// Waits until the walker meets a process whose mappings are not published, or a table it
@@ -425,6 +418,17 @@ impl UnwindLoader {
     /// loaded. A file mapped again is opened again, and its table read from the disk cache.
     fn release_closed_files(&mut self, files: &MappedFiles) -> Result<()> {
         self.files.retain(|identity, _| files.is_open(*identity));
+        // A closed file's inode number may be given to another file: the walker must not find
+        // this table by it.
+        let closed: Vec<FileIdentity> = self
+            .files_published
+            .keys()
+            .filter(|identity| !files.is_open(**identity))
+            .copied()
+            .collect();
+        for identity in closed {
+            self.unpublish_file(identity)?;
+        }
         for table in self.cache.release_unused() {
             // Freed while the table lives: its rows are placed by its address, which a table
             // allocated later may reuse.
@@ -499,9 +503,10 @@ impl UnwindLoader {
             Ok(file) => file,
             Err(reason) => return Ok((entry, Some(reason))),
         };
-        let Some(bias) = load_bias(&file.segments, mapping) else {
+        let Some(segment) = segment_holding(&file.segments, mapping.file_offset) else {
             return Ok((entry, Some("no loadable segment holds it")));
         };
+        let bias = load_bias(segment, mapping);
         let Some(placed) = self.place(&file.table, pid, keep)? else {
             // The walker asks for it when it steps through this mapping.
             entry.rows_start = TABLE_NOT_LOADED;
@@ -511,7 +516,54 @@ impl UnwindLoader {
         entry.table_base = bias.wrapping_add(file.table.base);
         entry.rows_start = placed.start;
         entry.rows_len = placed.len;
+        if let Some(identity) = mapping.file {
+            let rows = FileRows {
+                table_delta: segment
+                    .offset
+                    .wrapping_sub(segment.address)
+                    .wrapping_add(file.table.base),
+                code_start: segment.offset & !(PAGE_BYTES - 1),
+                code_end: segment.offset.saturating_add(segment.size),
+                rows_start: placed.start,
+                rows_len: placed.len,
+            };
+            self.publish_file(identity, rows)?;
+        }
         Ok((entry, None))
+    }
+
+    /// Tells the walker where the table of the file `identity` is.
+    fn publish_file(&mut self, identity: FileIdentity, rows: FileRows) -> Result<()> {
+        if self.files_published.get(&identity) == Some(&rows) {
+            return Ok(());
+        }
+        match self.kernel_files.insert(kernel_file_key(identity), rows, 0) {
+            Ok(()) => {}
+            // Full: this file's mappings are unwound by table once their process is published,
+            // as on kernels without the walker's own lookup.
+            Err(aya::maps::MapError::SyscallError(error))
+                if error.io_error.raw_os_error() == Some(libc::E2BIG) =>
+            {
+                *self
+                    .without_table
+                    .entry("the unwinder's file table is full (until published)")
+                    .or_default() += 1;
+                return Ok(());
+            }
+            Err(error) => return Err(error).context("publishing a file's unwind table"),
+        }
+        self.files_published.insert(identity, rows);
+        Ok(())
+    }
+
+    fn unpublish_file(&mut self, identity: FileIdentity) -> Result<()> {
+        if self.files_published.remove(&identity).is_some() {
+            match self.kernel_files.remove(&kernel_file_key(identity)) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(error) => return Err(error).context("withdrawing a file's unwind table"),
+            }
+        }
+        Ok(())
     }
 
     /// The vDSO's table, compiled on first use, for a `[vdso]` mapping the size of the agent's.
@@ -714,6 +766,24 @@ impl UnwindLoader {
             self.publish(pid, &entries)
                 .with_context(|| format!("republishing the mappings of process {pid}"))?;
         }
+        let files: Vec<(FileIdentity, FileRows)> = self
+            .files_published
+            .iter()
+            .filter(|(_, rows)| rows.rows_start == start)
+            .map(|(identity, rows)| (*identity, *rows))
+            .collect();
+        for (identity, rows) in files {
+            match moved {
+                Some(moved) => self.publish_file(
+                    identity,
+                    FileRows {
+                        rows_start: moved.start,
+                        ..rows
+                    },
+                )?,
+                None => self.unpublish_file(identity)?,
+            }
+        }
         match moved {
             Some(moved) => self
                 .placed
@@ -796,12 +866,15 @@ impl UnwindLoader {
         }
         let _ = writeln!(
             out,
-            "  user stacks unwound: {} with tables ({} complete), {} by frame pointers (process \
-             not loaded yet); frames stepped by frame pointers: {} without a table, {} without \
-             a row; truncated: {} outside every mapping, {} no caller found, {} too deep; \
-             frames whose table was not loaded: {}",
+            "  user stacks unwound: {} with tables ({} complete; {} before the process was \
+             loaded, {} frames' mappings found in the kernel's own tree), {} by frame pointers \
+             (process not loaded yet); frames stepped by frame pointers: {} without a table, {} \
+             without a row; truncated: {} outside every mapping, {} no caller found, {} too \
+             deep; frames whose table was not loaded: {}",
             count(UnwindCount::Walked),
             count(UnwindCount::Complete),
+            count(UnwindCount::ProcessFromKernel),
+            count(UnwindCount::FramesMappingFromKernel),
             count(UnwindCount::ProcessUnknown),
             count(UnwindCount::FramesWithoutTable),
             count(UnwindCount::FramesWithoutRow),
@@ -855,28 +928,41 @@ fn current_code_mappings(mappings: &[Mapping]) -> Vec<&Mapping> {
     current
 }
 
-/// Run-time address minus ELF virtual address for `mapping`, from the loadable segment its file
-/// offset falls in. The kernel maps whole pages, so a segment that starts mid-page (file offset
-/// 0x13730 at address 0x14730) is mapped from the page before (file offset 0x13000), which
-/// may also hold the end of the previous segment: the page-aligned range is matched, the
-/// executable segment first (the mapping is code).
-fn load_bias(segments: &[Segment], mapping: &Mapping) -> Option<u64> {
+/// The kernel's name of the file `identity` (`stat`'s device and inode): what the walker finds
+/// in a VMA of it.
+fn kernel_file_key((device, inode): FileIdentity) -> FileKey {
+    FileKey {
+        major: libc::major(device),
+        minor: libc::minor(device),
+        inode,
+    }
+}
+
+/// The loadable segment a mapping from `file_offset` maps. The kernel maps whole pages, so a
+/// segment that starts mid-page (file offset 0x13730 at address 0x14730) is mapped from the page
+/// before (file offset 0x13000), which may also hold the end of the previous segment: the
+/// page-aligned range is matched, the executable segment first (the mapping is code).
+fn segment_holding(segments: &[Segment], file_offset: u64) -> Option<&Segment> {
     let holds = |segment: &&Segment| {
         let start = segment.offset & !(PAGE_BYTES - 1);
-        (start..segment.offset.saturating_add(segment.size)).contains(&mapping.file_offset)
+        (start..segment.offset.saturating_add(segment.size)).contains(&file_offset)
     };
-    let segment = segments
+    segments
         .iter()
         .filter(|segment| segment.executable)
         .find(holds)
-        .or_else(|| segments.iter().find(holds))?;
+        .or_else(|| segments.iter().find(holds))
+}
+
+/// Run-time address minus ELF virtual address for `mapping`, which maps `segment`.
+fn load_bias(segment: &Segment, mapping: &Mapping) -> u64 {
     // mapping.start holds file offset `file_offset`, at virtual address
     // segment.address + (file_offset - segment.offset).
     let virtual_address = segment
         .address
         .wrapping_add(mapping.file_offset)
         .wrapping_sub(segment.offset);
-    Some(mapping.start.wrapping_sub(virtual_address))
+    mapping.start.wrapping_sub(virtual_address)
 }
 
 /// The page size loadable segments are mapped in (x86-64).
@@ -976,15 +1062,21 @@ mod tests {
             segment(0x13730, 0x3e2f0, 0x14730, true),
             segment(0x51a20, 0x2718, 0x53a20, false),
         ];
+        let bias = |segments: &[Segment], mapping: &Mapping| {
+            Some(load_bias(
+                segment_holding(segments, mapping.file_offset)?,
+                mapping,
+            ))
+        };
         let text = mapping(0x5555_0001_4000, 0x5555_0005_3000, 0x13000, true);
-        assert_eq!(load_bias(&segments, &text), Some(0x5555_0000_0000));
+        assert_eq!(bias(&segments, &text), Some(0x5555_0000_0000));
         // gcc's layout: text at the same offset and address.
         let gcc = [
             segment(0, 0x800, 0, false),
             segment(0x1000, 0x3000, 0x1000, true),
         ];
         let text = mapping(0x7f00_0000_1000, 0x7f00_0000_4000, 0x1000, true);
-        assert_eq!(load_bias(&gcc, &text), Some(0x7f00_0000_0000));
-        assert_eq!(load_bias(&gcc, &mapping(0, 0x1000, 0x9000, true)), None);
+        assert_eq!(bias(&gcc, &text), Some(0x7f00_0000_0000));
+        assert_eq!(bias(&gcc, &mapping(0, 0x1000, 0x9000, true)), None);
     }
 }
