@@ -6,6 +6,7 @@
 //! parser looks; inputs are read whole, up to the size they had when opened.
 
 use std::{
+    fmt::Display,
     fs::File,
     io::{self, Read},
     ops::Range,
@@ -14,6 +15,7 @@ use std::{
         unix::fs::{FileTypeExt, OpenOptionsExt},
     },
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
 };
 
 use object::{ReadCache, ReadRef};
@@ -132,6 +134,54 @@ const STRING_BLOCK: u64 = 64 << 10;
 
 /// The longest string looked for in a module, as `object`'s cache bounds it.
 const MAX_STRING: usize = 4096;
+
+/// Files named by each kind of warning, at most, in one run. Another user can map thousands of
+/// crafted files: a line for each was megabytes of standard error, and a profiler whose stderr
+/// is a pipe nobody reads until it exits (a supervisor's, a test's) blocked in write(2) when it
+/// filled, capture and shutdown with it.
+pub const MAX_FILES_NAMED: u64 = 20;
+
+/// A kind of warning that names a file another user controls: printed for the first
+/// [`MAX_FILES_NAMED`] files, then once more to say that further files go unnamed.
+pub struct FileWarning {
+    said: AtomicU64,
+    /// What the last line says of the files not named (where they are counted).
+    further: &'static str,
+}
+
+impl FileWarning {
+    pub const fn new(further: &'static str) -> FileWarning {
+        FileWarning {
+            said: AtomicU64::new(0),
+            further,
+        }
+    }
+
+    /// Prints `warning: {message}` on stderr while under the cap.
+    pub fn warn(&self, message: impl Display) {
+        if let Some(line) = self.line(message) {
+            eprintln!("{line}");
+        }
+    }
+
+    fn line(&self, message: impl Display) -> Option<String> {
+        // Saturating: past the cap a count is only "more".
+        let said = self
+            .said
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |said| {
+                Some((said + 1).min(MAX_FILES_NAMED + 1))
+            })
+            .unwrap_or_else(|said| said);
+        match said.cmp(&MAX_FILES_NAMED) {
+            std::cmp::Ordering::Less => Some(format!("warning: {message}")),
+            std::cmp::Ordering::Equal => Some(format!(
+                "warning: {} (only the first {MAX_FILES_NAMED} are named)",
+                self.further
+            )),
+            std::cmp::Ordering::Greater => None,
+        }
+    }
+}
 
 /// The bytes of an input file (`report -i`): a regular file, read up to the size it had when
 /// opened (a file still growing is read as it was then). Anything else is refused: a device
@@ -254,6 +304,20 @@ mod tests {
         let path = dir.path().join("profile");
         std::fs::write(&path, b"EBPFPROF").unwrap();
         assert_eq!(read_input(&path).unwrap(), b"EBPFPROF");
+    }
+
+    #[test]
+    fn warnings_name_a_bounded_number_of_files() {
+        let warning = FileWarning::new("more files refused");
+        let lines: Vec<String> = (0..MAX_FILES_NAMED * 50)
+            .filter_map(|n| warning.line(format!("file{n}: refused")))
+            .collect();
+        assert_eq!(lines.len() as u64, MAX_FILES_NAMED + 1);
+        assert_eq!(lines[0], "warning: file0: refused");
+        assert_eq!(
+            lines.last().unwrap(),
+            &format!("warning: more files refused (only the first {MAX_FILES_NAMED} are named)")
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ use object::{
     Endianness, FileKind, SectionIndex,
 };
 
-use super::{descriptor_path, ModuleImage};
+use super::{descriptor_path, FileWarning, ModuleImage};
 
 /// Largest module copied: above any real program or library's file, so that a sparse file of
 /// many gigabytes (costing its owner nothing) is refused rather than copied.
@@ -101,6 +101,10 @@ struct Sources {
 
 static SOURCES: Mutex<Option<Sources>> = Mutex::new(None);
 
+static REFUSED_WARNING: FileWarning = FileWarning::new(
+    "more modules of other users are not symbolized: the sample accounting counts them",
+);
+
 /// The path blazesym reads the open module `file` at: its descriptor path when only root can
 /// modify it, else its sealed copy's. A module is decided (and copied) once while `file` stays
 /// open; its copy goes once it closed, at the next call.
@@ -130,15 +134,15 @@ pub fn symbol_path(file: &Arc<File>) -> Result<SymbolPath, Refused> {
                     Source::Copy(Arc::new(copy), links)
                 }
                 Err(refused) => {
-                    eprintln!(
-                        "warning: {}: not symbolized: {}",
+                    REFUSED_WARNING.warn(format_args!(
+                        "{}: not symbolized: {}",
                         fs::read_link(descriptor_path(file))
                             .unwrap_or_default()
                             .display(),
                         refused
                             .describe()
                             .trim_start_matches("modules not symbolized: ")
-                    );
+                    ));
                     Source::Refused(refused)
                 }
             }

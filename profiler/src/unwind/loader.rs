@@ -33,12 +33,15 @@ use super::{
 };
 use crate::{
     capture::{program::CaptureProgram, ring::KernelRing},
-    input::{open_regular, FinalLink, ModuleImage},
+    input::{open_regular, FileWarning, FinalLink, ModuleImage},
     process::{
         vdso::{self, VDSO},
         FileIdentity, MappedFiles, Mapping, ProcessTable,
     },
 };
+
+static NO_TABLE_WARNING: FileWarning =
+    FileWarning::new("more files have no unwind table: their frames are walked by frame pointers");
 
 /// A file's table and where its loadable segments are, to turn a mapping into a load bias.
 struct FileTable {
@@ -607,14 +610,14 @@ impl UnwindLoader {
             has_no_cfi = e.downcast_ref::<NoCallFrameInformation>().is_some();
             format!("{e:#}")
         });
-        // Once per file: a table refused (a crafted or huge section, a file gone) is said by
-        // name, not only counted, since that file's stacks are walked by frame pointers.
+        // Once per file, for the first few files: a table refused (a crafted or huge section, a
+        // file gone) is said by name, not only counted, since that file's stacks are walked by
+        // frame pointers.
         // A file closed meanwhile (a short process exited) is no refusal: not said either.
         if let (Err(error), false, Some(_)) = (&compiled, has_no_cfi, &path) {
-            eprintln!(
-                "warning: {shown}: no unwind table ({error}): its frames are walked by frame \
-                 pointers"
-            );
+            NO_TABLE_WARNING.warn(format_args!(
+                "{shown}: no unwind table ({error}): its frames are walked by frame pointers"
+            ));
         }
         self.files.insert(identity, compiled.clone());
         compiled.map_err(|_| "its call-frame information did not compile")
