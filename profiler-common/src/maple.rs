@@ -49,7 +49,8 @@ impl NodeLayout {
     /// kernel laid out otherwise is not walked).
     pub fn from_offsets(range: [u32; 3], arange: [u32; 3]) -> Option<NodeLayout> {
         let words = |offset: u32, len: u32| {
-            (offset.is_multiple_of(8) && offset / 8 + len <= NODE_WORDS as u32).then_some(offset / 8)
+            (offset.is_multiple_of(8) && offset / 8 + len <= NODE_WORDS as u32)
+                .then_some(offset / 8)
         };
         let byte = |offset: u32| (offset < NODE_WORDS as u32 * 8).then_some(offset);
         Some(NodeLayout {

@@ -208,8 +208,9 @@ pub enum UnwindCount {
     Walked = 0,
     /// ... of which reached the outermost frame (an undefined return address).
     Complete = 1,
-    /// User stacks walked by the kernel's frame-pointer walk because the agent had not loaded
-    /// the process's mappings yet.
+    /// User stacks walked by frame pointers because the agent had not loaded the process's
+    /// mappings yet (the kernel's frame-pointer walk), or, where the walker reads the kernel's
+    /// own record of them, the tables of the files the walk went wrong in.
     ProcessUnknown = 2,
     /// Frames stepped by frame pointers: their mapping has no table.
     FramesWithoutTable = 3,

@@ -15,8 +15,8 @@ use profiler_common::{
     stack::{StackFrames, MAX_STACK_DEPTH},
     unwind::{find_row_by, is_row_for, step, Caller, CfaRule, Registers, StepEnd, UnwindRow},
     unwind_maps::{
-        use_stamp, ExecMapping, ProcessMappings, UnwindCount, MAX_UNWIND_FRAMES, TABLE_NOT_LOADED,
-        TRUNCATED_FRAME, UNWIND_FRAMES_PER_RUN,
+        use_stamp, ExecMapping, ProcessMappings, UnwindCount, FRAME_POINTERS_ONLY_FRAME,
+        MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME, UNWIND_FRAMES_PER_RUN,
     },
 };
 
@@ -92,6 +92,9 @@ pub struct WalkState {
     may_request: u64,
     /// 1 once the walk has stepped through a mapping whose table is not loaded.
     met_unloaded_table: u64,
+    /// 1 when the agent had not published the process: its mappings come from the kernel's
+    /// own record, and its tables may not be loaded yet.
+    unpublished: u64,
     /// The index of the mapping the last frame was in.
     mapping: u64,
     /// 1 when `found` holds the mapping the walk last found in the kernel's tree (callers are
@@ -140,7 +143,8 @@ pub(crate) fn start_walk<P: Copy + 'static>(
     walk: &PerCpuArray<WalkState>,
     unwinder: &ProgramArray,
 ) {
-    let fresh = match UNWIND_PROCESSES.get_ptr_mut(&pid) {
+    let published = UNWIND_PROCESSES.get_ptr_mut(&pid);
+    let fresh = match published {
         // A thread that is rarely sampled (one that mostly waits) must ask for the tables its
         // own walks meet unloaded.
         Some(process) => stamp_use(process),
@@ -173,6 +177,7 @@ pub(crate) fn start_walk<P: Copy + 'static>(
         (*state).depth = 0;
         (*state).may_request = u64::from(fresh);
         (*state).met_unloaded_table = 0;
+        (*state).unpublished = u64::from(published.is_none());
         (*state).mapping = 0;
         (*state).found_held = 0;
         (*state).page_held = 0;
@@ -227,10 +232,18 @@ pub(crate) fn continue_walk(
     if state.met_unloaded_table != 0 && state.may_request != 0 {
         request_mappings(pid);
     }
+    // A walk of a process not published yet that met a file whose table is not loaded yet (a
+    // program never seen before) and went wrong there is what the kernel's frame-pointer walk
+    // of such a process was: a stack by frame pointers, for want of tables still to come.
+    let not_loaded_yet = state.unpublished != 0 && state.met_unloaded_table != 0;
     match end {
         WalkEnd::Complete => count_unwind(UnwindCount::Complete),
         WalkEnd::Truncated(reason) => {
-            count_unwind(reason);
+            let (count, marker) = match not_loaded_yet {
+                true => (UnwindCount::ProcessUnknown, FRAME_POINTERS_ONLY_FRAME),
+                false => (reason, TRUNCATED_FRAME),
+            };
+            count_unwind(count);
             if reason == UnwindCount::TruncatedOutsideMappings {
                 request_mappings(pid);
                 // The address that led outside every mapping is garbage read as a return
@@ -244,13 +257,15 @@ pub(crate) fn continue_walk(
                 depth = MAX_STACK_DEPTH - 1;
             }
             if let Some(slot) = stack.frames.get_mut(depth) {
-                *slot = TRUNCATED_FRAME;
+                *slot = marker;
             }
             depth += 1;
         }
     }
     stack.depth = depth as u64;
-    count_unwind(UnwindCount::Walked);
+    if !(not_loaded_yet && matches!(end, WalkEnd::Truncated(_))) {
+        count_unwind(UnwindCount::Walked);
+    }
     Some(stack_hash(
         Ok(Some(frames)),
         generation,

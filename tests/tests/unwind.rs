@@ -779,3 +779,188 @@ fn a_full_table_memory_evicts_idle_and_exited_processes_tables_for_the_busy_ones
         "{whole} of {total} python3.11 interpreter samples reach main\n{stderr}"
     );
 }
+
+/// The no-frame-pointer workload's "deep" mode as a stream of short processes: each runs 30 ms
+/// of `main -> descend x5 -> record_key`, one after another for `seconds`.
+fn run_short_processes(binary: &Path, seconds: u64) -> u64 {
+    let started = std::time::Instant::now();
+    let mut processes = 0;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let ran = Command::new(binary)
+            .args(["30", "deep", "10"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("the workload starts");
+        assert!(ran.success(), "the workload failed: {ran}");
+        processes += 1;
+    }
+    processes
+}
+
+/// Of the samples in the short workload's own code (leaf `main`, `descend` or `record_key`;
+/// stacks root first, user frames only), those whose stack reaches `_start` through the right
+/// callers: C start-up, `main`, then only `descend` down to the leaf.
+fn short_process_samples_whole(stacks: &[(Vec<String>, u64)]) -> (u64, u64) {
+    let program = ["main", "descend", "record_key"];
+    let mut total = 0;
+    let mut whole = 0;
+    for (frames, count) in stacks {
+        if !frames
+            .last()
+            .is_some_and(|leaf| program.contains(&leaf.as_str()))
+        {
+            continue;
+        }
+        total += count;
+        let Some(main) = frames.iter().position(|frame| frame == "main") else {
+            continue;
+        };
+        let start_up = &frames[..main];
+        let right_callers = start_up.first().is_some_and(|root| root == "_start")
+            && start_up[1..].iter().all(|f| f.starts_with("__libc_start"))
+            && frames[main + 1..frames.len() - 1]
+                .iter()
+                .all(|frame| frame == "descend");
+        if right_callers {
+            whole += count;
+        }
+    }
+    (total, whole)
+}
+
+#[test]
+fn short_processes_without_frame_pointers_are_unwound_whole_from_their_first_sample() {
+    // A process lives 30 ms, far less than the side-band's 100 ms: system-wide, the agent never
+    // publishes most of them. The walker finds their mappings in the kernel's own record of the
+    // process (Linux 6.1 on) and their file's table by the file, so their stacks are whole from
+    // the first sample.
+    let dir = temp_dir("unwind-short-processes");
+    let binary = build_no_frame_pointers(&dir, "shortnofp", &[]);
+    let profile = dir.join("recording.prof");
+    let mut recording = Running::spawn(
+        Command::new(profiler_bin())
+            .args([
+                "record",
+                "-a",
+                "-F",
+                "997",
+                "--duration",
+                "6",
+                "--stats",
+                "-o",
+            ])
+            .arg(&profile)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(recording.id());
+    let processes = run_short_processes(&binary, 4);
+    let output = recording.output_at_most(Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "record -a failed:\n{stderr}");
+    let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
+    let stacks: Vec<(Vec<String>, u64)> = String::from_utf8_lossy(&folded.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (stack, count) = line.rsplit_once(' ')?;
+            let frames: Vec<String> = stack
+                .strip_prefix("shortnofp;")?
+                .split(';')
+                .filter(|frame| !frame.ends_with("_[k]"))
+                .map(String::from)
+                .collect();
+            Some((frames, count.parse().ok()?))
+        })
+        .collect();
+    let (total, whole) = short_process_samples_whole(&stacks);
+    eprintln!("{whole} of {total} samples of {processes} short processes whole");
+    assert!(
+        total >= 1000,
+        "too few samples of the {processes} short processes: {total}\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.95 * total as f64,
+        "{whole} of {total} samples of {processes} short processes reach _start through main \
+         and descend\n{stderr}"
+    );
+    let before_loaded = stderr
+        .lines()
+        .find_map(|line| {
+            line.trim()
+                .strip_prefix("unwound before the process was loaded: ")
+        })
+        .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no count of walks before the process was loaded:\n{stderr}"));
+    assert!(
+        before_loaded * 4 >= total,
+        "only {before_loaded} walks before the agent loaded the process: most of {total} \
+         samples of 30 ms processes are taken before the side-band says they exist\n{stderr}"
+    );
+}
+
+#[test]
+fn the_agents_windows_hold_short_processes_whole_stacks() {
+    let dir = temp_dir("unwind-agent-short-processes");
+    let binary = build_no_frame_pointers(&dir, "agentshortnofp", &[]);
+    let windows = dir.join("windows");
+    std::fs::create_dir(&windows).unwrap();
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-F", "499", "--interval", "1", "--output-dir"])
+            .arg(&windows)
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let processes = run_short_processes(&binary, 4);
+    let stderr = agent.terminate();
+    let mut stacks: Vec<(Vec<String>, u64)> = Vec::new();
+    for entry in std::fs::read_dir(&windows).unwrap() {
+        let path = entry.unwrap().path();
+        if !is_window(&path) {
+            continue;
+        }
+        let profile = read_pprof(&path);
+        let text = |index: i64| profile.string_table[index as usize].as_str();
+        let function_of_location: HashMap<u64, String> = profile
+            .location
+            .iter()
+            .map(|location| {
+                let function = location.line.first().map_or(0, |line| line.function_id);
+                let name = profile
+                    .function
+                    .iter()
+                    .find(|f| f.id == function)
+                    .map_or("", |f| text(f.name));
+                (location.id, name.to_string())
+            })
+            .collect();
+        for sample in &profile.sample {
+            let of_workload = sample
+                .label
+                .iter()
+                .any(|label| text(label.key) == "comm" && text(label.str) == "agentshortnofp");
+            if !of_workload {
+                continue;
+            }
+            // Root first, as the folded stacks are.
+            let frames: Vec<String> = sample
+                .location_id
+                .iter()
+                .rev()
+                .map(|id| function_of_location[id].clone())
+                .collect();
+            stacks.push((frames, sample.value[0] as u64));
+        }
+    }
+    let (total, whole) = short_process_samples_whole(&stacks);
+    eprintln!("{whole} of {total} samples of {processes} short processes whole in the windows");
+    assert!(
+        total >= 500,
+        "too few samples of the {processes} short processes: {total}\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.95 * total as f64,
+        "{whole} of {total} samples of {processes} short processes reach _start through main \
+         and descend in the agent's windows\n{stderr}"
+    );
+}

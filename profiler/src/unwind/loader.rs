@@ -869,15 +869,12 @@ impl UnwindLoader {
         }
         let _ = writeln!(
             out,
-            "  user stacks unwound: {} with tables ({} complete; {} before the process was \
-             loaded, {} frames' mappings found in the kernel's own tree), {} by frame pointers \
-             (process not loaded yet); frames stepped by frame pointers: {} without a table, {} \
-             without a row; truncated: {} outside every mapping, {} no caller found, {} too \
-             deep; frames whose table was not loaded: {}",
+            "  user stacks unwound: {} with tables ({} complete), {} by frame pointers (process \
+             not loaded yet); frames stepped by frame pointers: {} without a table, {} without \
+             a row; truncated: {} outside every mapping, {} no caller found, {} too deep; \
+             frames whose table was not loaded: {}",
             count(UnwindCount::Walked),
             count(UnwindCount::Complete),
-            count(UnwindCount::ProcessFromKernel),
-            count(UnwindCount::FramesMappingFromKernel),
             count(UnwindCount::ProcessUnknown),
             count(UnwindCount::FramesWithoutTable),
             count(UnwindCount::FramesWithoutRow),
@@ -885,6 +882,13 @@ impl UnwindLoader {
             count(UnwindCount::TruncatedNoCaller),
             count(UnwindCount::TruncatedDepth),
             count(UnwindCount::FramesTableNotLoaded),
+        );
+        let _ = writeln!(
+            out,
+            "  unwound before the process was loaded: {} user stacks, by {} frames' mappings \
+             found in the kernel's own record of the process",
+            count(UnwindCount::ProcessFromKernel),
+            count(UnwindCount::FramesMappingFromKernel),
         );
         // The walks the sample accounting counts as losses, under the accounting's own names.
         for (kind, walks) in self.losses() {
