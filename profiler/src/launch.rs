@@ -97,7 +97,7 @@ const GATE_FD: i32 = 3;
 const TRAMPOLINE: &str = "read -r _ <&3 || exit 127; exec 3<&-; exec \"$@\"";
 
 /// Finds a program the way exec does: a path as given, a bare name on PATH.
-fn resolve_program(program: &str) -> Option<PathBuf> {
+pub fn resolve_program(program: &str) -> Option<PathBuf> {
     if program.contains('/') {
         return Some(PathBuf::from(program)).filter(|path| path.is_file());
     }

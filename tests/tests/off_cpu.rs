@@ -83,6 +83,15 @@ fn disk_dir(name: &str) -> PathBuf {
 
 /// `profiler record --off-cpu OPTIONS -o FILE -- off_cpu DIR`: the arguments, and the file.
 fn record_args(name: &str, options: &[&str]) -> (Vec<String>, PathBuf) {
+    record_args_of(name, options, &[])
+}
+
+/// [`record_args`] with `workload_options` after the workload's directory.
+fn record_args_of(
+    name: &str,
+    options: &[&str],
+    workload_options: &[&str],
+) -> (Vec<String>, PathBuf) {
     let file = temp_dir(name).join("off_cpu.prof");
     let dir = disk_dir(name);
     let bin = workload("off_cpu");
@@ -92,6 +101,7 @@ fn record_args(name: &str, options: &[&str]) -> (Vec<String>, PathBuf) {
         .map(|arg| arg.to_string())
         .collect();
     args.extend(["--".to_string(), path(&bin), path(&dir)]);
+    args.extend(workload_options.iter().map(|option| option.to_string()));
     (args, file)
 }
 
@@ -307,6 +317,44 @@ fn blocked_time_per_stack_matches_what_the_workload_measured() {
             off_cpu["counters"]
         );
     }
+}
+
+#[test]
+fn each_threads_first_wait_is_under_its_caller() {
+    // The threads start waiting the moment the program starts: their first blocks are walked
+    // before the recorder has read the process's mappings, by its program's and the C
+    // library's tables found in the kernel's record of the process, and must reach the
+    // functions that waited as every later block does.
+    let (args, file) = record_args_of("off-cpu-first-waits", &["-F", "999"], &["--at-once"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let measured = measured(&profiler(&args));
+    let off_cpu = off_cpu_report(&file, &[]);
+    for (name, kind) in [("offcpu_sleeper", "sleep"), ("offcpu_pipe_reader", "pipe")] {
+        let row = function(&off_cpu, name)
+            .unwrap_or_else(|| panic!("no off-CPU time under {name}: {off_cpu:#}"));
+        let (blocked, total) = (number(row, "total_ns"), measured.total(kind));
+        assert!(
+            within(blocked, total, 0.05),
+            "{name}: {blocked} ns blocked, the workload measured {total} ns from its first              wait; the stacks of 40 ms or more: {:#?}",
+            rows(&off_cpu, "by_stack")
+                .iter()
+                .filter(|row| number(row, "total_ns") >= 40_000_000)
+                .map(|row| (number(row, "total_ns"), row["frames"].to_string()))
+                .collect::<Vec<_>>()
+        );
+    }
+    // `nap` calls the C library's `nanosleep`, which keeps no frame pointer: a walk by frame
+    // pointers from there skips `nap` itself (its caller above stays), so only whole walks
+    // put every sleep under it, the first ones included.
+    let napped = function(&off_cpu, "nap").map_or(0, |row| number(row, "total_ns"));
+    let naps: u64 = ["sleep", "writer-sleep", "hold"]
+        .map(|kind| measured.total(kind))
+        .iter()
+        .sum();
+    assert!(
+        within(napped, naps, 0.05),
+        "{napped} ns under nap, the workload napped {naps} ns from its first wait: {off_cpu:#}"
+    );
 }
 
 #[test]

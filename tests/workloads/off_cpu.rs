@@ -15,11 +15,11 @@
 //! total_ns T p50_ns P max_ns M`, and one per thread, `thread NAME tid TID wall_ns W`. (A
 //! thread that printed itself would wait on standard output's lock outside its measured life.)
 //!
-//! The threads start after a settling sleep of the main thread: a profiler loads a new
-//! process's unwind tables after its first samples or blocks, and until then walks its user
-//! stacks by frame pointers; the measured waits are walked with the tables. With
-//! `--after-a-line` it first waits for a line on standard input, so a profiler attached to it
-//! can load its tables before anything is measured.
+//! The threads start after a settling sleep of the main thread, which lets a profiler that
+//! loads a new process's unwind tables after its first samples or blocks walk the measured
+//! waits with tables; with `--at-once` they start at once, and each thread's first wait is
+//! measured too. With `--after-a-line` it first waits for a line on standard input, so a
+//! profiler attached to it can load its tables before anything is measured.
 
 use std::{
     fs::File,
@@ -189,8 +189,11 @@ fn offcpu_disk_reader(path: std::path::PathBuf) -> Vec<Waits> {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let dir = args.next().expect("usage: off_cpu DIR [--after-a-line]");
-    if args.next().as_deref() == Some("--after-a-line") {
+    let dir = args
+        .next()
+        .expect("usage: off_cpu DIR [--after-a-line | --at-once]");
+    let option = args.next();
+    if option.as_deref() == Some("--after-a-line") {
         let mut line = String::new();
         std::io::stdin()
             .read_line(&mut line)
@@ -206,7 +209,9 @@ fn main() {
         changed: Condvar::new(),
     }));
     let path = std::path::Path::new(&dir).join(format!("off_cpu.{}", std::process::id()));
-    nap(Duration::from_millis(150));
+    if option.as_deref() != Some("--at-once") {
+        nap(Duration::from_millis(150));
+    }
     let threads = [
         spawn("sleeper", offcpu_sleeper),
         spawn("pipe-reader", move || offcpu_pipe_reader(reader)),

@@ -50,8 +50,8 @@ use crate::{
         Drained, Drainer,
     },
     events::{count::Count, EventSpec, Sampling, SystemFacts},
-    launch::{spawn_stopped, Run, Stop, StopSignals, TargetSpec},
-    process::{ProcessTable, Settle},
+    launch::{resolve_program, spawn_stopped, Run, Stop, StopSignals, TargetSpec},
+    process::{parse_maps_line, ProcessTable, Settle},
     profile::{CpuIdentity, EventInfo},
     symbolize::ReadAhead,
     unwind::loader::UnwindLoader,
@@ -171,7 +171,11 @@ impl CaptureSession {
         program.filter_cgroups(&options.cgroups)?;
         let unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
             0 => None,
-            _ => Some(UnwindLoader::for_program(&mut program)?),
+            _ => {
+                let mut unwinder = UnwindLoader::for_program(&mut program)?;
+                unwinder.preload(&files_to_preload(&options.target))?;
+                Some(unwinder)
+            }
         };
         let mut map_memory = held_map_memory();
         // The stack-copy scratch array has an entry per possible CPU.
@@ -833,4 +837,25 @@ mod tests {
             "{raw}"
         );
     }
+}
+
+/// The files whose unwind tables are placed before the capture starts: the command's program,
+/// and the shared libraries the profiler maps itself (the C library and the dynamic loader,
+/// which nearly every process maps too), so that a process's first samples and blocks are
+/// walked by tables.
+fn files_to_preload(target: &TargetSpec) -> Vec<std::path::PathBuf> {
+    let own_maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let own_program = std::fs::read_link("/proc/self/exe").ok();
+    let mut paths: Vec<std::path::PathBuf> = own_maps
+        .lines()
+        .filter_map(parse_maps_line)
+        .filter(|mapping| mapping.executable && mapping.is_file())
+        .map(|mapping| std::path::PathBuf::from(&*mapping.path))
+        .filter(|path| Some(path) != own_program.as_ref())
+        .collect();
+    if let TargetSpec::Command(argv) = target {
+        paths.extend(argv.first().and_then(|program| resolve_program(program)));
+    }
+    paths.dedup();
+    paths
 }

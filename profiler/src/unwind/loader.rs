@@ -9,8 +9,11 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt::Write,
-    os::fd::{AsFd, AsRawFd},
-    path::Path,
+    os::{
+        fd::{AsFd, AsRawFd},
+        unix::fs::MetadataExt,
+    },
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -236,6 +239,9 @@ pub struct UnwindLoader {
     /// published (a process it meets before the side-band has told of it), and what it holds.
     kernel_files: BpfHashMap<MapData, FileKey, FileRows>,
     files_published: HashMap<FileIdentity, FileRows>,
+    /// Files whose tables were placed before any process mapped them ([`UnwindLoader::preload`]),
+    /// held open (their inode numbers cannot be reused meanwhile) with their tables.
+    preloaded: HashMap<FileIdentity, (std::fs::File, Arc<UnwindTable>)>,
     counts: PerCpuArray<MapData, u64>,
     /// Process ids the walker met before their mappings were published.
     requests: KernelRing,
@@ -282,6 +288,7 @@ impl UnwindLoader {
             processes: program.take_map("UNWIND_PROCESSES")?,
             kernel_files: program.take_map("UNWIND_FILES")?,
             files_published: HashMap::new(),
+            preloaded: HashMap::new(),
             counts: program.take_map("UNWIND_COUNTS")?,
             requests: KernelRing::new(program.take_map("UNWIND_REQUESTS")?)?,
             cache: TableCache::new(TableCache::default_directory()),
@@ -426,7 +433,7 @@ impl UnwindLoader {
         let closed: Vec<FileIdentity> = self
             .files_published
             .keys()
-            .filter(|identity| !files.is_open(**identity))
+            .filter(|identity| !files.is_open(**identity) && !self.preloaded.contains_key(identity))
             .copied()
             .collect();
         for identity in closed {
@@ -520,19 +527,45 @@ impl UnwindLoader {
         entry.rows_start = placed.start;
         entry.rows_len = placed.len;
         if let Some(identity) = mapping.file {
-            let rows = FileRows {
-                table_delta: segment
-                    .offset
-                    .wrapping_sub(segment.address)
-                    .wrapping_add(file.table.base),
-                code_start: segment.offset & !(PAGE_BYTES - 1),
-                code_end: segment.offset.saturating_add(segment.size),
-                rows_start: placed.start,
-                rows_len: placed.len,
-            };
-            self.publish_file(identity, rows)?;
+            self.publish_file(identity, file_rows(segment, &file.table, placed))?;
         }
         Ok((entry, None))
+    }
+
+    /// Places the tables of the files at `paths` before any process maps them (the command
+    /// about to run, the C library and loader every program maps), for the walker to unwind a
+    /// new process's first samples and first blocks by them: otherwise those wait for the
+    /// side-band to tell of the process. A file that cannot be read is loaded when a process
+    /// maps it, like any other.
+    pub fn preload(&mut self, paths: &[PathBuf]) -> Result<()> {
+        for path in paths {
+            let Ok(file) = open_regular(path, FinalLink::Follow) else {
+                continue;
+            };
+            let Ok(metadata) = file.metadata() else {
+                continue;
+            };
+            let identity = (metadata.dev(), metadata.ino());
+            if self.preloaded.contains_key(&identity) {
+                continue;
+            }
+            let Ok(table) = self.cache.table(&file, path) else {
+                continue;
+            };
+            let image = ModuleImage::new(file.try_clone()?);
+            let Ok(elf) = object::File::parse(&image) else {
+                continue;
+            };
+            let Some(segment) = segments(&elf).into_iter().find(|s| s.executable) else {
+                continue;
+            };
+            let Some(placed) = self.place(&table, 0, &[])? else {
+                continue;
+            };
+            self.publish_file(identity, file_rows(&segment, &table, placed))?;
+            self.preloaded.insert(identity, (file, table));
+        }
+        Ok(())
     }
 
     /// Tells the walker where the table of the file `identity` is.
@@ -933,6 +966,20 @@ fn current_code_mappings(mappings: &[Mapping]) -> Vec<&Mapping> {
     }
     current.sort_by_key(|mapping| mapping.start);
     current
+}
+
+/// Where the walker finds the table of a file whose code is `segment`, placed at `placed`.
+fn file_rows(segment: &Segment, table: &UnwindTable, placed: Placed) -> FileRows {
+    FileRows {
+        table_delta: segment
+            .offset
+            .wrapping_sub(segment.address)
+            .wrapping_add(table.base),
+        code_start: segment.offset & !(PAGE_BYTES - 1),
+        code_end: segment.offset.saturating_add(segment.size),
+        rows_start: placed.start,
+        rows_len: placed.len,
+    }
 }
 
 /// The kernel's name of the file `identity` (`stat`'s device and inode): what the walker finds
