@@ -804,6 +804,27 @@ fn open_spe(
     Ok(Some(SpeStream::new(trace, index as u32, target)))
 }
 
+/// The files whose unwind tables are placed before the capture starts: the command's program,
+/// and the shared libraries the profiler maps itself (the C library and the dynamic loader,
+/// which nearly every process maps too), so that a process's first samples and blocks are
+/// walked by tables.
+fn files_to_preload(target: &TargetSpec) -> Vec<std::path::PathBuf> {
+    let own_maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let own_program = std::fs::read_link("/proc/self/exe").ok();
+    let mut paths: Vec<std::path::PathBuf> = own_maps
+        .lines()
+        .filter_map(parse_maps_line)
+        .filter(|mapping| mapping.executable && mapping.is_file())
+        .map(|mapping| std::path::PathBuf::from(&*mapping.path))
+        .filter(|path| Some(path) != own_program.as_ref())
+        .collect();
+    if let TargetSpec::Command(argv) = target {
+        paths.extend(argv.first().and_then(|program| resolve_program(program)));
+    }
+    paths.dedup();
+    paths
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -837,25 +858,4 @@ mod tests {
             "{raw}"
         );
     }
-}
-
-/// The files whose unwind tables are placed before the capture starts: the command's program,
-/// and the shared libraries the profiler maps itself (the C library and the dynamic loader,
-/// which nearly every process maps too), so that a process's first samples and blocks are
-/// walked by tables.
-fn files_to_preload(target: &TargetSpec) -> Vec<std::path::PathBuf> {
-    let own_maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let own_program = std::fs::read_link("/proc/self/exe").ok();
-    let mut paths: Vec<std::path::PathBuf> = own_maps
-        .lines()
-        .filter_map(parse_maps_line)
-        .filter(|mapping| mapping.executable && mapping.is_file())
-        .map(|mapping| std::path::PathBuf::from(&*mapping.path))
-        .filter(|path| Some(path) != own_program.as_ref())
-        .collect();
-    if let TargetSpec::Command(argv) = target {
-        paths.extend(argv.first().and_then(|program| resolve_program(program)));
-    }
-    paths.dedup();
-    paths
 }
