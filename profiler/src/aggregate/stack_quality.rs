@@ -10,8 +10,8 @@ use crate::{
 
 use super::{filter::Selection, startup::C_RUNTIME_START};
 
-/// Whether a user stack that reaches `function` is whole: the program's `main`, or a function
-/// the C library starts a program or a thread in.
+/// Whether a user stack whose outermost frame is `function` is whole: the program's `main`, or
+/// a function the C library starts a program or a thread in.
 fn is_stack_root(function: &str) -> bool {
     function == "main" || C_RUNTIME_START.contains(&function)
 }
@@ -21,8 +21,11 @@ fn is_stack_root(function: &str) -> bool {
 pub struct StackQuality {
     /// Samples with a user stack, or whose user stack was lost.
     pub user_samples: u64,
-    /// Samples whose user stack reaches a root ([`is_stack_root`]).
+    /// Samples whose user stack ends at a root ([`is_stack_root`]) and holds only code.
     pub complete: u64,
+    /// Samples whose user stack holds an address outside every mapping (a walk gone astray:
+    /// garbage read as a return address), wherever it ends: cut short.
+    pub outside_code: u64,
     /// Samples whose user stack could not be read at all.
     pub lost: u64,
     /// Samples whose user stack was walked by frame pointers alone where tables or a stack
@@ -77,10 +80,19 @@ pub fn stack_quality(profile: &Profile, event: EventIndex, selection: &Selection
         }
         quality.user_samples += stack.count;
         frames_sum += user.len() as u64 * stack.count;
-        let rooted = user
+        // Whole only when the walk ended at a root, not went past one (a thread's first block
+        // once walked from `clone3` on into one address outside every mapping, 126 times),
+        // and stepped only through code.
+        let outside_code = user
             .iter()
-            .any(|frame| frame.function.as_deref().is_some_and(is_stack_root));
-        if rooted {
+            .any(|frame| frame.module.is_empty() && frame.function.is_none());
+        let rooted = user
+            .last()
+            .and_then(|outermost| outermost.function.as_deref())
+            .is_some_and(is_stack_root);
+        if outside_code {
+            quality.outside_code += stack.count;
+        } else if rooted {
             quality.complete += stack.count;
         }
     }
@@ -139,5 +151,44 @@ mod tests {
         assert_eq!(quality.frame_pointers_only, 20);
         assert_eq!(quality.complete, 105);
         assert!((quality.mean_user_depth - 290.0 / 115.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_walk_past_a_root_or_through_an_address_outside_every_mapping_is_cut_short() {
+        let mut profile = test_profile::profile();
+        let frame = |function: &str| Frame {
+            module: "/usr/lib/libc.so.6".into(),
+            function: Some(function.into()),
+            ..Frame::default()
+        };
+        let next = profile.frames.len() as FrameId;
+        profile.frames.push(frame("clone3"));
+        profile.frames.push(frame("[truncated]"));
+        // An address no mapping holds: no module, no function.
+        profile.frames.push(Frame::default());
+        let (clone3, truncated, unknown) = (next, next + 1, next + 2);
+        let stack = |frames: Vec<FrameId>, count| StackSample {
+            pid: 100,
+            tid: 100,
+            event: 0,
+            frames,
+            count,
+            ..StackSample::default()
+        };
+        // A thread's first block walked into garbage: clone3, then the same unknown address.
+        profile
+            .stacks
+            .push(stack(vec![clone3, unknown, unknown, unknown], 7));
+        // Past main, then cut short: main is no end of the walk.
+        profile
+            .stacks
+            .push(stack(vec![test_profile::RUN, test_profile::MAIN, truncated], 3));
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let quality = stack_quality(&profile, 0, &selection);
+        assert_eq!(quality.user_samples, 110);
+        assert_eq!(quality.complete, 85);
+        assert_eq!(quality.outside_code, 7);
+        assert_eq!(quality.incomplete(), 20);
     }
 }

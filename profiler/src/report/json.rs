@@ -75,9 +75,11 @@ struct JsonEvent {
 struct JsonStackQuality {
     /// Samples with a user stack, or whose user stack was lost.
     samples: u64,
-    /// Reaching `_start`, `main` or a thread start.
+    /// Ending at `_start`, `main` or a thread start, through code only.
     complete: u64,
     incomplete: u64,
+    /// Of `incomplete`: holding an address outside every mapping.
+    outside_code: u64,
     /// Walked by frame pointers alone where tables or a stack copy were asked for.
     frame_pointers_only: u64,
     lost: u64,
@@ -668,6 +670,7 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
                     samples: section.stacks.user_samples,
                     complete: section.stacks.complete,
                     incomplete: section.stacks.incomplete(),
+                    outside_code: section.stacks.outside_code,
                     frame_pointers_only: section.stacks.frame_pointers_only,
                     lost: section.stacks.lost,
                     complete_percent: section.stacks.complete_percent(),

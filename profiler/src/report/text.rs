@@ -553,10 +553,11 @@ fn render_stack_quality(
         return;
     }
     let line = format!(
-        "{INDENT}user stacks: {:.1}% complete, {} cut short, {} by frame pointers only, {} lost; \
-         mean depth {:.1} frames",
+        "{INDENT}user stacks: {:.1}% complete, {} cut short ({} through an address outside every \
+         mapping), {} by frame pointers only, {} lost; mean depth {:.1} frames",
         quality.complete_percent(),
         quality.incomplete(),
+        quality.outside_code,
         quality.frame_pointers_only,
         quality.lost,
         quality.mean_user_depth
