@@ -5,13 +5,14 @@
 
 use crate::{
     profile::{EventIndex, Profile},
-    symbolize::FRAME_POINTERS_ONLY_FUNCTION,
+    symbolize::{FRAME_POINTERS_ONLY_FUNCTION, TRUNCATED_FUNCTION},
 };
 
 use super::{filter::Selection, startup::C_RUNTIME_START};
 
-/// Whether a user stack whose outermost frame is `function` is whole: the program's `main`, or
-/// a function the C library starts a program or a thread in.
+/// Whether a user stack that reaches `function` may be whole: the program's `main`, or a
+/// function the C library starts a program or a thread in (a stripped program's own `_start`
+/// has no name, so the root is looked for among all the frames).
 fn is_stack_root(function: &str) -> bool {
     function == "main" || C_RUNTIME_START.contains(&function)
 }
@@ -21,7 +22,8 @@ fn is_stack_root(function: &str) -> bool {
 pub struct StackQuality {
     /// Samples with a user stack, or whose user stack was lost.
     pub user_samples: u64,
-    /// Samples whose user stack ends at a root ([`is_stack_root`]) and holds only code.
+    /// Samples whose user stack reaches a root ([`is_stack_root`]), through code only, and
+    /// whose walk ended there, not in a `[truncated]` marker.
     pub complete: u64,
     /// Samples whose user stack holds an address outside every mapping (a walk gone astray:
     /// garbage read as a return address), wherever it ends: cut short.
@@ -80,16 +82,19 @@ pub fn stack_quality(profile: &Profile, event: EventIndex, selection: &Selection
         }
         quality.user_samples += stack.count;
         frames_sum += user.len() as u64 * stack.count;
-        // Whole only when the walk ended at a root, not went past one (a thread's first block
-        // once walked from `clone3` on into one address outside every mapping, 126 times),
-        // and stepped only through code.
+        // Whole only when the walk reached a root and ended, not went past it into a marker or
+        // stepped through garbage read as a return address (a thread's first block once walked
+        // from `clone3` into one address outside every mapping, 126 times).
         let outside_code = user
             .iter()
             .any(|frame| frame.module.is_empty() && frame.function.is_none());
-        let rooted = user
+        let cut_short = user
             .last()
-            .and_then(|outermost| outermost.function.as_deref())
-            .is_some_and(is_stack_root);
+            .is_some_and(|outermost| outermost.function.as_deref() == Some(TRUNCATED_FUNCTION));
+        let rooted = !cut_short
+            && user
+                .iter()
+                .any(|frame| frame.function.as_deref().is_some_and(is_stack_root));
         if outside_code {
             quality.outside_code += stack.count;
         } else if rooted {
