@@ -816,11 +816,12 @@ fn short_process_samples_whole(stacks: &[(Vec<String>, u64)]) -> (u64, u64) {
             continue;
         };
         let start_up = &frames[..main];
+        let (called, leaf) = (&frames[main + 1..], frames.len() - 1);
         let right_callers = start_up.first().is_some_and(|root| root == "_start")
             && start_up[1..].iter().all(|f| f.starts_with("__libc_start"))
-            && frames[main + 1..frames.len() - 1]
-                .iter()
-                .all(|frame| frame == "descend");
+            && called.iter().enumerate().all(|(i, frame)| {
+                frame == "descend" || (frame == "record_key" && main + 1 + i == leaf)
+            });
         if right_callers {
             whole += count;
         }

@@ -185,9 +185,10 @@ mod tests {
             .stacks
             .push(stack(vec![clone3, unknown, unknown, unknown], 7));
         // Past main, then cut short: main is no end of the walk.
-        profile
-            .stacks
-            .push(stack(vec![test_profile::RUN, test_profile::MAIN, truncated], 3));
+        profile.stacks.push(stack(
+            vec![test_profile::RUN, test_profile::MAIN, truncated],
+            3,
+        ));
         let filter = SampleFilter::default();
         let selection = Selection::new(&profile, &filter);
         let quality = stack_quality(&profile, 0, &selection);

@@ -58,10 +58,10 @@ struct FileTable {
 ///
 /// The kernel maps every page of a mapped BPF array at once, so mapping the whole arena would
 /// make all of it resident in the agent (64 MiB at the default size) however few rows are used.
-/// Its address range is reserved instead, the map's pages mapped into it a chunk at a time as
-/// tables are written there, and a chunk no table holds any more is handed back to the
-/// reservation: a table as large as a compiler's (25 MB of rows) would otherwise stay in the
-/// agent's resident memory after its program exited.
+/// Its address range is reserved instead, and the map's pages are mapped into it only while
+/// rows are copied in or out, a chunk at a time, then handed back to the reservation: the rows
+/// live in the kernel's map (reported as such), not in the agent's resident memory, where a
+/// JVM's tables (45 MB of rows) or a compiler's stayed for as long as they were loaded.
 pub struct RowArena {
     rows: *mut UnwindRow,
     len: u32,
@@ -163,12 +163,12 @@ impl RowArena {
         Ok(())
     }
 
-    /// Hands the mapped chunks no table holds back to the reservation (the map keeps their
-    /// pages; the agent's resident memory does not).
-    fn unmap_unused(&mut self, space: &ArenaSpace) -> std::io::Result<()> {
+    /// Hands the mapped chunks back to the reservation (the map keeps their pages; the agent's
+    /// resident memory does not).
+    fn unmap_all(&mut self) -> std::io::Result<()> {
         for chunk in 0..self.mapped.len() {
             let (first, rows) = self.chunk_rows(chunk);
-            if !self.mapped[chunk] || space.holds_any(first, first + rows) {
+            if !self.mapped[chunk] {
                 continue;
             }
             // SAFETY: the chunk lies within the reservation made in `new`, at a whole number of
@@ -192,7 +192,10 @@ impl RowArena {
         let (start, end) = (start as usize, end as usize);
         // SAFETY: `start..end` lies within the arena (clamped above), in chunks mapped above;
         // UnwindRow is plain data, any bytes a valid value.
-        Ok(unsafe { std::slice::from_raw_parts(self.rows.add(start), end - start) }.to_vec())
+        let rows =
+            unsafe { std::slice::from_raw_parts(self.rows.add(start), end - start) }.to_vec();
+        self.unmap_all()?;
+        Ok(rows)
     }
 
     /// Copies `rows` to `start`; `false` when they do not fit.
@@ -212,6 +215,8 @@ impl RowArena {
         unsafe {
             std::ptr::copy_nonoverlapping(rows.as_ptr(), self.rows.add(start as usize), rows.len())
         };
+        self.unmap_all()
+            .context("unmapping the unwind-row arena's chunks")?;
         Ok(true)
     }
 }
@@ -446,9 +451,7 @@ impl UnwindLoader {
                 self.repoint(placed.start, None)?;
             }
         }
-        self.rows
-            .unmap_unused(&self.space)
-            .context("unmapping unused chunks of the unwind-row arena")
+        Ok(())
     }
 
     /// Writes `pid`'s mappings into the walker's table, keeping the stamp of its last sample
