@@ -450,39 +450,11 @@ fn the_agents_windows_end_a_deep_walk_at_the_same_126_frames() {
         .expect("the workload starts");
     assert!(ran.success(), "the workload failed: {ran}");
     let stderr = agent.terminate();
-    // Leaf first, as pprof lists a sample's locations.
-    let mut leaf_stacks: Vec<(Vec<String>, u64)> = Vec::new();
-    for entry in std::fs::read_dir(&windows).unwrap() {
-        let path = entry.unwrap().path();
-        if !is_window(&path) {
-            continue;
-        }
-        let profile = read_pprof(&path);
-        let text = |index: i64| profile.string_table[index as usize].clone();
-        let function_of_location: HashMap<u64, String> = profile
-            .location
-            .iter()
-            .map(|location| {
-                let function = location.line.first().map_or(0, |line| line.function_id);
-                let name = profile
-                    .function
-                    .iter()
-                    .find(|f| f.id == function)
-                    .map_or_else(String::new, |f| text(f.name));
-                (location.id, name)
-            })
-            .collect();
-        for sample in &profile.sample {
-            let frames: Vec<String> = sample
-                .location_id
-                .iter()
-                .map(|id| function_of_location[id].clone())
-                .collect();
-            if frames.first().is_some_and(|leaf| leaf == "record_key") {
-                leaf_stacks.push((frames, sample.value[0] as u64));
-            }
-        }
-    }
+    let leaf_stacks: Vec<(Vec<String>, u64)> = window_stacks(&windows)
+        .into_iter()
+        .filter(|(_, frames, _)| frames.first().is_some_and(|leaf| leaf == "record_key"))
+        .map(|(_, frames, count)| (frames, count))
+        .collect();
     // Samples taken before the agent published the new process are walked by frame pointers,
     // which stop at once here; the rest are walked by tables.
     let walked: Vec<&(Vec<String>, u64)> = leaf_stacks
@@ -506,6 +478,47 @@ fn the_agents_windows_end_a_deep_walk_at_the_same_126_frames() {
          marker; one: {:?}\n{stderr}",
         walked.first()
     );
+}
+
+/// The samples of the agent's pprof windows in `windows`: each one's process name (its `comm`
+/// label), function names leaf first (as pprof lists a sample's locations), and count.
+fn window_stacks(windows: &Path) -> Vec<(String, Vec<String>, u64)> {
+    let mut stacks = Vec::new();
+    for entry in std::fs::read_dir(windows).unwrap() {
+        let path = entry.unwrap().path();
+        if !is_window(&path) {
+            continue;
+        }
+        let profile = read_pprof(&path);
+        let text = |index: i64| profile.string_table[index as usize].as_str();
+        let function_of_location: HashMap<u64, &str> = profile
+            .location
+            .iter()
+            .map(|location| {
+                let function = location.line.first().map_or(0, |line| line.function_id);
+                let name = profile
+                    .function
+                    .iter()
+                    .find(|f| f.id == function)
+                    .map_or("", |f| text(f.name));
+                (location.id, name)
+            })
+            .collect();
+        for sample in &profile.sample {
+            let comm = sample
+                .label
+                .iter()
+                .find(|label| text(label.key) == "comm")
+                .map_or("", |label| text(label.str));
+            let frames = sample
+                .location_id
+                .iter()
+                .map(|id| function_of_location[id].to_string())
+                .collect();
+            stacks.push((comm.to_string(), frames, sample.value[0] as u64));
+        }
+    }
+    stacks
 }
 
 /// Samples in all, and those whose root is `_start` or a thread's start (`clone3`), or whose
@@ -914,45 +927,12 @@ fn the_agents_windows_hold_short_processes_whole_stacks() {
     wait_until_recording(agent.id());
     let processes = run_short_processes(&binary, 4);
     let stderr = agent.terminate();
-    let mut stacks: Vec<(Vec<String>, u64)> = Vec::new();
-    for entry in std::fs::read_dir(&windows).unwrap() {
-        let path = entry.unwrap().path();
-        if !is_window(&path) {
-            continue;
-        }
-        let profile = read_pprof(&path);
-        let text = |index: i64| profile.string_table[index as usize].as_str();
-        let function_of_location: HashMap<u64, String> = profile
-            .location
-            .iter()
-            .map(|location| {
-                let function = location.line.first().map_or(0, |line| line.function_id);
-                let name = profile
-                    .function
-                    .iter()
-                    .find(|f| f.id == function)
-                    .map_or("", |f| text(f.name));
-                (location.id, name.to_string())
-            })
-            .collect();
-        for sample in &profile.sample {
-            let of_workload = sample
-                .label
-                .iter()
-                .any(|label| text(label.key) == "comm" && text(label.str) == "agentshortnofp");
-            if !of_workload {
-                continue;
-            }
-            // Root first, as the folded stacks are.
-            let frames: Vec<String> = sample
-                .location_id
-                .iter()
-                .rev()
-                .map(|id| function_of_location[id].clone())
-                .collect();
-            stacks.push((frames, sample.value[0] as u64));
-        }
-    }
+    // Root first, as the folded stacks are.
+    let stacks: Vec<(Vec<String>, u64)> = window_stacks(&windows)
+        .into_iter()
+        .filter(|(comm, _, _)| comm == "agentshortnofp")
+        .map(|(_, frames, count)| (frames.into_iter().rev().collect(), count))
+        .collect();
     let (total, whole) = short_process_samples_whole(&stacks);
     eprintln!("{whole} of {total} samples of {processes} short processes whole in the windows");
     assert!(
