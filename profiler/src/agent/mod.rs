@@ -257,6 +257,20 @@ impl Exporter {
                 &[],
                 tables.rows as f64,
             );
+            let row_bytes = profiler_common::unwind::UnwindRow::SIZE as f64;
+            for (part, rows) in [
+                ("unwind rows in the kernel's arena", tables.rows),
+                ("compiled unwind rows held by the agent", tables.rows_held),
+            ] {
+                metrics.set(
+                    "profiler_memory_bytes",
+                    Kind::Gauge,
+                    "Memory the agent's parts hold, by part (its own resident memory is \
+                     profiler_resident_memory_bytes).",
+                    &[("part", part)],
+                    rows as f64 * row_bytes,
+                );
+            }
         }
         let kept: u64 = capture
             .drained

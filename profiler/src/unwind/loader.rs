@@ -229,11 +229,13 @@ impl Drop for RowArena {
     }
 }
 
-/// The unwind tables in the walker's arena.
+/// The unwind tables in the walker's arena, and the compiled rows the agent holds besides (those
+/// of the files open: a table is placed again from them after an eviction).
 #[derive(Clone, Copy, Debug)]
 pub struct TablesLoaded {
     pub files: usize,
     pub rows: u64,
+    pub rows_held: u64,
 }
 
 /// The agent's side of the in-kernel unwinder.
@@ -853,9 +855,18 @@ impl UnwindLoader {
     }
 
     pub fn loaded(&self) -> TablesLoaded {
+        let mut held: HashMap<*const UnwindTable, usize> = HashMap::new();
+        let open = self.files.values().filter_map(|file| file.as_ref().ok());
+        for table in open
+            .map(|file| &file.table)
+            .chain(self.preloaded.values().map(|(_, t)| t))
+        {
+            held.insert(Arc::as_ptr(table), table.rows.len());
+        }
         TablesLoaded {
             files: self.placed.len(),
             rows: self.space.used_rows(),
+            rows_held: held.values().map(|&rows| rows as u64).sum(),
         }
     }
 
@@ -882,12 +893,14 @@ impl UnwindLoader {
         let loaded = self.loaded();
         let _ = writeln!(
             out,
-            "  unwind tables: {} files, {} rows ({:.1} MiB of {:.1} MiB); compiled {}, from the \
-             disk cache {}; evicted {} ({} no longer mapped, {} of idle processes), moved {}",
+            "  unwind tables: {} files, {} rows ({:.1} MiB of {:.1} MiB, in the kernel's map; \
+             {:.1} MiB of compiled rows held by the agent); compiled {}, from the disk cache {}; \
+             evicted {} ({} no longer mapped, {} of idle processes), moved {}",
             loaded.files,
             loaded.rows,
             mib(loaded.rows as f64),
             mib(f64::from(self.space.capacity())),
+            mib(loaded.rows_held as f64),
             self.cache.stats.compiled,
             self.cache.stats.from_disk,
             self.evicted.unmapped + self.evicted.idle,
