@@ -197,7 +197,7 @@ mod tests {
         assert_eq!(space.used_rows(), 100);
         space.free(70);
         space.free(0);
-        assert_eq!(space.used_rows(), 50);
+        assert_eq!(space.used_rows(), 30);
     }
 
     #[test]
