@@ -92,6 +92,9 @@ pub struct WalkState {
     may_request: u64,
     /// 1 once the walk has stepped through a mapping whose table is not loaded.
     met_unloaded_table: u64,
+    /// 1 once the walk has found a mapping in the kernel's record of a process the agent has
+    /// published: a library mapped since (dlopen), which the agent is asked to publish at once.
+    met_new_mapping: u64,
     /// 1 when the agent had not published the process: its mappings come from the kernel's
     /// own record, and its tables may not be loaded yet.
     unpublished: u64,
@@ -177,6 +180,7 @@ pub(crate) fn start_walk<P: Copy + 'static>(
         (*state).depth = 0;
         (*state).may_request = u64::from(fresh);
         (*state).met_unloaded_table = 0;
+        (*state).met_new_mapping = 0;
         (*state).unpublished = u64::from(published.is_none());
         (*state).mapping = 0;
         (*state).found_held = 0;
@@ -229,7 +233,10 @@ pub(crate) fn continue_walk(
         None => WalkEnd::Truncated(UnwindCount::TruncatedDepth),
     };
     let mut depth = state.depth as usize;
-    if state.met_unloaded_table != 0 && state.may_request != 0 {
+    // A mapping the agent has not published asks at once, as a return address outside every
+    // published mapping did before the walker read the kernel's record; a table evicted asks
+    // once a period.
+    if state.met_new_mapping != 0 || (state.met_unloaded_table != 0 && state.may_request != 0) {
         request_mappings(pid);
     }
     // A walk of a process not published yet that met a file whose table is not loaded yet (a
@@ -510,6 +517,9 @@ fn find_mapping(process: &ProcessMappings, pc: u64, state: &mut WalkState) -> Op
         state.found_held = 0;
         state.found = kernel_mapping(pc, &mut state.node)?;
         state.found_held = 1;
+    }
+    if state.unpublished == 0 {
+        state.met_new_mapping = 1;
     }
     count_unwind(UnwindCount::FramesMappingFromKernel);
     Some(state.found)
