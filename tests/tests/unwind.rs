@@ -842,6 +842,29 @@ fn short_process_samples_whole(stacks: &[(Vec<String>, u64)]) -> (u64, u64) {
     (total, whole)
 }
 
+/// Asserts that `processes` short processes left at least `least` samples of their own code in
+/// `stacks` (seen in `place`), 95% of them whole ([`short_process_samples_whole`]); the samples.
+fn assert_short_processes_whole(
+    stacks: &[(Vec<String>, u64)],
+    least: u64,
+    processes: u64,
+    place: &str,
+    stderr: &str,
+) -> u64 {
+    let (total, whole) = short_process_samples_whole(stacks);
+    eprintln!("{whole} of {total} samples of {processes} short processes whole in {place}");
+    assert!(
+        total >= least,
+        "too few samples of the {processes} short processes in {place}: {total}\n{stderr}"
+    );
+    assert!(
+        whole as f64 >= 0.95 * total as f64,
+        "{whole} of {total} samples of {processes} short processes reach _start through main \
+         and descend in {place}\n{stderr}"
+    );
+    total
+}
+
 #[test]
 fn short_processes_without_frame_pointers_are_unwound_whole_from_their_first_sample() {
     // A process lives 30 ms, far less than the side-band's 100 ms: system-wide, the agent never
@@ -886,17 +909,7 @@ fn short_processes_without_frame_pointers_are_unwound_whole_from_their_first_sam
             Some((frames, count.parse().ok()?))
         })
         .collect();
-    let (total, whole) = short_process_samples_whole(&stacks);
-    eprintln!("{whole} of {total} samples of {processes} short processes whole");
-    assert!(
-        total >= 1000,
-        "too few samples of the {processes} short processes: {total}\n{stderr}"
-    );
-    assert!(
-        whole as f64 >= 0.95 * total as f64,
-        "{whole} of {total} samples of {processes} short processes reach _start through main \
-         and descend\n{stderr}"
-    );
+    let total = assert_short_processes_whole(&stacks, 1000, processes, "the recording", &stderr);
     let before_loaded = stderr
         .lines()
         .find_map(|line| {
@@ -933,15 +946,5 @@ fn the_agents_windows_hold_short_processes_whole_stacks() {
         .filter(|(comm, _, _)| comm == "agentshortnofp")
         .map(|(_, frames, count)| (frames.into_iter().rev().collect(), count))
         .collect();
-    let (total, whole) = short_process_samples_whole(&stacks);
-    eprintln!("{whole} of {total} samples of {processes} short processes whole in the windows");
-    assert!(
-        total >= 500,
-        "too few samples of the {processes} short processes: {total}\n{stderr}"
-    );
-    assert!(
-        whole as f64 >= 0.95 * total as f64,
-        "{whole} of {total} samples of {processes} short processes reach _start through main \
-         and descend in the agent's windows\n{stderr}"
-    );
+    assert_short_processes_whole(&stacks, 500, processes, "the agent's windows", &stderr);
 }
