@@ -430,6 +430,32 @@ fn agent_of_short_windows(hz: &str, windows: &std::path::Path) -> (Running, Stri
     (agent, metrics_addr)
 }
 
+/// Each sample's frames of a pprof window, innermost first: (module file, function).
+fn sample_frames(profile: &profiler::export::pprof::proto::Profile) -> Vec<Vec<(&str, &str)>> {
+    let string = |index: i64| profile.string_table[index as usize].as_str();
+    profile
+        .sample
+        .iter()
+        .map(|sample| {
+            sample
+                .location_id
+                .iter()
+                .map(|id| &profile.location[*id as usize - 1])
+                .flat_map(|location| {
+                    let module = profile
+                        .mapping
+                        .get((location.mapping_id as usize).wrapping_sub(1))
+                        .map_or("", |mapping| string(mapping.filename));
+                    location.line.iter().map(move |line| {
+                        let function = &profile.function[line.function_id as usize - 1];
+                        (module, string(function.name))
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
 #[test]
 fn the_agent_lets_go_of_the_files_and_unwind_tables_of_programs_that_exited() {
     // Sixteen distinct programs (each its own build ID, so its own unwind table), run one after
@@ -474,24 +500,7 @@ fn the_agent_lets_go_of_the_files_and_unwind_tables_of_programs_that_exited() {
             continue;
         }
         let profile = read_pprof(&window);
-        let profile = &profile;
-        let string = |index: i64| profile.string_table[index as usize].as_str();
-        for sample in &profile.sample {
-            let frames: Vec<(&str, &str)> = sample
-                .location_id
-                .iter()
-                .map(|id| &profile.location[*id as usize - 1])
-                .flat_map(|location| {
-                    let module = profile
-                        .mapping
-                        .get((location.mapping_id as usize).wrapping_sub(1))
-                        .map_or("", |mapping| string(mapping.filename));
-                    location.line.iter().map(move |line| {
-                        let function = &profile.function[line.function_id as usize - 1];
-                        (module, string(function.name))
-                    })
-                })
-                .collect();
+        for frames in sample_frames(&profile) {
             sampled.extend(frames.iter().map(|(module, _)| module.to_string()));
             if let [(module, "record_key"), ref callers @ ..] = frames[..] {
                 if callers.iter().any(|&(_, function)| function == "main") {
@@ -539,6 +548,27 @@ fn bpf_map_resident_bytes(pid: u32) -> u64 {
     kib * 1024
 }
 
+/// The C workload (tests/workloads/c/no_frame_pointers.c) with `functions` small functions
+/// more, each with call-frame information (three rows each), and its own build ID from `id`.
+fn large_table_program(
+    dir: &std::path::Path,
+    name: &str,
+    functions: u32,
+    id: u64,
+) -> std::path::PathBuf {
+    let assembly = dir.join(format!("{name}.s"));
+    let mut text = String::from(".text\n");
+    for k in 0..functions {
+        text.push_str(&format!(
+            ".globl many_{k}\nmany_{k}:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n\
+             .cfi_offset %rbp, -16\npop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n"
+        ));
+    }
+    std::fs::write(&assembly, text).unwrap();
+    let build_id = format!("-Wl,--build-id=0x{id:032x}");
+    build_no_frame_pointers(dir, name, &[assembly.to_str().unwrap(), &build_id])
+}
+
 #[test]
 fn a_large_unwind_table_leaves_the_agents_memory_when_its_program_exits() {
     // A program with a table large enough to span several arena chunks: 150,000 small
@@ -547,23 +577,7 @@ fn a_large_unwind_table_leaves_the_agents_memory_when_its_program_exits() {
     // they are mapped only while the rows are copied in, and live in the kernel's map, which
     // the metrics report apart from the compiled rows the agent holds while the file is open.
     let dir = tempfile::tempdir().unwrap();
-    let assembly = dir.path().join("many_functions.s");
-    let mut text = String::from(".text\n");
-    for k in 0..150_000 {
-        text.push_str(&format!(
-            ".globl many_{k}\nmany_{k}:\n.cfi_startproc\npush %rbp\n.cfi_def_cfa_offset 16\n\
-             .cfi_offset %rbp, -16\npop %rbp\n.cfi_def_cfa_offset 8\nret\n.cfi_endproc\n"
-        ));
-    }
-    std::fs::write(&assembly, text).unwrap();
-    let program = build_no_frame_pointers(
-        dir.path(),
-        "large_table",
-        &[
-            assembly.to_str().unwrap(),
-            "-Wl,--build-id=0xfeedfacefeedfacefeedfacefeedface",
-        ],
-    );
+    let program = large_table_program(dir.path(), "large_table", 150_000, 0xfeedface);
     let windows = tempfile::tempdir().unwrap();
     let (mut agent, metrics_addr) = agent_of_short_windows("99", windows.path());
     let rows = |scraped: &str| metric(scraped, "profiler_unwind_table_rows", &[]);
@@ -631,4 +645,106 @@ fn a_large_unwind_table_leaves_the_agents_memory_when_its_program_exits() {
         resident_after <= resident_before + (1 << 20),
         "{resident_before} bytes of mapped maps before, {resident_after} after its program exited"
     );
+}
+
+#[test]
+fn over_its_memory_budget_the_agent_lets_go_of_cold_rows_and_symbols_and_still_unwinds_all() {
+    // Two programs whose tables (300,000 rows each) do not fit together in a 6 MiB arena,
+    // under a budget of 1 MiB of heap: every table's compiled rows are let go once placed, and
+    // symbols of modules a window did not sample after each window. `first` runs, is stopped
+    // (idle, its file still open), `second` runs and takes the room of `first`'s table, then
+    // `first` runs on: its table is placed again from the disk cache, and its stacks are whole
+    // again. Without the read-back it would stay unloaded, walked by frame pointers.
+    let dir = tempfile::tempdir().unwrap();
+    let first = large_table_program(dir.path(), "first", 100_000, 0xf1257);
+    let second = large_table_program(dir.path(), "second", 100_000, 0x5ec0d);
+    let windows = tempfile::tempdir().unwrap();
+    let metrics_addr = metrics_address();
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args([
+                "agent",
+                "-F",
+                "499",
+                "--interval",
+                "1",
+                "--memory-max",
+                "1M",
+            ])
+            .args(["--unwind-table-mib", "6", "--output-dir"])
+            .arg(windows.path())
+            .args(["--metrics-addr", &metrics_addr])
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    let mut first_run = Running::spawn(Command::new(&first).arg("10000"));
+    std::thread::sleep(Duration::from_millis(2000));
+    first_run.signal(libc::SIGSTOP);
+    let mut second_run = Running::spawn(Command::new(&second).arg("2500"));
+    assert!(second_run.wait_at_most(Duration::from_secs(30)).success());
+    std::thread::sleep(Duration::from_millis(500));
+    let resumed_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    first_run.signal(libc::SIGCONT);
+    assert!(first_run.wait_at_most(Duration::from_secs(30)).success());
+    std::thread::sleep(Duration::from_millis(2500));
+    let scraped = scrape(&metrics_addr);
+    let log = agent.terminate();
+
+    let evictions = |part: &str| {
+        metric(
+            &scraped,
+            "profiler_memory_evictions_total",
+            &[&format!("part=\"{part}\"")],
+        )
+    };
+    assert!(
+        evictions("unwind tables' compiled rows") >= 3.0,
+        "{scraped}"
+    );
+    assert!(evictions("modules' symbols") >= 1.0, "{scraped}");
+    let held = metric(
+        &scraped,
+        "profiler_memory_bytes",
+        &["part=\"compiled unwind rows held by the agent\""],
+    );
+    assert!(held < 1e6, "{held} bytes of compiled rows held\n{scraped}");
+    // Each program's samples in record_key, and how many of them reach main; for `first`,
+    // those after it ran on (windows that start once it was resumed).
+    let (mut second_whole, mut second_all, mut resumed_whole, mut resumed_all) = (0, 0, 0, 0);
+    for window in std::fs::read_dir(windows.path()).unwrap() {
+        let window = window.unwrap().path();
+        if !is_window(&window) {
+            continue;
+        }
+        let profile = read_pprof(&window);
+        let after_resuming = profile.time_nanos > resumed_ns;
+        for frames in sample_frames(&profile) {
+            let [(module, "record_key"), ref callers @ ..] = frames[..] else {
+                continue;
+            };
+            let whole = callers.iter().any(|&(_, function)| function == "main");
+            let counts = match module {
+                m if m == second.to_str().unwrap() => (&mut second_whole, &mut second_all),
+                m if m == first.to_str().unwrap() && after_resuming => {
+                    (&mut resumed_whole, &mut resumed_all)
+                }
+                _ => continue,
+            };
+            *counts.0 += usize::from(whole);
+            *counts.1 += 1;
+        }
+    }
+    for (program, whole, all) in [
+        ("second", second_whole, second_all),
+        ("first, resumed", resumed_whole, resumed_all),
+    ] {
+        assert!(all >= 20, "{program}: {all} samples in record_key\n{log}");
+        assert!(
+            whole * 100 >= all * 90,
+            "{program}: {whole} of {all} samples in record_key reach main\n{log}"
+        );
+    }
 }

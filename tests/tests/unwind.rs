@@ -443,17 +443,25 @@ fn the_agents_windows_end_a_deep_walk_at_the_same_126_frames() {
             .stderr(Stdio::piped()),
     );
     wait_until_recording(agent.id());
-    let ran = Command::new(&binary)
-        .args(["3000", "deep", "200"])
-        .stdout(Stdio::null())
-        .status()
-        .expect("the workload starts");
+    let mut workload = Running::spawn(
+        Command::new(&binary)
+            .args(["3000", "deep", "200"])
+            .stdout(Stdio::null()),
+    );
+    let ran = workload.wait_at_most(Duration::from_secs(60));
     assert!(ran.success(), "the workload failed: {ran}");
     let stderr = agent.terminate();
+    // Its own process's: the system-wide agent also samples other tests' runs of the workload.
     let leaf_stacks: Vec<(Vec<String>, u64)> = window_stacks(&windows)
         .into_iter()
-        .filter(|(_, frames, _)| frames.first().is_some_and(|leaf| leaf == "record_key"))
-        .map(|(_, frames, count)| (frames, count))
+        .filter(|stack| stack.pid == workload.id())
+        .filter(|stack| {
+            stack
+                .frames
+                .first()
+                .is_some_and(|leaf| leaf == "record_key")
+        })
+        .map(|stack| (stack.frames, stack.count))
         .collect();
     // Samples taken before the agent published the new process are walked by frame pointers,
     // which stop at once here; the rest are walked by tables.
@@ -475,14 +483,25 @@ fn the_agents_windows_end_a_deep_walk_at_the_same_126_frames() {
     assert!(
         cut_at_the_depth as f64 >= 0.99 * total as f64,
         "{cut_at_the_depth} of {total} leaf samples walked by tables hold 126 frames and the \
-         marker; one: {:?}\n{stderr}",
-        walked.first()
+         marker; one that does not: {:?}\n{stderr}",
+        walked
+            .iter()
+            .find(|(frames, _)| !cut_at_the_walks_depth(frames.iter().map(String::as_str)))
     );
 }
 
 /// The samples of the agent's pprof windows in `windows`: each one's process name (its `comm`
 /// label), function names leaf first (as pprof lists a sample's locations), and count.
-fn window_stacks(windows: &Path) -> Vec<(String, Vec<String>, u64)> {
+/// One stack of an agent's window: its process, the process's name, its frames' functions
+/// (innermost first) and its samples.
+struct WindowStack {
+    pid: u32,
+    comm: String,
+    frames: Vec<String>,
+    count: u64,
+}
+
+fn window_stacks(windows: &Path) -> Vec<WindowStack> {
     let mut stacks = Vec::new();
     for entry in std::fs::read_dir(windows).unwrap() {
         let path = entry.unwrap().path();
@@ -505,17 +524,19 @@ fn window_stacks(windows: &Path) -> Vec<(String, Vec<String>, u64)> {
             })
             .collect();
         for sample in &profile.sample {
-            let comm = sample
-                .label
-                .iter()
-                .find(|label| text(label.key) == "comm")
-                .map_or("", |label| text(label.str));
-            let frames = sample
-                .location_id
-                .iter()
-                .map(|id| function_of_location[id].to_string())
-                .collect();
-            stacks.push((comm.to_string(), frames, sample.value[0] as u64));
+            let label = |key: &str| sample.label.iter().find(|label| text(label.key) == key);
+            stacks.push(WindowStack {
+                pid: label("pid").map_or(0, |label| label.num as u32),
+                comm: label("comm")
+                    .map_or("", |label| text(label.str))
+                    .to_string(),
+                frames: sample
+                    .location_id
+                    .iter()
+                    .map(|id| function_of_location[id].to_string())
+                    .collect(),
+                count: sample.value[0] as u64,
+            });
         }
     }
     stacks
@@ -943,8 +964,8 @@ fn the_agents_windows_hold_short_processes_whole_stacks() {
     // Root first, as the folded stacks are.
     let stacks: Vec<(Vec<String>, u64)> = window_stacks(&windows)
         .into_iter()
-        .filter(|(comm, _, _)| comm == "agentshortnofp")
-        .map(|(_, frames, count)| (frames.into_iter().rev().collect(), count))
+        .filter(|stack| stack.comm == "agentshortnofp")
+        .map(|stack| (stack.frames.into_iter().rev().collect(), stack.count))
         .collect();
     assert_short_processes_whole(&stacks, 500, processes, "the agent's windows", &stderr);
 }

@@ -38,6 +38,11 @@ use crate::{
     },
 };
 
+const EVICTIONS_HELP: &str = "What the agent let go of to stay within --memory-max, by part \
+                              (read again when needed).";
+const MEMORY_HELP: &str = "Memory the agent's parts hold, by part (its own resident memory is \
+                           profiler_resident_memory_bytes).";
+
 /// Windows waiting for the export thread at most; more are dropped, not queued without bound.
 const QUEUED_WINDOWS: usize = 4;
 /// A closed window on its way to the export thread.
@@ -56,6 +61,8 @@ struct Exporter {
     metrics: Arc<Metrics>,
     /// `--source-lines`.
     source_lines: bool,
+    /// `--memory-max`.
+    memory_budget: u64,
 }
 
 impl Exporter {
@@ -176,6 +183,7 @@ impl Exporter {
             // The window, and what the capture side let go of since the last one (tables and
             // symbols of programs that exited), leave free pages behind.
             drop(window);
+            self.keep_within_budget(&mut symbols);
             crate::heap::release_free_pages();
         }
         for sink in &mut self.sinks {
@@ -186,6 +194,45 @@ impl Exporter {
                 );
             }
         }
+    }
+
+    /// Over the memory budget, lets go of the symbols of the modules this window did not sample
+    /// (read again at their next sample), and says what the heap holds.
+    fn keep_within_budget(&self, symbols: &mut SymbolCache) {
+        let metrics = &self.metrics;
+        let mut held = crate::heap::in_use_bytes();
+        if held > self.memory_budget {
+            let forgotten = symbols.forget_unsampled();
+            metrics.add(
+                "profiler_memory_evictions_total",
+                EVICTIONS_HELP,
+                &[("part", "modules' symbols")],
+                forgotten as f64,
+            );
+            held = crate::heap::in_use_bytes();
+        }
+        symbols.start_window();
+        metrics.set(
+            "profiler_memory_bytes",
+            Kind::Gauge,
+            MEMORY_HELP,
+            &[("part", "heap in use (budget: --memory-max)")],
+            held as f64,
+        );
+        metrics.set(
+            "profiler_memory_budget_bytes",
+            Kind::Gauge,
+            "The heap the agent is to hold at most (--memory-max).",
+            &[],
+            self.memory_budget as f64,
+        );
+        metrics.set(
+            "profiler_symbol_modules",
+            Kind::Gauge,
+            "Modules whose symbols the agent holds.",
+            &[],
+            symbols.modules() as f64,
+        );
     }
 
     /// Sample accounting of a window, added to the metrics' running totals.
@@ -257,6 +304,13 @@ impl Exporter {
                 &[],
                 tables.rows as f64,
             );
+            metrics.set(
+                "profiler_memory_evictions_total",
+                Kind::Counter,
+                EVICTIONS_HELP,
+                &[("part", "unwind tables' compiled rows")],
+                tables.tables_shed as f64,
+            );
             let row_bytes = profiler_common::unwind::UnwindRow::SIZE as f64;
             for (part, rows) in [
                 ("unwind rows in the kernel's arena", tables.rows),
@@ -265,8 +319,7 @@ impl Exporter {
                 metrics.set(
                     "profiler_memory_bytes",
                     Kind::Gauge,
-                    "Memory the agent's parts hold, by part (its own resident memory is \
-                     profiler_resident_memory_bytes).",
+                    MEMORY_HELP,
                     &[("part", part)],
                     rows as f64 * row_bytes,
                 );
@@ -417,6 +470,8 @@ pub struct AgentOptions {
     pub metrics: Arc<Metrics>,
     /// `--source-lines`.
     pub source_lines: bool,
+    /// `--memory-max`: the heap the agent is to hold at most.
+    pub memory_budget: u64,
 }
 
 /// Runs the agent until a stop signal, then exports the last, partial window.
@@ -428,6 +483,7 @@ pub async fn run_agent(options: AgentOptions, signals: &mut StopSignals) -> Resu
         sinks,
         metrics,
         source_lines,
+        memory_budget,
     } = options;
     let mut session = CaptureSession::open(&options)?;
     let mut windows = Windows::start(Exporter {
@@ -437,6 +493,7 @@ pub async fn run_agent(options: AgentOptions, signals: &mut StopSignals) -> Resu
         metrics,
         target: target.clone(),
         source_lines,
+        memory_budget,
     })?;
     session.start(&options.target).await?;
     log(

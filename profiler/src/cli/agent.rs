@@ -67,6 +67,14 @@ pub struct AgentArgs {
     /// a large program or glibc's debug file.
     #[arg(long)]
     pub source_lines: bool,
+    /// The most the agent's own heap is to hold (suffixes K, M, G): compiled unwind rows,
+    /// symbols, the processes' mappings and the window being exported. Over it, the compiled
+    /// rows of the coldest unwind tables (their copy in the kernel stays) and the symbols of
+    /// the modules the last window did not sample are let go, counted, and read again when
+    /// needed. The kernel's maps are apart (--unwind-table-mib and the sample maps); --stats
+    /// and the metrics show both.
+    #[arg(long, value_name = "SIZE", default_value = "32M", value_parser = byte_size)]
+    pub memory_max: u64,
     /// The least severe messages logged to standard error.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
@@ -179,6 +187,7 @@ impl AgentArgs {
             sideband_interval: AGENT_SIDEBAND_INTERVAL,
             // Its exports carry stacks and data lines, not instructions.
             per_instruction: false,
+            memory_budget: Some(self.memory_max),
             ..capture_options(&self.sampling, target)?
         };
         Ok(AgentOptions {
@@ -188,6 +197,7 @@ impl AgentArgs {
             sinks,
             metrics,
             source_lines: self.source_lines,
+            memory_budget: self.memory_max,
         })
     }
 }

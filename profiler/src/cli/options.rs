@@ -206,6 +206,7 @@ pub fn capture_options(args: &SamplingArgs, target: TargetSpec) -> Result<Captur
             wakers: args.wakers,
         }),
         per_instruction: true,
+        memory_budget: None,
     })
 }
 

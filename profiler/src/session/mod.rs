@@ -172,7 +172,7 @@ impl CaptureSession {
         let unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
             0 => None,
             _ => {
-                let mut unwinder = UnwindLoader::for_program(&mut program)?;
+                let mut unwinder = UnwindLoader::for_program(&mut program, options.memory_budget)?;
                 unwinder.preload(&files_to_preload(&options.target))?;
                 Some(unwinder)
             }

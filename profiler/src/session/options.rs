@@ -42,6 +42,9 @@ pub struct CaptureOptions {
     /// [`profiler_common::capture::CAPTURE_INSTRUCTIONS`]): what reports read, not the agent's
     /// exports.
     pub per_instruction: bool,
+    /// The agent's memory budget (`--memory-max`): over it, the coldest tables' compiled rows
+    /// are let go. A recording keeps what it loaded until its end.
+    pub memory_budget: Option<u64>,
 }
 
 /// How user call stacks are walked.

@@ -56,6 +56,8 @@ struct ModuleSymbols {
     /// The functions (their start's file offset) whose other names were looked up: a new
     /// offset in one of them needs no reading of the module's symbol tables again.
     names_read: HashSet<u64>,
+    /// Whether the current window symbolized code of this module.
+    sampled: bool,
 }
 
 impl ModuleSymbols {
@@ -186,6 +188,7 @@ impl SymbolCache {
         if module.path != path {
             module.path = path.to_path_buf();
         }
+        module.sampled = true;
         let mut missed = Vec::new();
         for (index, frame) in frames.iter_mut().enumerate() {
             match module.by_offset.get(&frame.module_offset) {
@@ -261,15 +264,37 @@ impl SymbolCache {
             module.closed = true;
             keep
         });
-        for path in closed {
-            // The path may name an open module by now (a reused descriptor): its parse goes
-            // too, and is read again at its next frame. Evicting what is not cached is no
-            // error.
-            let _ = self
-                .symbolizer
-                .get_mut()
-                .evict(&Evict::Elf(evict::Elf::new(path)));
+        evict_parses(self.symbolizer.get_mut(), closed);
+    }
+
+    /// Forgets the modules the current window did not sample, and the symbolizer's parse of
+    /// each: over the agent's memory budget, symbols of code that stopped running go first.
+    /// They are read again at the module's next sample. Returns how many went.
+    pub fn forget_unsampled(&mut self) -> usize {
+        let mut parses = Vec::new();
+        self.modules.get_mut().retain(|_, module| {
+            if module.sampled {
+                return true;
+            }
+            parses.push(std::mem::take(&mut module.path));
+            false
+        });
+        let forgotten = parses.len();
+        parses.retain(|path| !path.as_os_str().is_empty());
+        evict_parses(self.symbolizer.get_mut(), parses);
+        forgotten
+    }
+
+    /// Starts a window: no module is sampled in it yet.
+    pub fn start_window(&mut self) {
+        for module in self.modules.get_mut().values_mut() {
+            module.sampled = false;
         }
+    }
+
+    /// Modules whose symbols are held.
+    pub fn modules(&self) -> usize {
+        self.modules.borrow().len()
     }
 
     #[cfg(test)]
@@ -278,6 +303,15 @@ impl SymbolCache {
             .borrow()
             .get(&identity)
             .map_or(0, |module| module.by_offset.len())
+    }
+}
+
+/// Drops the symbolizer's parse of the files at `paths`. A path may name a module still held by
+/// now (a reused descriptor): its parse is read again at its next frame. Evicting what is not
+/// cached is no error.
+fn evict_parses(symbolizer: &mut Symbolizer, paths: Vec<PathBuf>) {
+    for path in paths {
+        let _ = symbolizer.evict(&Evict::Elf(evict::Elf::new(path)));
     }
 }
 

@@ -32,7 +32,7 @@ use profiler_common::{
 
 use super::{
     arena::{eviction_order, ArenaSpace, Placed, TableUse},
-    tables::{compile, NoCallFrameInformation, TableCache, UnwindTable},
+    tables::{compile, NoCallFrameInformation, TableCache, TableKey, UnwindTable},
 };
 use crate::{
     capture::{program::CaptureProgram, ring::KernelRing},
@@ -43,13 +43,44 @@ use crate::{
     },
 };
 
+/// Files `--stats` names whose mappings found no room in the arena, the most refused first.
+const NO_ROOM_NAMED: usize = 10;
+
+/// Why a mapping has no table when the arena has no room for it.
+const NO_ROOM: &str = "the unwind-table memory is full (--unwind-table-mib)";
+
 static NO_TABLE_WARNING: FileWarning =
     FileWarning::new("more files have no unwind table: their frames are walked by frame pointers");
 
-/// A file's table and where its loadable segments are, to turn a mapping into a load bias.
+/// A file's table as the loader knows it: what it is placed in the arena by, its size, and
+/// where the file's loadable segments are, to turn a mapping into a load bias. Its compiled rows
+/// are held apart ([`UnwindLoader::held`]), as long as the memory budget allows.
+#[derive(Clone)]
 struct FileTable {
-    table: Arc<UnwindTable>,
+    key: TableRef,
+    /// The ELF virtual address the rows' `pc` are offsets from.
+    base: u64,
+    rows: usize,
     segments: Vec<Segment>,
+}
+
+impl FileTable {
+    fn new(key: TableRef, table: &UnwindTable, segments: Vec<Segment>) -> FileTable {
+        FileTable {
+            key,
+            base: table.base,
+            rows: table.rows.len(),
+            segments,
+        }
+    }
+}
+
+/// What a table is placed in the arena by: one table however many files and processes have it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum TableRef {
+    Cached(TableKey),
+    /// The vDSO's, compiled from the agent's own image.
+    Vdso,
 }
 
 /// The row arena map, memory-mapped (it is created `BPF_F_MMAPABLE`): a file's rows are copied
@@ -236,6 +267,8 @@ pub struct TablesLoaded {
     pub files: usize,
     pub rows: u64,
     pub rows_held: u64,
+    /// Tables whose compiled rows were let go for the memory budget, since the start.
+    pub tables_shed: u64,
 }
 
 /// The agent's side of the in-kernel unwinder.
@@ -248,16 +281,27 @@ pub struct UnwindLoader {
     files_published: HashMap<FileIdentity, FileRows>,
     /// Files whose tables were placed before any process mapped them ([`UnwindLoader::preload`]),
     /// held open (their inode numbers cannot be reused meanwhile) with their tables.
-    preloaded: HashMap<FileIdentity, (std::fs::File, Arc<UnwindTable>)>,
+    preloaded: HashMap<FileIdentity, (std::fs::File, FileTable)>,
     counts: PerCpuArray<MapData, u64>,
     /// Process ids the walker met before their mappings were published.
     requests: KernelRing,
     cache: TableCache,
-    files: HashMap<FileIdentity, Result<Arc<FileTable>, String>>,
+    files: HashMap<FileIdentity, Result<FileTable, String>>,
+    /// The compiled rows the agent holds, of the open files' tables: a table evicted from the
+    /// arena is placed again from them without reading it back. Over the memory budget the
+    /// coldest go ([`UnwindLoader::keep_within`]) and are read back from the cache when needed.
+    held: HashMap<TableRef, Arc<UnwindTable>>,
     /// Compiled when a process first maps the vDSO.
     vdso: Option<Result<VdsoTable, String>>,
-    /// By the table's address: the cache hands out one `Arc` per distinct file.
-    placed: HashMap<*const UnwindTable, Placed>,
+    placed: HashMap<TableRef, Placed>,
+    /// Placed tables no open file had at the last release: evicted at the next one unless a
+    /// file with them is opened again meanwhile (under churn the same program starts again as
+    /// soon as its last process exits).
+    unreferenced: HashSet<TableRef>,
+    /// The compiled rows let go for the memory budget.
+    shed: Shed,
+    /// Mappings published without their table because the arena had no room, by file.
+    no_room: BTreeMap<String, u64>,
     space: ArenaSpace,
     published: HashMap<u32, Vec<ExecMapping>>,
     /// The process table's change counter at the last sync: processes that have not changed
@@ -278,12 +322,18 @@ pub struct UnwindLoader {
     refused: HashSet<u32>,
     /// The process table's count of closed files at the last sync.
     files_closed: u64,
+    /// The agent's memory budget, over which compiled rows are let go.
+    memory_budget: Option<u64>,
 }
 
 impl UnwindLoader {
     /// The agent's side of the in-kernel unwinder, with the maps of `program` it fills
     /// (`--unwind dwarf`).
-    pub fn for_program(program: &mut CaptureProgram) -> Result<UnwindLoader> {
+    /// Over `memory_budget` bytes of heap, the coldest tables' compiled rows are let go.
+    pub fn for_program(
+        program: &mut CaptureProgram,
+        memory_budget: Option<u64>,
+    ) -> Result<UnwindLoader> {
         let rows = match program.take_map("UNWIND_ROWS")? {
             aya::maps::Map::Array(map) => map,
             _ => return Err(anyhow!("the capture program has no array UNWIND_ROWS")),
@@ -300,8 +350,12 @@ impl UnwindLoader {
             requests: KernelRing::new(program.take_map("UNWIND_REQUESTS")?)?,
             cache: TableCache::new(TableCache::default_directory()),
             files: HashMap::new(),
+            held: HashMap::new(),
             vdso: None,
             placed: HashMap::new(),
+            unreferenced: HashSet::new(),
+            shed: Shed::default(),
+            no_room: BTreeMap::new(),
             published: HashMap::new(),
             synced: 0,
             retry: HashSet::new(),
@@ -312,6 +366,7 @@ impl UnwindLoader {
             without_table: BTreeMap::new(),
             refused: HashSet::new(),
             files_closed: 0,
+            memory_budget,
         })
     }
 
@@ -327,10 +382,21 @@ impl UnwindLoader {
     /// Under process churn it runs often: a process whose mappings did not change and whose
     /// tables are all loaded is passed over, so its cost follows the changes, not the processes.
     pub fn sync(&mut self, table: &ProcessTable) -> Result<()> {
+        self.publish_changes(table)?;
+        if let Some(budget) = self.memory_budget {
+            self.keep_within(crate::heap::in_use_bytes().saturating_sub(budget));
+        }
+        Ok(())
+    }
+
+    fn publish_changes(&mut self, table: &ProcessTable) -> Result<()> {
         // The requests only say "look": every changed process is compared below.
         while self.requests.for_each(usize::MAX, |_: u32| Ok(()))? > 0 {}
         // Files closed since, or tables found unused at the last release: they go at this one.
-        if table.files.closed() != self.files_closed || self.cache.holds_unused() {
+        if table.files.closed() != self.files_closed
+            || self.cache.holds_unused()
+            || !self.unreferenced.is_empty()
+        {
             self.files_closed = table.files.closed();
             self.release_closed_files(&table.files)?;
         }
@@ -398,10 +464,13 @@ impl UnwindLoader {
                 continue;
             }
             // Each mapping without a table once, when it is first published.
-            for (entry, reason) in &resolved {
+            for ((entry, reason), mapping) in resolved.iter().zip(&mappings) {
                 let new = before.is_none_or(|old| !old.contains(entry));
                 if let (true, Some(reason)) = (new, reason) {
                     *self.without_table.entry(reason).or_default() += 1;
+                    if *reason == NO_ROOM {
+                        *self.no_room.entry(mapping.path.to_string()).or_default() += 1;
+                    }
                 }
             }
             // A process that exits meanwhile is refused by no one: its entry is removed above
@@ -446,13 +515,33 @@ impl UnwindLoader {
         for identity in closed {
             self.unpublish_file(identity)?;
         }
-        for table in self.cache.release_unused() {
-            // Freed while the table lives: its rows are placed by its address, which a table
-            // allocated later may reuse.
-            if let Some(placed) = self.placed.get(&Arc::as_ptr(&table)).copied() {
-                self.repoint(placed.start, None)?;
-            }
+        let referenced: HashSet<TableRef> = self
+            .files
+            .values()
+            .filter_map(|file| file.as_ref().ok())
+            .chain(self.preloaded.values().map(|(_, file)| file))
+            .map(|file| file.key.clone())
+            .chain(std::iter::once(TableRef::Vdso))
+            .collect();
+        self.held.retain(|key, _| referenced.contains(key));
+        self.cache.release_unused();
+        let unreferenced: HashSet<TableRef> = self
+            .placed
+            .keys()
+            .filter(|key| !referenced.contains(key))
+            .cloned()
+            .collect();
+        let gone: Vec<Placed> = unreferenced
+            .intersection(&self.unreferenced)
+            .filter_map(|key| self.placed.get(key).copied())
+            .collect();
+        for placed in gone {
+            self.repoint(placed.start, None)?;
         }
+        self.unreferenced = unreferenced
+            .into_iter()
+            .filter(|key| self.placed.contains_key(key))
+            .collect();
         Ok(())
     }
 
@@ -488,7 +577,7 @@ impl UnwindLoader {
         match (mapping.is_file(), mapping.file) {
             (true, Some(identity)) => self
                 .file_table(processes, identity, &mapping.path)
-                .map_or(0, |file| file.table.rows.len()),
+                .map_or(0, |file| file.rows),
             _ => 0,
         }
     }
@@ -522,17 +611,19 @@ impl UnwindLoader {
             return Ok((entry, Some("no loadable segment holds it")));
         };
         let bias = load_bias(segment, mapping);
-        let Some(placed) = self.place(&file.table, pid, keep)? else {
+        let rows = |loader: &mut UnwindLoader| {
+            loader.held_rows(&file.key, processes, mapping.file, &mapping.path)
+        };
+        let Some(placed) = self.place(&file, rows, pid, keep)? else {
             // The walker asks for it when it steps through this mapping.
             entry.rows_start = TABLE_NOT_LOADED;
-            let reason = "the unwind-table memory is full (--unwind-table-mib)";
-            return Ok((entry, Some(reason)));
+            return Ok((entry, Some(NO_ROOM)));
         };
-        entry.table_base = bias.wrapping_add(file.table.base);
+        entry.table_base = bias.wrapping_add(file.base);
         entry.rows_start = placed.start;
         entry.rows_len = placed.len;
         if let Some(identity) = mapping.file {
-            self.publish_file(identity, file_rows(segment, &file.table, placed))?;
+            self.publish_file(identity, file_rows(segment, &file, placed))?;
         }
         Ok((entry, None))
     }
@@ -554,17 +645,22 @@ impl UnwindLoader {
             if self.preloaded.contains_key(&identity) {
                 continue;
             }
-            let Ok(table) = self.cache.table(&file, path) else {
+            let Ok(cached) = self.cache.table(&file, path) else {
                 continue;
             };
             let image = ModuleImage::new(file.try_clone()?);
             let Ok(elf) = object::File::parse(&image) else {
                 continue;
             };
-            let Some(segment) = segments(&elf).into_iter().find(|s| s.executable) else {
+            let segments = segments(&elf);
+            let Some(segment) = segments.iter().copied().find(|s| s.executable) else {
                 continue;
             };
-            let Some(placed) = self.place(&table, 0, &[])? else {
+            let key = TableRef::Cached(cached.key);
+            let table = FileTable::new(key.clone(), &cached.table, segments);
+            self.held.entry(key).or_insert(cached.table);
+            let rows = |loader: &mut UnwindLoader| loader.held.get(&table.key).cloned();
+            let Some(placed) = self.place(&table, rows, 0, &[])? else {
                 continue;
             };
             self.publish_file(identity, file_rows(&segment, &table, placed))?;
@@ -608,12 +704,17 @@ impl UnwindLoader {
     }
 
     /// The vDSO's table, compiled on first use, for a `[vdso]` mapping the size of the agent's.
-    fn vdso_table(&mut self, mapping: &Mapping) -> Result<Arc<FileTable>, &'static str> {
-        let vdso = self
-            .vdso
-            .get_or_insert_with(|| VdsoTable::compile().map_err(|e| format!("{e:#}")));
+    /// Its rows (a few dozen) are held for the agent's life.
+    fn vdso_table(&mut self, mapping: &Mapping) -> Result<FileTable, &'static str> {
+        let vdso = self.vdso.get_or_insert_with(|| {
+            let compiled = VdsoTable::compile().map_err(|e| format!("{e:#}"));
+            if let Ok((_, rows)) = &compiled {
+                self.held.insert(TableRef::Vdso, Arc::clone(rows));
+            }
+            compiled.map(|(vdso, _)| vdso)
+        });
         match vdso {
-            Ok(vdso) if vdso.bytes == mapping.end - mapping.start => Ok(Arc::clone(&vdso.file)),
+            Ok(vdso) if vdso.bytes == mapping.end - mapping.start => Ok(vdso.file.clone()),
             Ok(_) => Err("a vDSO unlike the profiler's own (a 32-bit process?)"),
             Err(_) => Err("the vDSO's call-frame information did not compile"),
         }
@@ -625,7 +726,7 @@ impl UnwindLoader {
         processes: &ProcessTable,
         identity: FileIdentity,
         shown: &str,
-    ) -> Result<Arc<FileTable>, &'static str> {
+    ) -> Result<FileTable, &'static str> {
         if let Some(known) = self.files.get(&identity) {
             return known
                 .clone()
@@ -636,15 +737,15 @@ impl UnwindLoader {
         let compiled = (|| -> Result<FileTable> {
             let path = path.as_ref().context("the mapped file is no longer open")?;
             let file = open_regular(path, FinalLink::Follow)?;
-            let table = self.cache.table(&file, Path::new(shown))?;
+            let cached = self.cache.table(&file, Path::new(shown))?;
             let image = ModuleImage::new(file);
             let elf = object::File::parse(&image)?;
-            Ok(FileTable {
-                table,
-                segments: segments(&elf),
-            })
+            let key = TableRef::Cached(cached.key);
+            let table = FileTable::new(key.clone(), &cached.table, segments(&elf));
+            self.held.entry(key).or_insert(cached.table);
+            Ok(table)
         })();
-        let compiled = compiled.map(Arc::new).map_err(|e| {
+        let compiled = compiled.map_err(|e| {
             has_no_cfi = e.downcast_ref::<NoCallFrameInformation>().is_some();
             format!("{e:#}")
         });
@@ -661,18 +762,41 @@ impl UnwindLoader {
         compiled.map_err(|_| "its call-frame information did not compile")
     }
 
-    /// Where `table`'s rows are in the arena, written there on first use, for process `pid`
-    /// (evicting what it may, but not the tables at `keep`); `None` when they do not fit.
+    /// The compiled rows of the table `key`: those held, else read back through the cache from
+    /// the file `identity` (they were let go for the memory budget).
+    fn held_rows(
+        &mut self,
+        key: &TableRef,
+        processes: &ProcessTable,
+        identity: Option<FileIdentity>,
+        shown: &str,
+    ) -> Option<Arc<UnwindTable>> {
+        if let Some(rows) = self.held.get(key) {
+            return Some(Arc::clone(rows));
+        }
+        let path = processes.files.path(identity?)?;
+        let file = open_regular(&path, FinalLink::Follow).ok()?;
+        let cached = self.cache.table(&file, Path::new(shown)).ok()?;
+        // The same identity is the same open file: another key would be another table.
+        (TableRef::Cached(cached.key) == *key).then_some(())?;
+        self.held.insert(key.clone(), Arc::clone(&cached.table));
+        Some(cached.table)
+    }
+
+    /// Where `table`'s rows are in the arena, written there on first use (`rows` gives them),
+    /// for process `pid` (evicting what it may, but not the tables at `keep`); `None` when they
+    /// do not fit.
     fn place(
         &mut self,
-        table: &Arc<UnwindTable>,
+        table: &FileTable,
+        rows: impl FnOnce(&mut UnwindLoader) -> Option<Arc<UnwindTable>>,
         pid: u32,
         keep: &[u32],
     ) -> Result<Option<Placed>> {
-        if let Some(placed) = self.placed.get(&Arc::as_ptr(table)) {
+        if let Some(placed) = self.placed.get(&table.key) {
             return Ok(Some(*placed));
         }
-        let Ok(len) = u32::try_from(table.rows.len()) else {
+        let Ok(len) = u32::try_from(table.rows) else {
             return Ok(None);
         };
         if len > self.space.capacity() {
@@ -689,12 +813,17 @@ impl UnwindLoader {
                     .context("the unwind-row arena has no room after evicting for it")?
             }
         };
+        // Read back only once there is room: a table with none is asked for again and again.
+        let Some(rows) = rows(self).filter(|rows| rows.rows.len() == table.rows) else {
+            self.space.free(placed.start);
+            return Ok(None);
+        };
         // Rows first: the walker reaches them only through a mapping published afterwards.
-        if !self.rows.write(placed.start, &table.rows)? {
+        if !self.rows.write(placed.start, &rows.rows)? {
             self.space.free(placed.start);
             return Ok(None);
         }
-        self.placed.insert(Arc::as_ptr(table), placed);
+        self.placed.insert(table.key.clone(), placed);
         Ok(Some(placed))
     }
 
@@ -702,31 +831,12 @@ impl UnwindLoader {
     /// of processes idle for longer than `pid`; `false` (nothing evicted) when that is not
     /// enough.
     fn evict_for(&mut self, len: u32, pid: u32, keep: &[u32]) -> Result<bool> {
-        self.read_use_stamps();
         let now = use_stamp_now();
         let needer = self.use_stamps.get(&pid).copied().unwrap_or(now);
-        // Each table's newest use, by age across the stamp's wrap.
-        let mut newest: HashMap<u32, Option<u32>> = self
-            .placed
-            .values()
-            .filter(|placed| !keep.contains(&placed.start))
-            .map(|placed| (placed.start, None))
-            .collect();
-        for (user, entries) in &self.published {
-            let stamp = self.use_stamps.get(user).copied().unwrap_or(now);
-            for entry in entries.iter().filter(|entry| entry.rows_len > 0) {
-                if let Some(seen) = newest.get_mut(&entry.rows_start) {
-                    let newer =
-                        seen.is_none_or(|seen| now.wrapping_sub(stamp) < now.wrapping_sub(seen));
-                    if newer {
-                        *seen = Some(stamp);
-                    }
-                }
-            }
-        }
-        let tables: Vec<(u32, TableUse)> = newest
+        let tables: Vec<(u32, TableUse)> = self
+            .table_uses(now)
             .into_iter()
-            .map(|(start, stamp)| (start, stamp.map_or(TableUse::Unmapped, TableUse::LastUsed)))
+            .filter(|(start, _)| !keep.contains(start))
             .collect();
         let order = eviction_order(&tables, needer, now);
         // The fewest victims after which the rows fit, other tables moved aside where the free
@@ -770,6 +880,74 @@ impl UnwindLoader {
             self.moved += 1;
         }
         Ok(self.space.victims_needed(len, &[]).is_some())
+    }
+
+    /// Each placed table's newest use (by its place in the arena): the last sample of the
+    /// published processes that map it, by age across the stamp's wrap.
+    fn table_uses(&mut self, now: u32) -> HashMap<u32, TableUse> {
+        self.read_use_stamps();
+        let mut newest: HashMap<u32, TableUse> = self
+            .placed
+            .values()
+            .map(|placed| (placed.start, TableUse::Unmapped))
+            .collect();
+        for (user, entries) in &self.published {
+            let stamp = self.use_stamps.get(user).copied().unwrap_or(now);
+            for entry in entries.iter().filter(|entry| entry.rows_len > 0) {
+                if let Some(seen) = newest.get_mut(&entry.rows_start) {
+                    let newer = match *seen {
+                        TableUse::Unmapped => true,
+                        TableUse::LastUsed(seen) => {
+                            now.wrapping_sub(stamp) < now.wrapping_sub(seen)
+                        }
+                    };
+                    if newer {
+                        *seen = TableUse::LastUsed(stamp);
+                    }
+                }
+            }
+        }
+        newest
+    }
+
+    /// Lets go of the compiled rows of the coldest tables until the agent holds `over` bytes
+    /// fewer (what it is over its memory budget by): first those no placement in the arena
+    /// has (evicted from it, or given no room), then the placed ones by their processes' last
+    /// sample. A placed table stays in the arena, so nothing is unwound less; one evicted from
+    /// it later is read back from the disk cache. The vDSO's few rows stay.
+    fn keep_within(&mut self, over: u64) {
+        if over == 0 {
+            return;
+        }
+        let now = use_stamp_now();
+        let uses = self.table_uses(now);
+        let age = |placed: Option<&Placed>| match placed.map(|placed| uses.get(&placed.start)) {
+            None => u64::MAX,
+            Some(None | Some(TableUse::Unmapped)) => u64::MAX - 1,
+            Some(Some(TableUse::LastUsed(stamp))) => u64::from(now.wrapping_sub(*stamp)),
+        };
+        let mut coldest: Vec<(u64, TableRef)> = self
+            .held
+            .keys()
+            .filter(|key| **key != TableRef::Vdso)
+            .map(|key| (age(self.placed.get(key)), key.clone()))
+            .collect();
+        coldest.sort_by_key(|(age, _)| std::cmp::Reverse(*age));
+        let mut freed = 0;
+        for (_, key) in coldest {
+            if freed >= over {
+                break;
+            }
+            let Some(table) = self.held.remove(&key) else {
+                continue;
+            };
+            if let TableRef::Cached(key) = &key {
+                self.cache.forget(key);
+            }
+            freed += table.row_bytes() as u64;
+            self.shed.tables += 1;
+            self.shed.rows += table.rows.len() as u64;
+        }
     }
 
     /// Frees the table at `start`, its rows now at `moved` (already written), else evicted:
@@ -855,18 +1033,15 @@ impl UnwindLoader {
     }
 
     pub fn loaded(&self) -> TablesLoaded {
-        let mut held: HashMap<*const UnwindTable, usize> = HashMap::new();
-        let open = self.files.values().filter_map(|file| file.as_ref().ok());
-        for table in open
-            .map(|file| &file.table)
-            .chain(self.preloaded.values().map(|(_, t)| t))
-        {
-            held.insert(Arc::as_ptr(table), table.rows.len());
-        }
         TablesLoaded {
             files: self.placed.len(),
             rows: self.space.used_rows(),
-            rows_held: held.values().map(|&rows| rows as u64).sum(),
+            rows_held: self
+                .held
+                .values()
+                .map(|table| table.rows.len() as u64)
+                .sum(),
+            tables_shed: self.shed.tables,
         }
     }
 
@@ -916,6 +1091,35 @@ impl UnwindLoader {
         if !reasons.is_empty() {
             let _ = writeln!(out, "  mappings without a table: {}", reasons.join(", "));
         }
+        if !self.no_room.is_empty() {
+            let mut files: Vec<(&String, &u64)> = self.no_room.iter().collect();
+            files.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            let named: Vec<String> = files
+                .iter()
+                .take(NO_ROOM_NAMED)
+                .map(|(file, mappings)| format!("{file} ({mappings})"))
+                .collect();
+            let more = files.len().saturating_sub(NO_ROOM_NAMED);
+            let _ = writeln!(
+                out,
+                "  no room in the arena, mappings by file: {}{}",
+                named.join(", "),
+                if more > 0 {
+                    format!(" and {more} more files")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        if self.shed.tables > 0 {
+            let _ = writeln!(
+                out,
+                "  compiled rows let go for the memory budget: {} tables, {:.1} MiB (their \
+                 rows stay in the kernel's map; read back from the disk cache when placed again)",
+                self.shed.tables,
+                mib(self.shed.rows as f64),
+            );
+        }
         let _ = writeln!(
             out,
             "  user stacks unwound: {} with tables ({} complete), {} by frame pointers (process \
@@ -945,6 +1149,13 @@ impl UnwindLoader {
         }
         out
     }
+}
+
+/// Compiled rows the agent let go of for its memory budget.
+#[derive(Default)]
+struct Shed {
+    tables: u64,
+    rows: u64,
 }
 
 /// Tables evicted from the arena, by why they could go.
@@ -985,7 +1196,7 @@ fn current_code_mappings(mappings: &[Mapping]) -> Vec<&Mapping> {
 }
 
 /// Where the walker finds the table of a file whose code is `segment`, placed at `placed`.
-fn file_rows(segment: &Segment, table: &UnwindTable, placed: Placed) -> FileRows {
+fn file_rows(segment: &Segment, table: &FileTable, placed: Placed) -> FileRows {
     FileRows {
         table_delta: segment
             .offset
@@ -1069,21 +1280,21 @@ fn segments<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Vec<Segmen
 /// The vDSO's table, from the agent's own image: every process of this kernel maps the same one
 /// (a 32-bit process maps another, of another size, which gets no table).
 struct VdsoTable {
-    file: Arc<FileTable>,
+    file: FileTable,
     bytes: u64,
 }
 
 impl VdsoTable {
-    fn compile() -> Result<VdsoTable> {
+    /// The table, and its rows.
+    fn compile() -> Result<(VdsoTable, Arc<UnwindTable>)> {
         let image = vdso::own_image().context("the profiler has no vDSO to read")?;
         let elf = object::File::parse(image).context("parsing the vDSO")?;
-        Ok(VdsoTable {
-            file: Arc::new(FileTable {
-                table: Arc::new(compile(&elf).context("compiling the vDSO's unwind table")?),
-                segments: segments(&elf),
-            }),
+        let rows = Arc::new(compile(&elf).context("compiling the vDSO's unwind table")?);
+        let vdso = VdsoTable {
+            file: FileTable::new(TableRef::Vdso, &rows, segments(&elf)),
             bytes: image.len() as u64,
-        })
+        };
+        Ok((vdso, rows))
     }
 }
 

@@ -982,6 +982,22 @@ impl Refused {
     }
 }
 
+/// A table as the cache hands it out: the rows, and the key the same table has in every file
+/// and run (what the loader places it in the arena by).
+#[derive(Clone, Debug)]
+pub struct CachedTable {
+    pub key: TableKey,
+    pub table: Arc<UnwindTable>,
+}
+
+impl std::ops::Deref for CachedTable {
+    type Target = Arc<UnwindTable>;
+
+    fn deref(&self) -> &Arc<UnwindTable> {
+        &self.table
+    }
+}
+
 /// Compiled tables by [`TableKey`], in memory and (when given a directory) on disk.
 #[derive(Debug, Default)]
 pub struct TableCache {
@@ -1008,8 +1024,9 @@ impl TableCache {
         CacheDir::default_for("unwind").map(|dir| dir.path().to_path_buf())
     }
 
-    /// The table of the ELF file open as `file` (reached at `path`, named in messages).
-    pub fn table(&mut self, file: &File, path: &Path) -> Result<Arc<UnwindTable>> {
+    /// The table of the ELF file open as `file` (reached at `path`, named in messages), with
+    /// the key it is cached by.
+    pub fn table(&mut self, file: &File, path: &Path) -> Result<CachedTable> {
         let image = ModuleImage::new(file.try_clone()?);
         let elf = object::File::parse(&image)
             .map_err(|e| anyhow!("{}: not an ELF file: {e}", path.display()))?;
@@ -1024,7 +1041,8 @@ impl TableCache {
         let key = TableKey::of(&elf, file, &cfi)?;
         if let Some(table) = self.memory.get(&key) {
             self.stats.from_memory += 1;
-            return table.clone().map_err(|refused| refused.error());
+            let table = table.clone().map_err(|refused| refused.error())?;
+            return Ok(CachedTable { key, table });
         }
         let cached = self
             .directory
@@ -1071,8 +1089,15 @@ impl TableCache {
             }
         };
         let table = Arc::new(table);
-        self.memory.insert(key, Ok(table.clone()));
-        Ok(table)
+        self.memory.insert(key.clone(), Ok(table.clone()));
+        Ok(CachedTable { key, table })
+    }
+
+    /// Lets go of the table cached by `key` at once, however recently used: the loader's memory
+    /// budget evicts it. The next file with this key reads it back from disk.
+    pub fn forget(&mut self, key: &TableKey) {
+        self.memory.remove(key);
+        self.idle.remove(key);
     }
 
     /// Whether the last release found tables unused and kept them for the next.
@@ -1085,16 +1110,14 @@ impl TableCache {
     /// A table is let go at the second release that finds it unused (the loader releases again
     /// at its next sync while [`TableCache::holds_unused`]): under process churn the same
     /// program starts again as soon as its last process exits, and reading its table back from
-    /// disk and placing its rows again was a twelfth of the agent's CPU. The tables are handed
-    /// back for the caller to undo what it did with them before they are dropped.
-    pub fn release_unused(&mut self) -> Vec<Arc<UnwindTable>> {
+    /// disk and placing its rows again was a twelfth of the agent's CPU. Says how many went.
+    pub fn release_unused(&mut self) -> usize {
         let unused = |table: &Result<Arc<UnwindTable>, Refused>| !matches!(table, Ok(t) if Arc::strong_count(t) > 1);
         let idle = std::mem::take(&mut self.idle);
         let released = self
             .memory
             .extract_if(|key, table| unused(table) && idle.contains(key))
-            .filter_map(|(_, table)| table.ok())
-            .collect();
+            .count();
         self.idle = self
             .memory
             .iter()

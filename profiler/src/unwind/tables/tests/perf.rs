@@ -90,7 +90,7 @@ impl Module {
         let data = std::fs::read(path).ok()?;
         let file = open_regular(Path::new(path), FinalLink::Follow).ok()?;
         let table = cache.table(&file, Path::new(path)).ok()?;
-        Module::with_table(&data, table)
+        Module::with_table(&data, table.table)
     }
 
     /// The `[vdso]`: no file, but every process maps this kernel's one image.
