@@ -679,7 +679,7 @@ fn samples_taken_in_the_kernel_unwind_the_user_stack_from_the_task_registers() {
 
 #[test]
 fn a_table_that_does_not_fit_is_counted_and_its_stacks_end_truncated() {
-    // 1 MiB holds libc's rows but not python3.11's as well: python's frames fall back to frame
+    // 1 MiB holds python3.11's rows but not libc's as well: libc's frames fall back to frame
     // pointers, which Debian's build does not keep, and the stacks end in [truncated] instead
     // of a garbage caller.
     let dir = temp_dir("unwind-full");
@@ -698,6 +698,16 @@ fn a_table_that_does_not_fit_is_counted_and_its_stacks_end_truncated() {
     assert!(
         stderr.contains("(the unwind-table memory is full (--unwind-table-mib))"),
         "no mapping counted as not fitting:\n{stderr}"
+    );
+    // And by name: the largest table (the interpreter's) is placed first, and the libraries
+    // that no longer fit beside it are named.
+    let refused = stderr
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("no room in the arena, mappings by file: "))
+        .unwrap_or_else(|| panic!("no file named as refused room:\n{stderr}"));
+    assert!(
+        refused.contains("/libc.so.6 (1)") && !refused.contains("python3.11"),
+        "files refused room: {refused}"
     );
     let counts = unwinder_counts(&stderr);
     let (walked, without_table) = (counts[0], counts[3]);
