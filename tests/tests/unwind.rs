@@ -703,7 +703,10 @@ fn a_table_that_does_not_fit_is_counted_and_its_stacks_end_truncated() {
     // that no longer fit beside it are named.
     let refused = stderr
         .lines()
-        .find_map(|line| line.trim().strip_prefix("no room in the arena, mappings by file: "))
+        .find_map(|line| {
+            line.trim()
+                .strip_prefix("no room in the arena, mappings by file: ")
+        })
         .unwrap_or_else(|| panic!("no file named as refused room:\n{stderr}"));
     assert!(
         refused.contains("/libc.so.6 (1)") && !refused.contains("python3.11"),

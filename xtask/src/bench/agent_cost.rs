@@ -78,20 +78,22 @@ impl ChurnCostRow {
 
 /// What runs beside the tools.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Load {
+pub enum Load {
     /// The CPU loop alone.
     CpuLoop,
     /// The CPU loop and a stream of short processes.
     Churn,
+    /// A CPU loop on every CPU and the stream of short processes: a busy host under churn.
+    SaturatedChurn,
 }
 
 /// The load running, each part a shell loop that restarts its workload until dropped.
-struct RunningLoad {
+pub struct RunningLoad {
     children: Vec<Child>,
 }
 
 impl RunningLoad {
-    fn start(release: &Path, load: Load) -> Result<RunningLoad> {
+    pub fn start(release: &Path, load: Load) -> Result<RunningLoad> {
         let spawn = |program: &str, args: &[&str]| -> Result<Child> {
             let path = release.join(program);
             Command::new("/bin/sh")
@@ -105,8 +107,14 @@ impl RunningLoad {
                 .spawn()
                 .with_context(|| format!("starting the churn load ({program})"))
         };
-        let mut children = vec![spawn("cpu_split", &["4000"])?];
-        if load == Load::Churn {
+        let loops = match load {
+            Load::SaturatedChurn => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            Load::CpuLoop | Load::Churn => 1,
+        };
+        let mut children = (0..loops)
+            .map(|_| spawn("cpu_split", &["4000"]))
+            .collect::<Result<Vec<Child>>>()?;
+        if load != Load::CpuLoop {
             children.push(spawn("short_processes", &["200"])?);
         }
         Ok(RunningLoad { children })

@@ -121,6 +121,8 @@ pub struct Results {
     pub rows: Vec<RowSummary>,
     pub in_kernel: Vec<InKernelCost>,
     pub footprint: Vec<Footprint>,
+    /// Each tool system-wide at 20 kHz on a busy host under churn.
+    pub system_loss: Vec<phases::SystemLoss>,
     pub report_speed: Vec<ReportSpeed>,
     pub stack_quality: Vec<stack_quality::StackQualityRow>,
     pub agent_cost: Vec<agent_cost::AgentCostRow>,
@@ -302,6 +304,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .find(|workload| workload.name == "many_threads")
         .expect("many_threads is a bundled workload");
     let footprint = bench.footprints(threads)?;
+    let system_loss = bench.system_loss()?;
     let report_speed = bench.report_speeds(threads, &trials)?;
     let stack_quality = stack_quality::measure(&bench_tools, &work)?;
     // The 30 s runs; the quick bench (CI) keeps the shortest with a steady window.
@@ -341,6 +344,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         workloads,
         in_kernel,
         footprint,
+        system_loss,
         report_speed,
         stack_quality,
         agent_cost,

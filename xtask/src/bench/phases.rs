@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::{
+    agent_cost::{Load, RunningLoad},
     machine::{self, MAX_SAMPLE_RATE},
     measure,
     summary::{Spread, ToolRun, Trial},
@@ -391,6 +392,42 @@ impl Bench {
             .collect())
     }
 
+    /// Each tool system-wide at [`SYSTEM_LOSS_RATE_HZ`] (or the machine's highest rate) for
+    /// the system-wide duration, once per round, while a CPU loop runs on every CPU and a
+    /// stream of short processes beside them: what each fired, kept and lost, summed.
+    pub fn system_loss(&mut self) -> Result<Vec<SystemLoss>> {
+        let rate_hz = SYSTEM_LOSS_RATE_HZ.min(self.max_sample_rate);
+        let sampling = cpu_clock(rate_hz);
+        let seconds = self.settings.system_duration_s;
+        let mut rows = Vec::new();
+        for tool in [Tool::Ours, Tool::Perf] {
+            let mut row = SystemLoss {
+                tool,
+                rate_hz,
+                seconds,
+                rounds: self.settings.repetitions,
+                command: String::new(),
+                counts: tools::SampleCounts::default(),
+            };
+            for _ in 0..self.settings.repetitions {
+                let load = RunningLoad::start(&self.release, Load::SaturatedChurn)?;
+                let run = self.profiled(tool, &sampling, Target::System { seconds }, &[]);
+                drop(load);
+                let run = run?;
+                row.command = run.run.command;
+                row.counts.add(&run.counts);
+            }
+            eprintln!(
+                "xtask bench: system-wide at {rate_hz} Hz under churn, {}: {} kept, {} lost",
+                tool.name(),
+                row.counts.recorded,
+                row.counts.lost
+            );
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+
     /// Records one large profile with each tool and times the function report from the file:
     /// many_threads at the highest rate it ran at, sized from the samples each tool kept in
     /// those trials.
@@ -482,6 +519,21 @@ fn profile_name(tool: Tool) -> &'static str {
         Tool::Ours => "ours.profile",
         Tool::Perf => "perf.data",
     }
+}
+
+/// The rate of the system-wide loss runs: issue 46's 20 kHz, where a map sized for less fills.
+pub const SYSTEM_LOSS_RATE_HZ: u64 = 20_000;
+
+/// One tool's system-wide runs on a busy host under churn ([`Bench::system_loss`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct SystemLoss {
+    pub tool: Tool,
+    pub rate_hz: u64,
+    pub seconds: f64,
+    pub rounds: u32,
+    pub command: String,
+    /// Summed over the rounds.
+    pub counts: tools::SampleCounts,
 }
 
 fn cpu_clock(hz: u64) -> EventSampling {

@@ -106,26 +106,14 @@ fn summarize_tool(trials: &[&Trial], pick: impl Fn(&Trial) -> &ToolRun) -> ToolS
     let mut expected_samples = 0.0;
     for trial in trials {
         let run = pick(trial);
-        let add = |total: Option<u64>, part: Option<u64>| match (total, part) {
-            (total, None) => total,
-            (total, Some(part)) => Some(total.unwrap_or(0) + part),
-        };
-        counts.recorded += run.counts.recorded;
-        counts.lost += run.counts.lost;
-        counts.fired = add(counts.fired, run.counts.fired);
-        counts.stacks_lost = add(counts.stacks_lost, run.counts.stacks_lost);
-        counts.throttle_events = add(counts.throttle_events, run.counts.throttle_events);
+        counts.add(&run.counts);
         expected_samples += run
             .run
             .workload
             .and_then(|workload| trial.sampling.expected_samples(&workload))
             .unwrap_or(0.0);
     }
-    let unaccounted = counts
-        .fired
-        .map(|fired| fired as i64 - counts.recorded as i64 - counts.lost as i64);
-    let missing = counts.lost as f64 + unaccounted.unwrap_or(0).max(0) as f64;
-    let reached = counts.recorded as f64 + missing;
+    let unaccounted = counts.unaccounted();
     ToolSummary {
         workload_wall_ratio: ratios(&|run| Some(run.workload?.wall_s)),
         command_wall_ratio: ratios(&|run| Some(run.wall_s)),
@@ -134,11 +122,7 @@ fn summarize_tool(trials: &[&Trial], pick: impl Fn(&Trial) -> &ToolRun) -> ToolS
         expected_samples,
         counts,
         unaccounted,
-        loss_percent: if reached > 0.0 {
-            100.0 * missing / reached
-        } else {
-            0.0
-        },
+        loss_percent: counts.loss_percent(),
         bytes_per_million_samples: Spread::of(trials.iter().map(|trial| {
             let run = pick(trial);
             run.profile_bytes as f64 * 1e6 / run.counts.recorded as f64

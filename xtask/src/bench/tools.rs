@@ -178,6 +178,39 @@ pub struct SampleCounts {
     pub throttle_events: Option<u64>,
 }
 
+impl SampleCounts {
+    /// Adds another run's counts; a count only one of them has stays known.
+    pub fn add(&mut self, other: &SampleCounts) {
+        let add = |total: Option<u64>, part: Option<u64>| match (total, part) {
+            (total, None) => total,
+            (total, Some(part)) => Some(total.unwrap_or(0) + part),
+        };
+        self.recorded += other.recorded;
+        self.lost += other.lost;
+        self.fired = add(self.fired, other.fired);
+        self.stacks_lost = add(self.stacks_lost, other.stacks_lost);
+        self.throttle_events = add(self.throttle_events, other.throttle_events);
+    }
+
+    /// Samples fired but neither kept nor counted lost (ours only: perf does not count what
+    /// fired); negative when more were kept than counted fired.
+    pub fn unaccounted(&self) -> Option<i64> {
+        self.fired
+            .map(|fired| fired as i64 - self.recorded as i64 - self.lost as i64)
+    }
+
+    /// Samples lost, counted or silently, in percent of those kept and lost.
+    pub fn loss_percent(&self) -> f64 {
+        let missing = self.lost as f64 + self.unaccounted().unwrap_or(0).max(0) as f64;
+        let reached = self.recorded as f64 + missing;
+        if reached > 0.0 {
+            100.0 * missing / reached
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Sample accounting from `profiler record --json` (schema profiler.report/1, one event).
 pub fn ours_counts(report_json: &str) -> Result<SampleCounts> {
     let report: serde_json::Value =
