@@ -243,7 +243,7 @@ fn system_loss(out: &mut String, results: &Results, shorten: &Shorten) {
     let _ = writeln!(
         out,
         "\n### System-wide at {} Hz on a busy host under churn\n\nEach tool profiles every CPU \
-         (cpu-clock, call stacks) for {} s, {} rounds summed, while a CPU loop runs on every CPU \
+         (cpu-clock, call stacks) for {} s a round (rounds summed: {}), while a CPU loop runs on every CPU \
          and a stream of short processes beside them (issue 46's load; the goal is under 0.1% \
          lost at any rate). Loss % = (lost + unaccounted) / (kept + lost + unaccounted).\n",
         first.rate_hz, first.seconds, first.rounds
