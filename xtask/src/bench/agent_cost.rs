@@ -224,6 +224,132 @@ fn agent_argv(profiler: &Path, rate_hz: u64, duration_s: u64, windows: &Path) ->
     .collect()
 }
 
+/// The agent's peak RSS at its defaults (99 Hz) while big runtimes run: issue 46's load.
+#[derive(Clone, Debug, Serialize)]
+pub struct RuntimesMemory {
+    /// The runtimes that ran (one missing from the machine is left out, and said).
+    pub runtimes: Vec<&'static str>,
+    pub duration_s: u64,
+    pub command: String,
+    pub max_rss_mib: f64,
+    pub cpu_s: f64,
+}
+
+/// Issue 46's ceiling on the agent's peak RSS at its defaults with this load.
+pub const BUDGET_RSS_MIB_WITH_RUNTIMES: f64 = 64.0;
+
+/// The fleet agents' memory as they publish it, as issue 46 cites them (MB).
+pub const FLEET_AGENT_BUDGETS: [(&str, f64); 2] = [
+    ("OpenTelemetry eBPF profiler", 250.0),
+    ("lightswitch", 500.0),
+];
+
+/// A JVM that keeps one core busy for the given milliseconds (run as a single-file source).
+const SPIN_JAVA: &str = "public class Spin { public static void main(String[] a) { long s = 0; \
+     long end = System.currentTimeMillis() + Long.parseLong(a[0]); \
+     while (System.currentTimeMillis() < end) { for (int i = 0; i < 100000; i++) s += i * 31 ^ s; } \
+     System.out.println(s); } }";
+
+/// The runtimes, each busy for longer than the agent runs; killed when dropped.
+struct Runtimes {
+    children: Vec<Child>,
+    names: Vec<&'static str>,
+}
+
+impl Runtimes {
+    fn start(work: &Path, busy_s: u64) -> Result<(Runtimes, Vec<String>)> {
+        let spin = work.join("Spin.java");
+        std::fs::write(&spin, SPIN_JAVA).with_context(|| format!("writing {}", spin.display()))?;
+        let ms = (busy_s * 1000).to_string();
+        let node = format!(
+            "const end = Date.now() + {ms}; let s = 0; \
+             while (Date.now() < end) {{ for (let i = 0; i < 1e5; i++) s += Math.sqrt(i); }}"
+        );
+        let python = format!(
+            "import time\nend = time.time() + {busy_s}\ns = 0\n\
+             while time.time() < end:\n    s += sum(i * i for i in range(1000))\n"
+        );
+        let urandom = || std::fs::File::open("/dev/urandom").map(Stdio::from);
+        let runtimes: [(&'static str, Command); 4] = [
+            ("java", {
+                let mut java = Command::new("java");
+                java.arg(&spin).arg(&ms);
+                java
+            }),
+            ("node", {
+                let mut command = Command::new("node");
+                command.args(["-e", &node]);
+                command
+            }),
+            ("python3", {
+                let mut command = Command::new("python3");
+                command.args(["-c", &python]);
+                command
+            }),
+            ("xz", {
+                let mut command = Command::new("xz");
+                command.args(["-9", "-T1"]).stdin(urandom()?);
+                command
+            }),
+        ];
+        let mut started = Runtimes {
+            children: Vec::new(),
+            names: Vec::new(),
+        };
+        let mut missing = Vec::new();
+        for (name, mut command) in runtimes {
+            match command.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
+                Ok(child) => {
+                    started.children.push(child);
+                    started.names.push(name);
+                }
+                Err(error) => missing.push(format!("{name} did not start ({error}): left out")),
+            }
+        }
+        Ok((started, missing))
+    }
+}
+
+impl Drop for Runtimes {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The agent at its defaults for `duration_s` seconds while a JVM, node, python3 and xz run
+/// (started two seconds before it, so that it meets them running): its peak RSS from wait4.
+/// Also what was left out, for the bench's notes.
+pub fn measure_runtimes_memory(
+    profiler: &Path,
+    work: &Path,
+    duration_s: u64,
+) -> Result<(RuntimesMemory, Vec<String>)> {
+    let (runtimes, missing) = Runtimes::start(work, duration_s + 5)?;
+    std::thread::sleep(Duration::from_secs(2));
+    let windows = work.join("runtimes-windows");
+    let _ = std::fs::remove_dir_all(&windows);
+    std::fs::create_dir_all(&windows).with_context(|| format!("creating {}", windows.display()))?;
+    let argv = agent_argv(profiler, 99, duration_s, &windows);
+    let measured = measure::run(&argv, None);
+    let names = runtimes.names.clone();
+    drop(runtimes);
+    let _ = std::fs::remove_dir_all(&windows);
+    let measured = measured?;
+    Ok((
+        RuntimesMemory {
+            runtimes: names,
+            duration_s,
+            command: measured.command,
+            max_rss_mib: measured.max_rss_kib as f64 / 1024.0,
+            cpu_s: measured.cpu_s,
+        },
+        missing,
+    ))
+}
+
 /// The agent's default window: it closes and exports one every 10 s.
 const WINDOW_S: u64 = 10;
 /// Past the start-up (loading programs, reading every process) and the first window's close

@@ -128,6 +128,8 @@ pub struct Results {
     pub agent_cost: Vec<agent_cost::AgentCostRow>,
     /// Each sampler's cost per sample in the kernel with the CPU loop alone and with churn.
     pub churn_cost: Vec<agent_cost::ChurnCostRow>,
+    /// The agent at its defaults with a JVM, node, python3 and xz running.
+    pub runtimes_memory: agent_cost::RuntimesMemory,
     /// In-kernel cost of unwinding by tables, per sample at 10 and 30 user frames.
     pub unwind_cost: unwind_cost::UnwindCost,
     /// A context-switch storm bare, under `record --off-cpu` and under bpftrace.
@@ -200,6 +202,18 @@ fn check(results: &Results) -> Result<()> {
         .all(|cost| cost.ns_per_sample.is_none())
     {
         problems.push("no in-kernel cost was measured".into());
+    }
+    for row in &results.system_loss {
+        if row.counts.recorded == 0 {
+            problems.push(format!(
+                "system-wide at {} Hz: {} kept no samples",
+                row.rate_hz,
+                row.tool.name()
+            ));
+        }
+    }
+    if results.runtimes_memory.max_rss_mib <= 0.0 {
+        problems.push("the agent's memory with the runtimes was not measured".into());
     }
     if results.unwind_cost.ns_per_frame.is_none() {
         problems.push("the in-kernel cost of unwinding was not measured".into());
@@ -314,6 +328,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         30
     };
     let agent_cost = agent_cost::measure(bench_profiler, &release, &work, agent_seconds)?;
+    let (runtimes_memory, left_out) =
+        agent_cost::measure_runtimes_memory(bench_profiler, &work, agent_seconds)?;
+    for note in left_out {
+        bench.note(note);
+    }
     let (churn_seconds, churn_rounds) = if settings.quick { (10, 1) } else { (20, 3) };
     let churn_cost = agent_cost::measure_churn_cost(
         bench_profiler,
@@ -349,6 +368,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         stack_quality,
         agent_cost,
         churn_cost,
+        runtimes_memory,
         unwind_cost,
         off_cpu_cost,
         other_processes_cpu_percent,

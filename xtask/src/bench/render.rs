@@ -476,6 +476,35 @@ fn churn_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     }
 }
 
+fn runtimes_memory(out: &mut String, results: &Results, shorten: &Shorten) {
+    let row = &results.runtimes_memory;
+    let _ = writeln!(
+        out,
+        "\n### The agent's memory with big runtimes running\n\n`profiler agent` at its defaults \
+         (99 Hz, 10 s windows, --memory-max 32M) for {} s while {} run (each keeps a core busy; \
+         started 2 s before the agent): its peak RSS from wait4, against issue 46's ceiling and \
+         the fleet agents' published memory budgets as the issue cites them.\n",
+        row.duration_s,
+        row.runtimes.join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "| Agent | Peak RSS MiB | Budget MB | CPU s | Command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    let _ = writeln!(
+        out,
+        "| profiler agent | {:.1} | {:.0} | {:.2} | {} |",
+        row.max_rss_mib,
+        super::agent_cost::BUDGET_RSS_MIB_WITH_RUNTIMES,
+        row.cpu_s,
+        shorten.command(&row.command),
+    );
+    for (agent, budget) in super::agent_cost::FLEET_AGENT_BUDGETS {
+        let _ = writeln!(out, "| {agent} | not run here | {budget:.0} | – | – |");
+    }
+}
+
 fn unwind_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     let cost = &results.unwind_cost;
     let _ = writeln!(
@@ -678,6 +707,7 @@ pub fn markdown(results: &Results) -> String {
     stack_quality(&mut out, results, &shorten);
     agent_cost(&mut out, results, &shorten);
     churn_cost(&mut out, results, &shorten);
+    runtimes_memory(&mut out, results, &shorten);
     unwind_cost(&mut out, results, &shorten);
     off_cpu_cost(&mut out, results, &shorten);
     commands(&mut out, results, &shorten);
