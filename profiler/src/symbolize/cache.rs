@@ -496,6 +496,43 @@ mod tests {
     }
 
     /// The file offset of one of the test binary's addresses, from /proc/self/maps.
+    #[test]
+    fn over_the_budget_modules_a_window_did_not_sample_are_forgotten() {
+        let mut cache = SymbolCache::new(false);
+        let address =
+            over_the_budget_modules_a_window_did_not_sample_are_forgotten as *const () as u64;
+        let (exe, mut frame) = frame_of_this_test(file_offset_of(address));
+        frame.address = address;
+        let file = Arc::new(File::open(&exe).unwrap());
+        let (sampled, idle) = ((1, 2), (1, 3));
+        for identity in [sampled, idle] {
+            cache.fill(identity, &file, &exe, &mut [frame.clone()]);
+        }
+        // Both were sampled in this window: nothing goes.
+        assert_eq!(cache.forget_unsampled(), 0);
+        assert_eq!(cache.modules(), 2);
+        // The next window samples one of them.
+        cache.start_window();
+        cache.fill(sampled, &file, &exe, &mut [frame.clone()]);
+        assert_eq!(cache.forget_unsampled(), 1);
+        assert_eq!(
+            (cache.cached_offsets(sampled), cache.cached_offsets(idle)),
+            (1, 0)
+        );
+        // The one forgotten is read again at its next sample.
+        cache.start_window();
+        let mut frames = [frame];
+        cache.fill(idle, &file, &exe, &mut frames);
+        assert!(
+            frames[0]
+                .function
+                .as_deref()
+                .is_some_and(|name| name.contains("did_not_sample_are_forgotten")),
+            "{:?}",
+            frames[0]
+        );
+    }
+
     fn file_offset_of(address: u64) -> u64 {
         let mapping = crate::symbolize::own_mapping_of(address);
         address - mapping.start + mapping.file_offset

@@ -472,4 +472,31 @@ mod tests {
         );
         assert!(ours_kernel_time_s("Capture cost:\n").is_err());
     }
+
+    #[test]
+    fn counts_add_up_over_runs_and_loss_counts_the_silent_part() {
+        let ours = |recorded, lost, fired| SampleCounts {
+            recorded,
+            lost,
+            fired: Some(fired),
+            stacks_lost: Some(1),
+            throttle_events: None,
+        };
+        let mut sum = ours(90, 5, 100);
+        sum.add(&ours(100, 0, 100));
+        assert_eq!((sum.recorded, sum.lost, sum.fired), (190, 5, Some(200)));
+        assert_eq!((sum.stacks_lost, sum.throttle_events), (Some(2), None));
+        // 5 fired samples neither kept nor counted lost: 10 of 200 missing.
+        assert_eq!(sum.unaccounted(), Some(5));
+        assert!((sum.loss_percent() - 5.0).abs() < 1e-9);
+        // perf counts no fired samples: its loss is what it says it lost.
+        let perf = SampleCounts {
+            recorded: 99,
+            lost: 1,
+            ..SampleCounts::default()
+        };
+        assert_eq!(perf.unaccounted(), None);
+        assert!((perf.loss_percent() - 1.0).abs() < 1e-9);
+        assert_eq!(SampleCounts::default().loss_percent(), 0.0);
+    }
 }
