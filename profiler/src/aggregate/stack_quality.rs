@@ -17,6 +17,10 @@ fn is_stack_root(function: &str) -> bool {
     function == "main" || C_RUNTIME_START.contains(&function)
 }
 
+/// Kernel functions a sample passes through while its process's memory is being torn down
+/// (exit) or replaced (exec). Under churn most stacks cut short are these.
+const MEMORY_GOING: &[&str] = &["exit_mmap", "do_exit", "begin_new_exec", "load_elf_binary"];
+
 /// The user stacks of one event's samples (those with user code; kernel threads have none).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StackQuality {
@@ -28,6 +32,9 @@ pub struct StackQuality {
     /// Samples whose user stack holds an address outside every mapping (a walk gone astray:
     /// garbage read as a return address), wherever it ends: cut short.
     pub outside_code: u64,
+    /// Samples whose user stack is cut short while the kernel was tearing down or replacing
+    /// the process's memory (in exit or exec): nothing was left to walk, whatever the unwinder.
+    pub in_exit_or_exec: u64,
     /// Samples whose user stack could not be read at all.
     pub lost: u64,
     /// Samples whose user stack was walked by frame pointers alone where tables or a stack
@@ -60,12 +67,15 @@ pub fn stack_quality(profile: &Profile, event: EventIndex, selection: &Selection
         .iter()
         .filter(|s| s.event == event && selection.thread(s.pid, s.tid))
     {
-        let mut user: Vec<_> = stack
-            .frames
-            .iter()
-            .map(|id| &profile.frames[*id as usize])
-            .filter(|frame| !frame.kernel)
-            .collect();
+        let frames = stack.frames.iter().map(|id| &profile.frames[*id as usize]);
+        let memory_going = frames.clone().any(|frame| {
+            frame.kernel
+                && frame
+                    .function
+                    .as_deref()
+                    .is_some_and(|function| MEMORY_GOING.contains(&function))
+        });
+        let mut user: Vec<_> = frames.filter(|frame| !frame.kernel).collect();
         // The marker is no frame of the program.
         let marked = user.len();
         user.retain(|frame| frame.function.as_deref() != Some(FRAME_POINTERS_ONLY_FUNCTION));
@@ -99,6 +109,10 @@ pub fn stack_quality(profile: &Profile, event: EventIndex, selection: &Selection
             quality.outside_code += stack.count;
         } else if rooted {
             quality.complete += stack.count;
+            continue;
+        }
+        if memory_going {
+            quality.in_exit_or_exec += stack.count;
         }
     }
     let with_frames = quality.user_samples - quality.lost;
@@ -196,5 +210,55 @@ mod tests {
         assert_eq!(quality.complete, 85);
         assert_eq!(quality.outside_code, 7);
         assert_eq!(quality.incomplete(), 20);
+        assert_eq!(quality.in_exit_or_exec, 0);
+    }
+
+    #[test]
+    fn stacks_cut_short_in_exit_or_exec_are_counted_apart_and_the_loaders_start_is_a_root() {
+        let mut profile = test_profile::profile();
+        let frame = |function: &str, kernel: bool| Frame {
+            module: "/usr/lib/libc.so.6".into(),
+            function: Some(function.into()),
+            kernel,
+            ..Frame::default()
+        };
+        let next = profile.frames.len() as FrameId;
+        for (function, kernel) in [
+            ("_exit", false),
+            ("[truncated]", false),
+            ("exit_mmap", true),
+            ("call_init", false),
+            ("_dl_init", false),
+            ("_dl_start_user", false),
+        ] {
+            profile.frames.push(frame(function, kernel));
+        }
+        let [exit, truncated, exit_mmap, call_init, dl_init, dl_start_user] =
+            std::array::from_fn(|i| next + i as FrameId);
+        let stack = |frames: Vec<FrameId>, count| StackSample {
+            pid: 100,
+            tid: 100,
+            event: 0,
+            frames,
+            count,
+            ..StackSample::default()
+        };
+        // In exit_group, the memory going: the walk stops after the leaf.
+        profile
+            .stacks
+            .push(stack(vec![exit_mmap, exit, truncated], 6));
+        // The same leaf cut short with no such kernel frame: cut short for no known cause.
+        profile.stacks.push(stack(vec![exit, truncated], 2));
+        // A library's constructor run by the dynamic loader before the program starts.
+        profile
+            .stacks
+            .push(stack(vec![call_init, dl_init, dl_start_user], 4));
+        let filter = SampleFilter::default();
+        let selection = Selection::new(&profile, &filter);
+        let quality = stack_quality(&profile, 0, &selection);
+        assert_eq!(quality.user_samples, 112);
+        assert_eq!(quality.complete, 89);
+        assert_eq!(quality.in_exit_or_exec, 6);
+        assert_eq!(quality.incomplete(), 18);
     }
 }

@@ -18,6 +18,9 @@ pub enum RuntimeFrames {
 /// ([`super::stack_quality`]).
 pub const C_RUNTIME_START: &[&str] = &[
     "_start",
+    // The dynamic loader's: its `_start` jumps here, which runs the libraries' constructors
+    // (`_dl_init`) before the program's own `_start`.
+    "_dl_start_user",
     "__libc_start_main",
     "__libc_start_main_impl",
     "__libc_start_call_main",

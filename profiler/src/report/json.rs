@@ -80,6 +80,8 @@ struct JsonStackQuality {
     incomplete: u64,
     /// Of `incomplete`: holding an address outside every mapping.
     outside_code: u64,
+    /// Of `incomplete`: cut short while the process's memory was going (exit, exec).
+    in_exit_or_exec: u64,
     /// Walked by frame pointers alone where tables or a stack copy were asked for.
     frame_pointers_only: u64,
     lost: u64,
@@ -671,6 +673,7 @@ pub fn render(report: &Report) -> serde_json::Result<String> {
                     complete: section.stacks.complete,
                     incomplete: section.stacks.incomplete(),
                     outside_code: section.stacks.outside_code,
+                    in_exit_or_exec: section.stacks.in_exit_or_exec,
                     frame_pointers_only: section.stacks.frame_pointers_only,
                     lost: section.stacks.lost,
                     complete_percent: section.stacks.complete_percent(),

@@ -554,10 +554,11 @@ fn render_stack_quality(
     }
     let line = format!(
         "{INDENT}user stacks: {:.1}% complete, {} cut short ({} through an address outside every \
-         mapping), {} by frame pointers only, {} lost; mean depth {:.1} frames",
+         mapping, {} in exit or exec), {} by frame pointers only, {} lost; mean depth {:.1} frames",
         quality.complete_percent(),
         quality.incomplete(),
         quality.outside_code,
+        quality.in_exit_or_exec,
         quality.frame_pointers_only,
         quality.lost,
         quality.mean_user_depth
