@@ -174,8 +174,9 @@ fn finish_record(
     // The code of every sampled function is kept for the profile file and for the one view
     // that disassembles it (`--function`), not read for nothing.
     let with_code = outputs.profile.is_some() || args.report.view.function.is_some();
+    let node_root = args.sampling.node_root.clone();
     let mut recording = symbols.finish(move |symbols, known| {
-        Recording::assemble(capture, end, title, with_code, symbols, known)
+        Recording::assemble(capture, end, title, with_code, symbols, known, &node_root)
     })?;
     let mut failures = std::mem::take(&mut recording.failures);
     // The profile file is compressed and written while the report is computed: on a machine

@@ -7,6 +7,8 @@
 //! sends it SIGTERM; recording goes on until it exits, for at most [`GRACE`] or until a second
 //! signal, after which it is killed. The recording's outcome says how the command ended.
 
+use std::path::Path;
+
 use tokio::time::Instant;
 
 use anyhow::Result;
@@ -18,6 +20,7 @@ use crate::{
     drain::Accounting,
     launch::{Ending, StopSignals},
     profile::Profile,
+    scope::kubernetes::KubernetesNames,
     session::{Capture, CaptureOptions, CaptureSession, SessionEnd},
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
@@ -54,6 +57,7 @@ impl Recording {
         with_code: bool,
         symbols: &SymbolCache,
         known: KnownFrames,
+        node_root: &Path,
     ) -> Recording {
         let meta = capture.profile_meta(target);
         let frames = FrameTable::with_known(
@@ -68,6 +72,7 @@ impl Recording {
             capture.drained,
             &capture.accounting,
             frames,
+            &mut KubernetesNames::new(node_root),
         );
         profile.hardware.cpu = end.cpu;
         // What offline reports need from files that may be gone by then: the sampled functions'

@@ -13,6 +13,7 @@ use common::{
     c_workload::build_no_frame_pointers, is_window, metric, metrics_address, profiler_bin,
     read_pprof, scrape, wait_until_recording, workload, Running,
 };
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValueKind;
 use receiver::Receiver;
 
 /// Stops the agent with SIGTERM; its log, once it exited successfully and the receiver refused
@@ -747,4 +748,241 @@ fn over_its_memory_budget_the_agent_lets_go_of_cold_rows_and_symbols_and_still_u
             "{program}: {whole} of {all} samples in record_key reach main\n{log}"
         );
     }
+}
+
+/// A busy program in a cgroup named as kubelet names a container's: made under `parent`, at
+/// `path` below it, and removed (program first) when dropped.
+struct PodContainer {
+    program: Running,
+    cgroups: Vec<std::path::PathBuf>,
+}
+
+impl PodContainer {
+    fn start(parent: &std::path::Path, path: &str) -> PodContainer {
+        let leaf = parent.join(path);
+        std::fs::create_dir_all(&leaf).unwrap();
+        // Every directory made, innermost first, for removal.
+        let cgroups = leaf
+            .ancestors()
+            .take_while(|dir| dir.starts_with(parent))
+            .map(std::path::Path::to_path_buf)
+            .collect();
+        let program = Running::spawn(
+            Command::new("/bin/sh")
+                .arg("-c")
+                .arg(format!(
+                    "echo $$ > {}/cgroup.procs && exec {} 40000",
+                    leaf.display(),
+                    workload("cpu_split").display()
+                ))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        PodContainer { program, cgroups }
+    }
+}
+
+impl Drop for PodContainer {
+    fn drop(&mut self) {
+        self.program.stop();
+        for dir in &self.cgroups {
+            std::fs::remove_dir(dir).ok();
+        }
+    }
+}
+
+fn write_file(path: &std::path::Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// An OTLP resource's attribute `key`.
+fn resource_attribute<'a>(
+    resource: &'a opentelemetry_proto::tonic::resource::v1::Resource,
+    key: &str,
+) -> Option<&'a AnyValueKind> {
+    let value = resource.attributes.iter().find(|kv| kv.key == key)?;
+    value.value.as_ref()?.value.as_ref()
+}
+
+fn resource_text<'a>(
+    resource: &'a opentelemetry_proto::tonic::resource::v1::Resource,
+    key: &str,
+) -> Option<&'a str> {
+    match resource_attribute(resource, key)? {
+        AnyValueKind::StringValue(text) => Some(text),
+        _ => None,
+    }
+}
+
+#[test]
+fn kubernetes_pods_name_the_series_and_the_container_view() {
+    let test = std::process::id();
+    let parent = profiler::scope::cgroup::cgroup2_mount()
+        .unwrap()
+        .join(format!("profiler-k8s-{test}"));
+    let node = tempfile::tempdir().unwrap();
+    let node_root = node.path();
+    // Under kubelet's systemd driver, run by containerd: named by the task's annotations.
+    let (api_id, api_uid) = (
+        format!("{:064x}", 0xa91_0000 + u64::from(test)),
+        format!("{test:08x}-2f4d-4a8e-9c3b-1d2e3f4a5b6c"),
+    );
+    write_file(
+        &node_root
+            .join("run/containerd/io.containerd.runtime.v2.task/k8s.io")
+            .join(&api_id)
+            .join("config.json"),
+        &format!(
+            r#"{{"ociVersion":"1.2.0","annotations":{{
+                "io.kubernetes.cri.container-type":"container",
+                "io.kubernetes.cri.container-name":"api",
+                "io.kubernetes.cri.sandbox-name":"checkout-7d9f5c",
+                "io.kubernetes.cri.sandbox-namespace":"shop",
+                "io.kubernetes.cri.sandbox-uid":"{api_uid}"}}}}"#
+        ),
+    );
+    let api_pod = PodContainer::start(
+        &parent,
+        &format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/\
+             cri-containerd-{api_id}.scope",
+            api_uid.replace('-', "_")
+        ),
+    );
+    // Under the cgroupfs driver, whose path names no runtime: named by the pod's UID in
+    // kubelet's log directories (one container: its name too).
+    let (report_id, report_uid) = (
+        format!("{:064x}", 0xb0b_0000 + u64::from(test)),
+        format!("{test:08x}-77aa-4bbb-8ccc-0123456789ab"),
+    );
+    write_file(
+        &node_root
+            .join("var/log/pods")
+            .join(format!("batch_nightly-28372_{report_uid}"))
+            .join("report/0.log"),
+        "",
+    );
+    let report_pod = PodContainer::start(
+        &parent,
+        &format!("kubepods/besteffort/pod{report_uid}/{report_id}"),
+    );
+
+    let receiver = Receiver::start(0);
+    let spool = tempfile::tempdir().unwrap();
+    let agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "--interval", "1"])
+            .args(["--pyroscope", &receiver.url(), "--otlp", &receiver.url()])
+            .arg("--spool-dir")
+            .arg(spool.path())
+            .arg("--node-root")
+            .arg(node_root)
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    std::thread::sleep(Duration::from_millis(3500));
+    let log = stop_agent(agent, &receiver);
+
+    // Pyroscope: the names Grafana's Kubernetes discovery gives, and the service by them.
+    let expected = [
+        (
+            api_pod.program.id(),
+            "shop",
+            "checkout-7d9f5c",
+            "api",
+            &api_uid,
+            &api_id,
+        ),
+        (
+            report_pod.program.id(),
+            "batch",
+            "nightly-28372",
+            "report",
+            &report_uid,
+            &report_id,
+        ),
+    ];
+    let pushed = receiver.pushes().into_iter().flatten().collect::<Vec<_>>();
+    for (pid, namespace, pod, container, uid, id) in expected {
+        let series: Vec<_> = pushed
+            .iter()
+            .filter(|s| s.label("pid") == Some(pid.to_string().as_str()))
+            .collect();
+        assert!(!series.is_empty(), "no series of pid {pid}\n{log}");
+        for one in series {
+            assert_eq!(one.label("namespace"), Some(namespace), "{:?}", one.labels);
+            assert_eq!(one.label("pod"), Some(pod), "{:?}", one.labels);
+            assert_eq!(one.label("container"), Some(container), "{:?}", one.labels);
+            assert_eq!(one.label("pod_uid"), Some(uid.as_str()));
+            assert_eq!(one.label("container_id"), Some(id.as_str()));
+            let service = format!("{namespace}/{container}");
+            assert_eq!(one.label("service_name"), Some(service.as_str()));
+        }
+    }
+    // A process outside any pod has none of them.
+    let host_series = pushed
+        .iter()
+        .find(|s| s.label("pod_uid").is_none())
+        .expect("the host's own processes were sampled");
+    assert_eq!(host_series.label("namespace"), None);
+
+    // OTLP: the semantic conventions' resource attributes.
+    let resources: Vec<_> = receiver
+        .otlp()
+        .into_iter()
+        .flat_map(|request| request.resource_profiles)
+        .filter_map(|profiles| profiles.resource)
+        .collect();
+    for (pid, namespace, pod, container, _, _) in expected {
+        let resource = resources
+            .iter()
+            .find(|r| {
+                resource_attribute(r, "process.pid")
+                    == Some(&AnyValueKind::IntValue(i64::from(pid)))
+            })
+            .unwrap_or_else(|| panic!("no OTLP resource of pid {pid}"));
+        assert_eq!(
+            resource_text(resource, "k8s.namespace.name"),
+            Some(namespace)
+        );
+        assert_eq!(resource_text(resource, "k8s.pod.name"), Some(pod));
+        assert_eq!(
+            resource_text(resource, "k8s.container.name"),
+            Some(container)
+        );
+    }
+
+    // A recording of the pods' cgroups breaks their samples down by namespace/pod/container.
+    let profile = tempfile::tempdir().unwrap();
+    let file = profile.path().join("pods.prof");
+    let recorded = Command::new(profiler_bin())
+        .args(["record", "--duration", "1.5", "-G"])
+        .arg(&parent)
+        .arg("--node-root")
+        .arg(node_root)
+        .arg("-o")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(recorded.status.success(), "{recorded:?}");
+    let report = Command::new(profiler_bin())
+        .args(["report", "--json", "--by", "container", "-i"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let mut containers: Vec<&str> = json["events"][0]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["container"].as_str().unwrap())
+        .collect();
+    containers.sort_unstable();
+    assert_eq!(
+        containers,
+        ["batch/nightly-28372/report", "shop/checkout-7d9f5c/api"]
+    );
+    drop((api_pod, report_pod));
+    std::fs::remove_dir(&parent).ok();
 }

@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfil
 use opentelemetry_proto::tonic::profiles::v1development as otlp;
 use profiler::export::otlp::otlp_sink;
 use profiler::export::pyroscope::pyroscope_sink;
-use profiler::export::series::ServiceName;
+use profiler::export::series::{SeriesNaming, ServiceName};
 use profiler::export::sink::{Window, WindowSink};
 use profiler::profile::{file::read_profile, Profile};
 use prost::Message;
@@ -410,6 +410,14 @@ fn workload_samples(profile: &Profile, function: &str) -> u64 {
 }
 
 /// Waits (at most 10 s) until `done`: a backend's requests go from a thread of their own.
+/// Series named by `rule`, on a node without Kubernetes records.
+fn naming(rule: ServiceName) -> SeriesNaming {
+    SeriesNaming {
+        service_name: rule,
+        node_root: "/nonexistent".into(),
+    }
+}
+
 fn settle(done: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !done() {
@@ -429,7 +437,7 @@ fn recorded_windows_reach_pyroscope_whole_through_a_backend_that_fails_and_retur
     let mut sink = pyroscope_sink(
         &receiver.url(),
         None,
-        ServiceName::parse("=checkout").unwrap(),
+        naming(ServiceName::parse("=checkout").unwrap()),
         spool.path(),
         64 << 20,
     )
@@ -513,7 +521,13 @@ fn recorded_windows_reach_an_otlp_endpoint_whole() {
     let window = recorded_window(1);
     let spool = tempfile::tempdir().unwrap();
     let receiver = Receiver::start(0);
-    let mut sink = otlp_sink(&receiver.url(), ServiceName::Auto, spool.path(), 64 << 20).unwrap();
+    let mut sink = otlp_sink(
+        &receiver.url(),
+        naming(ServiceName::Auto),
+        spool.path(),
+        64 << 20,
+    )
+    .unwrap();
     sink.export(&window).unwrap();
     settle(|| !receiver.otlp().is_empty());
     let exports = receiver.otlp();

@@ -9,6 +9,7 @@ pub mod log;
 pub mod output_dir;
 
 use std::{
+    path::PathBuf,
     process::ExitCode,
     sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError},
     sync::Arc,
@@ -31,6 +32,7 @@ use crate::{
     launch::{signal_name, Stop, StopSignals},
     profile::{CpuIdentity, EventInfo, Profile},
     prometheus::{Kind, Metrics},
+    scope::kubernetes::KubernetesNames,
     session::{Capture, CaptureOptions, CaptureSession},
     symbolize::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
@@ -63,11 +65,13 @@ struct Exporter {
     source_lines: bool,
     /// `--memory-max`.
     memory_budget: u64,
+    /// Containers' Kubernetes names, remembered from window to window.
+    kubernetes: KubernetesNames,
 }
 
 impl Exporter {
     /// Symbolizes a window into its profile.
-    fn profile(&self, capture: Capture, symbols: &mut SymbolCache) -> Profile {
+    fn profile(&mut self, capture: Capture, symbols: &mut SymbolCache) -> Profile {
         let meta = capture.profile_meta(self.target.clone());
         let frames = FrameTable::with_cache(
             &capture.processes,
@@ -80,6 +84,7 @@ impl Exporter {
             capture.drained,
             &capture.accounting,
             frames,
+            &mut self.kubernetes,
         );
         profile.hardware.cpu = self.cpu.clone();
         // What the sampled data addresses belong to, while the window's processes are at hand:
@@ -472,6 +477,8 @@ pub struct AgentOptions {
     pub source_lines: bool,
     /// `--memory-max`: the heap the agent is to hold at most.
     pub memory_budget: u64,
+    /// `--node-root`: where the node's records name Kubernetes pods.
+    pub node_root: PathBuf,
 }
 
 /// Runs the agent until a stop signal, then exports the last, partial window.
@@ -484,6 +491,7 @@ pub async fn run_agent(options: AgentOptions, signals: &mut StopSignals) -> Resu
         metrics,
         source_lines,
         memory_budget,
+        node_root,
     } = options;
     let mut session = CaptureSession::open(&options)?;
     let mut windows = Windows::start(Exporter {
@@ -494,6 +502,7 @@ pub async fn run_agent(options: AgentOptions, signals: &mut StopSignals) -> Resu
         target: target.clone(),
         source_lines,
         memory_budget,
+        kubernetes: KubernetesNames::new(&node_root),
     })?;
     session.start(&options.target).await?;
     log(

@@ -10,17 +10,20 @@ use crate::{
     drain::{hardware::HardwareKey, Accounting, Drained},
     process::ProcessTable,
     profile::{EventInfo, Losses, Profile, ProfileMeta},
+    scope::kubernetes::KubernetesNames,
     symbolize::FrameTable,
 };
 
 /// The profile of what a capture drained, its frames resolved by `table` (through the table's
-/// processes and symbol cache, and from the frames it knows already).
+/// processes and symbol cache, and from the frames it knows already), its containers in
+/// Kubernetes pods named by `kubernetes`.
 pub fn assemble(
     meta: ProfileMeta,
     events: Vec<EventInfo>,
     drained: Drained,
     accounting: &Accounting,
     table: FrameTable<'_>,
+    kubernetes: &mut KubernetesNames,
 ) -> Profile {
     let losses = losses(accounting, table.processes());
     // Each distinct stack once: a kernel stack is the same code in every process, a user stack
@@ -40,6 +43,7 @@ pub fn assemble(
         offcpu,
     } = drained;
     let mut builder = ProfileBuilder::new(table, Origin::Capture);
+    builder.name_pods(kubernetes);
     let kernel: HashMap<u64, _> = kernel_stacks
         .into_iter()
         .map(|hash| (hash, builder.stack(0, stack_cache.frames(hash))))

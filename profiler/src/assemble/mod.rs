@@ -30,6 +30,7 @@ use crate::{
     scope::{
         cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree},
         container::classify_cgroup_path,
+        kubernetes::KubernetesNames,
     },
     symbolize::{lookup_addresses, CodeAddress, FrameTable},
 };
@@ -109,6 +110,8 @@ pub struct ProfileBuilder<'a> {
     /// (pid, tid, cgroup).
     threads: BTreeSet<(u32, u32, u64)>,
     off_cpu: Option<OffCpuInput>,
+    /// Where a capture's containers in Kubernetes pods are named.
+    kubernetes: Option<&'a mut KubernetesNames>,
 }
 
 impl<'a> ProfileBuilder<'a> {
@@ -128,7 +131,14 @@ impl<'a> ProfileBuilder<'a> {
             hardware: HardwareAccumulator::default(),
             threads: BTreeSet::new(),
             off_cpu: None,
+            kubernetes: None,
         }
+    }
+
+    /// Names a capture's containers that run in Kubernetes pods by their namespace, pod and
+    /// container, from `names`.
+    pub fn name_pods(&mut self, names: &'a mut KubernetesNames) {
+        self.kubernetes = Some(names);
     }
 
     /// Interns the call stack `ips` (leaf first) of process `pid`, 0 for a kernel stack: a
@@ -211,6 +221,7 @@ impl<'a> ProfileBuilder<'a> {
             hardware,
             threads,
             off_cpu: blocked,
+            kubernetes,
         } = self;
         let processes = table.processes();
         let code = CodeAddress::sampled;
@@ -310,7 +321,7 @@ impl<'a> ProfileBuilder<'a> {
             })
             .collect();
         let blocked = blocked.as_ref().map(|input| &input.blocks);
-        let threads = thread_list(processes, origin, threads, blocked);
+        let threads = thread_list(processes, origin, threads, blocked, kubernetes);
         // Files other users control that symbolizing could not read, or read only in part.
         losses.counters.extend(table.known.unread_files());
 
@@ -348,6 +359,7 @@ fn thread_list(
     origin: Origin,
     mut threads: BTreeSet<(u32, u32, u64)>,
     blocked: Option<&DrainedOffCpu>,
+    kubernetes: Option<&mut KubernetesNames>,
 ) -> Vec<ThreadInfo> {
     let blocks = blocked
         .into_iter()
@@ -387,7 +399,8 @@ fn thread_list(
             .into_iter()
             .map(|(pid, cgroup)| (pid, pid, cgroup)),
     );
-    let workloads = cgroup_workloads();
+    let cgroups = threads.iter().map(|&(_, _, cgroup)| cgroup).collect();
+    let workloads = cgroup_workloads(&cgroups, kubernetes);
     threads
         .into_iter()
         .map(|(pid, tid, cgroup)| ThreadInfo {
@@ -410,9 +423,13 @@ fn thread_name(processes: &ProcessTable, pid: u32, tid: u32) -> String {
     }
 }
 
-/// The container or systemd unit of every cgroup id on this machine (the ids samples carry),
-/// by walking the cgroup v2 tree. The root cgroup is no workload.
-fn cgroup_workloads() -> HashMap<u64, String> {
+/// The container or systemd unit of each cgroup id of `wanted` (the ids samples carry), by
+/// walking this machine's cgroup v2 tree; a container in a Kubernetes pod by its
+/// `namespace/pod/container` where `kubernetes` finds them. The root cgroup is no workload.
+fn cgroup_workloads(
+    wanted: &BTreeSet<u64>,
+    mut kubernetes: Option<&mut KubernetesNames>,
+) -> HashMap<u64, String> {
     let Ok(mount) = cgroup2_mount() else {
         return HashMap::new();
     };
@@ -425,10 +442,18 @@ fn cgroup_workloads() -> HashMap<u64, String> {
                 return None;
             }
             let id = cgroup_id(&dir).ok()?;
-            Some((
-                id,
-                classify_cgroup_path(&format!("/{relative}")).to_string(),
-            ))
+            if !wanted.contains(&id) {
+                return None;
+            }
+            let path = format!("/{relative}");
+            let pod = kubernetes
+                .as_deref_mut()
+                .and_then(|names| names.of_cgroup_path(&path));
+            let workload = match pod {
+                Some(pod) => pod.to_string(),
+                None => classify_cgroup_path(&path).to_string(),
+            };
+            Some((id, workload))
         })
         .collect()
 }

@@ -15,7 +15,12 @@ use crate::{
         output_dir::OutputDirSink,
         AgentOptions,
     },
-    export::{otlp::otlp_sink, pyroscope::pyroscope_sink, series::ServiceName, sink::WindowSink},
+    export::{
+        otlp::otlp_sink,
+        pyroscope::pyroscope_sink,
+        series::{SeriesNaming, ServiceName},
+        sink::WindowSink,
+    },
     prometheus::{serve, Metrics},
     session::{CaptureOptions, AGENT_SIDEBAND_INTERVAL},
 };
@@ -47,8 +52,9 @@ pub struct AgentArgs {
     /// (`http://collector:4318`).
     #[arg(long, value_name = "URL")]
     pub otlp: Option<String>,
-    /// How `--pyroscope` and `--otlp` name a process's service: auto (its container, else its
-    /// systemd service, else its executable), executable, unit, container, or =NAME.
+    /// How `--pyroscope` and `--otlp` name a process's service: auto (its Kubernetes
+    /// namespace/container, else its container, else its systemd service, else its
+    /// executable), executable, unit, container, kubernetes, or =NAME.
     #[arg(long, value_name = "RULE", default_value = "auto", value_parser = ServiceName::parse)]
     pub service_name: ServiceName,
     /// Where windows a backend cannot take now wait until it can (a subdirectory per backend).
@@ -120,6 +126,14 @@ fn byte_size(text: &str) -> Result<u64, String> {
 }
 
 impl AgentArgs {
+    /// How the backends name their series.
+    fn naming(&self) -> SeriesNaming {
+        SeriesNaming {
+            service_name: self.service_name.clone(),
+            node_root: self.sampling.node_root.clone(),
+        }
+    }
+
     /// The sinks asked for; at least one.
     fn sinks(&self) -> Result<Vec<Box<dyn WindowSink>>> {
         let mut sinks: Vec<Box<dyn WindowSink>> = Vec::new();
@@ -130,7 +144,7 @@ impl AgentArgs {
             sinks.push(Box::new(pyroscope_sink(
                 backend_url("--pyroscope", url)?,
                 self.pyroscope_tenant.as_deref(),
-                self.service_name.clone(),
+                self.naming(),
                 &self.spool_dir.join("pyroscope"),
                 self.spool_max,
             )?));
@@ -138,7 +152,7 @@ impl AgentArgs {
         if let Some(url) = &self.otlp {
             sinks.push(Box::new(otlp_sink(
                 backend_url("--otlp", url)?,
-                self.service_name.clone(),
+                self.naming(),
                 &self.spool_dir.join("otlp"),
                 self.spool_max,
             )?));
@@ -198,6 +212,7 @@ impl AgentArgs {
             metrics,
             source_lines: self.source_lines,
             memory_budget: self.memory_max,
+            node_root: self.sampling.node_root,
         })
     }
 }

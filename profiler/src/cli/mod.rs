@@ -148,6 +148,11 @@ pub struct SamplingArgs {
     /// Only samples of this user (name or number).
     #[arg(long, value_name = "USER")]
     pub uid: Option<String>,
+    /// The node's filesystem as the profiler sees it: the container runtimes' state and
+    /// kubelet's logs there name each container's Kubernetes namespace, pod and container (`/`;
+    /// give /host where a DaemonSet mounts the host there).
+    #[arg(long, value_name = "DIR", default_value = "/", hide_short_help = true)]
+    pub node_root: PathBuf,
     /// How often the agent drains the kernel maps (`250ms`, `1s`; a bare number is
     /// milliseconds; 10ms to 24h).
     #[arg(long, value_name = "TIME", default_value = "1s", value_parser = drain_interval,

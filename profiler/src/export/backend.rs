@@ -7,10 +7,11 @@ use std::io::Write;
 use flate2::{write::GzEncoder, Compression};
 
 use super::delivery::Delivery;
-use super::series::{series_of, CgroupPaths, Series, ServiceName};
+use super::series::{series_of, CgroupPaths, Series, SeriesNaming, ServiceName};
 use super::sink::{Window, WindowSink};
 use super::upload::{UploadCounts, Uploader};
 use super::ExportError;
+use crate::scope::kubernetes::KubernetesNames;
 
 /// Encodes a window's series as one request body, before compression.
 pub type Encode = fn(&[Series]) -> Result<Vec<u8>, ExportError>;
@@ -19,6 +20,7 @@ pub struct BackendSink {
     name: String,
     service_name: ServiceName,
     cgroups: CgroupPaths,
+    kubernetes: KubernetesNames,
     encode: Encode,
     delivery: Delivery,
 }
@@ -27,15 +29,16 @@ impl BackendSink {
     /// `name` is the backend as the user gave it (`--pyroscope URL`).
     pub fn new(
         name: String,
-        service_name: ServiceName,
+        naming: SeriesNaming,
         encode: Encode,
         uploader: Uploader,
     ) -> Result<BackendSink, ExportError> {
         Ok(BackendSink {
             delivery: Delivery::start(&name, uploader)?,
             name,
-            service_name,
+            service_name: naming.service_name,
             cgroups: CgroupPaths::new(),
+            kubernetes: KubernetesNames::new(&naming.node_root),
             encode,
         })
     }
@@ -48,7 +51,13 @@ impl WindowSink for BackendSink {
 
     fn export(&mut self, window: &Window) -> Result<(), ExportError> {
         self.cgroups.refresh_for(&window.profile);
-        let series = series_of(&window.profile, &self.service_name, &self.cgroups);
+        self.kubernetes.start_window();
+        let series = series_of(
+            &window.profile,
+            &self.service_name,
+            &self.cgroups,
+            &mut self.kubernetes,
+        );
         if series.is_empty() {
             // Backends refuse a request without profiles; an idle window has nothing to say.
             return Ok(());

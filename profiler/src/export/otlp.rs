@@ -23,7 +23,7 @@ use prost::Message;
 use super::backend::BackendSink;
 use super::offcpu::OFF_CPU_EVENT;
 use super::pprof::{pprof_profile, proto as pprof, DATA_SAMPLE_SUFFIX, LATENCY_SUFFIX};
-use super::series::{Series, ServiceName};
+use super::series::{Series, SeriesNaming};
 use super::upload::{Endpoint, Uploader};
 use super::ExportError;
 
@@ -34,7 +34,7 @@ const PROFILES_PATH: &str = "v1development/profiles";
 /// `spool_dir`.
 pub fn otlp_sink(
     url: &str,
-    service_name: ServiceName,
+    naming: SeriesNaming,
     spool_dir: &Path,
     spool_bytes: u64,
 ) -> Result<BackendSink, ExportError> {
@@ -47,7 +47,7 @@ pub fn otlp_sink(
     };
     BackendSink::new(
         format!("--otlp {url}"),
-        service_name,
+        naming,
         |series| Ok(export_request(series).encode_to_vec()),
         Uploader::new(endpoint, spool_dir, spool_bytes)?,
     )
@@ -96,6 +96,7 @@ fn string_value(key: &str, value: impl Into<String>) -> KeyValue {
 fn resource(series: &Series) -> Resource {
     let labels = &series.labels;
     let origin = &labels.origin;
+    let kubernetes = origin.kubernetes.as_ref();
     let mut attributes = vec![
         string_value("service.name", &labels.service_name),
         string_value("host.name", &labels.host),
@@ -112,6 +113,15 @@ fn resource(series: &Series) -> Resource {
         ("container.id", origin.container_id.as_deref()),
         ("container.runtime", origin.container_runtime),
         ("k8s.pod.uid", origin.pod_uid.as_deref()),
+        (
+            "k8s.namespace.name",
+            kubernetes.map(|k| k.namespace.as_str()),
+        ),
+        ("k8s.pod.name", kubernetes.map(|k| k.pod.as_str())),
+        (
+            "k8s.container.name",
+            kubernetes.and_then(|k| k.container.as_deref()),
+        ),
         ("systemd.unit", origin.systemd_unit.as_deref()),
     ];
     attributes.extend(
@@ -347,13 +357,19 @@ impl Dictionary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::series::{no_kubernetes, ServiceName};
     use crate::export::series::{series_of, CgroupPaths};
     use crate::profile::test_profile;
 
     #[test]
     fn tables_start_with_the_zero_value_and_every_index_is_in_range() {
         let profile = test_profile::profile();
-        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let series = series_of(
+            &profile,
+            &ServiceName::Auto,
+            &CgroupPaths::default(),
+            &mut no_kubernetes(),
+        );
         let request = export_request(&series);
         let request = ExportProfilesServiceRequest::decode(&*request.encode_to_vec()).unwrap();
         let tables = request.dictionary.as_ref().unwrap();
@@ -403,7 +419,12 @@ mod tests {
     #[test]
     fn data_addresses_and_latencies_are_profiles_of_their_own() {
         let profile = test_profile::profile_with_data();
-        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let series = series_of(
+            &profile,
+            &ServiceName::Auto,
+            &CgroupPaths::default(),
+            &mut no_kubernetes(),
+        );
         let request = export_request(&series);
         let tables = request.dictionary.as_ref().unwrap();
         let text = |index: i32| tables.string_table[index as usize].as_str();
@@ -460,7 +481,12 @@ mod tests {
             ..Default::default()
         });
         crate::export::offcpu::add_off_cpu_event(&mut profile);
-        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let series = series_of(
+            &profile,
+            &ServiceName::Auto,
+            &CgroupPaths::default(),
+            &mut no_kubernetes(),
+        );
         let request = export_request(&series);
         let tables = request.dictionary.as_ref().unwrap();
         let text = |index: i32| tables.string_table[index as usize].as_str();

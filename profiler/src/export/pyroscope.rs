@@ -19,7 +19,7 @@ use prost::Message;
 
 use super::backend::BackendSink;
 use super::pprof::pprof_profile;
-use super::series::{Series, SeriesLabels, ServiceName};
+use super::series::{Series, SeriesLabels, SeriesNaming};
 use super::upload::{Endpoint, Uploader};
 use super::ExportError;
 use crate::profile::EventInfo;
@@ -66,7 +66,7 @@ const PUSH_PATH: &str = "push.v1.PusherService/Push";
 pub fn pyroscope_sink(
     url: &str,
     tenant: Option<&str>,
-    service_name: ServiceName,
+    naming: SeriesNaming,
     spool_dir: &Path,
     spool_bytes: u64,
 ) -> Result<BackendSink, ExportError> {
@@ -81,7 +81,7 @@ pub fn pyroscope_sink(
     };
     BackendSink::new(
         format!("--pyroscope {url}"),
-        service_name,
+        naming,
         |series| Ok(push_request(series).encode_to_vec()),
         Uploader::new(endpoint, spool_dir, spool_bytes)?,
     )
@@ -116,6 +116,7 @@ pub fn profile_name(event: &EventInfo) -> String {
 
 fn labels(labels: &SeriesLabels, event: &EventInfo) -> Vec<proto::LabelPair> {
     let origin = &labels.origin;
+    let kubernetes = origin.kubernetes.as_ref();
     let mut pairs: Vec<proto::LabelPair> = [
         ("__name__", Some(profile_name(event))),
         ("service_name", Some(labels.service_name.clone())),
@@ -128,6 +129,10 @@ fn labels(labels: &SeriesLabels, event: &EventInfo) -> Vec<proto::LabelPair> {
             origin.container_runtime.map(str::to_string),
         ),
         ("pod_uid", origin.pod_uid.clone()),
+        // The names Grafana's Kubernetes discovery gives Pyroscope's own agents.
+        ("namespace", kubernetes.map(|k| k.namespace.clone())),
+        ("pod", kubernetes.map(|k| k.pod.clone())),
+        ("container", kubernetes.and_then(|k| k.container.clone())),
         ("systemd_unit", origin.systemd_unit.clone()),
     ]
     .into_iter()
@@ -146,13 +151,19 @@ fn labels(labels: &SeriesLabels, event: &EventInfo) -> Vec<proto::LabelPair> {
 mod tests {
     use super::*;
     use crate::export::pprof::proto::Profile as Pprof;
+    use crate::export::series::{no_kubernetes, ServiceName};
     use crate::export::series::{series_of, CgroupPaths};
     use crate::profile::test_profile;
 
     #[test]
     fn each_series_is_labelled_and_carries_its_pprof() {
         let profile = test_profile::profile();
-        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let series = series_of(
+            &profile,
+            &ServiceName::Auto,
+            &CgroupPaths::default(),
+            &mut no_kubernetes(),
+        );
         let request = push_request(&series);
         let decoded = proto::PushRequest::decode(&*request.encode_to_vec()).unwrap();
         assert_eq!(decoded.series.len(), series.len());

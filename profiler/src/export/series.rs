@@ -13,40 +13,54 @@ use crate::profile::{
 };
 use crate::scope::cgroup::{cgroup2_mount, cgroup_id, cgroup_subtree};
 use crate::scope::container::{classify_cgroup_path, Workload};
+use crate::scope::kubernetes::{pod_uid_in, KubernetesName, KubernetesNames};
 
 /// How a series' `service_name` is chosen. Backends group and bill by service name, so it should
 /// name what runs, not which process runs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServiceName {
-    /// The container, else the systemd service, else the executable.
+    /// The Kubernetes `namespace/container`, else the container, else the systemd service,
+    /// else the executable.
     Auto,
     Executable,
     /// The systemd unit (or the executable outside any unit).
     Unit,
     /// The container id (or the executable outside any container).
     Container,
+    /// The Kubernetes `namespace/container` (Grafana Alloy's default; the pod's `namespace/pod`
+    /// where only the pod is known), or the executable outside Kubernetes.
+    Kubernetes,
     /// One name for everything this agent sends.
     Fixed(String),
 }
 
 impl ServiceName {
-    /// Parses `--service-name`: `auto`, `executable`, `unit`, `container`, or `=NAME` for a
-    /// fixed name.
+    /// Parses `--service-name`: `auto`, `executable`, `unit`, `container`, `kubernetes`, or
+    /// `=NAME` for a fixed name.
     pub fn parse(text: &str) -> Result<ServiceName, String> {
         match text {
             "auto" => Ok(ServiceName::Auto),
             "executable" => Ok(ServiceName::Executable),
             "unit" => Ok(ServiceName::Unit),
             "container" => Ok(ServiceName::Container),
+            "kubernetes" => Ok(ServiceName::Kubernetes),
             _ => match text.strip_prefix('=') {
                 Some(name) if !name.is_empty() => Ok(ServiceName::Fixed(name.to_string())),
                 _ => Err(format!(
                     "'{text}' is not a service-name rule: use auto, executable, unit, container, \
-                     or =NAME for one fixed name"
+                     kubernetes, or =NAME for one fixed name"
                 )),
             },
         }
     }
+}
+
+/// How a backend's series are named: the service-name rule, and the node's filesystem
+/// (`--node-root`), whose records name Kubernetes pods.
+#[derive(Clone, Debug)]
+pub struct SeriesNaming {
+    pub service_name: ServiceName,
+    pub node_root: PathBuf,
 }
 
 /// What a process runs as, read from its cgroup path.
@@ -56,6 +70,8 @@ pub struct ProcessOrigin {
     pub container_runtime: Option<&'static str>,
     /// The Kubernetes pod's UID, which kubelet puts in the cgroup path (`pod<UID>`).
     pub pod_uid: Option<String>,
+    /// The container's pod, namespace and name, from the node's records.
+    pub kubernetes: Option<KubernetesName>,
     pub systemd_unit: Option<String>,
 }
 
@@ -77,20 +93,6 @@ impl ProcessOrigin {
         }
         origin
     }
-}
-
-/// The pod UID in a kubelet cgroup path: `pod<UID>` (cgroupfs driver) or
-/// `kubepods-<qos>-pod<UID with _ for ->.slice` (systemd driver).
-fn pod_uid_in(path: &str) -> Option<String> {
-    path.split('/').rev().find_map(|component| {
-        let stem = component.strip_suffix(".slice").unwrap_or(component);
-        let (before, uid) = stem.rsplit_once("pod")?;
-        let kubelet = before.is_empty() || before.starts_with("kubepods");
-        let uid = uid.replace('_', "-");
-        let well_formed =
-            uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
-        (kubelet && well_formed).then_some(uid)
-    })
 }
 
 /// Cgroup ids (what samples carry) to cgroup paths, read from the cgroup v2 tree. Cgroups of
@@ -158,8 +160,14 @@ pub struct SeriesLabels {
     pub event: String,
 }
 
-/// Cuts a window's profile into series, one per process and event, in pid then event order.
-pub fn series_of(profile: &Profile, rule: &ServiceName, cgroups: &CgroupPaths) -> Vec<Series> {
+/// Cuts a window's profile into series, one per process and event, in pid then event order;
+/// containers get their Kubernetes names from `kubernetes`.
+pub fn series_of(
+    profile: &Profile,
+    rule: &ServiceName,
+    cgroups: &CgroupPaths,
+    kubernetes: &mut KubernetesNames,
+) -> Vec<Series> {
     let mut groups: BTreeMap<(u32, EventIndex), Vec<&StackSample>> = BTreeMap::new();
     // Any event's samples name the process's cgroup, so all its series share labels.
     let mut cgroup_of: HashMap<u32, &str> = HashMap::new();
@@ -184,7 +192,10 @@ pub fn series_of(profile: &Profile, rule: &ServiceName, cgroups: &CgroupPaths) -
         .map(|((pid, event), samples)| {
             let origin = cgroup_of
                 .get(&pid)
-                .map(|path| ProcessOrigin::of_cgroup_path(path))
+                .map(|path| ProcessOrigin {
+                    kubernetes: kubernetes.of_cgroup_path(path),
+                    ..ProcessOrigin::of_cgroup_path(path)
+                })
                 .unwrap_or_default();
             let executable = executable_of(profile, pid);
             let labels = SeriesLabels {
@@ -228,12 +239,21 @@ fn service_name(rule: &ServiceName, executable: &str, origin: &ProcessOrigin) ->
         .systemd_unit
         .as_deref()
         .filter(|unit| unit.ends_with(".service"));
+    // `namespace/container` where the container's name is known, else `namespace/pod`.
+    let kubernetes = origin.kubernetes.as_ref().map(|name| {
+        let last = name.container.as_deref().unwrap_or(&name.pod);
+        format!("{}/{last}", name.namespace)
+    });
     let chosen = match rule {
         ServiceName::Fixed(name) => Some(name.as_str()),
         ServiceName::Executable => None,
         ServiceName::Unit => origin.systemd_unit.as_deref(),
         ServiceName::Container => origin.container_id.as_deref(),
-        ServiceName::Auto => origin.container_id.as_deref().or(service),
+        ServiceName::Kubernetes => kubernetes.as_deref(),
+        ServiceName::Auto => kubernetes
+            .as_deref()
+            .or(origin.container_id.as_deref())
+            .or(service),
     };
     chosen
         .filter(|name| !name.is_empty())
@@ -314,6 +334,12 @@ fn process_profile(
     }
 }
 
+/// Kubernetes names from nowhere: for tests of what does not run in a pod.
+#[cfg(test)]
+pub(crate) fn no_kubernetes() -> KubernetesNames {
+    KubernetesNames::new(Path::new("/nonexistent"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,7 +383,12 @@ mod tests {
         for thread in &mut profile.threads {
             thread.comm.clear();
         }
-        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let series = series_of(
+            &profile,
+            &ServiceName::Auto,
+            &CgroupPaths::default(),
+            &mut no_kubernetes(),
+        );
         assert_eq!(series[0].labels.executable, "pid 100");
         assert_eq!(series[0].labels.service_name, "pid 100");
     }
@@ -385,13 +416,38 @@ mod tests {
         assert!(ServiceName::parse("=").is_err());
         assert!(ServiceName::parse("pod")
             .unwrap_err()
-            .contains("auto, executable, unit, container"));
+            .contains("auto, executable, unit, container, kubernetes"));
+
+        // In a pod: Kubernetes names first, the container's or else the pod's.
+        let id = "3f".repeat(32);
+        let mut pod = ProcessOrigin::of_cgroup_path(&format!(
+            "/kubepods/burstable/pod5b1e0c7a-2f4d-4a8e-9c3b-1d2e3f4a5b6c/{id}"
+        ));
+        let kubernetes = ServiceName::parse("kubernetes").unwrap();
+        assert_eq!(service_name(&auto, "java", &pod), id, "no records: the id");
+        assert_eq!(service_name(&kubernetes, "java", &pod), "java");
+        pod.kubernetes = Some(KubernetesName {
+            namespace: "prod".into(),
+            pod: "shop-7d9f".into(),
+            container: Some("web".into()),
+        });
+        assert_eq!(service_name(&auto, "java", &pod), "prod/web");
+        assert_eq!(service_name(&kubernetes, "java", &pod), "prod/web");
+        assert_eq!(service_name(&ServiceName::Container, "java", &pod), id);
+        pod.kubernetes.as_mut().unwrap().container = None;
+        assert_eq!(service_name(&kubernetes, "java", &pod), "prod/shop-7d9f");
+        assert_eq!(service_name(&kubernetes, "nginx", &unit), "nginx");
     }
 
     #[test]
     fn a_series_holds_its_events_data_addresses_and_what_they_belong_to() {
         let profile = test_profile::profile_with_data();
-        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let series = series_of(
+            &profile,
+            &ServiceName::Auto,
+            &CgroupPaths::default(),
+            &mut no_kubernetes(),
+        );
         let faults = series
             .iter()
             .find(|s| s.labels.event == "page-faults")
@@ -427,7 +483,12 @@ mod tests {
     #[test]
     fn a_series_holds_one_process_and_event_with_only_its_frames() {
         let profile = test_profile::profile();
-        let series = series_of(&profile, &ServiceName::Auto, &CgroupPaths::default());
+        let series = series_of(
+            &profile,
+            &ServiceName::Auto,
+            &CgroupPaths::default(),
+            &mut no_kubernetes(),
+        );
         let keys: Vec<(u32, &str)> = series
             .iter()
             .map(|s| (s.labels.pid, s.labels.event.as_str()))

@@ -1,9 +1,11 @@
 //! Which processes a recording covers beyond plain pids: a cgroup v2 subtree (`--cgroup`), a
 //! container (`--container`, resolved to its cgroup), a user (`--uid`); and the reverse, which
-//! container or systemd unit a sampled process belongs to, for per-container breakdowns.
+//! container or systemd unit a sampled process belongs to, for per-container breakdowns, and
+//! the Kubernetes pod and names of a container.
 
 pub mod cgroup;
 pub mod container;
+pub mod kubernetes;
 
 use std::fmt;
 use std::io;
