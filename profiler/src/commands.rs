@@ -18,7 +18,7 @@ use crate::{
     events::run_list,
     export::{
         flamegraph::write_flamegraph, folded::write_folded, offcpu::with_off_cpu_event,
-        pprof::write_pprof, selected_profile,
+        pprof::write_pprof, selected_profile, speedscope::write_speedscope,
     },
     import::{is_perf_data, profile_from_perf_data_file},
     launch::{signal_name, CommandEnd, StopSignals},
@@ -321,6 +321,7 @@ struct ReportTargets {
     folded: Option<Output>,
     flamegraph: Option<Output>,
     pprof: Option<Output>,
+    speedscope: Option<Output>,
     latency_plot: Option<Output>,
 }
 
@@ -353,6 +354,7 @@ impl ReportTargets {
             folded: checker.check_optional("--folded", output.folded.as_deref())?,
             flamegraph: checker.check_optional("--flamegraph", output.flamegraph.as_deref())?,
             pprof: checker.check_optional("--pprof", output.pprof.as_deref())?,
+            speedscope: checker.check_optional("--speedscope", output.speedscope.as_deref())?,
             latency_plot: checker.check_optional(
                 "--histogram",
                 output
@@ -387,7 +389,12 @@ fn report(
         );
     }
     let profile = &*profile;
-    let exports = [&targets.folded, &targets.flamegraph, &targets.pprof];
+    let exports = [
+        &targets.folded,
+        &targets.flamegraph,
+        &targets.pprof,
+        &targets.speedscope,
+    ];
     if exports.iter().any(|target| target.is_some()) {
         let with_off_cpu = with_off_cpu_event(profile);
         let selected = selected_profile(&with_off_cpu, view.event.as_deref(), &view.filter())?;
@@ -418,6 +425,11 @@ fn report(
             &targets.pprof,
             &format!("pprof profile of {}", names.join(", ")),
             &|out| Ok(write_pprof(&selected, out)?),
+        );
+        export(
+            &targets.speedscope,
+            &format!("speedscope profile of {}", names.join(", ")),
+            &|out| Ok(write_speedscope(&selected, out)?),
         );
         if exports_replace_text && !view.json && output.hardware.hardware.is_none() {
             return Ok(());

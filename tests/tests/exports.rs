@@ -2,8 +2,9 @@
 //!
 //! One recording of each kind of event (cpu-clock and task-clock at their default frequency, a
 //! frequency set with -F, a period set with -c, page faults, off-CPU blocks) is reported as
-//! text and JSON and exported as folded stacks and pprof: the samples and the estimated events
-//! agree in all of them. The agent's windows carry the same estimate as a recording. Code
+//! text and JSON and exported as folded stacks, pprof and speedscope: the samples and the
+//! estimated events agree in all of them. speedscope itself, in Chromium, opens its export with
+//! the report's totals per function, inlined functions included. The agent's windows carry the same estimate as a recording. Code
 //! without symbols (a stripped build of a C workload; Debian's stripped liblzma under `xz`) is
 //! named by the start of the function its call-frame information bounds.
 
@@ -53,10 +54,21 @@ fn text_total(text: &str) -> u64 {
     words[at - 2].parse().unwrap_or_else(|_| panic!("{line}"))
 }
 
-/// Folded stacks and pprof of `file`'s `event`, as `report` writes them.
-fn exports(file: &Path, event: &str) -> (u64, proto::Profile) {
+/// The weights of the first profile of a speedscope file, summed, and its unit.
+fn speedscope_total(path: &Path) -> (u64, String) {
+    let file: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let profile = &file["profiles"][0];
+    let weights = profile["weights"].as_array().unwrap();
+    let total = weights.iter().map(|w| w.as_u64().unwrap()).sum();
+    (total, profile["unit"].as_str().unwrap().to_string())
+}
+
+/// Folded stacks, pprof and speedscope's (total and unit) of `file`'s `event`, as `report`
+/// writes them.
+fn exports(file: &Path, event: &str) -> (u64, proto::Profile, (u64, String)) {
     let dir = file.parent().unwrap();
     let (folded, pprof) = (dir.join("stacks.folded"), dir.join("profile.pb.gz"));
+    let speedscope = dir.join("speedscope.json");
     profiler(&[
         "report",
         "-i",
@@ -67,8 +79,14 @@ fn exports(file: &Path, event: &str) -> (u64, proto::Profile) {
         folded.to_str().unwrap(),
         "--pprof",
         pprof.to_str().unwrap(),
+        "--speedscope",
+        speedscope.to_str().unwrap(),
     ]);
-    (folded_total(&folded), read_pprof(&pprof))
+    (
+        folded_total(&folded),
+        read_pprof(&pprof),
+        speedscope_total(&speedscope),
+    )
 }
 
 /// Records `command` with `options` and checks that text, JSON, folded stacks and pprof give
@@ -87,10 +105,15 @@ fn same_numbers_everywhere(name: &str, options: &[&str], command: &[&str]) {
     let text = String::from_utf8_lossy(&profiler(&["report", "-i", file.to_str().unwrap()]).stdout)
         .into_owned();
     assert_eq!(text_total(&text), estimated, "{name}: text vs JSON");
-    let (folded, pprof) = exports(&file, event_name);
+    let (folded, pprof, speedscope) = exports(&file, event_name);
     assert_eq!(
         folded, samples,
         "{name}: folded stacks vs the report's samples"
+    );
+    assert_eq!(
+        speedscope,
+        (samples, "none".to_string()),
+        "{name}: speedscope's samples"
     );
     assert_eq!(
         column_total(&pprof, &format!("{event_name}_sample")) as u64,
@@ -148,8 +171,9 @@ fn off_cpu_exports_count_blocks_and_weigh_them_in_nanoseconds() {
     let blocks = off_cpu["blocks"].as_u64().unwrap();
     let blocked_ns = off_cpu["total_ns"].as_u64().unwrap();
     assert!(blocks >= 8, "{off_cpu}");
-    let (folded, pprof) = exports(&file, "off-cpu");
+    let (folded, pprof, speedscope) = exports(&file, "off-cpu");
     assert_eq!(folded, blocked_ns, "folded off-CPU stacks are nanoseconds");
+    assert_eq!(speedscope, (blocked_ns, "nanoseconds".to_string()));
     assert_eq!(column_total(&pprof, "off-cpu_sample") as u64, blocks);
     assert_eq!(column_total(&pprof, "off-cpu_event") as u64, blocked_ns);
     let comments: Vec<&str> = pprof
@@ -352,4 +376,59 @@ fn debians_stripped_liblzma_is_one_row_per_function() {
         .map(|r| r["self_samples"].as_u64().unwrap())
         .sum();
     assert!(samples > 100, "too few samples in {module}: {rows:?}");
+}
+
+#[test]
+fn speedscope_opens_its_export_with_the_reports_totals_and_the_inlined_functions() {
+    require_root();
+    let dir = temp_dir("speedscope");
+    let (file, export) = (
+        dir.join("cpu_split.prof"),
+        dir.join("cpu_split.speedscope.json"),
+    );
+    let cpu_split = workload("cpu_split");
+    record_to(
+        &file,
+        &["-F", "997"],
+        &[cpu_split.to_str().unwrap(), "2500"],
+    );
+    let report = report_json(&file, &["--speedscope", export.to_str().unwrap()]);
+    let shown = common::run_viewer(
+        "speedscope.cjs",
+        &[&export, &dir.join("speedscope-sandwich.png")],
+    );
+    for problem in ["schemaErrors", "consoleErrors", "requests"] {
+        assert_eq!(shown[problem], serde_json::json!([]), "{problem}");
+    }
+    let rows: BTreeMap<&str, (u64, &str)> = shown["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            let name = row["name"].as_str().unwrap();
+            let total = row["total"].as_u64().unwrap();
+            (name, (total, row["file"].as_str().unwrap()))
+        })
+        .collect();
+    // Every function the report lists has, in speedscope's sandwich view, the samples the
+    // report counts under it.
+    let functions = report["events"][0]["functions"].as_array().unwrap();
+    assert!(functions.len() >= 3, "{functions:?}");
+    for function in functions {
+        let name = function["function"].as_str().unwrap();
+        let total = function["total_samples"].as_u64().unwrap();
+        let (shown_total, _) = rows
+            .get(name)
+            .unwrap_or_else(|| panic!("speedscope shows no {name}: {rows:?}"));
+        assert_eq!(*shown_total, total, "{name}");
+    }
+    // churn is inlined into the three workers: a frame of its own, named by its source file,
+    // under each (speedscope's pprof import drops such frames).
+    let workers: u64 = ["heavy_work", "medium_work", "light_work"]
+        .iter()
+        .map(|worker| rows[format!("cpu_split::{worker}").as_str()].0)
+        .sum();
+    let (churn, source) = rows["cpu_split::churn"];
+    assert!(churn * 100 >= workers * 95, "churn {churn} of {workers}");
+    assert!(source.ends_with("cpu_split.rs"), "{source}");
 }

@@ -13,7 +13,15 @@ use std::{path::Path, process::Command};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::run_command;
+use crate::{run_command, target_dir};
+
+/// The viewers' npm packages the export tests open their files in, pinned: speedscope's offline
+/// build (its JSON schema inside), Ajv to check files against that schema, and playwright-core to
+/// drive Debian's Chromium.
+const VIEWER_PACKAGES: [&str; 3] = ["speedscope@1.25.0", "ajv@8.20.0", "playwright-core@1.65.2"];
+
+/// Where the viewers' packages are installed (`node_modules` below it); the tests look there.
+pub const VIEWERS_DIR: &str = "viewers";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Purpose {
@@ -212,7 +220,35 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "systemd",
             // The off-CPU tests' independent reference (bcc's tools need kernel headers).
             "bpftrace",
+            // The browser the viewer tests open speedscope in.
+            "chromium",
         ])?;
+        viewers()?;
     }
     Ok(())
+}
+
+/// The viewers' npm packages ([`VIEWER_PACKAGES`]) in the target directory, installed once.
+fn viewers() -> Result<()> {
+    let dir = target_dir().join(VIEWERS_DIR);
+    let installed = VIEWER_PACKAGES.iter().all(|package| {
+        let (name, version) = package.rsplit_once('@').expect("name@version");
+        let manifest = dir.join("node_modules").join(name).join("package.json");
+        std::fs::read_to_string(manifest)
+            .is_ok_and(|text| text.contains(&format!("\"version\": \"{version}\"")))
+    });
+    if installed {
+        return Ok(());
+    }
+    if Command::new("npm").arg("--version").output().is_err() {
+        apt_install(&["npm"])?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    run_command(
+        Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&dir)
+            .args(VIEWER_PACKAGES),
+    )
+    .context("installing the viewers the export tests open files in (from the npm registry)")
 }

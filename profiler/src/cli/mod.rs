@@ -368,6 +368,11 @@ pub struct ReportOutput {
     /// one, of the samples the report's filters select (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub pprof: Option<PathBuf>,
+    /// Write a speedscope file (its own JSON format, inlined functions kept) to this file: every
+    /// event, or the `--only-event` one, of the samples the report's filters select (`-`:
+    /// standard output).
+    #[arg(long, value_name = "FILE")]
+    pub speedscope: Option<PathBuf>,
 }
 
 /// The command line, with `report`'s sample filters also under their plain names (`--event`,

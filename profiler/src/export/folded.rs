@@ -8,10 +8,10 @@
 //! function's start, `module+0xstart` (see `symbolize::call_frames`), else `module+0xoffset`.
 //! Counts are samples, and nanoseconds blocked for `off-cpu`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Write;
 
-use super::{event_info, samples_of, stack_root_first, ExportError, StackEntry};
+use super::{event_info, samples_of, stack_root_first, ExportError, StackEntry, StackRoots};
 use crate::profile::{EventIndex, Frame, Profile};
 
 const KERNEL_SUFFIX: &str = "_[k]";
@@ -20,20 +20,13 @@ const INLINED_SUFFIX: &str = "_[i]";
 /// The folded stacks of `event`, sorted, each `stack count` without a line terminator.
 pub fn folded_stacks(profile: &Profile, event: EventIndex) -> Result<Vec<String>, ExportError> {
     event_info(profile, event)?;
-    let comms: HashMap<(u32, u32), &str> = profile
-        .threads
-        .iter()
-        .map(|t| ((t.pid, t.tid), t.comm.as_str()))
-        .collect();
+    let roots = StackRoots::new(profile);
 
     let mut merged: BTreeMap<String, u64> = BTreeMap::new();
     let mut stack = String::new();
     for sample in samples_of(profile, event) {
         stack.clear();
-        match comms.get(&(sample.pid, sample.tid)) {
-            Some(comm) if !comm.is_empty() => push_name(&mut stack, comm, ""),
-            _ => push_name(&mut stack, &format!("[pid {}]", sample.pid), ""),
-        }
+        push_name(&mut stack, &roots.of(sample), "");
         for entry in stack_root_first(profile, sample) {
             match entry {
                 StackEntry::Frame(_, frame) => push_frame(&mut stack, frame),

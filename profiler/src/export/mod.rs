@@ -19,8 +19,11 @@ pub mod pprof;
 pub mod pyroscope;
 pub mod series;
 pub mod sink;
+pub mod speedscope;
 pub mod upload;
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 use std::io;
 
@@ -111,6 +114,32 @@ impl StackEntry<'_> {
     /// Pseudo-function name of a lost part of a stack.
     const USER_STACK_LOST: &'static str = "[user stack lost]";
     const KERNEL_STACK_LOST: &'static str = "[kernel stack lost]";
+}
+
+/// What the exports put at the root of a sample's stack: its thread's command name, else its
+/// process id.
+struct StackRoots<'a> {
+    comms: HashMap<(u32, u32), &'a str>,
+}
+
+impl<'a> StackRoots<'a> {
+    fn new(profile: &'a Profile) -> StackRoots<'a> {
+        StackRoots {
+            comms: profile
+                .threads
+                .iter()
+                .filter(|t| !t.comm.is_empty())
+                .map(|t| ((t.pid, t.tid), t.comm.as_str()))
+                .collect(),
+        }
+    }
+
+    fn of(&self, sample: &StackSample) -> Cow<'a, str> {
+        match self.comms.get(&(sample.pid, sample.tid)) {
+            Some(comm) => Cow::Borrowed(comm),
+            None => Cow::Owned(format!("[pid {}]", sample.pid)),
+        }
+    }
 }
 
 /// The entries of a sample's stack, root (outermost user caller) first, leaf last.

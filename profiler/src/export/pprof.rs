@@ -811,24 +811,7 @@ mod tests {
 
     #[test]
     fn off_cpu_samples_count_blocks_and_their_values_are_nanoseconds() {
-        use crate::profile::offcpu::{OffCpuBlocks, OffCpuProfile};
-        let mut profile = test_profile::profile();
-        let (pid, tid) = (profile.stacks[0].pid, profile.stacks[0].tid);
-        let blocks = |frames: Vec<FrameId>, count: u64, total_ns: u64| OffCpuBlocks {
-            pid,
-            tid,
-            frames,
-            count,
-            total_ns,
-            ..OffCpuBlocks::default()
-        };
-        profile.off_cpu = Some(OffCpuProfile {
-            blocks: vec![
-                blocks(profile.stacks[0].frames.clone(), 5, 250_000_000),
-                blocks(profile.stacks[1].frames.clone(), 2, 1_500),
-            ],
-            ..OffCpuProfile::default()
-        });
+        let mut profile = test_profile::profile_with_off_cpu();
         crate::export::offcpu::add_off_cpu_event(&mut profile);
         let p = pprof_profile(&profile);
         assert_eq!(

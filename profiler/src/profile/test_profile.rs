@@ -225,3 +225,27 @@ pub fn profile_with_data() -> Profile {
     }];
     profile
 }
+
+/// [`profile`] with two off-CPU blocks of its first thread: 5 blocks for 250 ms on the first
+/// stack's frames, 2 for 1.5 us on the second's.
+pub fn profile_with_off_cpu() -> Profile {
+    use super::offcpu::{OffCpuBlocks, OffCpuProfile};
+    let mut profile = profile();
+    let (pid, tid) = (profile.stacks[0].pid, profile.stacks[0].tid);
+    let blocks = |frames: Vec<FrameId>, count: u64, total_ns: u64| OffCpuBlocks {
+        pid,
+        tid,
+        frames,
+        count,
+        total_ns,
+        ..OffCpuBlocks::default()
+    };
+    profile.off_cpu = Some(OffCpuProfile {
+        blocks: vec![
+            blocks(profile.stacks[0].frames.clone(), 5, 250_000_000),
+            blocks(profile.stacks[1].frames.clone(), 2, 1_500),
+        ],
+        ..OffCpuProfile::default()
+    });
+    profile
+}

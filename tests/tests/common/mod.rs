@@ -425,6 +425,35 @@ pub fn google_pprof() -> PathBuf {
     binary
 }
 
+/// Runs a viewer check of `tests/viewers` under node, with the npm packages `cargo xtask setup`
+/// installs in target/viewers, and returns the JSON object it prints.
+pub fn run_viewer(script: &str, args: &[&std::path::Path]) -> Value {
+    let tests = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let modules = tests.join("../target/viewers/node_modules");
+    assert!(
+        modules.join("playwright-core").exists(),
+        "the viewers' npm packages are not in {}: run `cargo xtask setup`",
+        modules.display()
+    );
+    let output = Command::new("node")
+        .arg(tests.join("viewers").join(script))
+        .arg(&modules)
+        .args(args)
+        .output()
+        .expect("node runs (apt-get install nodejs)");
+    assert!(
+        output.status.success(),
+        "{script} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{script} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
 /// Whether `path` is one of the agent's `--output-dir` windows (the directory also holds the
 /// agent's index of what it wrote).
 pub fn is_window(path: &std::path::Path) -> bool {
