@@ -920,12 +920,16 @@ fn kubernetes_pods_name_the_series_and_the_container_view() {
             assert_eq!(one.label("service_name"), Some(service.as_str()));
         }
     }
-    // A process outside any pod has none of them.
-    let host_series = pushed
-        .iter()
-        .find(|s| s.label("pod_uid").is_none())
-        .expect("the host's own processes were sampled");
-    assert_eq!(host_series.label("namespace"), None);
+    // A process outside any pod has none of them (the pods' programs keep both CPUs busy, so
+    // the host's own may have taken no sample).
+    for host_series in pushed.iter().filter(|s| s.label("pod_uid").is_none()) {
+        assert_eq!(
+            host_series.label("namespace"),
+            None,
+            "{:?}",
+            host_series.labels
+        );
+    }
 
     // OTLP: the semantic conventions' resource attributes.
     let resources: Vec<_> = receiver
