@@ -214,18 +214,37 @@ impl RowArena {
         Ok(())
     }
 
+    /// Rows `start..end` cut at chunk boundaries: rows pass through the agent a chunk at a
+    /// time, so that a large table (a compiler's 44 MB of rows) is not also resident here while
+    /// it is copied.
+    fn parts(start: u32, end: u32) -> impl Iterator<Item = (u32, u32)> {
+        let mut at = start;
+        std::iter::from_fn(move || {
+            let part = (at < end).then(|| {
+                (
+                    at,
+                    ((at / ARENA_CHUNK_ROWS + 1) * ARENA_CHUNK_ROWS).min(end),
+                )
+            })?;
+            at = part.1;
+            Some(part)
+        })
+    }
+
     /// A copy of the rows at `placed`.
     fn read(&mut self, placed: Placed) -> std::io::Result<Vec<UnwindRow>> {
         let end = placed.start.saturating_add(placed.len).min(self.len);
         let start = placed.start.min(end);
-        // Mapped already while a table holds them; the map keeps the rows either way.
-        self.map_rows(start, end)?;
-        let (start, end) = (start as usize, end as usize);
-        // SAFETY: `start..end` lies within the arena (clamped above), in chunks mapped above;
-        // UnwindRow is plain data, any bytes a valid value.
-        let rows =
-            unsafe { std::slice::from_raw_parts(self.rows.add(start), end - start) }.to_vec();
-        self.unmap_all()?;
+        let mut rows = Vec::with_capacity((end - start) as usize);
+        for (first, last) in Self::parts(start, end) {
+            self.map_rows(first, last)?;
+            // SAFETY: `first..last` lies within the arena (clamped above), in the chunk mapped
+            // above; UnwindRow is plain data, any bytes a valid value.
+            rows.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(self.rows.add(first as usize), (last - first) as usize)
+            });
+            self.unmap_all()?;
+        }
         Ok(rows)
     }
 
@@ -238,16 +257,23 @@ impl RowArena {
         else {
             return Ok(false);
         };
-        self.map_rows(start, end)
-            .context("memory-mapping more of the unwind-row arena")?;
-        // SAFETY: `start..end` lies within the arena, in chunks mapped above; UnwindRow is plain
-        // data, and the walker reads these rows only once a mapping published afterwards names
-        // them.
-        unsafe {
-            std::ptr::copy_nonoverlapping(rows.as_ptr(), self.rows.add(start as usize), rows.len())
-        };
-        self.unmap_all()
-            .context("unmapping the unwind-row arena's chunks")?;
+        for (first, last) in Self::parts(start, end) {
+            self.map_rows(first, last)
+                .context("memory-mapping more of the unwind-row arena")?;
+            let part = &rows[(first - start) as usize..(last - start) as usize];
+            // SAFETY: `first..last` lies within the arena, in the chunk mapped above; UnwindRow
+            // is plain data, and the walker reads these rows only once a mapping published
+            // afterwards names them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    part.as_ptr(),
+                    self.rows.add(first as usize),
+                    part.len(),
+                )
+            };
+            self.unmap_all()
+                .context("unmapping the unwind-row arena's chunks")?;
+        }
         Ok(true)
     }
 }
@@ -1326,6 +1352,21 @@ mod tests {
         let current = current_code_mappings(&mappings);
         let starts: Vec<u64> = current.iter().map(|m| m.start).collect();
         assert_eq!(starts, [0x1000, 0xa000]);
+    }
+
+    #[test]
+    fn rows_pass_through_the_agent_a_chunk_at_a_time() {
+        let chunk = ARENA_CHUNK_ROWS;
+        let parts: Vec<(u32, u32)> = RowArena::parts(5, 2 * chunk + 3).collect();
+        assert_eq!(
+            parts,
+            [(5, chunk), (chunk, 2 * chunk), (2 * chunk, 2 * chunk + 3)]
+        );
+        assert_eq!(
+            RowArena::parts(chunk, chunk + 1).collect::<Vec<_>>(),
+            [(chunk, chunk + 1)]
+        );
+        assert_eq!(RowArena::parts(3, 3).count(), 0);
     }
 
     #[test]

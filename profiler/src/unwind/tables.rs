@@ -158,13 +158,21 @@ impl UnwindTable {
     }
 }
 
-/// One FDE's rows, before they are laid end to end.
-struct FdeRows {
+/// One FDE found in a section: its rows are evaluated when its turn comes to be laid out, so
+/// that a file's rows are held once, in the table, and not also FDE by FDE (a compiler's
+/// 6 MB `.eh_frame` held 100 MB of rows so, the peak of an agent starting on its host).
+struct FdeEntry {
     range: Range<u64>,
     /// `.eh_frame` first: where both sections describe an address, it wins.
     from_debug_frame: bool,
-    rows: Vec<(u64, UnwindRow)>,
+    /// Where the FDE is in its section.
+    offset: usize,
 }
+
+/// Evaluates an FDE's rows into the buffer given (emptied first): `false` when the FDE is
+/// malformed (counted), an error when the file has more rows than it may.
+type EvaluateFde<'a> = dyn FnMut(&FdeEntry, &mut Vec<(u64, UnwindRow)>, &mut CompileStats) -> Result<bool, TooManyRows>
+    + 'a;
 
 /// What compiling one file may take, whatever its sections say: a crafted `.debug_frame` of
 /// one-byte rows once held over 1 GiB of rows, and ended the recording, before the table's size
@@ -347,34 +355,41 @@ impl<'d> CfiSections<'d> {
         let bases = self.bases();
         let mut stats = CompileStats::default();
         let mut fdes = Vec::new();
+        let eh_frame = self.eh_frame.as_ref().map(|(address, data)| {
+            (
+                bases.clone().set_eh_frame(*address),
+                EhFrame::new(data, gimli::LittleEndian),
+            )
+        });
+        let debug_frame = self.debug_frame.as_ref().map(|data| {
+            let mut section = DebugFrame::new(data, gimli::LittleEndian);
+            section.set_address_size(8);
+            section
+        });
+        if let Some((bases, section)) = &eh_frame {
+            index_fdes(section, bases, false, &mut fdes, &mut stats);
+        }
+        if let Some(section) = &debug_frame {
+            index_fdes(section, &bases, true, &mut fdes, &mut stats);
+        }
+        let mut context = Box::new(UnwindContext::new());
+        // Counted over the whole file, as gimli produces them, as when they were all held.
         let mut rows_left = limits.rows;
-        if let Some((address, data)) = &self.eh_frame {
-            let bases = bases.clone().set_eh_frame(*address);
-            let eh_frame = EhFrame::new(data, gimli::LittleEndian);
-            read_fdes(
-                &eh_frame,
-                &bases,
-                false,
-                &mut rows_left,
-                &mut fdes,
-                &mut stats,
-            )
-            .map_err(|TooManyRows| too_many_rows(limits.rows))?;
-        }
-        if let Some(data) = &self.debug_frame {
-            let mut debug_frame = DebugFrame::new(data, gimli::LittleEndian);
-            debug_frame.set_address_size(8);
-            read_fdes(
-                &debug_frame,
-                &bases,
-                true,
-                &mut rows_left,
-                &mut fdes,
-                &mut stats,
-            )
-            .map_err(|TooManyRows| too_many_rows(limits.rows))?;
-        }
-        lay_out(fdes, &self.executable, stats, limits.rows)
+        let mut evaluate =
+            |fde: &FdeEntry, rows: &mut Vec<(u64, UnwindRow)>, stats: &mut CompileStats| {
+                let context = &mut context;
+                let rows_left = &mut rows_left;
+                match (fde.from_debug_frame, &eh_frame, &debug_frame) {
+                    (false, Some((bases, section)), _) => {
+                        evaluate_fde(section, bases, fde.offset, context, rows_left, rows, stats)
+                    }
+                    (true, _, Some(section)) => {
+                        evaluate_fde(section, &bases, fde.offset, context, rows_left, rows, stats)
+                    }
+                    _ => Ok(false),
+                }
+            };
+        lay_out(fdes, &self.executable, stats, limits.rows, &mut evaluate)
     }
 }
 
@@ -397,27 +412,25 @@ fn too_many_rows(limit: usize) -> anyhow::Error {
     anyhow!("more than the {limit} unwind rows a table may hold")
 }
 
-/// Evaluates every FDE of one section into rows, taking them out of `rows_left`. A malformed
-/// FDE is counted and skipped; a malformed entry header ends the section, since the entries
-/// after it cannot be found. More rows than are left refuse the file.
-fn read_fdes<R: Reader<Offset = usize>, S: UnwindSection<R>>(
+/// Lists the FDEs of one section with their address ranges. A malformed FDE is counted and
+/// skipped; a malformed entry header ends the section, since the entries after it cannot be
+/// found.
+fn index_fdes<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     section: &S,
     bases: &BaseAddresses,
     from_debug_frame: bool,
-    rows_left: &mut usize,
-    out: &mut Vec<FdeRows>,
+    out: &mut Vec<FdeEntry>,
     stats: &mut CompileStats,
-) -> Result<(), TooManyRows> {
-    let mut context = Box::new(UnwindContext::new());
+) {
     let mut entries = section.entries(bases);
     loop {
         let partial = match entries.next() {
             Ok(Some(CieOrFde::Fde(partial))) => partial,
             Ok(Some(CieOrFde::Cie(_))) => continue,
-            Ok(None) => return Ok(()),
+            Ok(None) => return,
             Err(_) => {
                 stats.malformed_fdes += 1;
-                return Ok(());
+                return;
             }
         };
         let Ok(fde) = partial.parse(S::cie_from_offset) else {
@@ -425,39 +438,56 @@ fn read_fdes<R: Reader<Offset = usize>, S: UnwindSection<R>>(
             continue;
         };
         let range = fde.initial_address()..fde.end_address();
-        if range.is_empty() {
-            continue;
-        }
-        match fde_rows(section, bases, &mut context, &fde, rows_left, stats)? {
-            Ok(rows) => {
-                stats.fdes += 1;
-                out.push(FdeRows {
-                    range,
-                    from_debug_frame,
-                    rows,
-                });
-            }
-            Err(_) => stats.malformed_fdes += 1,
+        if !range.is_empty() {
+            out.push(FdeEntry {
+                range,
+                from_debug_frame,
+                offset: fde.offset(),
+            });
         }
     }
 }
 
-/// One FDE's rows, with what they cost counted; an error, before the row is held, when it has
-/// more than `rows_left`.
+/// Evaluates the FDE at `offset` of `section` into `rows`, counting it (or counting it
+/// malformed and returning `false`); an error when the file has more rows than `rows_left`.
+fn evaluate_fde<R: Reader<Offset = usize>, S: UnwindSection<R>>(
+    section: &S,
+    bases: &BaseAddresses,
+    offset: usize,
+    context: &mut UnwindContext<usize>,
+    rows_left: &mut usize,
+    rows: &mut Vec<(u64, UnwindRow)>,
+    stats: &mut CompileStats,
+) -> Result<bool, TooManyRows> {
+    let evaluated =
+        match section.fde_from_offset(bases, S::Offset::from(offset), S::cie_from_offset) {
+            Ok(fde) => fde_rows(section, bases, context, &fde, rows_left, rows, stats)?,
+            Err(error) => Err(error),
+        };
+    match evaluated {
+        Ok(()) => stats.fdes += 1,
+        Err(_) => stats.malformed_fdes += 1,
+    }
+    Ok(evaluated.is_ok())
+}
+
+/// One FDE's rows into `rows` (emptied first), with what they cost counted; an error, before
+/// the row is held, when it has more than `rows_left`.
 fn fde_rows<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     section: &S,
     bases: &BaseAddresses,
     context: &mut UnwindContext<usize>,
     fde: &gimli::FrameDescriptionEntry<R>,
     rows_left: &mut usize,
+    rows: &mut Vec<(u64, UnwindRow)>,
     stats: &mut CompileStats,
-) -> Result<gimli::Result<Vec<(u64, UnwindRow)>>, TooManyRows> {
+) -> Result<gimli::Result<()>, TooManyRows> {
+    rows.clear();
     let signal = fde.is_signal_trampoline();
     let mut table = match fde.rows(section, bases, context) {
         Ok(table) => table,
         Err(error) => return Ok(Err(error)),
     };
-    let mut rows = Vec::new();
     let mut counted = CompileStats::default();
     loop {
         let row = match table.next_row() {
@@ -482,7 +512,7 @@ fn fde_rows<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     for (pattern, count) in counted.unsupported {
         *stats.unsupported.entry(pattern).or_default() += count;
     }
-    Ok(Ok(rows))
+    Ok(Ok(()))
 }
 
 /// One of gimli's rows as an [`UnwindRow`] (its `pc` set later), with the pattern that made it
@@ -647,22 +677,28 @@ fn saved_at<R: Reader<Offset = usize>, S: UnwindSection<R>>(
     }
 }
 
-/// Lays the FDEs' rows end to end in address order: gaps between FDEs become
-/// [`CfaRule::NoInfo`] rows, and consecutive rows with the same rule merge. More than
+/// Lays the FDEs' rows end to end in address order, each FDE evaluated by `evaluate` when its
+/// turn comes (one wholly covered by those before it is not evaluated): gaps between FDEs
+/// become [`CfaRule::NoInfo`] rows, and consecutive rows with the same rule merge. More than
 /// `max_rows` rows refuse the table as soon as they are reached.
 fn lay_out(
-    mut fdes: Vec<FdeRows>,
+    mut fdes: Vec<FdeEntry>,
     executable: &[Range<u64>],
     mut stats: CompileStats,
     max_rows: usize,
+    evaluate: &mut EvaluateFde<'_>,
 ) -> Result<UnwindTable> {
     fdes.sort_by_key(|fde| (fde.range.start, fde.from_debug_frame));
     let mut table = Merged::default();
     let mut covered: Vec<Range<u64>> = Vec::new();
     let mut end = 0u64;
+    let mut rows = Vec::new();
     for fde in fdes {
         if fde.range.end <= end {
             stats.overlapping_fdes += 1;
+            continue;
+        }
+        if !evaluate(&fde, &mut rows, &mut stats).map_err(|TooManyRows| too_many_rows(max_rows))? {
             continue;
         }
         if fde.range.start < end {
@@ -672,12 +708,8 @@ fn lay_out(
         }
         let start = fde.range.start.max(end);
         // The row in force at `start`, then those after it.
-        let first = fde
-            .rows
-            .iter()
-            .rposition(|(pc, _)| *pc <= start)
-            .unwrap_or(0);
-        for (i, (pc, row)) in fde.rows.iter().enumerate().skip(first) {
+        let first = rows.iter().rposition(|(pc, _)| *pc <= start).unwrap_or(0);
+        for (i, (pc, row)) in rows.iter().enumerate().skip(first) {
             let pc = if i == first { start } else { *pc };
             if pc < fde.range.end {
                 table.push(pc, *row)?;

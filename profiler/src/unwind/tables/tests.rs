@@ -571,15 +571,40 @@ fn sp_row(offset: i32) -> UnwindRow {
     }
 }
 
-fn fde(range: Range<u64>, from_debug_frame: bool, rows: &[(u64, i32)]) -> FdeRows {
-    FdeRows {
-        range,
-        from_debug_frame,
-        rows: rows
-            .iter()
-            .map(|&(pc, offset)| (pc, sp_row(offset)))
-            .collect(),
-    }
+/// An FDE's range, whether it is from `.debug_frame`, and its rows, for [`lay_out_fdes`].
+type TestFde = (Range<u64>, bool, Vec<(u64, UnwindRow)>);
+
+fn fde(range: Range<u64>, from_debug_frame: bool, rows: &[(u64, i32)]) -> TestFde {
+    let rows = rows
+        .iter()
+        .map(|&(pc, offset)| (pc, sp_row(offset)))
+        .collect();
+    (range, from_debug_frame, rows)
+}
+
+/// [`lay_out`] of FDEs whose rows are given, in the order given.
+fn lay_out_fdes(fdes: Vec<TestFde>, sections: &[Range<u64>]) -> Result<UnwindTable> {
+    let entries = fdes
+        .iter()
+        .enumerate()
+        .map(|(offset, (range, from_debug_frame, _))| FdeEntry {
+            range: range.clone(),
+            from_debug_frame: *from_debug_frame,
+            offset,
+        })
+        .collect();
+    let mut evaluate = |fde: &FdeEntry, rows: &mut Vec<(u64, UnwindRow)>, _: &mut CompileStats| {
+        rows.clear();
+        rows.extend_from_slice(&fdes[fde.offset].2);
+        Ok(true)
+    };
+    lay_out(
+        entries,
+        sections,
+        CompileStats::default(),
+        100,
+        &mut evaluate,
+    )
 }
 
 #[test]
@@ -599,7 +624,7 @@ fn fdes_are_laid_end_to_end_with_gaps_marked_overlaps_clipped_and_equal_rows_mer
         fde(0x1030..0x1040, true, &[(0x1030, 64)]),
     ];
     let sections = [0xff0..0x1040, 0x1040..0x1060];
-    let table = lay_out(fdes, &sections, CompileStats::default(), 100).unwrap();
+    let table = lay_out_fdes(fdes, &sections).unwrap();
     assert_eq!(table.base, 0x1000);
     let rows: Vec<(u32, u8, i32)> = table
         .rows
@@ -629,7 +654,7 @@ fn fdes_are_laid_end_to_end_with_gaps_marked_overlaps_clipped_and_equal_rows_mer
     assert_eq!(table.lookup(0x1025).unwrap().cfa_rule, none);
     assert_eq!(table.lookup(0x1047).unwrap().cfa_offset, 16);
     assert_eq!(table.lookup(0xfff), None);
-    let err = lay_out(Vec::new(), &[], CompileStats::default(), 100).unwrap_err();
+    let err = lay_out_fdes(Vec::new(), &[]).unwrap_err();
     assert_eq!(
         err.to_string(),
         "no call-frame information (no FDE in .eh_frame or .debug_frame)"
