@@ -6,7 +6,7 @@
 
 use std::{
     fs::File,
-    io::{Read, Write},
+    io::{Read, Seek, SeekFrom, Write},
     os::unix::fs::{DirBuilderExt, MetadataExt},
     path::{Path, PathBuf},
 };
@@ -67,6 +67,71 @@ impl CacheDir {
         let mut bytes = Vec::with_capacity(len as usize);
         (&file).take(len).read_to_end(&mut bytes)?;
         Ok(Some(bytes))
+    }
+
+    /// The file `name` checked as [`CacheBytes::checked`] checks a file's bytes (magic, version,
+    /// CRC-32, key), read as a stream positioned after its key: a large file (a compiler's
+    /// unwind rows) is never held whole beside what is decoded from it. `None` when there is
+    /// no such file.
+    pub fn read_checked(
+        &self,
+        name: &str,
+        max_len: u64,
+        header: CacheHeader<'_>,
+    ) -> Result<Option<Checked<std::io::BufReader<File>>>> {
+        let Some((_, mut file)) = self.open(name)? else {
+            return Ok(None);
+        };
+        let len = file.metadata()?.len();
+        if len > max_len {
+            bail!("{len} bytes, more than such a file needs");
+        }
+        let Some(body_len) = len.checked_sub(4) else {
+            bail!("truncated: {len} bytes");
+        };
+        let mut head = StreamBytes {
+            reader: (&file).take(body_len),
+            left: body_len,
+        };
+        if head.take_vec(header.magic.len(), "magic")? != header.magic {
+            bail!("not {} cache file (wrong magic)", header.kind);
+        }
+        let found = head.u32("version")?;
+        if found != header.version {
+            bail!(
+                "format version {found}, this profiler writes {}",
+                header.version
+            );
+        }
+        // The checksum first, over the whole body, a buffer at a time.
+        file.seek(SeekFrom::Start(0))?;
+        let mut crc = crc32fast::Hasher::new();
+        let mut buffer = vec![0u8; 64 << 10];
+        let mut body = (&file).take(body_len);
+        loop {
+            let read = body.read(&mut buffer)?;
+            if read == 0 {
+                break;
+            }
+            crc.update(&buffer[..read]);
+        }
+        let mut stored = [0u8; 4];
+        (&file).read_exact(&mut stored)?;
+        if crc.finalize() != u32::from_le_bytes(stored) {
+            bail!("checksum mismatch: the file is corrupt");
+        }
+        let after_version = header.magic.len() as u64 + 4;
+        file.seek(SeekFrom::Start(after_version))?;
+        let mut reader = StreamBytes {
+            reader: std::io::BufReader::new(file).take(body_len - after_version),
+            left: body_len - after_version,
+        };
+        let key_len = reader.count(1, "key length")?;
+        Ok(Some(if reader.take_vec(key_len, "key")? == header.key {
+            Checked::Matches(reader)
+        } else {
+            Checked::OtherKey
+        }))
     }
 
     /// The path of the file `name`, for a reader that opens it itself (blazesym maps the files
@@ -130,6 +195,35 @@ impl CacheDir {
 
     /// Writes `bytes` as the file `name`, creating the directory (mode 0700) if need be.
     pub fn write(&self, what: &'static str, name: &str, bytes: &[u8]) -> Result<()> {
+        self.write_with(what, name, |out| out.write_all(bytes))
+    }
+
+    /// Writes the file `name` with what `fill` writes, then the CRC-32 of all of it, as
+    /// [`end_file`] ends a file made in memory: a large file (a compiler's unwind rows) is
+    /// written as it is made, never held whole beside what it is made from.
+    pub fn write_ended(
+        &self,
+        what: &'static str,
+        name: &str,
+        fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<()> {
+        self.write_with(what, name, |out| {
+            let mut hashing = HashingWriter {
+                out: &mut *out,
+                crc: crc32fast::Hasher::new(),
+            };
+            fill(&mut hashing)?;
+            let crc = hashing.crc.finalize();
+            out.write_all(&crc.to_le_bytes())
+        })
+    }
+
+    fn write_with(
+        &self,
+        what: &'static str,
+        name: &str,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<()> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -140,7 +234,25 @@ impl CacheDir {
         check_owner(&self.path, &std::fs::metadata(&self.path)?)?;
         Checker::default()
             .check(what, &self.path.join(name))?
-            .write(|out| Ok(out.write_all(bytes)?))
+            .write(|out| Ok(write(out)?))
+    }
+}
+
+/// Passes bytes on, hashing them.
+struct HashingWriter<'a> {
+    out: &'a mut dyn Write,
+    crc: crc32fast::Hasher,
+}
+
+impl Write for HashingWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let written = self.out.write(bytes)?;
+        self.crc.update(&bytes[..written]);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }
 
@@ -163,6 +275,91 @@ fn check_owner(path: &Path, metadata: &std::fs::Metadata) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What a cache file starts with, for [`CacheDir::read_checked`].
+pub struct CacheHeader<'a> {
+    pub magic: &'a [u8; 8],
+    pub version: u32,
+    /// What the file holds, for messages (`an unwind-table`).
+    pub kind: &'a str,
+    /// The key of what is looked for.
+    pub key: &'a [u8],
+}
+
+/// A checked cache file: its reader after the key, or a file written for another key.
+pub enum Checked<R> {
+    Matches(StreamBytes<std::io::Take<R>>),
+    OtherKey,
+}
+
+/// Reads a cache file as a stream, each read bounded by what is left before its checksum;
+/// the same reads and messages as [`CacheBytes`].
+pub struct StreamBytes<R> {
+    reader: R,
+    left: u64,
+}
+
+impl<R: Read> StreamBytes<R> {
+    /// Fills `out` from the file.
+    pub fn read_into(&mut self, out: &mut [u8], what: &str) -> Result<()> {
+        if out.len() as u64 > self.left {
+            bail!(
+                "truncated: {what} needs {} bytes, {} are left",
+                out.len(),
+                self.left
+            );
+        }
+        self.reader.read_exact(out)?;
+        self.left -= out.len() as u64;
+        Ok(())
+    }
+
+    fn take_vec(&mut self, n: usize, what: &str) -> Result<Vec<u8>> {
+        if n as u64 > self.left {
+            bail!("truncated: {what} needs {n} bytes, {} are left", self.left);
+        }
+        let mut out = vec![0; n];
+        self.read_into(&mut out, what)?;
+        Ok(out)
+    }
+}
+
+impl<R: Read> CacheFields for StreamBytes<R> {
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        let mut out = [0; N];
+        self.read_into(&mut out, what)?;
+        Ok(out)
+    }
+
+    fn left(&self) -> u64 {
+        self.left
+    }
+}
+
+/// The fields of a cache file, read in order, each bounded by what is left of the file.
+pub trait CacheFields {
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]>;
+
+    /// Bytes left unread (before the checksum).
+    fn left(&self) -> u64;
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        self.array(what).map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        self.array(what).map(u64::from_le_bytes)
+    }
+
+    /// A count of `item_len`-byte items, refused when the file cannot hold that many.
+    fn count(&mut self, item_len: usize, what: &str) -> Result<usize> {
+        let count = self.u32(what)? as usize;
+        if (count as u64).saturating_mul(item_len as u64) > self.left() {
+            bail!("{what} says {count}, more than the file holds");
+        }
+        Ok(count)
+    }
 }
 
 /// Reads a cache file's bytes, each read bounded by what is left.
@@ -192,27 +389,6 @@ impl<'a> CacheBytes<'a> {
         Ok(taken)
     }
 
-    pub fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        Ok(self.take(N, what)?.try_into().expect("took N bytes"))
-    }
-
-    pub fn u32(&mut self, what: &str) -> Result<u32> {
-        self.array(what).map(u32::from_le_bytes)
-    }
-
-    pub fn u64(&mut self, what: &str) -> Result<u64> {
-        self.array(what).map(u64::from_le_bytes)
-    }
-
-    /// A count of `item_len`-byte items, refused when the file cannot hold that many.
-    pub fn count(&mut self, item_len: usize, what: &str) -> Result<usize> {
-        let count = self.u32(what)? as usize;
-        if count.saturating_mul(item_len) > self.rest.len() {
-            bail!("{what} says {count}, more than the file holds");
-        }
-        Ok(count)
-    }
-
     /// Checks the header every cache file starts with (magic, format version, the key of what
     /// it was written for) and the CRC-32 of the whole file that ends it; returns a reader of
     /// what lies between, `None` when the file was written for another key.
@@ -239,6 +415,16 @@ impl<'a> CacheBytes<'a> {
         }
         let key_len = reader.count(1, "key length")?;
         Ok((reader.take(key_len, "key")? == key).then_some(reader))
+    }
+}
+
+impl CacheFields for CacheBytes<'_> {
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        Ok(self.take(N, what)?.try_into().expect("took N bytes"))
+    }
+
+    fn left(&self) -> u64 {
+        self.rest.len() as u64
     }
 }
 

@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use profiler_common::capture::KernelOffsets;
 
 use super::btf::{Btf, BtfError, KERNEL_BTF_PATH};
-use crate::disk_cache::{end_file, start_file, CacheBytes, CacheDir};
+use crate::disk_cache::{end_file, start_file, CacheBytes, CacheDir, CacheFields};
 
 /// The cache's one file (in the kernel cache directory, beside the kernel's functions): a
 /// later boot replaces it.

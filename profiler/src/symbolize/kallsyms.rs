@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use anyhow::{bail, Result};
 
-use crate::disk_cache::{end_file, start_file, CacheBytes, CacheDir};
+use crate::disk_cache::{end_file, start_file, CacheBytes, CacheDir, CacheFields};
 
 /// Bytes read from /proc/kallsyms at once.
 const READ_BYTES: usize = 256 * 1024;

@@ -16,6 +16,7 @@ use std::{
     borrow::Cow,
     collections::{BTreeMap, HashMap, HashSet},
     fs::File,
+    io::{Read, Write},
     ops::Range,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -31,7 +32,7 @@ use object::{Object, ObjectSection, ReadRef, SectionKind};
 use profiler_common::unwind::{CfaRule, SavedAt, UnwindRow, MAX_TABLE_ROWS};
 use sha2::{Digest, Sha256};
 
-use crate::disk_cache::{end_file, start_file, CacheBytes, CacheDir};
+use crate::disk_cache::{start_file, CacheDir, CacheFields, CacheHeader, Checked, StreamBytes};
 use crate::input::ModuleImage;
 
 /// x86-64 DWARF register numbers (System V psABI, figure 3.36).
@@ -888,14 +889,21 @@ const CACHE_VERSION: u32 = 1;
 /// Largest cache file read: a table of the most rows, plus its lists.
 const MAX_CACHE_FILE: u64 = (MAX_TABLE_ROWS as u64) * UnwindRow::SIZE as u64 + (64 << 20);
 
+/// Rows encoded at a time when a table is written.
+const ROWS_PER_WRITE: usize = 4096;
+
 /// A table's cache file: header, key, table, CRC-32 of everything before it.
+#[cfg(test)]
 fn encode_table(key: &TableKey, table: &UnwindTable) -> Vec<u8> {
-    let mut out = start_file(
-        CACHE_MAGIC,
-        CACHE_VERSION,
-        &key.encode(),
-        table.row_bytes() + 256,
-    );
+    let mut out = Vec::new();
+    write_table(key, table, &mut out).expect("a vector takes every write");
+    crate::disk_cache::end_file(out)
+}
+
+/// Writes a table's cache file but its CRC-32: the header, key and lists, then the rows a few
+/// thousand at a time.
+fn write_table(key: &TableKey, table: &UnwindTable, file: &mut dyn Write) -> std::io::Result<()> {
+    let mut out = start_file(CACHE_MAGIC, CACHE_VERSION, &key.encode(), 256);
     out.extend_from_slice(&table.base.to_le_bytes());
     let stats = &table.stats;
     for value in [
@@ -917,24 +925,20 @@ fn encode_table(key: &TableKey, table: &UnwindTable) -> Vec<u8> {
         out.extend_from_slice(&range.end.to_le_bytes());
     }
     out.extend_from_slice(&(table.rows.len() as u32).to_le_bytes());
-    for row in &table.rows {
-        out.extend_from_slice(&row.to_bytes());
+    file.write_all(&out)?;
+    for rows in table.rows.chunks(ROWS_PER_WRITE) {
+        out.clear();
+        for row in rows {
+            out.extend_from_slice(&row.to_bytes());
+        }
+        file.write_all(&out)?;
     }
-    end_file(out)
+    Ok(())
 }
 
-/// Decodes and checks a cache file written for `key`.
-fn decode_table(bytes: &[u8], key: &TableKey) -> Result<UnwindTable> {
-    let Some(mut r) = CacheBytes::checked(
-        bytes,
-        CACHE_MAGIC,
-        CACHE_VERSION,
-        "an unwind-table",
-        &key.encode(),
-    )?
-    else {
-        bail!("it holds another file's table");
-    };
+/// Decodes and checks the rest of a cache file, past its key: its rows a few thousand at a time,
+/// straight into the table.
+fn decode_table(r: &mut StreamBytes<impl Read>) -> Result<UnwindTable> {
     let base = r.u64("base")?;
     let mut stats = CompileStats {
         fdes: r.u64("FDE count")?,
@@ -962,21 +966,28 @@ fn decode_table(bytes: &[u8], key: &TableKey) -> Result<UnwindTable> {
         bail!("{row_count} rows, outside 1..={MAX_TABLE_ROWS}");
     }
     let mut rows: Vec<UnwindRow> = Vec::with_capacity(row_count);
-    for index in 0..row_count {
-        let row = UnwindRow::from_bytes(&r.array("row")?);
-        if !row.is_valid() {
-            bail!("row {index} names an unknown rule: {row:?}");
+    let mut buffer = vec![0u8; ROWS_PER_WRITE * UnwindRow::SIZE];
+    while rows.len() < row_count {
+        let batch = (row_count - rows.len()).min(ROWS_PER_WRITE);
+        let bytes = &mut buffer[..batch * UnwindRow::SIZE];
+        r.read_into(bytes, "row")?;
+        for encoded in bytes.chunks_exact(UnwindRow::SIZE) {
+            let row = UnwindRow::from_bytes(encoded.try_into().expect("a row's bytes"));
+            let index = rows.len();
+            if !row.is_valid() {
+                bail!("row {index} names an unknown rule: {row:?}");
+            }
+            if rows.last().is_some_and(|last| last.pc >= row.pc) {
+                bail!("row {index} is out of address order");
+            }
+            rows.push(row);
         }
-        if rows.last().is_some_and(|last| last.pc >= row.pc) {
-            bail!("row {index} is out of address order");
-        }
-        rows.push(row);
     }
     if rows.last().map(|row| row.cfa_rule) != Some(CfaRule::NoInfo as u8) {
         bail!("the last row does not end the table");
     }
-    if !r.rest().is_empty() {
-        bail!("{} bytes after the rows", r.rest().len());
+    if r.left() > 0 {
+        bail!("{} bytes after the rows", r.left());
     }
     Ok(UnwindTable {
         base,
@@ -1162,9 +1173,17 @@ impl TableCache {
 
 /// The table stored for `key`, `None` when there is none.
 fn load(dir: &CacheDir, key: &TableKey) -> Result<Option<UnwindTable>> {
-    dir.read(&key.file_name(), MAX_CACHE_FILE)?
-        .map(|bytes| decode_table(&bytes, key))
-        .transpose()
+    let header = CacheHeader {
+        magic: CACHE_MAGIC,
+        version: CACHE_VERSION,
+        kind: "an unwind-table",
+        key: &key.encode(),
+    };
+    match dir.read_checked(&key.file_name(), MAX_CACHE_FILE, header)? {
+        None => Ok(None),
+        Some(Checked::Matches(mut rest)) => decode_table(&mut rest).map(Some),
+        Some(Checked::OtherKey) => bail!("it holds another file's table"),
+    }
 }
 
 /// What the cache directory holds at most: every build of every program a machine runs would
@@ -1173,11 +1192,9 @@ const MAX_CACHE_BYTES: u64 = 256 << 20;
 
 /// Writes `table` into the cache directory (created private to this user).
 fn store(dir: &CacheDir, key: &TableKey, table: &UnwindTable) -> Result<()> {
-    dir.write(
-        "unwind-table cache",
-        &key.file_name(),
-        &encode_table(key, table),
-    )?;
+    dir.write_ended("unwind-table cache", &key.file_name(), |out| {
+        write_table(key, table, out)
+    })?;
     dir.prune("unwind", MAX_CACHE_BYTES)
 }
 
