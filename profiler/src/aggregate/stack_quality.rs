@@ -186,14 +186,6 @@ mod tests {
         // An address no mapping holds: no module, no function.
         profile.frames.push(Frame::default());
         let (clone3, truncated, unknown) = (next, next + 1, next + 2);
-        let stack = |frames: Vec<FrameId>, count| StackSample {
-            pid: 100,
-            tid: 100,
-            event: 0,
-            frames,
-            count,
-            ..StackSample::default()
-        };
         // A thread's first block walked into garbage: clone3, then the same unknown address.
         profile
             .stacks
@@ -211,6 +203,18 @@ mod tests {
         assert_eq!(quality.outside_code, 7);
         assert_eq!(quality.incomplete(), 20);
         assert_eq!(quality.in_exit_or_exec, 0);
+    }
+
+    /// Samples of the test profile's main thread on `frames` (leaf first).
+    fn stack(frames: Vec<FrameId>, count: u64) -> StackSample {
+        StackSample {
+            pid: 100,
+            tid: 100,
+            event: 0,
+            frames,
+            count,
+            ..StackSample::default()
+        }
     }
 
     #[test]
@@ -235,14 +239,6 @@ mod tests {
         }
         let [exit, truncated, exit_mmap, call_init, dl_init, dl_start_user] =
             std::array::from_fn(|i| next + i as FrameId);
-        let stack = |frames: Vec<FrameId>, count| StackSample {
-            pid: 100,
-            tid: 100,
-            event: 0,
-            frames,
-            count,
-            ..StackSample::default()
-        };
         // In exit_group, the memory going: the walk stops after the leaf.
         profile
             .stacks
