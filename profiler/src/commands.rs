@@ -38,6 +38,7 @@ use crate::{
     shell_docs::completion,
     stat::run_stat,
     symbolize::{
+        debuginfod::{self, Waiting},
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
         ReadAhead,
     },
@@ -66,7 +67,10 @@ pub async fn run(command: Command) -> Result<ExitCode> {
 /// (resolving may run a calibration pass).
 async fn agent(args: AgentArgs) -> Result<ExitCode> {
     let mut signals = StopSignals::catch()?;
-    run_agent(args.resolve()?, &mut signals).await
+    let debuginfod = args.sampling.debuginfod.config()?;
+    let options = args.resolve()?;
+    debuginfod::configure(debuginfod, Waiting::Background);
+    run_agent(options, &mut signals).await
 }
 
 fn print(text: &str) -> Result<()> {
@@ -86,6 +90,7 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
         );
     };
     let outputs = RecordOutputs::check(&args)?;
+    debuginfod::configure(args.sampling.debuginfod.config()?, Waiting::Wait);
     args.report.view.width = outputs.report.report_width();
     let title = target_title(&args.sampling, &target, args.record_args);
     let options = CaptureOptions {
@@ -267,6 +272,7 @@ fn keep_previous(path: &Path) -> Result<()> {
 fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
     let mut checker = Checker::default();
     let targets = ReportTargets::check(&mut checker, &args.report, None)?;
+    debuginfod::configure(args.debuginfod.config()?, Waiting::Wait);
     // The report goes to standard output, unless an export streams there.
     let targets = ReportTargets {
         report: (!checker.stdout_taken()).then(|| Output::stdout("report")),

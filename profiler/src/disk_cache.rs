@@ -218,7 +218,8 @@ impl CacheDir {
         })
     }
 
-    fn write_with(
+    /// Writes the file `name` with what `write` writes, as it writes it.
+    pub fn write_with(
         &self,
         what: &'static str,
         name: &str,

@@ -222,6 +222,9 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "bpftrace",
             // The browser the viewer tests open speedscope in.
             "chromium",
+            // elfutils' debuginfod server: stripped binaries named from the debug files it
+            // serves on loopback.
+            "debuginfod",
         ])?;
         viewers()?;
     }

@@ -231,6 +231,23 @@ impl Exporter {
             &[],
             self.memory_budget as f64,
         );
+        if let Some(counts) = crate::symbolize::debuginfod::counts() {
+            for (result, count) in [
+                ("fetched", counts.fetched),
+                ("not found", counts.not_found),
+                ("failed", counts.failed),
+                ("refused", counts.refused),
+                ("over the limit", counts.over_limit),
+            ] {
+                metrics.set(
+                    "profiler_debuginfod_files_total",
+                    Kind::Counter,
+                    "Debug files asked of debuginfod servers, by what came of it.",
+                    &[("result", result)],
+                    count as f64,
+                );
+            }
+        }
         metrics.set(
             "profiler_symbol_modules",
             Kind::Gauge,

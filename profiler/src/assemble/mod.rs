@@ -324,6 +324,10 @@ impl<'a> ProfileBuilder<'a> {
         let threads = thread_list(processes, origin, threads, blocked, kubernetes);
         // Files other users control that symbolizing could not read, or read only in part.
         losses.counters.extend(table.known.unread_files());
+        // Debug files asked of debuginfod servers for this profile's modules that did not come.
+        losses
+            .counters
+            .extend(crate::symbolize::debuginfod::unfetched_counters());
 
         Profile {
             meta,

@@ -153,6 +153,8 @@ pub struct SamplingArgs {
     /// give /host where a DaemonSet mounts the host there).
     #[arg(long, value_name = "DIR", default_value = "/", hide_short_help = true)]
     pub node_root: PathBuf,
+    #[command(flatten)]
+    pub debuginfod: DebuginfodArgs,
     /// How often the agent drains the kernel maps (`250ms`, `1s`; a bare number is
     /// milliseconds; 10ms to 24h).
     #[arg(long, value_name = "TIME", default_value = "1s", value_parser = drain_interval,
@@ -345,7 +347,33 @@ pub struct ReportArgs {
     #[arg(short = 'g', hide = true)]
     pub call_graph: bool,
     #[command(flatten)]
+    pub debuginfod: DebuginfodArgs,
+    #[command(flatten)]
     pub report: ReportOutput,
+}
+
+/// Where separate debug files come from when neither a module nor this machine has them.
+#[derive(Debug, Args)]
+pub struct DebuginfodArgs {
+    /// Ask this debuginfod server (http:// or https:// URL; repeat, or separate by spaces) for
+    /// the debug files of modules without debug information, by build ID, as well as the
+    /// servers of DEBUGINFOD_URLS (asked by default; perf's bare `--debuginfod`); fetched files
+    /// are cached.
+    #[arg(long, value_name = "URL", hide_short_help = true, num_args = 0..=1,
+          default_missing_value = "")]
+    pub debuginfod: Vec<String>,
+    /// Ask no debuginfod server named by DEBUGINFOD_URLS (only those of --debuginfod).
+    #[arg(long, hide_short_help = true)]
+    pub no_debuginfod_urls: bool,
+}
+
+impl DebuginfodArgs {
+    pub fn config(&self) -> anyhow::Result<crate::symbolize::debuginfod::DebuginfodConfig> {
+        crate::symbolize::debuginfod::DebuginfodConfig::new(
+            &self.debuginfod,
+            self.no_debuginfod_urls,
+        )
+    }
 }
 
 /// What to print and which files to export, for `record` and `report` alike.

@@ -14,9 +14,6 @@ use crate::{
     symbolize::module_file::{address_of_file_offset, sized_symbols},
 };
 
-/// Where separate debug files are installed, by build ID (`xx/yyyy….debug`).
-const DEBUG_FILES_BY_BUILD_ID: &str = "/usr/lib/debug/.build-id";
-
 /// The alias sets of the functions of `frames` (symbolized frames of one module), from that
 /// module's image and its `debug` file.
 pub fn function_aliases<'d, R: object::ReadRef<'d>>(
@@ -86,30 +83,6 @@ pub fn name_from_debug_file<'d, R: object::ReadRef<'d>>(
             frame.function_address = Some(frame.address - (address - symbol.address));
         }
     }
-}
-
-/// The separate debug file of a module, found by its build ID.
-pub fn debug_file<'d, R: object::ReadRef<'d>>(
-    module: &object::File<'d, R>,
-) -> Option<crate::input::ModuleImage> {
-    let path = debug_file_path(&crate::symbolize::module_file::build_id(module)?)?;
-    let file = crate::input::open_regular(&path, crate::input::FinalLink::Follow).ok()?;
-    Some(crate::input::ModuleImage::new(file))
-}
-
-/// Where the separate debug file of the module with `build_id` (in hex) would be.
-pub fn debug_file_path(build_id: &str) -> Option<std::path::PathBuf> {
-    if build_id.len() < 3 {
-        return None;
-    }
-    Some(
-        format!(
-            "{DEBUG_FILES_BY_BUILD_ID}/{}/{}.debug",
-            &build_id[..2],
-            &build_id[2..]
-        )
-        .into(),
-    )
 }
 
 /// Adds the names of the functions of `file` that start at one of the `linked` addresses.

@@ -285,11 +285,32 @@ impl SymbolCache {
         forgotten
     }
 
-    /// Starts a window: no module is sampled in it yet.
+    /// Starts a window: no module is sampled in it yet, and the modules whose debug files
+    /// debuginfod delivered since the last window are forgotten, to be named from them.
     pub fn start_window(&mut self) {
+        self.forget_build_ids(&super::debuginfod::arrived());
         for module in self.modules.get_mut().values_mut() {
             module.sampled = false;
         }
+    }
+
+    fn forget_build_ids(&mut self, build_ids: &[String]) {
+        if build_ids.is_empty() {
+            return;
+        }
+        let mut parses = Vec::new();
+        self.modules.get_mut().retain(|_, module| {
+            let named_again = module
+                .build_id
+                .as_ref()
+                .is_some_and(|build_id| build_ids.contains(build_id));
+            if named_again {
+                parses.push(std::mem::take(&mut module.path));
+            }
+            !named_again
+        });
+        parses.retain(|path| !path.as_os_str().is_empty());
+        evict_parses(self.symbolizer.get_mut(), parses);
     }
 
     /// Modules whose symbols are held.

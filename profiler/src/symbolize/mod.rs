@@ -6,6 +6,7 @@ mod ahead;
 mod aliases;
 mod cache;
 mod call_frames;
+pub mod debuginfod;
 pub mod demangle;
 mod kallsyms;
 pub mod kernel_addresses;
@@ -13,6 +14,7 @@ pub mod module_file;
 pub mod perf_map;
 mod plain_debug;
 mod plt;
+mod separate_debug;
 
 use std::{
     collections::{btree_map, hash_map::Entry, BTreeMap},
@@ -580,7 +582,7 @@ fn module_names(path: &Path, frames: &mut [Frame], aliases: bool) -> Vec<Functio
         }
     }
     // Read once for both: the names it alone has, and other names of the frames' functions.
-    let debug_image = aliases::debug_file(&module);
+    let debug_image = separate_debug::open(&module);
     let debug = debug_image
         .as_ref()
         .and_then(|image| object::File::parse(image).ok());
@@ -625,8 +627,8 @@ pub fn fill_from_elf(symbolizer: &Symbolizer, path: &Path, dwarf: bool, frames: 
 }
 
 /// What blazesym says of each file offset of the ELF file at `path`; with `dwarf`, from its
-/// debug information (its own, or its separate debug file's: through an uncompressed copy,
-/// which names them alike, where that file is compressed); an empty list when it cannot be
+/// debug information: its own, or its separate debug file's (through an uncompressed copy,
+/// which names them alike, where that file is compressed). An empty list when it cannot be
 /// read.
 pub fn symbolize_offsets<'s>(
     symbolizer: &'s Symbolizer,
@@ -634,9 +636,9 @@ pub fn symbolize_offsets<'s>(
     dwarf: bool,
     offsets: &[u64],
 ) -> Vec<Symbolized<'s>> {
-    match dwarf.then(|| plain_debug_source(path, offsets)).flatten() {
-        Some((copy, addresses)) => {
-            let mut elf = Elf::new(copy);
+    match dwarf.then(|| debug_source(path, offsets)).flatten() {
+        Some((debug, addresses)) => {
+            let mut elf = Elf::new(debug);
             elf.debug_syms = true;
             symbolizer.symbolize(&Source::Elf(elf), Input::VirtOffset(addresses.as_slice()))
         }
@@ -649,21 +651,20 @@ pub fn symbolize_offsets<'s>(
     .unwrap_or_default()
 }
 
-/// The uncompressed copy of the separate debug file of the module at `path` (see
+/// The separate debug file of the module at `path` (or its uncompressed copy, see
 /// [`plain_debug`]), with `offsets` as the link-time addresses it is read by; `None` when the
-/// module has no separate debug file with compressed sections, or an offset lies outside its
-/// segments.
-fn plain_debug_source(path: &Path, offsets: &[u64]) -> Option<(std::path::PathBuf, Vec<u64>)> {
+/// module has no separate debug file, or an offset lies outside its segments.
+fn debug_source(path: &Path, offsets: &[u64]) -> Option<(std::path::PathBuf, Vec<u64>)> {
     let file = crate::input::open_regular(path, crate::input::FinalLink::Follow).ok()?;
     let image = crate::input::ModuleImage::new(file);
     let module = object::File::parse(&image).ok()?;
-    let build_id = module_file::build_id(&module)?;
+    let (build_id, debug) = separate_debug::find(&module)?;
     let addresses = offsets
         .iter()
         .map(|&offset| module_file::address_of_file_offset(&module, offset))
         .collect::<Option<Vec<u64>>>()?;
-    let copy = plain_debug::uncompressed_copy(&build_id, &aliases::debug_file_path(&build_id)?)?;
-    Some((copy, addresses))
+    let read = plain_debug::uncompressed_copy(&build_id, &debug).unwrap_or(debug);
+    Some((read, addresses))
 }
 
 /// A progress bar on stderr when it is a terminal (symbolizing a large profile takes seconds);

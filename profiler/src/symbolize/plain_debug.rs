@@ -267,7 +267,7 @@ mod tests {
         let bytes = std::fs::read(libc).unwrap();
         let module = object::File::parse(&*bytes).unwrap();
         let build_id = crate::symbolize::module_file::build_id(&module).unwrap();
-        let debug = super::super::aliases::debug_file_path(&build_id).unwrap();
+        let debug = super::super::separate_debug::installed_path(&build_id).unwrap();
         assert!(
             debug.exists(),
             "{} is missing: install libc6-dbg (cargo xtask setup does)",
