@@ -298,17 +298,16 @@ fn the_systemd_unit_verifies() {
     );
 }
 
-/// The data samples of one pprof: (object, line, function) -> samples, read from the stacks of
-/// the `<event>_data_sample` column (root first: object, line, function).
+/// The data samples of one pushed pprof: (object, line, function) -> samples, read from the
+/// stacks of its `data_samples` column (root first: object, line, function).
 fn data_samples(
     profile: &pyroscope::encode::gen::google::Profile,
-    event: &str,
 ) -> Vec<(String, u64, String, i64)> {
     let text = |index: i64| profile.string_table[index as usize].as_str();
     let Some(column) = profile
         .sample_type
         .iter()
-        .position(|t| text(t.r#type) == format!("{event}_data_sample"))
+        .position(|t| text(t.r#type) == "data_samples")
     else {
         return Vec::new();
     };
@@ -363,7 +362,7 @@ fn page_fault_data_addresses_reach_pyroscope_and_otlp_by_object_line_and_functio
         .into_iter()
         .flatten()
         .filter(|series| series.label("executable") == Some("page_toucher"))
-        .flat_map(|series| data_samples(&series.profile, "page-faults"))
+        .flat_map(|series| data_samples(&series.profile))
         .filter(|(_, address, _, _)| (start..end).contains(address))
         .collect();
     touched.sort();

@@ -18,7 +18,7 @@ use std::path::Path;
 use prost::Message;
 
 use super::backend::BackendSink;
-use super::pprof::pprof_profile;
+use super::pprof::{pprof_profile, proto::Profile, DATA_SAMPLE_SUFFIX, LATENCY_SUFFIX};
 use super::series::{Series, SeriesLabels, SeriesNaming};
 use super::upload::{Endpoint, Uploader};
 use super::ExportError;
@@ -94,7 +94,11 @@ pub fn push_request(series: &[Series]) -> proto::PushRequest {
         .map(|one| proto::RawProfileSeries {
             labels: labels(&one.labels, &one.profile.events[0]),
             samples: vec![proto::RawSample {
-                raw_profile: pprof_profile(&one.profile).encode_to_vec(),
+                raw_profile: with_pyroscope_value_types(
+                    pprof_profile(&one.profile),
+                    &one.profile.events[0],
+                )
+                .encode_to_vec(),
                 id: uuid::Uuid::new_v4().to_string(),
             }],
         })
@@ -105,13 +109,59 @@ pub fn push_request(series: &[Series]) -> proto::PushRequest {
 /// Pyroscope's name for what a profile measures: its eBPF profiler calls CPU time `process_cpu`;
 /// other events keep their name, in the label-value form Pyroscope's profile type ids allow.
 pub fn profile_name(event: &EventInfo) -> String {
+    match measure(event).as_str() {
+        "cpu" => "process_cpu".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// What an event's samples weigh, as Pyroscope names it: `cpu` for CPU clocks (its eBPF
+/// profiler's `process_cpu:cpu:nanoseconds:cpu:nanoseconds`), else the event's bare name with
+/// `_` for anything a profile type id cannot hold.
+fn measure(event: &EventInfo) -> String {
     let bare = event.name.split([':', '/']).next().unwrap_or(&event.name);
     if matches!(bare, "cpu-clock" | "task-clock") {
-        return "process_cpu".to_string();
+        return "cpu".to_string();
     }
     bare.chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect()
+}
+
+/// The pprof's sample and period types in Pyroscope's words: the server refuses a sample type
+/// with a `-` (every perf event name has one), and names a profile type by them
+/// (`process_cpu:samples:count:cpu:nanoseconds`). `<event>_sample` becomes `samples`,
+/// `<event>_event` and the period the [`measure`], the data columns `data_samples` and
+/// `data_<measure>`, the latency column `latency`. A series is one event's, so the event's name
+/// in them said nothing the series' `__name__` does not.
+fn with_pyroscope_value_types(mut pprof: Profile, event: &EventInfo) -> Profile {
+    let measure = measure(event);
+    let rename = |name: &str| match name.strip_prefix(event.name.as_str()) {
+        Some("") | Some("_event") => measure.clone(),
+        Some("_sample") => "samples".to_string(),
+        Some(DATA_SAMPLE_SUFFIX) => "data_samples".to_string(),
+        Some("_data_event") => format!("data_{measure}"),
+        Some(LATENCY_SUFFIX) => "latency".to_string(),
+        _ => name.replace('-', "_"),
+    };
+    let strings = &mut pprof.string_table;
+    let mut renamed = |index: &mut i64| {
+        let name = rename(&strings[*index as usize]);
+        // Pointed elsewhere, never written over: the old string may name a function too.
+        *index = match strings.iter().position(|s| *s == name) {
+            Some(found) => found as i64,
+            None => {
+                strings.push(name);
+                strings.len() as i64 - 1
+            }
+        };
+    };
+    let value_types = pprof.sample_type.iter_mut().chain(&mut pprof.period_type);
+    for value_type in value_types {
+        renamed(&mut value_type.r#type);
+    }
+    renamed(&mut pprof.default_sample_type);
+    pprof
 }
 
 fn labels(labels: &SeriesLabels, event: &EventInfo) -> Vec<proto::LabelPair> {
@@ -207,5 +257,74 @@ mod tests {
         assert_eq!(profile_name(&event("cache-misses")), "cache_misses");
         // The agent's off-CPU time is a profile type of its own.
         assert_eq!(profile_name(&event("off-cpu")), "off_cpu");
+    }
+
+    /// The value types of every series pushed for `profile`: (profile type, sample types).
+    fn pushed_types(profile: &crate::profile::Profile) -> Vec<(String, Vec<(String, String)>)> {
+        let series = series_of(
+            profile,
+            &ServiceName::Auto,
+            &CgroupPaths::default(),
+            &mut no_kubernetes(),
+        );
+        push_request(&series)
+            .series
+            .iter()
+            .map(|pushed| {
+                let name = &pushed.labels.iter().find(|l| l.name == "__name__").unwrap();
+                let pprof = Pprof::decode(&*pushed.samples[0].raw_profile).unwrap();
+                let text = |index: i64| pprof.string_table[index as usize].clone();
+                let period = pprof.period_type.as_ref().unwrap();
+                let types = (pprof.sample_type.iter())
+                    .map(|t| (text(t.r#type), text(t.unit)))
+                    .collect();
+                let default = text(pprof.default_sample_type);
+                assert!(pprof.sample_type.iter().any(|t| text(t.r#type) == default));
+                let id = format!(
+                    "{}:{}:{}",
+                    name.value,
+                    text(period.r#type),
+                    text(period.unit)
+                );
+                (id, types)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sample_types_are_in_pyroscopes_words_with_no_dash() {
+        let owned = |types: &[(&str, &str)]| -> Vec<(String, String)> {
+            (types.iter())
+                .map(|(t, u)| (t.to_string(), u.to_string()))
+                .collect()
+        };
+        let cpu = pushed_types(&test_profile::profile());
+        assert!(cpu
+            .iter()
+            .any(|(id, types)| id == "process_cpu:cpu:nanoseconds"
+                && *types == owned(&[("samples", "count")])));
+        assert!(cpu
+            .iter()
+            .any(|(id, types)| id == "page_faults:page_faults:count"
+                && *types == owned(&[("samples", "count"), ("page_faults", "count")])));
+        let data = pushed_types(&test_profile::profile_with_data());
+        assert!(data
+            .iter()
+            .any(|(id, types)| id == "page_faults:page_faults:count"
+                && types.contains(&("data_samples".into(), "count".into()))
+                && types.contains(&("data_page_faults".into(), "count".into()))));
+        let mut with_off_cpu = test_profile::profile_with_off_cpu();
+        crate::export::offcpu::add_off_cpu_event(&mut with_off_cpu);
+        let off_cpu = pushed_types(&with_off_cpu);
+        assert!(off_cpu
+            .iter()
+            .any(|(id, types)| id == "off_cpu:off_cpu:nanoseconds"
+                && *types == owned(&[("samples", "count"), ("off_cpu", "nanoseconds")])));
+        for (id, types) in cpu.iter().chain(&data).chain(&off_cpu) {
+            assert!(
+                !id.contains('-') && types.iter().all(|(t, _)| !t.contains('-')),
+                "{id} {types:?}"
+            );
+        }
     }
 }

@@ -350,6 +350,15 @@ fn check_push(body: &[u8]) -> Result<Vec<PushedSeries>, Answer> {
             };
             let profile = Pprof::decode(&*raw).map_err(|e| refuse(400, format!("pprof: {e}")))?;
             check_pprof(&profile).map_err(|why| refuse(400, format!("pprof: {why}")))?;
+            // Pyroscope's own rule (pkg/validation ValidateProfile), which Pyroscope 1.9 met
+            // first: a sample type names a profile type id, whose parts are `:`-separated
+            // label-like words.
+            for value_type in &profile.sample_type {
+                let name = &profile.string_table[value_type.r#type as usize];
+                if name.contains('-') {
+                    return Err(refuse(400, format!("sample type contains -: {name}")));
+                }
+            }
             accepted.push(PushedSeries {
                 labels: labels.clone(),
                 profile,
