@@ -6,7 +6,6 @@
 mod common;
 
 use std::{
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::{Arc, Mutex},
@@ -14,8 +13,8 @@ use std::{
 };
 
 use common::{
-    c_workload::gcc, profiler_bin, read_pprof, report_json, require_root, self_percent, temp_dir,
-    wait_until_recording, Running,
+    c_workload::gcc, free_port, profiler_bin, read_pprof, report_json, require_root, self_percent,
+    temp_dir, wait_until_recording, Running,
 };
 use serde_json::Value;
 
@@ -69,14 +68,6 @@ impl Drop for Stripped {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(self.cached_copy());
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Debian's debuginfod indexing `stripped.served`, once it serves the debug file.

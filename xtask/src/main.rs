@@ -5,6 +5,7 @@
 //! clone on a fresh machine needs nothing but these commands.
 
 mod arm_pmu;
+mod backends;
 mod bench;
 mod deb;
 #[cfg(test)]

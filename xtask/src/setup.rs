@@ -227,6 +227,7 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "debuginfod",
         ])?;
         viewers()?;
+        crate::backends::build()?;
     }
     Ok(())
 }

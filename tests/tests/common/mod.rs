@@ -314,8 +314,13 @@ impl Running {
     /// Stops it with SIGTERM, as a service manager stops the agent: its log (stderr), once it
     /// exited successfully within 30 s.
     pub fn terminate(&mut self) -> String {
+        self.terminate_within(std::time::Duration::from_secs(30))
+    }
+
+    /// [`Running::terminate`] for a process that may take up to `timeout` to stop.
+    pub fn terminate_within(&mut self, timeout: std::time::Duration) -> String {
         self.signal(libc::SIGTERM);
-        let output = self.output_at_most(std::time::Duration::from_secs(30));
+        let output = self.output_at_most(timeout);
         let log = String::from_utf8_lossy(&output.stderr).into_owned();
         assert!(output.status.success(), "{log}");
         log
@@ -474,12 +479,16 @@ pub fn read_pprof(path: &std::path::Path) -> profiler::export::pprof::proto::Pro
 
 /// A free local port's address for the agent's metrics.
 pub fn metrics_address() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+    format!("127.0.0.1:{}", free_port())
+}
+
+/// A loopback port nothing listens on now (a server started on it right after gets it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
+        .port()
 }
 
 /// `name{labels} value` lines of a scrape whose name and labels contain every part of `parts`.

@@ -486,9 +486,20 @@ pub fn check_otlp_request(export: &ExportProfilesServiceRequest) -> Result<(), S
         location_table,
         function_table,
         link_table,
-        attribute_table,
         stack_table
     );
+    // The Collector (pdata) writes the zero attribute with an empty value message: still the
+    // zero value, no key, no unit, a value of no kind.
+    match tables.attribute_table.first() {
+        Some(first)
+            if first.key_strindex == 0
+                && first.unit_strindex == 0
+                && first
+                    .value
+                    .as_ref()
+                    .is_none_or(|value| value.value.is_none()) => {}
+        _ => return Err("attribute_table[0] must be the zero value".into()),
+    }
     let in_range = |index: i32, len: usize, what: &str| {
         if index >= 0 && (index as usize) < len {
             Ok(())

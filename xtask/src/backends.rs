@@ -1,0 +1,127 @@
+//! The real backends the agent's tests push to: Grafana Pyroscope and the OpenTelemetry
+//! Collector (OTLP receiver with profiles, file and debug exporters), built from the Go module
+//! proxy at pinned versions into target/backends, once per version. Nothing of theirs is kept
+//! in this repository: only the versions and the few lines that ask Go to build them.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{run_command, target_dir};
+
+/// Pyroscope's last release the module proxy serves whose `api` module was published with it.
+pub const PYROSCOPE_VERSION: &str = "v1.9.0";
+/// The release builds its own `./api` directory (a `replace` a dependent cannot inherit); the
+/// `api` module published five days after it carries that directory's packages.
+const PYROSCOPE_API_VERSION: &str = "v1.0.0";
+/// One collector release for every component: the core modules' v0.x and v1.x of a release, and
+/// the contrib file exporter of the same release.
+pub const COLLECTOR_VERSION: &str = "v0.161.0";
+const COLLECTOR_STABLE_VERSION: &str = "v1.67.0";
+
+/// The oldest Go that builds both.
+const MIN_GO_MINOR: u32 = 24;
+
+/// Builds whichever backend is missing or of another version.
+pub fn build() -> Result<()> {
+    let go = go()?;
+    build_once("pyroscope", PYROSCOPE_VERSION, |dir| pyroscope(&go, dir))?;
+    build_once("otelcol", COLLECTOR_VERSION, |dir| collector(&go, dir))
+}
+
+/// target/backends/NAME, built by `build` into its own directory unless the stamp beside it
+/// names `version` already.
+fn build_once(name: &str, version: &str, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let backends = target_dir().join("backends");
+    let binary = backends.join(name);
+    let stamp = backends.join(format!("{name}.version"));
+    if binary.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|built| built == version) {
+        return Ok(());
+    }
+    eprintln!("xtask setup: building {name} {version} from the Go module proxy (minutes, once)");
+    let dir = backends.join(format!("{name}-{version}"));
+    std::fs::create_dir_all(&dir)?;
+    build(&dir).with_context(|| format!("building {name} {version}"))?;
+    std::fs::copy(dir.join(name), &binary)
+        .with_context(|| format!("{name} was not built into {}", dir.display()))?;
+    std::fs::write(&stamp, version)?;
+    Ok(())
+}
+
+/// A module that needs Pyroscope's server and builds its command from there.
+fn pyroscope(go: &Path, dir: &Path) -> Result<()> {
+    let dependency = "github.com/grafana/pyroscope";
+    std::fs::write(
+        dir.join("go.mod"),
+        format!(
+            "module profiler.test/pyroscope\n\ngo 1.22.7\n\nrequire (\n\t{dependency} \
+             {PYROSCOPE_VERSION}\n\t{dependency}/api {PYROSCOPE_API_VERSION}\n)\n\n\
+             // The release's own replacements, which a dependent must repeat.\nreplace (\n\t\
+             github.com/hashicorp/memberlist => github.com/grafana/memberlist \
+             v0.3.1-0.20220708130638-bd88e10a3d91\n\tgopkg.in/yaml.v3 => \
+             github.com/colega/go-yaml-yaml v0.0.0-20220720105220-255a8d16d094\n)\n"
+        ),
+    )?;
+    run_command(
+        go_command(go, dir)
+            .args(["build", "-o", "pyroscope"])
+            .arg(format!("{dependency}/cmd/pyroscope")),
+    )
+}
+
+/// The collector as its builder (ocb) makes a distribution: our manifest, its generated code.
+fn collector(go: &Path, dir: &Path) -> Result<()> {
+    let core = "go.opentelemetry.io/collector";
+    let contrib = "github.com/open-telemetry/opentelemetry-collector-contrib";
+    let (v, stable) = (COLLECTOR_VERSION, COLLECTOR_STABLE_VERSION);
+    std::fs::write(
+        dir.join("manifest.yaml"),
+        format!(
+            "dist:\n  name: otelcol\n  description: OpenTelemetry Collector for the profiler's \
+             tests\n  output_path: .\n  version: \"{v}\"\nreceivers:\n  - gomod: \
+             {core}/receiver/otlpreceiver {v}\nexporters:\n  - gomod: \
+             {core}/exporter/debugexporter {v}\n  - gomod: {contrib}/exporter/fileexporter \
+             {v}\nproviders:\n  - gomod: {core}/confmap/provider/envprovider {stable}\n  - \
+             gomod: {core}/confmap/provider/fileprovider {stable}\n"
+        ),
+    )?;
+    run_command(
+        go_command(go, dir)
+            .args(["run", &format!("{core}/cmd/builder@{v}")])
+            .args(["--config", "manifest.yaml"]),
+    )
+}
+
+fn go_command(go: &Path, dir: &Path) -> Command {
+    let mut command = Command::new(go);
+    // run_command runs in the workspace; the module is the backend's own directory.
+    command
+        .env("GOWORK", "off")
+        .env("GOFLAGS", "-mod=mod -buildvcs=false")
+        .arg("-C")
+        .arg(dir);
+    command
+}
+
+/// A Go of at least 1.[`MIN_GO_MINOR`]: the machine's own (/usr/local/go), else the first on
+/// the PATH (Debian's golang-go, 1.19 on Debian 12, is too old for either backend).
+fn go() -> Result<std::path::PathBuf> {
+    let candidates = [Path::new("/usr/local/go/bin/go"), Path::new("go")];
+    for go in candidates {
+        let Ok(output) = Command::new(go).args(["env", "GOVERSION"]).output() else {
+            continue;
+        };
+        let version = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        let minor = version
+            .strip_prefix("go1.")
+            .and_then(|rest| rest.split(['.', 'r', 'b']).next()?.parse::<u32>().ok());
+        if minor.is_some_and(|minor| minor >= MIN_GO_MINOR) {
+            return Ok(go.to_path_buf());
+        }
+    }
+    bail!(
+        "the backends the agent's tests push to (Pyroscope, the OpenTelemetry Collector) are \
+         built with Go 1.{MIN_GO_MINOR} or newer: install it (https://go.dev/dl) so that \
+         /usr/local/go/bin/go or `go` on the PATH is that one"
+    )
+}
