@@ -18,25 +18,72 @@ const PYROSCOPE_API_VERSION: &str = "v1.0.0";
 /// the contrib file exporter of the same release.
 pub const COLLECTOR_VERSION: &str = "v0.161.0";
 const COLLECTOR_STABLE_VERSION: &str = "v1.67.0";
+/// The OpenTelemetry eBPF profiler the bench runs beside the agent: the newest the proxy serves.
+pub const EBPF_PROFILER_VERSION: &str = "v0.0.202547";
+/// The Collector release of the eBPF profiler's own pdata (v1.46.0): OTLP profiles changed on
+/// the wire since, and 0.161 refuses what it sends.
+pub const PEER_COLLECTOR_VERSION: &str = "v0.140.0";
+const PEER_COLLECTOR_STABLE_VERSION: &str = "v1.46.0";
 
 /// The oldest Go that builds both.
 const MIN_GO_MINOR: u32 = 24;
 
-/// Builds whichever backend is missing or of another version.
+/// Builds whichever backend the tests push to is missing or of another version.
 pub fn build() -> Result<()> {
     let go = go()?;
     build_once("pyroscope", PYROSCOPE_VERSION, |dir| pyroscope(&go, dir))?;
-    build_once("otelcol", COLLECTOR_VERSION, |dir| collector(&go, dir))
+    build_once("otelcol", COLLECTOR_VERSION, |dir| {
+        collector(
+            &go,
+            dir,
+            "otelcol",
+            COLLECTOR_VERSION,
+            COLLECTOR_STABLE_VERSION,
+        )
+    })
+    .map(|_| ())
+}
+
+/// The OpenTelemetry eBPF profiler and the Collector it reports into, for the bench: their
+/// paths.
+pub fn build_ebpf_profiler() -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let go = go()?;
+    let profiler = build_once("ebpf-profiler", EBPF_PROFILER_VERSION, |dir| {
+        let module = "go.opentelemetry.io/ebpf-profiler";
+        std::fs::write(
+            dir.join("go.mod"),
+            format!(
+                "module profiler.test/ebpfprofiler\n\ngo 1.24\n\nrequire {module} \
+                 {EBPF_PROFILER_VERSION}\n"
+            ),
+        )?;
+        // Its released module carries its compiled eBPF object (support/ebpf).
+        run_command(go_command(&go, dir).args(["build", "-o", "ebpf-profiler", module]))
+    })?;
+    let collector = build_once("otelcol-peer", PEER_COLLECTOR_VERSION, |dir| {
+        collector(
+            &go,
+            dir,
+            "otelcol-peer",
+            PEER_COLLECTOR_VERSION,
+            PEER_COLLECTOR_STABLE_VERSION,
+        )
+    })?;
+    Ok((profiler, collector))
 }
 
 /// target/backends/NAME, built by `build` into its own directory unless the stamp beside it
 /// names `version` already.
-fn build_once(name: &str, version: &str, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+fn build_once(
+    name: &str,
+    version: &str,
+    build: impl FnOnce(&Path) -> Result<()>,
+) -> Result<std::path::PathBuf> {
     let backends = target_dir().join("backends");
     let binary = backends.join(name);
     let stamp = backends.join(format!("{name}.version"));
     if binary.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|built| built == version) {
-        return Ok(());
+        return Ok(binary);
     }
     eprintln!("xtask setup: building {name} {version} from the Go module proxy (minutes, once)");
     let dir = backends.join(format!("{name}-{version}"));
@@ -45,7 +92,7 @@ fn build_once(name: &str, version: &str, build: impl FnOnce(&Path) -> Result<()>
     std::fs::copy(dir.join(name), &binary)
         .with_context(|| format!("{name} was not built into {}", dir.display()))?;
     std::fs::write(&stamp, version)?;
-    Ok(())
+    Ok(binary)
 }
 
 /// A module that needs Pyroscope's server and builds its command from there.
@@ -69,15 +116,15 @@ fn pyroscope(go: &Path, dir: &Path) -> Result<()> {
     )
 }
 
-/// The collector as its builder (ocb) makes a distribution: our manifest, its generated code.
-fn collector(go: &Path, dir: &Path) -> Result<()> {
+/// The collector `name` of release `v` (`stable`: its v1 modules' version) as its builder
+/// (ocb) makes a distribution: our manifest, its generated code.
+fn collector(go: &Path, dir: &Path, name: &str, v: &str, stable: &str) -> Result<()> {
     let core = "go.opentelemetry.io/collector";
     let contrib = "github.com/open-telemetry/opentelemetry-collector-contrib";
-    let (v, stable) = (COLLECTOR_VERSION, COLLECTOR_STABLE_VERSION);
     std::fs::write(
         dir.join("manifest.yaml"),
         format!(
-            "dist:\n  name: otelcol\n  description: OpenTelemetry Collector for the profiler's \
+            "dist:\n  name: {name}\n  description: OpenTelemetry Collector for the profiler's \
              tests\n  output_path: .\n  version: \"{v}\"\nreceivers:\n  - gomod: \
              {core}/receiver/otlpreceiver {v}\nexporters:\n  - gomod: \
              {core}/exporter/debugexporter {v}\n  - gomod: {contrib}/exporter/fileexporter \
@@ -88,8 +135,13 @@ fn collector(go: &Path, dir: &Path) -> Result<()> {
     run_command(
         go_command(go, dir)
             .args(["run", &format!("{core}/cmd/builder@{v}")])
-            .args(["--config", "manifest.yaml"]),
-    )
+            .args(["--config", "manifest.yaml"])
+            // Its own `go mod tidy` also resolves the components' test dependencies, some of
+            // which the proxy does not serve (0.140's file exporter's): generate, then build
+            // only what the program imports.
+            .args(["--skip-get-modules", "--skip-compilation"]),
+    )?;
+    run_command(go_command(go, dir).args(["build", "-o", name, "."]))
 }
 
 fn go_command(go: &Path, dir: &Path) -> Command {

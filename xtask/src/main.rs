@@ -67,6 +67,19 @@ enum Task {
     /// Measure the profiler against `perf record` (overhead, loss, data volume, report speed,
     /// in-kernel cost, footprint) and write the tables and plots (needs root).
     Bench(bench::BenchArgs),
+    /// Only the bench's comparison with the OpenTelemetry eBPF profiler (built from the Go
+    /// module proxy), each tool reporting into a real OpenTelemetry Collector.
+    BenchFleet {
+        /// Interleaved rounds per tool and rate.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Seconds of each run.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Where fleet.json and fleet.md go.
+        #[arg(long, value_name = "DIR", default_value = "bench/results")]
+        output: PathBuf,
+    },
     /// Run the profiler on Debian's 5.10, 6.1 and 6.12 kernels under QEMU and check its
     /// answers (needs root: installs QEMU, fetches the kernels into target/kernels).
     Kernels,
@@ -329,6 +342,11 @@ fn run(task: Task) -> Result<()> {
         Task::Layers => layers::run(&workspace_root()),
         Task::Fuzz { seconds } => fuzz::run(seconds),
         Task::Bench(args) => bench::run(args),
+        Task::BenchFleet {
+            rounds,
+            seconds,
+            output,
+        } => bench::run_fleet(rounds.max(1), seconds, &output),
         Task::Kernels => {
             setup::all(setup::Purpose::Build)?;
             kernels::run()

@@ -251,13 +251,13 @@ const SPIN_JAVA: &str = "public class Spin { public static void main(String[] a)
      System.out.println(s); } }";
 
 /// The runtimes, each busy for longer than the agent runs; killed when dropped.
-struct Runtimes {
+pub struct Runtimes {
     children: Vec<Child>,
     names: Vec<&'static str>,
 }
 
 impl Runtimes {
-    fn start(work: &Path, busy_s: u64) -> Result<(Runtimes, Vec<String>)> {
+    pub fn start(work: &Path, busy_s: u64) -> Result<(Runtimes, Vec<String>)> {
         let spin = work.join("Spin.java");
         std::fs::write(&spin, SPIN_JAVA).with_context(|| format!("writing {}", spin.display()))?;
         let ms = (busy_s * 1000).to_string();

@@ -75,6 +75,41 @@ pub fn run(argv: &[String], stdout: Option<&Path>) -> Result<Measured> {
 /// thread's run time (schedstat, in nanoseconds: a tool using half a percent of a core runs
 /// under one clock tick a second) plus what each process reaped of its exited children.
 pub fn tree_cpu_s(root: u32) -> f64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let threads_run_s = |pid: u32| -> f64 {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
+        tasks
+            .flatten()
+            .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+            .filter_map(|schedstat| schedstat.split_whitespace().next()?.parse::<u64>().ok())
+            .sum::<u64>() as f64
+            / 1e9
+    };
+    processes_under(root)
+        .into_iter()
+        .map(|process| threads_run_s(process.pid) + process.reaped_ticks as f64 / ticks_per_second)
+        .sum()
+}
+
+/// The pids of the process tree rooted at `root`, as /proc has it now.
+pub fn process_tree(root: u32) -> Vec<u32> {
+    processes_under(root)
+        .into_iter()
+        .map(|process| process.pid)
+        .collect()
+}
+
+struct Process {
+    pid: u32,
+    /// CPU ticks of the children it reaped.
+    reaped_ticks: u64,
+}
+
+/// The processes of the tree rooted at `root`.
+fn processes_under(root: u32) -> Vec<Process> {
     // (pid, ppid, children's ticks)
     let mut processes: Vec<(u32, u32, u64)> = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -102,32 +137,19 @@ pub fn tree_cpu_s(root: u32) -> f64 {
         // After the name: state(0) ppid(1) ... cutime(13) cstime(14).
         processes.push((pid, field(1) as u32, field(13) + field(14)));
     }
-    // SAFETY: sysconf only reads a configuration value.
-    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let threads_run_s = |pid: u32| -> f64 {
-        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten();
-        tasks
-            .flatten()
-            .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
-            .filter_map(|schedstat| schedstat.split_whitespace().next()?.parse::<u64>().ok())
-            .sum::<u64>() as f64
-            / 1e9
-    };
     let mut tree = vec![root];
-    let mut seconds = 0.0;
+    let mut under = Vec::new();
     while let Some(pid) = tree.pop() {
         for &(process, parent, reaped_ticks) in &processes {
             if process == pid {
-                seconds += threads_run_s(pid) + reaped_ticks as f64 / ticks_per_second;
+                under.push(Process { pid, reaped_ticks });
             }
             if parent == pid {
                 tree.push(process);
             }
         }
     }
-    seconds
+    under
 }
 
 /// [`run`], also taking a reading at each of `checkpoints` after its start: `read` is given
@@ -191,8 +213,15 @@ pub fn run_with_checkpoints<T: Send + 'static>(
     if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
         let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
+        // A runtime's own account of a crash (Go's `fatal error:`, a `panic:`) heads a dump
+        // longer than the tail.
+        let crash = stderr
+            .lines()
+            .find(|line| line.starts_with("fatal error:") || line.starts_with("panic:"))
+            .map(|line| format!("{line}\n...\n"))
+            .unwrap_or_default();
         bail!(
-            "`{command}` failed (wait status {status:#x}); the end of its stderr:\n{}",
+            "`{command}` failed (wait status {status:#x}); its stderr:\n{crash}{}",
             tail.join("\n")
         );
     }

@@ -8,6 +8,7 @@
 
 mod agent_cost;
 mod bpf_stats;
+mod fleet;
 mod machine;
 mod measure;
 mod off_cpu_cost;
@@ -130,6 +131,8 @@ pub struct Results {
     pub churn_cost: Vec<agent_cost::ChurnCostRow>,
     /// The agent at its defaults with a JVM, node, python3 and xz running.
     pub runtimes_memory: agent_cost::RuntimesMemory,
+    /// The agent beside the OpenTelemetry eBPF profiler, each into a real Collector.
+    pub fleet: Vec<fleet::FleetRow>,
     /// In-kernel cost of unwinding by tables, per sample at 10 and 30 user frames.
     pub unwind_cost: unwind_cost::UnwindCost,
     /// A context-switch storm bare, under `record --off-cpu` and under bpftrace.
@@ -211,6 +214,25 @@ fn check(results: &Results) -> Result<()> {
                 row.tool.name()
             ));
         }
+    }
+    for row in results
+        .fleet
+        .iter()
+        .filter(|row| row.tool == "profiler agent")
+    {
+        if row
+            .samples_per_s
+            .is_none_or(|samples| samples.median <= 0.0)
+        {
+            problems.push(format!(
+                "beside the OpenTelemetry eBPF profiler at {} Hz: the Collector received no \
+                 sample from the agent",
+                row.rate_hz
+            ));
+        }
+    }
+    if results.fleet.is_empty() {
+        problems.push("the comparison with the OpenTelemetry eBPF profiler did not run".into());
     }
     if results.runtimes_memory.max_rss_mib <= 0.0 {
         problems.push("the agent's memory with the runtimes was not measured".into());
@@ -333,6 +355,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     for note in left_out {
         bench.note(note);
     }
+    let fleet_rounds = if settings.quick { 1 } else { 3 };
+    let fleet = fleet::measure(bench_profiler, &release, &work, agent_seconds, fleet_rounds)?;
     let (churn_seconds, churn_rounds) = if settings.quick { (10, 1) } else { (20, 3) };
     let churn_cost = agent_cost::measure_churn_cost(
         bench_profiler,
@@ -369,6 +393,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         agent_cost,
         churn_cost,
         runtimes_memory,
+        fleet,
         unwind_cost,
         off_cpu_cost,
         other_processes_cpu_percent,
@@ -381,6 +406,43 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // The profiles are large (the report-speed ones hold a million samples): keep only results.
     std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
     check(&results)
+}
+
+/// `cargo xtask bench-fleet`: the agent beside the OpenTelemetry eBPF profiler alone (the
+/// full bench runs it too), into `output`'s fleet.json and fleet.md.
+pub fn run_fleet(rounds: usize, seconds: u64, output: &Path) -> Result<()> {
+    if seconds < agent_cost::SHORTEST_RUN_S {
+        bail!(
+            "--seconds {seconds}: a run needs at least {} s to have a steady window past the \
+             first",
+            agent_cost::SHORTEST_RUN_S
+        );
+    }
+    let tools = prepare()?;
+    let release = crate::target_dir().join("release");
+    let work = crate::target_dir().join("bench-work");
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let machine = Machine::read(&crate::workspace_root())?;
+    let rows = fleet::measure(&tools.profiler, &release, &work, seconds, rounds)?;
+    std::fs::create_dir_all(output).with_context(|| format!("creating {}", output.display()))?;
+    let markdown = format!(
+        "# The agent beside the OpenTelemetry eBPF profiler\n\n`cargo xtask bench-fleet \
+         --rounds {rounds} --seconds {seconds}` at {} on {}: {} CPUs ({}), {} MiB, kernel {}.\n{}",
+        machine.profiler_revision,
+        machine.date_utc,
+        machine.cpus,
+        machine.cpu_model,
+        machine.memory_mib,
+        machine.kernel,
+        render::fleet_markdown(&rows, &tools::path_arg(&release), &tools::path_arg(&work))
+    );
+    std::fs::write(
+        output.join("fleet.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
+    std::fs::write(output.join("fleet.md"), &markdown)?;
+    println!("{markdown}");
+    std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))
 }
 
 fn write_results(results: &Results, output: &Path) -> Result<()> {

@@ -505,6 +505,84 @@ fn runtimes_memory(out: &mut String, results: &Results, shorten: &Shorten) {
     }
 }
 
+fn fleet(out: &mut String, results: &Results, shorten: &Shorten) {
+    fleet_rows(out, &results.fleet, shorten);
+}
+
+/// The fleet table alone, as `cargo xtask bench-fleet` writes it.
+pub fn fleet_markdown(rows: &[super::fleet::FleetRow], release: &str, work: &str) -> String {
+    let mut out = String::new();
+    fleet_rows(&mut out, rows, &Shorten { release, work });
+    out
+}
+
+fn fleet_rows(out: &mut String, rows: &[super::fleet::FleetRow], shorten: &Shorten) {
+    let Some(first) = rows.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\n### Beside the OpenTelemetry eBPF profiler\n\n`profiler agent` and the OpenTelemetry \
+         eBPF profiler {} (what Parca and Grafana Alloy ship), system-wide on the same load: the \
+         churn load with a JVM, node, python3 and xz running, each tool reporting into a real \
+         OpenTelemetry Collector over OTLP, at its defaults otherwise. {} round(s) of {} s per \
+         tool and rate, interleaved; median (min–max). CPU of each tool's process tree (wait4), \
+         steady: whole windows past the first; peak RSS: the largest VmHWM in the tree half a \
+         second before the stop; BPF maps: the `memlock` of the maps it holds; \
+         samples: what the Collector received, per second of the run. Python named: rounds \
+         whose profiles named a function of the python3 load (`<genexpr>`). Stack completeness is \
+         not compared: the eBPF profiler sends native frames unsymbolized, by address.\n",
+        crate::backends::EBPF_PROFILER_VERSION,
+        first.rounds,
+        first.duration_s,
+    );
+    let _ = writeln!(
+        out,
+        "| Rate Hz | Tool | % of a core | Steady % of a core | Peak RSS MiB | BPF maps MiB | Samples/s | Python named |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {}/{} |",
+            row.rate_hz,
+            row.tool,
+            spread(row.cpu_percent_of_core, 2),
+            spread(row.steady_percent_of_core, 2),
+            spread(row.max_rss_mib, 1),
+            spread(row.bpf_map_mib, 1),
+            spread(row.samples_per_s, 0),
+            row.python_named_rounds,
+            row.rounds - row.crashes.len(),
+        );
+    }
+    for row in rows.iter().filter(|row| !row.crashes.is_empty()) {
+        let _ = writeln!(
+            out,
+            "\n{} at {} Hz: {} of {} rounds did not run to their end, left out above: {}",
+            row.tool,
+            row.rate_hz,
+            row.crashes.len(),
+            row.rounds,
+            row.crashes.join("; ")
+        );
+    }
+    for row in rows.iter().filter(|row| !row.commands.is_empty()) {
+        if rows
+            .iter()
+            .find(|other| other.tool == row.tool && !other.commands.is_empty())
+            .is_some_and(|first| std::ptr::eq(first, row))
+        {
+            let _ = writeln!(
+                out,
+                "\n{}, a run: {}",
+                row.tool,
+                shorten.command(&row.commands[0])
+            );
+        }
+    }
+}
+
 fn unwind_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     let cost = &results.unwind_cost;
     let _ = writeln!(
@@ -708,6 +786,7 @@ pub fn markdown(results: &Results) -> String {
     agent_cost(&mut out, results, &shorten);
     churn_cost(&mut out, results, &shorten);
     runtimes_memory(&mut out, results, &shorten);
+    fleet(&mut out, results, &shorten);
     unwind_cost(&mut out, results, &shorten);
     off_cpu_cost(&mut out, results, &shorten);
     commands(&mut out, results, &shorten);
