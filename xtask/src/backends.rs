@@ -89,8 +89,11 @@ fn build_once(
     let dir = backends.join(format!("{name}-{version}"));
     std::fs::create_dir_all(&dir)?;
     build(&dir).with_context(|| format!("building {name} {version}"))?;
-    std::fs::copy(dir.join(name), &binary)
+    // Beside, then renamed over: the old binary may be running.
+    let new = backends.join(format!("{name}.new"));
+    std::fs::copy(dir.join(name), &new)
         .with_context(|| format!("{name} was not built into {}", dir.display()))?;
+    std::fs::rename(&new, &binary)?;
     std::fs::write(&stamp, version)?;
     Ok(binary)
 }
@@ -121,15 +124,30 @@ fn pyroscope(go: &Path, dir: &Path) -> Result<()> {
 fn collector(go: &Path, dir: &Path, name: &str, v: &str, stable: &str) -> Result<()> {
     let core = "go.opentelemetry.io/collector";
     let contrib = "github.com/open-telemetry/opentelemetry-collector-contrib";
+    let receivers = [(format!("{core}/receiver/otlpreceiver"), v)];
+    let exporters = [
+        (format!("{core}/exporter/debugexporter"), v),
+        (format!("{contrib}/exporter/fileexporter"), v),
+    ];
+    let providers = [
+        (format!("{core}/confmap/provider/envprovider"), stable),
+        (format!("{core}/confmap/provider/fileprovider"), stable),
+    ];
+    let list = |modules: &[(String, &str)]| {
+        modules
+            .iter()
+            .map(|(module, version)| format!("  - gomod: {module} {version}\n"))
+            .collect::<String>()
+    };
     std::fs::write(
         dir.join("manifest.yaml"),
         format!(
             "dist:\n  name: {name}\n  description: OpenTelemetry Collector for the profiler's \
-             tests\n  output_path: .\n  version: \"{v}\"\nreceivers:\n  - gomod: \
-             {core}/receiver/otlpreceiver {v}\nexporters:\n  - gomod: \
-             {core}/exporter/debugexporter {v}\n  - gomod: {contrib}/exporter/fileexporter \
-             {v}\nproviders:\n  - gomod: {core}/confmap/provider/envprovider {stable}\n  - \
-             gomod: {core}/confmap/provider/fileprovider {stable}\n"
+             tests\n  output_path: .\n  version: \"{v}\"\nreceivers:\n{}exporters:\n{}\
+             providers:\n{}",
+            list(&receivers),
+            list(&exporters),
+            list(&providers),
         ),
     )?;
     run_command(
@@ -137,9 +155,17 @@ fn collector(go: &Path, dir: &Path, name: &str, v: &str, stable: &str) -> Result
             .args(["run", &format!("{core}/cmd/builder@{v}")])
             .args(["--config", "manifest.yaml"])
             // Its own `go mod tidy` also resolves the components' test dependencies, some of
-            // which the proxy does not serve (0.140's file exporter's): generate, then build
-            // only what the program imports.
+            // which the proxy does not serve (0.140's file exporter's): generate the code,
+            // then build only what the program imports, from our own go.mod.
             .args(["--skip-get-modules", "--skip-compilation"]),
+    )?;
+    let requires: String = (receivers.iter().chain(&exporters).chain(&providers))
+        .map(|(module, version)| format!("\t{module} {version}\n"))
+        .chain([format!("\t{core}/otelcol {v}\n")])
+        .collect();
+    std::fs::write(
+        dir.join("go.mod"),
+        format!("module profiler.test/{name}\n\ngo 1.24\n\nrequire (\n{requires})\n"),
     )?;
     run_command(go_command(go, dir).args(["build", "-o", name, "."]))
 }

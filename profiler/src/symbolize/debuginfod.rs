@@ -42,6 +42,10 @@ const FETCH_THREADS: usize = 2;
 /// one, and each must not cost a request (nor a recording's end its time-out).
 const MAX_ASKS: usize = 256;
 const ASK_PERIOD: Duration = Duration::from_secs(600);
+/// Build IDs whose outcome is remembered at most, past which those not fetched are forgotten
+/// (asked again at most [`MAX_ASKS`] at a time): a stream of new programs must not grow the
+/// agent's memory.
+const MAX_REMEMBERED: usize = 4096;
 const CACHE_EXTENSION: &str = "debug";
 
 /// Whether a caller waits for the fetches it starts.
@@ -294,6 +298,15 @@ impl Client {
     /// thread can fetch it.
     fn queue(&'static self, state: &mut State, build_id: &str) -> Fetch {
         let now = Instant::now();
+        if state.fetches.len() >= MAX_REMEMBERED {
+            let expired = |fetch: &Fetch| matches!(fetch, Fetch::Missing(until) if *until <= now);
+            state.fetches.retain(|_, fetch| !expired(fetch));
+            if state.fetches.len() >= MAX_REMEMBERED {
+                state
+                    .fetches
+                    .retain(|_, fetch| !matches!(fetch, Fetch::Missing(_)));
+            }
+        }
         while (state.asks.front()).is_some_and(|asked| now.duration_since(*asked) > ASK_PERIOD) {
             state.asks.pop_front();
         }
@@ -517,9 +530,22 @@ mod tests {
         for n in 0..=MAX_ASKS {
             assert_eq!(client.debug_file(&format!("{n:08x}")), None);
         }
+        {
+            let state = client.state.lock().unwrap();
+            assert_eq!(state.counts.over_limit, 1);
+            assert_eq!(state.asks.len(), MAX_ASKS);
+        }
+        // A stream of new build IDs past the limit is counted, and remembered within bounds.
+        for n in 0..2 * MAX_REMEMBERED {
+            assert_eq!(client.debug_file(&format!("{:08x}", 1 << 20 | n)), None);
+        }
         let state = client.state.lock().unwrap();
-        assert_eq!(state.counts.over_limit, 1);
-        assert_eq!(state.asks.len(), MAX_ASKS);
+        assert_eq!(state.counts.over_limit, 1 + 2 * MAX_REMEMBERED as u64);
+        assert!(
+            state.fetches.len() <= MAX_REMEMBERED,
+            "{}",
+            state.fetches.len()
+        );
     }
 
     #[test]
