@@ -1,6 +1,6 @@
 //! Stripped binaries named from separate debug files fetched by build ID: from Debian's real
 //! `debuginfod` server indexing a directory on loopback (functions, lines, inlined frames; the
-//! cache once the server is gone; `record` and the agent), and from a stand-in that answers
+//! cache once the server is gone; `record`, `report` of a perf.data, and the agent), and from a stand-in that answers
 //! wrong, slowly or not at all (refused, timed out, counted; never a wrong name).
 
 mod common;
@@ -237,6 +237,42 @@ fn a_stripped_binary_is_named_with_lines_and_inlined_frames_from_a_debuginfod_se
     assert!(!functions(&report_json(&profile, &[]))
         .iter()
         .any(|name| name == "hot_path"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_perf_data_of_a_stripped_binary_is_named_by_report_from_the_server() {
+    require_root();
+    let dir = temp_dir("debuginfod-perf");
+    let stripped = Stripped::build(&dir);
+    let (_server, url) = start_debuginfod(&stripped, &dir);
+    let perf_data = dir.join("perf.data");
+    common::run_checked(
+        "perf",
+        &[
+            "record",
+            "-q",
+            "-F",
+            "999",
+            "-o",
+            perf_data.to_str().unwrap(),
+            "--",
+            stripped.binary.to_str().unwrap(),
+            "1.5",
+        ],
+    );
+    let named = |debuginfod: &[&str]| {
+        let mut args = vec!["--no-debuginfod-urls"];
+        args.extend_from_slice(debuginfod);
+        functions(&report_json(&perf_data, &args))
+    };
+    let before = named(&[]);
+    assert!(!before.iter().any(|name| name == "hot_path"), "{before:?}");
+    let after = named(&["--debuginfod", &url]);
+    assert!(
+        after.iter().any(|name| name == "hot_path") && after.iter().any(|name| name == "cold_path"),
+        "{after:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
