@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{
     c_workload::build_no_frame_pointers, is_window, metric, metrics_address, profiler_bin,
-    read_pprof, scrape, wait_until_recording, workload, Running,
+    read_pprof, scrape, wait_until_recording, workload, write_file, PodContainer, Running,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValueKind;
 use receiver::Receiver;
@@ -747,52 +747,6 @@ fn over_its_memory_budget_the_agent_lets_go_of_cold_rows_and_symbols_and_still_u
             "{program}: {whole} of {all} samples in record_key reach main\n{log}"
         );
     }
-}
-
-/// A busy program in a cgroup named as kubelet names a container's: made under `parent`, at
-/// `path` below it, and removed (program first) when dropped.
-struct PodContainer {
-    program: Running,
-    cgroups: Vec<std::path::PathBuf>,
-}
-
-impl PodContainer {
-    fn start(parent: &std::path::Path, path: &str) -> PodContainer {
-        let leaf = parent.join(path);
-        std::fs::create_dir_all(&leaf).unwrap();
-        // Every directory made, innermost first, for removal.
-        let cgroups = leaf
-            .ancestors()
-            .take_while(|dir| dir.starts_with(parent))
-            .map(std::path::Path::to_path_buf)
-            .collect();
-        let program = Running::spawn(
-            Command::new("/bin/sh")
-                .arg("-c")
-                .arg(format!(
-                    "echo $$ > {}/cgroup.procs && exec {} 40000",
-                    leaf.display(),
-                    workload("cpu_split").display()
-                ))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        );
-        PodContainer { program, cgroups }
-    }
-}
-
-impl Drop for PodContainer {
-    fn drop(&mut self) {
-        self.program.stop();
-        for dir in &self.cgroups {
-            std::fs::remove_dir(dir).ok();
-        }
-    }
-}
-
-fn write_file(path: &std::path::Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
 }
 
 /// An OTLP resource's attribute `key`.

@@ -5,7 +5,7 @@
 //! the middle of the run; the Collector takes the agent's OTLP profiles and writes them out
 //! with its file exporter. Both are checked against the agent's own windows (`--output-dir`):
 //! the workload's split, its labels or resource attributes, sample types and units, and the
-//! off-CPU series.
+//! off-CPU series; and both get a Kubernetes pod's container by its names.
 
 mod common;
 mod receiver;
@@ -19,7 +19,7 @@ use std::{
 
 use common::{
     free_port, is_window, metric, metrics_address, profiler_bin, read_pprof, require_root, scrape,
-    temp_dir, wait_until_recording, workload, Running,
+    temp_dir, wait_until_recording, workload, write_file, PodContainer, Running,
 };
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
@@ -597,5 +597,98 @@ fn the_otel_collector_takes_and_writes_out_the_agents_otlp_profiles() {
             "{wanted:?} in {types:?}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kubernetes_and_container_names_reach_pyroscope_and_the_collector() {
+    require_root();
+    let dir = temp_dir("real-kubernetes");
+    let test = std::process::id();
+    // A container of a pod, as containerd runs it under kubelet's systemd driver: its task's
+    // annotations name it (tests/tests/agent_backends.rs has the other layouts).
+    let node_root = dir.join("node");
+    let (id, uid) = (
+        format!("{:064x}", 0xc0de_0000 + u64::from(test)),
+        format!("{test:08x}-1a2b-4c3d-8e4f-a0b1c2d3e4f5"),
+    );
+    write_file(
+        &node_root
+            .join("run/containerd/io.containerd.runtime.v2.task/k8s.io")
+            .join(&id)
+            .join("config.json"),
+        &format!(
+            r#"{{"ociVersion":"1.2.0","annotations":{{
+                "io.kubernetes.cri.container-type":"container",
+                "io.kubernetes.cri.container-name":"web",
+                "io.kubernetes.cri.sandbox-name":"store-5b7c",
+                "io.kubernetes.cri.sandbox-namespace":"retail",
+                "io.kubernetes.cri.sandbox-uid":"{uid}"}}}}"#
+        ),
+    );
+    let pyroscope = Pyroscope::start(&dir);
+    let collector = Collector::start(&dir);
+    let parent = profiler::scope::cgroup::cgroup2_mount()
+        .unwrap()
+        .join(format!("profiler-real-k8s-{test}"));
+    let pod = PodContainer::start(
+        &parent,
+        &format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/\
+             cri-containerd-{id}.scope",
+            uid.replace('-', "_")
+        ),
+    );
+    let mut agent = Running::spawn(
+        Command::new(profiler_bin())
+            .args(["agent", "-F", "499", "--interval", "1"])
+            .args(["--service-name", "kubernetes", "--pyroscope"])
+            .arg(pyroscope.url())
+            .args(["--otlp", &collector.url])
+            .arg("--node-root")
+            .arg(&node_root)
+            .arg("--spool-dir")
+            .arg(dir.join("spool"))
+            .stderr(Stdio::piped()),
+    );
+    wait_until_recording(agent.id());
+    std::thread::sleep(Duration::from_secs(5));
+    agent.terminate();
+    drop(pod);
+
+    // Pyroscope: the series of the pod's container, by Grafana's label names.
+    let of_container = format!("{{container_id=\"{id}\"}}");
+    for (label, value) in [
+        ("service_name", "retail/web"),
+        ("namespace", "retail"),
+        ("pod", "store-5b7c"),
+        ("container", "web"),
+        ("pod_uid", uid.as_str()),
+    ] {
+        assert_eq!(
+            pyroscope.label_values(label, &of_container),
+            [value],
+            "{label}"
+        );
+    }
+    // The Collector: the resource of that container, by OTel's semantic conventions.
+    let requests = collector.exported();
+    let found = requests.iter().any(|request| {
+        let strings = &request.dictionary.as_ref().unwrap().string_table;
+        request.resource_profiles.iter().any(|resource_profiles| {
+            let resource = resource_profiles.resource.as_ref().unwrap();
+            let attribute = |key: &str| attribute(resource, strings, key);
+            attribute("container.id").as_deref() == Some(id.as_str())
+                && attribute("k8s.namespace.name").as_deref() == Some("retail")
+                && attribute("k8s.pod.name").as_deref() == Some("store-5b7c")
+                && attribute("k8s.container.name").as_deref() == Some("web")
+                && attribute("k8s.pod.uid").as_deref() == Some(uid.as_str())
+                && attribute("service.name").as_deref() == Some("retail/web")
+        })
+    });
+    assert!(
+        found,
+        "no resource of the pod's container with its Kubernetes names"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -514,3 +514,49 @@ pub fn scrape(addr: &str) -> String {
         .read_to_string()
         .unwrap()
 }
+
+/// A busy program in a cgroup named as kubelet names a container's: made under `parent`, at
+/// `path` below it, and removed (program first) when dropped.
+pub struct PodContainer {
+    pub program: Running,
+    cgroups: Vec<std::path::PathBuf>,
+}
+
+impl PodContainer {
+    pub fn start(parent: &std::path::Path, path: &str) -> PodContainer {
+        let leaf = parent.join(path);
+        std::fs::create_dir_all(&leaf).unwrap();
+        // Every directory made, innermost first, for removal.
+        let cgroups = leaf
+            .ancestors()
+            .take_while(|dir| dir.starts_with(parent))
+            .map(std::path::Path::to_path_buf)
+            .collect();
+        let program = Running::spawn(
+            std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(format!(
+                    "echo $$ > {}/cgroup.procs && exec {} 40000",
+                    leaf.display(),
+                    workload("cpu_split").display()
+                ))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null()),
+        );
+        PodContainer { program, cgroups }
+    }
+}
+
+impl Drop for PodContainer {
+    fn drop(&mut self) {
+        self.program.stop();
+        for dir in &self.cgroups {
+            std::fs::remove_dir(dir).ok();
+        }
+    }
+}
+
+pub fn write_file(path: &std::path::Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
