@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use common::{
     c_workload::build_no_frame_pointers, is_window, metric, metrics_address, profiler_bin,
-    read_pprof, scrape, wait_until_recording, workload, write_file, PodContainer, Running,
+    read_pprof, scrape, wait_until_recording, workload, write_containerd_task, write_file,
+    PodContainer, Running,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValueKind;
 use receiver::Receiver;
@@ -781,19 +782,11 @@ fn kubernetes_pods_name_the_series_and_the_container_view() {
         format!("{:064x}", 0xa91_0000 + u64::from(test)),
         format!("{test:08x}-2f4d-4a8e-9c3b-1d2e3f4a5b6c"),
     );
-    write_file(
-        &node_root
-            .join("run/containerd/io.containerd.runtime.v2.task/k8s.io")
-            .join(&api_id)
-            .join("config.json"),
-        &format!(
-            r#"{{"ociVersion":"1.2.0","annotations":{{
-                "io.kubernetes.cri.container-type":"container",
-                "io.kubernetes.cri.container-name":"api",
-                "io.kubernetes.cri.sandbox-name":"checkout-7d9f5c",
-                "io.kubernetes.cri.sandbox-namespace":"shop",
-                "io.kubernetes.cri.sandbox-uid":"{api_uid}"}}}}"#
-        ),
+    write_containerd_task(
+        node_root,
+        &api_id,
+        &api_uid,
+        ["shop", "checkout-7d9f5c", "api"],
     );
     let api_pod = PodContainer::start(
         &parent,

@@ -19,7 +19,7 @@ use std::{
 
 use common::{
     free_port, is_window, metric, metrics_address, profiler_bin, read_pprof, require_root, scrape,
-    temp_dir, wait_until_recording, workload, write_file, PodContainer, Running,
+    temp_dir, wait_until_recording, workload, write_containerd_task, PodContainer, Running,
 };
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
@@ -612,20 +612,7 @@ fn kubernetes_and_container_names_reach_pyroscope_and_the_collector() {
         format!("{:064x}", 0xc0de_0000 + u64::from(test)),
         format!("{test:08x}-1a2b-4c3d-8e4f-a0b1c2d3e4f5"),
     );
-    write_file(
-        &node_root
-            .join("run/containerd/io.containerd.runtime.v2.task/k8s.io")
-            .join(&id)
-            .join("config.json"),
-        &format!(
-            r#"{{"ociVersion":"1.2.0","annotations":{{
-                "io.kubernetes.cri.container-type":"container",
-                "io.kubernetes.cri.container-name":"web",
-                "io.kubernetes.cri.sandbox-name":"store-5b7c",
-                "io.kubernetes.cri.sandbox-namespace":"retail",
-                "io.kubernetes.cri.sandbox-uid":"{uid}"}}}}"#
-        ),
-    );
+    write_containerd_task(&node_root, &id, &uid, ["retail", "store-5b7c", "web"]);
     let pyroscope = Pyroscope::start(&dir);
     let collector = Collector::start(&dir);
     let parent = profiler::scope::cgroup::cgroup2_mount()

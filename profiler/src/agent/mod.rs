@@ -188,6 +188,7 @@ impl Exporter {
             // The window, and what the capture side let go of since the last one (tables and
             // symbols of programs that exited), leave free pages behind.
             drop(window);
+            self.count_debug_files();
             self.keep_within_budget(&mut symbols);
             crate::heap::release_free_pages();
         }
@@ -198,6 +199,28 @@ impl Exporter {
                     format!("last delivery to {} failed: {error}", sink.name()),
                 );
             }
+        }
+    }
+
+    /// What came of the debug files asked of debuginfod servers, when any are configured.
+    fn count_debug_files(&self) {
+        let Some(counts) = crate::symbolize::debuginfod::counts() else {
+            return;
+        };
+        for (result, count) in [
+            ("fetched", counts.fetched),
+            ("not found", counts.not_found),
+            ("failed", counts.failed),
+            ("refused", counts.refused),
+            ("over the limit", counts.over_limit),
+        ] {
+            self.metrics.set(
+                "profiler_debuginfod_files_total",
+                Kind::Counter,
+                "Debug files asked of debuginfod servers, by what came of it.",
+                &[("result", result)],
+                count as f64,
+            );
         }
     }
 
@@ -231,23 +254,6 @@ impl Exporter {
             &[],
             self.memory_budget as f64,
         );
-        if let Some(counts) = crate::symbolize::debuginfod::counts() {
-            for (result, count) in [
-                ("fetched", counts.fetched),
-                ("not found", counts.not_found),
-                ("failed", counts.failed),
-                ("refused", counts.refused),
-                ("over the limit", counts.over_limit),
-            ] {
-                metrics.set(
-                    "profiler_debuginfod_files_total",
-                    Kind::Counter,
-                    "Debug files asked of debuginfod servers, by what came of it.",
-                    &[("result", result)],
-                    count as f64,
-                );
-            }
-        }
         metrics.set(
             "profiler_symbol_modules",
             Kind::Gauge,

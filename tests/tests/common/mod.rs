@@ -556,6 +556,30 @@ impl Drop for PodContainer {
     }
 }
 
+/// The task config.json containerd keeps under `node_root` for container `id` of a pod: the CRI
+/// annotations that name it (`namespace`, `pod`, `container`, and the pod's `uid`).
+pub fn write_containerd_task(
+    node_root: &std::path::Path,
+    id: &str,
+    uid: &str,
+    [namespace, pod, container]: [&str; 3],
+) {
+    write_file(
+        &node_root
+            .join("run/containerd/io.containerd.runtime.v2.task/k8s.io")
+            .join(id)
+            .join("config.json"),
+        &format!(
+            r#"{{"ociVersion":"1.2.0","annotations":{{
+                "io.kubernetes.cri.container-type":"container",
+                "io.kubernetes.cri.container-name":"{container}",
+                "io.kubernetes.cri.sandbox-name":"{pod}",
+                "io.kubernetes.cri.sandbox-namespace":"{namespace}",
+                "io.kubernetes.cri.sandbox-uid":"{uid}"}}}}"#
+        ),
+    );
+}
+
 pub fn write_file(path: &std::path::Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, text).unwrap();
