@@ -276,6 +276,40 @@ fn a_perf_data_of_a_stripped_binary_is_named_by_report_from_the_server() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn a_debug_file_over_debuginfod_maxsize_is_refused_and_counted() {
+    require_root();
+    let dir = temp_dir("debuginfod-maxsize");
+    let stripped = Stripped::build(&dir);
+    let (_server, url) = start_debuginfod(&stripped, &dir);
+    let size = std::fs::metadata(stripped.served.join("stripped.debug"))
+        .unwrap()
+        .len();
+    // A byte short of the file: refused; the file's own size: taken.
+    let limit = (size - 1).to_string();
+    let profile = record(
+        &stripped,
+        &dir,
+        "small.data",
+        &[("DEBUGINFOD_MAXSIZE", &limit)],
+        &["--debuginfod", &url],
+    );
+    let report = report_json(&profile, &[]);
+    assert!(!functions(&report).iter().any(|name| name == "hot_path"));
+    assert_eq!(loss(&report, "debug files from debuginfod refused"), 1);
+    assert!(!stripped.cached_copy().exists());
+    let limit = size.to_string();
+    let profile = record(
+        &stripped,
+        &dir,
+        "exact.data",
+        &[("DEBUGINFOD_MAXSIZE", &limit)],
+        &["--debuginfod", &url],
+    );
+    assert_named_by_the_debug_file(&profile);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// How the stand-in answers the stripped workload's build ID (any other: 404).
 #[derive(Clone, Copy, Debug)]
 enum Answer {
