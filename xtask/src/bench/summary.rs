@@ -123,10 +123,13 @@ fn summarize_tool(trials: &[&Trial], pick: impl Fn(&Trial) -> &ToolRun) -> ToolS
         counts,
         unaccounted,
         loss_percent: counts.loss_percent(),
-        bytes_per_million_samples: Spread::of(trials.iter().map(|trial| {
-            let run = pick(trial);
-            run.profile_bytes as f64 * 1e6 / run.counts.recorded as f64
-        })),
+        bytes_per_million_samples: Spread::of(
+            trials
+                .iter()
+                .map(|trial| pick(trial))
+                .filter(|run| run.counts.recorded > 0)
+                .map(|run| run.profile_bytes as f64 * 1e6 / run.counts.recorded as f64),
+        ),
     }
 }
 

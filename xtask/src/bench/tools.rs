@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use super::measure::WorkloadTimes;
@@ -255,12 +255,14 @@ pub fn perf_counts(stats: &str, event: Event) -> Result<SampleCounts> {
         .skip(1)
         .take_while(|line| !line.trim_end().ends_with("stats:"))
         .collect();
-    let recorded = section
-        .iter()
-        .find_map(|line| count(line, "SAMPLE"))
-        .ok_or_else(|| {
-            anyhow!("`perf report --stats` shows no SAMPLE count under `{header}`:\n{stats}")
-        })?;
+    // perf prints an event's section only when it kept a sample of it; with no SAMPLE
+    // record anywhere it kept none (a run of children each shorter than one period).
+    let kept_none = !stats.lines().any(|line| count(line, "SAMPLE").is_some());
+    let recorded = match section.iter().find_map(|line| count(line, "SAMPLE")) {
+        Some(recorded) => recorded,
+        None if kept_none => 0,
+        None => bail!("`perf report --stats` shows no SAMPLE count under `{header}`:\n{stats}"),
+    };
     Ok(SampleCounts {
         recorded,
         lost: section
@@ -448,6 +450,15 @@ mod tests {
             }
         );
         assert!(perf_counts(stats, Event::PageFaults).is_err());
+    }
+
+    #[test]
+    fn perf_keeping_no_sample_counts_zero() {
+        let stats = "\nAggregated stats:\n           TOTAL events:       1920\n\
+                     \x20           COMM events:        240  (12.5%)\n\
+                     \x20          MMAP2 events:       1195  (62.2%)\n";
+        let counts = perf_counts(stats, Event::CpuClock).unwrap();
+        assert_eq!((counts.recorded, counts.lost), (0, 0));
     }
 
     #[test]
