@@ -642,6 +642,57 @@ fn debian_python_stacks_reach_main() {
 }
 
 #[test]
+fn go_goroutine_stacks_reach_the_runtimes_top_frame_and_count_complete() {
+    let dir = temp_dir("unwind-go");
+    let binary = dir.join("spin");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/go/spin.go");
+    let built = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .env("GO111MODULE", "off")
+        .output()
+        .expect("go is installed (cargo xtask setup installs golang-go)");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let profile = dir.join("spin.prof");
+    let stderr = record_to(
+        &profile,
+        &["-F", "999"],
+        &[binary.to_str().unwrap(), "1500"],
+    );
+    let report = report_json(&profile, &[]);
+    let event = &report["events"][0];
+    let stacks = &event["user_stacks"];
+    assert!(
+        stacks["samples"].as_u64().unwrap() > 1000,
+        "{stacks:#}\n{stderr}"
+    );
+    // Every goroutine's stack ends in runtime.goexit: reaching it is whole, as perf's and Go's
+    // own tracebacks have it.
+    assert!(
+        stacks["complete_percent"].as_f64().unwrap() > 95.0,
+        "{stacks:#}\n{stderr}"
+    );
+    let hot = common::self_percent(event, "main.spinHot");
+    let cold = common::self_percent(event, "main.spinCold");
+    assert!(
+        (hot - 66.7).abs() < 5.0 && (cold - 33.3).abs() < 5.0,
+        "{hot} / {cold}"
+    );
+    let folded = profiler(&["report", "-i", profile.to_str().unwrap(), "--folded", "-"]);
+    let folded = String::from_utf8_lossy(&folded.stdout);
+    assert!(
+        folded.lines().any(|line| line
+            .starts_with("spin;runtime.goexit;main.main.gowrap1;main.main.func1;main.spinHot ")),
+        "{folded}"
+    );
+}
+
+#[test]
 fn samples_taken_in_the_kernel_unwind_the_user_stack_from_the_task_registers() {
     // dd spends its time in read and write system calls: most samples interrupt the kernel,
     // whose registers say nothing of the user stack; the walk starts from the registers the

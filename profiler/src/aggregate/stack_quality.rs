@@ -8,13 +8,13 @@ use crate::{
     symbolize::{FRAME_POINTERS_ONLY_FUNCTION, TRUNCATED_FUNCTION},
 };
 
-use super::{filter::Selection, startup::C_RUNTIME_START};
+use super::{filter::Selection, startup::is_runtime_root};
 
 /// Whether a user stack that reaches `function` may be whole: the program's `main`, or a
-/// function the C library starts a program or a thread in (a stripped program's own `_start`
+/// function a runtime starts a program or a thread in (a stripped program's own `_start`
 /// has no name, so the root is looked for among all the frames).
 fn is_stack_root(function: &str) -> bool {
-    function == "main" || C_RUNTIME_START.contains(&function)
+    function == "main" || is_runtime_root(function)
 }
 
 /// Kernel functions a sample passes through while its process's memory is being torn down

@@ -1,5 +1,5 @@
-//! The frames a language runtime runs before the user's code: the C library's and Rust's
-//! start-up and thread start-up. They sit at the root of nearly every stack and say nothing about
+//! The frames a language runtime runs before the user's code: the C library's, Rust's and Go's
+//! start-up and thread (goroutine) start-up. They sit at the root of nearly every stack and say nothing about
 //! where time goes, so the views people read (hot paths, flame graphs) hide them by default
 //! (`--show-runtime-frames` shows them); the exports for tools (folded, pprof, JSON) keep them.
 
@@ -14,9 +14,8 @@ pub enum RuntimeFrames {
 }
 
 /// Start-up functions by their whole name: the C library's program and thread start, and the
-/// kernel's clone entry as user stacks see it. A user stack that reaches one is whole
-/// ([`super::stack_quality`]).
-pub const C_RUNTIME_START: &[&str] = &[
+/// kernel's clone entry as user stacks see it.
+const C_RUNTIME_START: &[&str] = &[
     "_start",
     // The dynamic loader's: its `_start` jumps here, which runs the libraries' constructors
     // (`_dl_init`) before the program's own `_start`.
@@ -59,9 +58,22 @@ const THREAD_START: &str = "::new::thread_start";
 const CALL_ONCE_IMPL: &str = " as core::ops::function::FnOnce<";
 const CALL_ONCE: &str = "::call_once";
 
+/// The Go runtime's top frames (its assembly marks them TOPFRAME: Go's own traceback stops
+/// there): every goroutine's stack ends in `runtime.goexit`, every system stack (g0) in
+/// `runtime.mstart`, the first thread's in `runtime.rt0_go`. Its symbol table spells assembly
+/// functions with an `.abi0` suffix, its DWARF without.
+const GO_RUNTIME_START: &[&str] = &["runtime.goexit", "runtime.mstart", "runtime.rt0_go"];
+
+/// Whether a user stack that reaches `function` starts at a program's or thread's first frame,
+/// so that it is whole ([`super::stack_quality`]).
+pub fn is_runtime_root(function: &str) -> bool {
+    C_RUNTIME_START.contains(&function)
+        || GO_RUNTIME_START.contains(&function.strip_suffix(".abi0").unwrap_or(function))
+}
+
 /// Whether `function` is one of the runtime's start-up functions.
 pub fn is_startup(function: &str) -> bool {
-    C_RUNTIME_START.contains(&function)
+    is_runtime_root(function)
         || STARTUP_PREFIXES
             .iter()
             .any(|prefix| function.starts_with(prefix))
@@ -151,5 +163,28 @@ mod tests {
         assert_eq!(startup_frames(["main", "work"]), 0..0);
         assert_eq!(startup_frames(["work", "_start"]), 0..0, "only at the root");
         assert_eq!(startup_frames(std::iter::empty()), 0..0);
+    }
+
+    #[test]
+    fn go_top_frames_are_roots_by_either_spelling() {
+        for root in [
+            "runtime.goexit",
+            "runtime.goexit.abi0",
+            "runtime.mstart.abi0",
+            "runtime.rt0_go",
+        ] {
+            assert!(is_runtime_root(root), "{root}");
+        }
+        // Go's traceback goes on through these: they are mid-stack.
+        for mid in [
+            "runtime.goexit1",
+            "runtime.main",
+            "runtime.mcall",
+            "runtime.mstart1",
+        ] {
+            assert!(!is_runtime_root(mid), "{mid}");
+        }
+        let goroutine = ["runtime.goexit.abi0", "main.worker", "main.spin"];
+        assert_eq!(startup_frames(goroutine), 0..1);
     }
 }
