@@ -13,6 +13,7 @@ use crate::{
     cli::{
         agent::AgentArgs,
         options::{capture_options, target_of, target_title},
+        top::TopArgs,
         Command, RecordArgs, ReportArgs, ReportOutput, DEFAULT_PROFILE,
     },
     events::run_list,
@@ -42,6 +43,7 @@ use crate::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
         ReadAhead,
     },
+    top::run_top,
 };
 
 pub async fn run(command: Command) -> Result<ExitCode> {
@@ -50,6 +52,7 @@ pub async fn run(command: Command) -> Result<ExitCode> {
         Command::Report(args) => run_report(*args),
         Command::Stat(args) => run_stat(args.options()?).await,
         Command::Agent(args) => agent(*args).await,
+        Command::Top(args) => top(*args).await,
         Command::List { json } => {
             print(&run_list(json)?)?;
             Ok(ExitCode::SUCCESS)
@@ -71,6 +74,14 @@ async fn agent(args: AgentArgs) -> Result<ExitCode> {
     let options = args.resolve()?;
     debuginfod::configure(debuginfod, Waiting::Background);
     run_agent(options, &mut signals).await
+}
+
+/// `profiler top`: as the agent, signals are caught before the arguments are resolved.
+async fn top(args: TopArgs) -> Result<ExitCode> {
+    let mut signals = StopSignals::catch()?;
+    debuginfod::configure(args.sampling.debuginfod.config()?, Waiting::Background);
+    let options = args.resolve()?;
+    run_top(options, &mut signals).await
 }
 
 fn print(text: &str) -> Result<()> {

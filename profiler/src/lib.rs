@@ -37,4 +37,5 @@ pub mod session;
 pub mod shell_docs;
 pub mod stat;
 pub mod symbolize;
+pub mod top;
 pub mod unwind;

@@ -52,6 +52,8 @@ const FLOORS: &[(&str, u32)] = &[
     ("stat", 11),
     ("record", 11),
     ("agent", 11),
+    // The live view shows windows made as the agent makes them.
+    ("top", 11),
     ("cli", 12),
     ("commands", 12),
     ("shell_docs", 12),

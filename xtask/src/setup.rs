@@ -222,6 +222,8 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "bpftrace",
             // The browser the viewer tests open speedscope in.
             "chromium",
+            // The terminal the `profiler top` tests type into and read back.
+            "tmux",
             // elfutils' debuginfod server: stripped binaries named from the debug files it
             // serves on loopback.
             "debuginfod",

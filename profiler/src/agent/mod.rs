@@ -7,6 +7,7 @@
 
 pub mod log;
 pub mod output_dir;
+pub mod window;
 
 use std::{
     path::PathBuf,
@@ -20,24 +21,18 @@ use std::{
 use anyhow::{anyhow, Context, Result};
 use profiler_common::{capture::LossKind, offcpu::OffCpuCount};
 
-use self::log::{log, LogLevel};
+use self::{
+    log::{log, LogLevel},
+    window::WindowAssembler,
+};
 use crate::{
-    aggregate::dataspace::capture_data_objects,
-    assemble::{drained::assemble, UNREADABLE_MODULE_LOSS},
+    assemble::UNREADABLE_MODULE_LOSS,
+    export::sink::{Window, WindowSink},
     export::upload::UploadCounts,
-    export::{
-        offcpu::add_off_cpu_event,
-        sink::{Window, WindowSink},
-    },
     launch::{signal_name, Stop, StopSignals},
-    profile::{CpuIdentity, EventInfo, Profile},
     prometheus::{Kind, Metrics},
-    scope::kubernetes::KubernetesNames,
     session::{Capture, CaptureOptions, CaptureSession},
-    symbolize::{
-        kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
-        FrameAddresses, FrameTable, SymbolCache,
-    },
+    symbolize::SymbolCache,
 };
 
 const EVICTIONS_HELP: &str = "What the agent let go of to stay within --memory-max, by part \
@@ -55,52 +50,16 @@ struct ClosedWindow {
 
 /// What the export thread needs besides the windows.
 struct Exporter {
-    /// The agent's target, as profiles name it.
-    target: String,
-    events: Vec<EventInfo>,
-    cpu: Option<CpuIdentity>,
+    assembler: WindowAssembler,
     sinks: Vec<Box<dyn WindowSink>>,
     metrics: Arc<Metrics>,
     /// `--source-lines`.
     source_lines: bool,
     /// `--memory-max`.
     memory_budget: u64,
-    /// Containers' Kubernetes names, remembered from window to window.
-    kubernetes: KubernetesNames,
 }
 
 impl Exporter {
-    /// Symbolizes a window into its profile.
-    fn profile(&mut self, capture: Capture, symbols: &mut SymbolCache) -> Profile {
-        let meta = capture.profile_meta(self.target.clone());
-        let frames = FrameTable::with_cache(
-            &capture.processes,
-            Some(symbols),
-            FrameAddresses::FileOffsets,
-        );
-        let mut profile = assemble(
-            meta,
-            self.events.clone(),
-            capture.drained,
-            &capture.accounting,
-            frames,
-            &mut self.kubernetes,
-        );
-        profile.hardware.cpu = self.cpu.clone();
-        // What the sampled data addresses belong to, while the window's processes are at hand:
-        // the exports name the variable, heap, stack or file of each data cache line.
-        capture_data_objects(&mut profile, &capture.processes);
-        // Off-CPU time goes to the backends as a profile type of its own: nanoseconds blocked.
-        add_off_cpu_event(&mut profile);
-        if !kernel_addresses_shown() {
-            hide_kernel_addresses(&mut profile);
-        }
-        // With the window's share of the open files gone, what nobody else holds is closed.
-        drop(capture.processes);
-        symbols.forget_closed();
-        profile
-    }
-
     /// Exports windows until the capture side hangs up.
     fn run(mut self, windows: Receiver<ClosedWindow>) {
         // One symbolizer for every window: the files it parsed, the kernel's symbols and the
@@ -113,7 +72,7 @@ impl Exporter {
             let fired: u64 = capture.accounting.samples_fired.iter().sum();
             let lost = capture.accounting.samples_lost();
             self.count_samples(&capture);
-            let profile = self.profile(capture, &mut symbols);
+            let profile = self.assembler.profile(capture, &mut symbols);
             let unreadable: u64 = profile
                 .losses
                 .counters
@@ -131,7 +90,7 @@ impl Exporter {
                 );
             }
             // Sampled events only: the off-CPU "event" counts blocks.
-            let sampled = self.events.len() as u32;
+            let sampled = self.assembler.events.len() as u32;
             let samples: u64 = profile
                 .stacks
                 .iter()
@@ -268,7 +227,7 @@ impl Exporter {
         let metrics = &self.metrics;
         let accounting = &capture.accounting;
         metrics.add("profiler_windows_total", "Windows closed.", &[], 1.0);
-        for (event, fired) in self.events.iter().zip(&accounting.samples_fired) {
+        for (event, fired) in self.assembler.events.iter().zip(&accounting.samples_fired) {
             metrics.add(
                 "profiler_samples_fired_total",
                 "Samples the kernel fired, by event.",
@@ -518,14 +477,11 @@ pub async fn run_agent(options: AgentOptions, signals: &mut StopSignals) -> Resu
     } = options;
     let mut session = CaptureSession::open(&options)?;
     let mut windows = Windows::start(Exporter {
-        events: session.events().to_vec(),
-        cpu: session.cpu(),
+        assembler: WindowAssembler::new(&session, target.clone(), &node_root),
         sinks,
         metrics,
-        target: target.clone(),
         source_lines,
         memory_budget,
-        kubernetes: KubernetesNames::new(&node_root),
     })?;
     session.start(&options.target).await?;
     log(

@@ -6,8 +6,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use anyhow::{bail, Result};
 
 use super::{
-    options::{capture_options, target_of, target_title},
-    SamplingArgs, Unwind,
+    options::{capture_options, system_wide_sampling},
+    SamplingArgs,
 };
 use crate::{
     agent::{
@@ -171,31 +171,14 @@ impl AgentArgs {
     /// then the capture (with its calibration pass).
     pub fn resolve(mut self) -> Result<AgentOptions> {
         log::set_level(self.log_level);
-        if self.sampling.wakers {
-            bail!(
-                "--wakers is a view of `record`'s report: the agent exports off-CPU time \
-                 (--off-cpu) without its wakers"
-            );
-        }
-        if self.sampling.unwind() == Unwind::Check {
-            bail!(
-                "--unwind check compares two unwinders over one recording: use it with `record`; \
-                 the agent takes --unwind dwarf, fp or copy"
-            );
-        }
         let sinks = self.sinks()?;
         let metrics = Arc::new(Metrics::default());
         if let Some(addr) = &self.metrics_addr {
             let bound = serve(addr, Arc::clone(&metrics))?;
             log(LogLevel::Info, format!("metrics on http://{bound}/metrics"));
         }
-        let sampling = &mut self.sampling;
-        if sampling.events.is_empty() && sampling.period.is_none() && sampling.target_rate.is_none()
-        {
-            sampling.frequency.get_or_insert(DEFAULT_FREQUENCY);
-        }
-        let target = target_of(&self.sampling, &[], true).expect("-a stands for the whole system");
-        let title = target_title(&self.sampling, &target, false);
+        let (target, title) =
+            system_wide_sampling(&mut self.sampling, "the agent", DEFAULT_FREQUENCY)?;
         let capture = CaptureOptions {
             stats: self.bpf_stats,
             sideband_interval: AGENT_SIDEBAND_INTERVAL,

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod options;
 pub mod perf;
 pub mod stat;
+pub mod top;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -42,6 +43,9 @@ pub enum Command {
     Agent(Box<agent::AgentArgs>),
     /// Count events exactly for the whole run (HP Caliper's exact counts, like perf stat).
     Stat(Box<stat::StatArgs>),
+    /// Watch the hottest functions, processes and containers live, refreshed every second
+    /// (the whole system unless scoped with -p, --cgroup, --container or --uid).
+    Top(Box<top::TopArgs>),
     /// The events this machine can sample or count, with default overflow values.
     List {
         /// As JSON.
@@ -569,6 +573,9 @@ mod tests {
             Command::Stat(_) => {}
             Command::Agent(agent) => {
                 let _ = agent.sampling.ring_buffer_bytes();
+            }
+            Command::Top(top) => {
+                let _ = top.sampling.ring_buffer_bytes();
             }
             Command::List { .. } | Command::Completions { .. } => {}
         }

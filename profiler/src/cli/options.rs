@@ -2,7 +2,7 @@
 //! and unwinding resolved from [`SamplingArgs`] into a session's [`CaptureOptions`], for
 //! `record` and `agent` alike.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use super::{SamplingArgs, Unwind};
 use crate::{
@@ -219,4 +219,32 @@ pub fn target_title(args: &SamplingArgs, target: &TargetSpec, record_args: bool)
         (target, Some(scope)) => format!("{} ({scope})", target.describe(record_args)),
         (target, None) => target.describe(record_args),
     }
+}
+
+/// For the commands that watch the whole system unless scoped (`agent`, `top`): refuses what
+/// only `record` does, and samples at `default_hz` when no event, period or rate is given.
+/// Returns the target and its title.
+pub fn system_wide_sampling(
+    args: &mut SamplingArgs,
+    command: &str,
+    default_hz: u64,
+) -> Result<(TargetSpec, String)> {
+    if args.wakers {
+        bail!(
+            "--wakers is a view of `record`'s report: {command} shows off-CPU time (--off-cpu) \
+             without its wakers"
+        );
+    }
+    if args.unwind() == Unwind::Check {
+        bail!(
+            "--unwind check compares two unwinders over one recording: use it with `record`; \
+             {command} takes --unwind dwarf, fp or copy"
+        );
+    }
+    if args.events.is_empty() && args.period.is_none() && args.target_rate.is_none() {
+        args.frequency.get_or_insert(default_hz);
+    }
+    let target = target_of(args, &[], true).expect("-a stands for the whole system");
+    let title = target_title(args, &target, false);
+    Ok((target, title))
 }
