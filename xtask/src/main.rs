@@ -80,6 +80,19 @@ enum Task {
         #[arg(long, value_name = "DIR", default_value = "bench/results")]
         output: PathBuf,
     },
+    /// Only the bench's live views: `profiler top` beside `perf top` (with and without call
+    /// graphs), system-wide at 1 kHz on the churn load, each in a terminal of its own (tmux).
+    BenchLive {
+        /// Interleaved rounds per tool.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Seconds of each run.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Where live.json and live.md go.
+        #[arg(long, value_name = "DIR", default_value = "bench/results")]
+        output: PathBuf,
+    },
     /// Run the profiler on Debian's 5.10, 6.1 and 6.12 kernels under QEMU and check its
     /// answers (needs root: installs QEMU, fetches the kernels into target/kernels).
     Kernels,
@@ -347,6 +360,11 @@ fn run(task: Task) -> Result<()> {
             seconds,
             output,
         } => bench::run_fleet(rounds.max(1), seconds, &output),
+        Task::BenchLive {
+            rounds,
+            seconds,
+            output,
+        } => bench::run_live(rounds.max(1), seconds, &output),
         Task::Kernels => {
             setup::all(setup::Purpose::Build)?;
             kernels::run()

@@ -9,6 +9,7 @@
 mod agent_cost;
 mod bpf_stats;
 mod fleet;
+mod live;
 mod machine;
 mod measure;
 mod off_cpu_cost;
@@ -133,6 +134,8 @@ pub struct Results {
     pub runtimes_memory: agent_cost::RuntimesMemory,
     /// The agent beside the OpenTelemetry eBPF profiler, each into a real Collector.
     pub fleet: Vec<fleet::FleetRow>,
+    /// `profiler top` beside `perf top`, system-wide at 1 kHz.
+    pub live: Vec<live::LiveRow>,
     /// In-kernel cost of unwinding by tables, per sample at 10 and 30 user frames.
     pub unwind_cost: unwind_cost::UnwindCost,
     /// A context-switch storm bare, under `record --off-cpu` and under bpftrace.
@@ -233,6 +236,13 @@ fn check(results: &Results) -> Result<()> {
                 row.rate_hz
             ));
         }
+    }
+    if !results
+        .live
+        .iter()
+        .any(|row| row.tool == "profiler top" && row.cpu_percent_of_core.is_some())
+    {
+        problems.push("profiler top's CPU beside perf top's was not measured".into());
     }
     if results.fleet.is_empty() {
         problems.push("the comparison with the OpenTelemetry eBPF profiler did not run".into());
@@ -360,6 +370,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let fleet_rounds = if settings.quick { 1 } else { 3 };
     let fleet = fleet::measure(bench_profiler, &release, &work, agent_seconds, fleet_rounds)?;
+    let (live_seconds, live_rounds) = if settings.quick { (6, 1) } else { (20, 3) };
+    let live = live::measure(bench_profiler, &release, live_seconds, live_rounds)?;
     let (churn_seconds, churn_rounds) = if settings.quick { (10, 1) } else { (20, 3) };
     let churn_cost = agent_cost::measure_churn_cost(
         bench_profiler,
@@ -397,6 +409,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         churn_cost,
         runtimes_memory,
         fleet,
+        live,
         unwind_cost,
         off_cpu_cost,
         other_processes_cpu_percent,
@@ -427,24 +440,15 @@ pub fn run_fleet(rounds: usize, seconds: u64, output: &Path) -> Result<()> {
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let machine = Machine::read(&crate::workspace_root())?;
     let rows = fleet::measure(&tools.profiler, &release, &work, seconds, rounds)?;
-    std::fs::create_dir_all(output).with_context(|| format!("creating {}", output.display()))?;
-    let markdown = format!(
-        "# The agent beside the OpenTelemetry eBPF profiler\n\n`cargo xtask bench-fleet \
-         --rounds {rounds} --seconds {seconds}` at {} on {}: {} CPUs ({}), {} MiB, kernel {}.\n{}",
-        machine.profiler_revision,
-        machine.date_utc,
-        machine.cpus,
-        machine.cpu_model,
-        machine.memory_mib,
-        machine.kernel,
-        render::fleet_markdown(&rows, &tools::path_arg(&release), &tools::path_arg(&work))
-    );
-    std::fs::write(
-        output.join("fleet.json"),
-        serde_json::to_string_pretty(&rows)?,
+    write_section(
+        output,
+        "fleet",
+        "The agent beside the OpenTelemetry eBPF profiler",
+        &format!("bench-fleet --rounds {rounds} --seconds {seconds}"),
+        &machine,
+        &rows,
+        &render::fleet_markdown(&rows, &tools::path_arg(&release), &tools::path_arg(&work)),
     )?;
-    std::fs::write(output.join("fleet.md"), &markdown)?;
-    println!("{markdown}");
     std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))
 }
 
@@ -508,4 +512,56 @@ mod tests {
         let error = settings(&["--rates", "0,1000"]).unwrap_err().to_string();
         assert!(error.contains("--rates"), "{error}");
     }
+}
+
+/// `cargo xtask bench-live`: `profiler top` beside `perf top` alone (the full bench runs it too),
+/// into `output`'s live.json and live.md.
+pub fn run_live(rounds: usize, seconds: u64, output: &Path) -> Result<()> {
+    let tools = prepare()?;
+    let release = crate::target_dir().join("release");
+    let machine = Machine::read(&crate::workspace_root())?;
+    let rows = live::measure(&tools.profiler, &release, seconds, rounds)?;
+    write_section(
+        output,
+        "live",
+        "profiler top beside perf top",
+        &format!("bench-live --rounds {rounds} --seconds {seconds}"),
+        &machine,
+        &rows,
+        &render::live_markdown(
+            &rows,
+            &tools::path_arg(&release),
+            &tools::path_arg(&crate::target_dir().join("bench-work")),
+        ),
+    )
+}
+
+/// Writes one section run alone: `NAME.json` (its rows) and `NAME.md` (headed by the machine and
+/// the command), and prints the markdown.
+fn write_section(
+    output: &Path,
+    name: &str,
+    title: &str,
+    command: &str,
+    machine: &Machine,
+    rows: &impl Serialize,
+    table: &str,
+) -> Result<()> {
+    std::fs::create_dir_all(output).with_context(|| format!("creating {}", output.display()))?;
+    let markdown = format!(
+        "# {title}\n\n`cargo xtask {command}` at {} on {}: {} CPUs ({}), {} MiB, kernel {}.\n{table}",
+        machine.profiler_revision,
+        machine.date_utc,
+        machine.cpus,
+        machine.cpu_model,
+        machine.memory_mib,
+        machine.kernel,
+    );
+    std::fs::write(
+        output.join(format!("{name}.json")),
+        serde_json::to_string_pretty(rows)?,
+    )?;
+    std::fs::write(output.join(format!("{name}.md")), &markdown)?;
+    println!("{markdown}");
+    Ok(())
 }

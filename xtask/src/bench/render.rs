@@ -583,6 +583,51 @@ fn fleet_rows(out: &mut String, rows: &[super::fleet::FleetRow], shorten: &Short
     }
 }
 
+fn live(out: &mut String, results: &Results, shorten: &Shorten) {
+    live_rows(out, &results.live, shorten);
+}
+
+/// The live-view table alone, as `cargo xtask bench-live` writes it.
+pub fn live_markdown(rows: &[super::live::LiveRow], release: &str, work: &str) -> String {
+    let mut out = String::new();
+    live_rows(&mut out, rows, &Shorten { release, work });
+    out
+}
+
+fn live_rows(out: &mut String, rows: &[super::live::LiveRow], shorten: &Shorten) {
+    let Some(first) = rows.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\n### Live views: profiler top beside perf top\n\nSystem-wide at {} Hz on the churn \
+         load, each tool alone in a 120x40 tmux terminal, drawing as a user would watch it. {} \
+         round(s) of {} s per tool, interleaved; median (min–max). CPU of each tool's process \
+         tree (the scheduler's run time) over the whole run and steady (past its first 3 s); \
+         peak RSS: VmHWM at the end. `profiler top` always walks call stacks (in the kernel) and \
+         symbolizes every window; `perf top -g` copies call chains into its ring buffer.\n",
+        super::live::RATE_HZ,
+        first.rounds,
+        first.duration_s,
+    );
+    let _ = writeln!(
+        out,
+        "| Tool | % of a core | Steady % of a core | Peak RSS MiB | Command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            row.tool,
+            spread(row.cpu_percent_of_core, 2),
+            spread(row.steady_percent_of_core, 2),
+            spread(row.max_rss_mib, 1),
+            shorten.command(&row.command),
+        );
+    }
+}
+
 fn unwind_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     let cost = &results.unwind_cost;
     let _ = writeln!(
@@ -787,6 +832,7 @@ pub fn markdown(results: &Results) -> String {
     churn_cost(&mut out, results, &shorten);
     runtimes_memory(&mut out, results, &shorten);
     fleet(&mut out, results, &shorten);
+    live(&mut out, results, &shorten);
     unwind_cost(&mut out, results, &shorten);
     off_cpu_cost(&mut out, results, &shorten);
     commands(&mut out, results, &shorten);
