@@ -18,8 +18,9 @@ use crate::{
     },
     events::run_list,
     export::{
-        flamegraph::write_flamegraph, folded::write_folded, offcpu::with_off_cpu_event,
-        pprof::write_pprof, selected_profile, speedscope::write_speedscope,
+        firefox::write_firefox, flamegraph::write_flamegraph, folded::write_folded,
+        offcpu::with_off_cpu_event, pprof::write_pprof, selected_profile,
+        speedscope::write_speedscope,
     },
     import::{is_perf_data, profile_from_perf_data_file},
     launch::{signal_name, CommandEnd, StopSignals},
@@ -339,6 +340,7 @@ struct ReportTargets {
     flamegraph: Option<Output>,
     pprof: Option<Output>,
     speedscope: Option<Output>,
+    firefox: Option<Output>,
     latency_plot: Option<Output>,
 }
 
@@ -372,6 +374,7 @@ impl ReportTargets {
             flamegraph: checker.check_optional("--flamegraph", output.flamegraph.as_deref())?,
             pprof: checker.check_optional("--pprof", output.pprof.as_deref())?,
             speedscope: checker.check_optional("--speedscope", output.speedscope.as_deref())?,
+            firefox: checker.check_optional("--firefox", output.firefox.as_deref())?,
             latency_plot: checker.check_optional(
                 "--histogram",
                 output
@@ -411,6 +414,7 @@ fn report(
         &targets.flamegraph,
         &targets.pprof,
         &targets.speedscope,
+        &targets.firefox,
     ];
     if exports.iter().any(|target| target.is_some()) {
         let with_off_cpu = with_off_cpu_event(profile);
@@ -447,6 +451,11 @@ fn report(
             &targets.speedscope,
             &format!("speedscope profile of {}", names.join(", ")),
             &|out| Ok(write_speedscope(&selected, out)?),
+        );
+        export(
+            &targets.firefox,
+            &format!("Firefox Profiler profile of {}", names.join(", ")),
+            &|out| Ok(write_firefox(&selected, out)?),
         );
         if exports_replace_text && !view.json && output.hardware.hardware.is_none() {
             return Ok(());

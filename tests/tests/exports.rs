@@ -448,3 +448,93 @@ fn speedscope_opens_its_export_with_the_reports_totals_and_the_inlined_functions
     assert!(churn * 100 >= workers * 95, "churn {churn} of {workers}");
     assert!(source.ends_with("cpu_split.rs"), "{source}");
 }
+
+/// Runs the Firefox Profiler's command-line client (its own profile import and call tree,
+/// bundled; `cargo xtask setup` installs it) with a session directory of the test's.
+fn firefox_profiler_cli(sessions: &Path, args: &[&str]) -> String {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/viewers/node_modules/@firefox-devtools/profiler-cli/dist/profiler-cli.js");
+    assert!(
+        cli.exists(),
+        "{} is missing: run `cargo xtask setup`",
+        cli.display()
+    );
+    let output = Command::new("node")
+        .arg(&cli)
+        .args(args)
+        .env("PROFILER_CLI_SESSION_DIR", sessions)
+        // Our frames are named already: nothing to ask a symbol server.
+        .env("PROFILER_CLI_NO_SYMBOLICATE", "1")
+        .output()
+        .expect("node runs");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "profiler-cli {args:?}: {text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text
+}
+
+#[test]
+fn the_firefox_profiler_opens_the_firefox_export_with_the_reports_shares() {
+    require_root();
+    let dir = temp_dir("firefox-export");
+    let file = dir.join("cpu_split.prof");
+    record_to(
+        &file,
+        &["-F", "999"],
+        &[workload("cpu_split").to_str().unwrap(), "4000"],
+    );
+    let report = report_json(&file, &[]);
+    let total_percent = |function: &str| {
+        report["events"][0]["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["function"] == function)
+            .and_then(|f| f["total_percent"].as_f64())
+            .unwrap_or_else(|| panic!("{function} in the report"))
+    };
+    let export = dir.join("cpu_split.firefox.json");
+    let output = profiler(&[
+        "report",
+        "-i",
+        file.to_str().unwrap(),
+        "--firefox",
+        export.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let sessions = dir.join("sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    firefox_profiler_cli(&sessions, &["load", export.to_str().unwrap()]);
+    let listed = firefox_profiler_cli(&sessions, &["thread", "functions", "--json"]);
+    firefox_profiler_cli(&sessions, &["stop", "--all"]);
+    let listed: Value = serde_json::from_str(&listed).unwrap_or_else(|e| panic!("{e}: {listed}"));
+    let functions = listed["functions"].as_array().unwrap();
+    let firefox_total = |function: &str| {
+        functions
+            .iter()
+            .find(|f| f["name"] == function)
+            .and_then(|f| f["totalPercentage"].as_f64())
+            .unwrap_or_else(|| panic!("{function} in the Firefox Profiler's list: {listed:#}"))
+    };
+    for function in [
+        "cpu_split::heavy_work",
+        "cpu_split::medium_work",
+        "cpu_split::light_work",
+        "cpu_split::run_round",
+    ] {
+        let (ours, theirs) = (total_percent(function), firefox_total(function));
+        assert!(
+            (ours - theirs).abs() < 0.1,
+            "{function}: {ours}% in the report, {theirs}% in the Firefox Profiler"
+        );
+    }
+    // Inlined functions are frames of their own, as in the report's callees.
+    assert!(
+        functions.iter().any(|f| f["name"] == "cpu_split::churn"),
+        "{listed:#}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -18,7 +18,13 @@ use crate::{run_command, target_dir};
 /// The viewers' npm packages the export tests open their files in, pinned: speedscope's offline
 /// build (its JSON schema inside), Ajv to check files against that schema, and playwright-core to
 /// drive Debian's Chromium.
-const VIEWER_PACKAGES: [&str; 3] = ["speedscope@1.25.0", "ajv@8.20.0", "playwright-core@1.65.2"];
+/// The Firefox Profiler's own import and call-tree code, as its command-line client bundles it.
+const VIEWER_PACKAGES: [&str; 4] = [
+    "speedscope@1.25.0",
+    "ajv@8.20.0",
+    "playwright-core@1.65.2",
+    "@firefox-devtools/profiler-cli@0.10.0",
+];
 
 /// Where the viewers' packages are installed (`node_modules` below it); the tests look there.
 pub const VIEWERS_DIR: &str = "viewers";

@@ -405,6 +405,11 @@ pub struct ReportOutput {
     /// standard output).
     #[arg(long, value_name = "FILE")]
     pub speedscope: Option<PathBuf>,
+    /// Write a Firefox Profiler file (its processed format, as samply writes it; open it at
+    /// profiler.firefox.com) to this file: every event, or the `--only-event` one, of the
+    /// samples the report's filters select (`-`: standard output).
+    #[arg(long, value_name = "FILE")]
+    pub firefox: Option<PathBuf>,
 }
 
 /// The command line, with `report`'s sample filters also under their plain names (`--event`,

@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod delivery;
+pub mod firefox;
 pub mod flamegraph;
 pub mod folded;
 pub mod offcpu;

@@ -474,46 +474,6 @@ fn write_results(results: &Results, output: &Path) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-
-    #[derive(Parser)]
-    struct Command {
-        #[command(flatten)]
-        bench: BenchArgs,
-    }
-
-    fn settings(args: &[&str]) -> Result<Settings> {
-        let command =
-            Command::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))?;
-        Settings::from_args(&command.bench)
-    }
-
-    #[test]
-    fn quick_is_one_short_round_with_a_small_large_profile() {
-        let full = settings(&[]).unwrap();
-        assert_eq!((full.repetitions, full.duration_s), (3, 1.0));
-        assert_eq!(full.rates_hz, [1000, 10_000, 50_000]);
-        assert_eq!(full.cost_rate(), 10_000);
-        let quick = settings(&["--quick", "--repetitions", "9"]).unwrap();
-        assert_eq!((quick.repetitions, quick.duration_s), (1, 0.2));
-        assert_eq!(quick.report_samples, 50_000);
-    }
-
-    #[test]
-    fn rates_are_sorted_and_must_be_positive() {
-        let sorted = settings(&["--rates", "5000,100,5000"]).unwrap();
-        assert_eq!(sorted.rates_hz, [100, 5000]);
-        assert_eq!(sorted.cost_rate(), 5000);
-        assert_eq!(settings(&["--rates", "777"]).unwrap().cost_rate(), 777);
-        let error = settings(&["--rates", "0,1000"]).unwrap_err().to_string();
-        assert!(error.contains("--rates"), "{error}");
-    }
-}
-
 /// `cargo xtask bench-live`: `profiler top` beside `perf top` alone (the full bench runs it too),
 /// into `output`'s live.json and live.md.
 pub fn run_live(rounds: usize, seconds: u64, output: &Path) -> Result<()> {
@@ -564,4 +524,44 @@ fn write_section(
     std::fs::write(output.join(format!("{name}.md")), &markdown)?;
     println!("{markdown}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn settings(args: &[&str]) -> Result<Settings> {
+        let command =
+            Command::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))?;
+        Settings::from_args(&command.bench)
+    }
+
+    #[test]
+    fn quick_is_one_short_round_with_a_small_large_profile() {
+        let full = settings(&[]).unwrap();
+        assert_eq!((full.repetitions, full.duration_s), (3, 1.0));
+        assert_eq!(full.rates_hz, [1000, 10_000, 50_000]);
+        assert_eq!(full.cost_rate(), 10_000);
+        let quick = settings(&["--quick", "--repetitions", "9"]).unwrap();
+        assert_eq!((quick.repetitions, quick.duration_s), (1, 0.2));
+        assert_eq!(quick.report_samples, 50_000);
+    }
+
+    #[test]
+    fn rates_are_sorted_and_must_be_positive() {
+        let sorted = settings(&["--rates", "5000,100,5000"]).unwrap();
+        assert_eq!(sorted.rates_hz, [100, 5000]);
+        assert_eq!(sorted.cost_rate(), 5000);
+        assert_eq!(settings(&["--rates", "777"]).unwrap().cost_rate(), 777);
+        let error = settings(&["--rates", "0,1000"]).unwrap_err().to_string();
+        assert!(error.contains("--rates"), "{error}");
+    }
 }
