@@ -538,3 +538,72 @@ fn the_firefox_profiler_opens_the_firefox_export_with_the_reports_shares() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
+    require_root();
+    let dir = temp_dir("firefox-off-cpu");
+    let file = dir.join("sleeper.prof");
+    record_to(
+        &file,
+        &["--off-cpu"],
+        &[
+            "python3",
+            "-c",
+            "import time\nfor _ in range(40):\n    time.sleep(0.02)\n",
+        ],
+    );
+    let report = report_json(&file, &[]);
+    let python = report["off_cpu"]["by_thread"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|thread| thread["name"].as_str().unwrap().starts_with("python3 "))
+        .unwrap_or_else(|| panic!("no python3 thread off CPU: {:#}", report["off_cpu"]))
+        .clone();
+    let blocked_ms = python["total_ns"].as_f64().unwrap() / 1e6;
+    assert!(blocked_ms > 800.0, "{python:#}");
+    let export = dir.join("sleeper.firefox.json");
+    let output = profiler(&[
+        "report",
+        "-i",
+        file.to_str().unwrap(),
+        "--firefox",
+        export.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let sessions = dir.join("sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    firefox_profiler_cli(&sessions, &["load", export.to_str().unwrap()]);
+    // The Firefox Profiler's thread handles are positions in the file's thread list.
+    let written: Value = serde_json::from_slice(&std::fs::read(&export).unwrap()).unwrap();
+    let position = written["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|thread| {
+            // The format makes thread ids unique: the same thread's second event is `tid.1`.
+            thread["name"] == "python3 (off-cpu)" && thread["pid"] == python["pid"].to_string()
+        })
+        .unwrap_or_else(|| panic!("no python3 (off-cpu) thread in the export"));
+    let handle = format!("t-{position}");
+    let listed = firefox_profiler_cli(
+        &sessions,
+        &["thread", "functions", "--thread", &handle, "--json"],
+    );
+    firefox_profiler_cli(&sessions, &["stop", "--all"]);
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["weightType"], "tracing-ms", "{listed:#}");
+    let blocked_there = listed["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["totalSamples"].as_f64())
+        .fold(0.0, f64::max);
+    // Each stack's time is rounded to the millisecond.
+    assert!(
+        (blocked_there - blocked_ms).abs() <= blocked_ms * 0.01 + 1.0,
+        "{blocked_ms} ms blocked in the report, {blocked_there} ms in the Firefox Profiler"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
