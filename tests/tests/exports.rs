@@ -476,6 +476,24 @@ fn firefox_profiler_cli(sessions: &Path, args: &[&str]) -> String {
     text
 }
 
+/// Exports `profile` with `--firefox` beside it and loads the export in a Firefox Profiler
+/// session of its own: the export's path and the session's directory.
+fn open_in_firefox_profiler(profile: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let export = profile.with_extension("firefox.json");
+    let output = profiler(&[
+        "report",
+        "-i",
+        profile.to_str().unwrap(),
+        "--firefox",
+        export.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let sessions = profile.with_extension("sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    firefox_profiler_cli(&sessions, &["load", export.to_str().unwrap()]);
+    (export, sessions)
+}
+
 #[test]
 fn the_firefox_profiler_opens_the_firefox_export_with_the_reports_shares() {
     require_root();
@@ -496,18 +514,7 @@ fn the_firefox_profiler_opens_the_firefox_export_with_the_reports_shares() {
             .and_then(|f| f["total_percent"].as_f64())
             .unwrap_or_else(|| panic!("{function} in the report"))
     };
-    let export = dir.join("cpu_split.firefox.json");
-    let output = profiler(&[
-        "report",
-        "-i",
-        file.to_str().unwrap(),
-        "--firefox",
-        export.to_str().unwrap(),
-    ]);
-    assert!(output.status.success(), "{output:?}");
-    let sessions = dir.join("sessions");
-    std::fs::create_dir_all(&sessions).unwrap();
-    firefox_profiler_cli(&sessions, &["load", export.to_str().unwrap()]);
+    let (_, sessions) = open_in_firefox_profiler(&file);
     let listed = firefox_profiler_cli(&sessions, &["thread", "functions", "--json"]);
     firefox_profiler_cli(&sessions, &["stop", "--all"]);
     let listed: Value = serde_json::from_str(&listed).unwrap_or_else(|e| panic!("{e}: {listed}"));
@@ -563,18 +570,7 @@ fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
         .clone();
     let blocked_ms = python["total_ns"].as_f64().unwrap() / 1e6;
     assert!(blocked_ms > 800.0, "{python:#}");
-    let export = dir.join("sleeper.firefox.json");
-    let output = profiler(&[
-        "report",
-        "-i",
-        file.to_str().unwrap(),
-        "--firefox",
-        export.to_str().unwrap(),
-    ]);
-    assert!(output.status.success(), "{output:?}");
-    let sessions = dir.join("sessions");
-    std::fs::create_dir_all(&sessions).unwrap();
-    firefox_profiler_cli(&sessions, &["load", export.to_str().unwrap()]);
+    let (export, sessions) = open_in_firefox_profiler(&file);
     // The Firefox Profiler's thread handles are positions in the file's thread list.
     let written: Value = serde_json::from_slice(&std::fs::read(&export).unwrap()).unwrap();
     let position = written["threads"]
@@ -583,7 +579,10 @@ fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
         .iter()
         .position(|thread| {
             // The format makes thread ids unique: the same thread's second event is `tid.1`.
-            thread["name"] == "python3 (off-cpu)" && thread["pid"] == python["pid"].to_string()
+            let pid = thread["pid"]
+                .as_str()
+                .and_then(|pid| pid.parse::<u64>().ok());
+            thread["name"] == "python3 (off-cpu)" && pid == python["pid"].as_u64()
         })
         .unwrap_or_else(|| panic!("no python3 (off-cpu) thread in the export"));
     let handle = format!("t-{position}");
