@@ -23,13 +23,13 @@ use crate::{
         speedscope::write_speedscope,
     },
     import::{is_perf_data, profile_from_perf_data_file},
-    launch::{signal_name, CommandEnd, StopSignals},
+    launch::{signal_name, CommandEnd, StopSignals, TargetSpec},
     output::{Checker, Output, OutputWriter},
     profile::{
         file::{read_profile, SerializedProfile},
         Profile,
     },
-    record::{record, Recording},
+    record::{record, Live, Recording},
     report::{
         hardware::{hardware_json, render_hardware},
         render_report,
@@ -44,7 +44,7 @@ use crate::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
         ReadAhead,
     },
-    top::run_top,
+    top::{check_terminal, run_top},
 };
 
 pub async fn run(command: Command) -> Result<ExitCode> {
@@ -105,13 +105,26 @@ async fn run_record(mut args: RecordArgs) -> Result<ExitCode> {
     debuginfod::configure(args.sampling.debuginfod.config()?, Waiting::Wait);
     args.report.view.width = outputs.report.report_width();
     let title = target_title(&args.sampling, &target, args.record_args);
+    let live = args.live.then(|| Live {
+        title: title.clone(),
+        node_root: args.sampling.node_root.clone(),
+    });
+    if live.is_some() {
+        if matches!(target, TargetSpec::Command(_)) {
+            anyhow::bail!(
+                "--live draws on the terminal the command would write to: start the command \
+                 elsewhere and give `record --live -p PID`, or record it without --live"
+            );
+        }
+        check_terminal("record --live")?;
+    }
     let options = CaptureOptions {
         duration: args.duration,
         raw: outputs.raw.clone(),
         stats: args.stats,
         ..capture_options(&args.sampling, target)?
     };
-    let (capture, end, symbols) = record(options, &mut signals).await?;
+    let (capture, end, symbols) = record(options, &mut signals, live).await?;
     // Assembling and reporting take seconds on a big run: off this thread, so that a signal
     // meanwhile still ends the profiler at once.
     let finish = tokio::task::spawn_blocking(move || {

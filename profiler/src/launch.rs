@@ -212,6 +212,8 @@ pub enum Stop {
     Duration,
     /// The profiler received this signal.
     Signal(i32),
+    /// The user quit the live view (`q`).
+    Quit,
 }
 
 /// How the launched command was asked to exit.
@@ -269,6 +271,7 @@ impl Ending {
             _ => match self.stop {
                 Stop::TargetsExited => "every profiled process exited".into(),
                 Stop::Duration => "--duration ended".into(),
+                Stop::Quit => "the live view was quit".into(),
                 Stop::Signal(signal) => {
                     format!("the profiler received {}", signal_name(signal))
                 }
@@ -283,6 +286,7 @@ impl Ending {
             Stop::CommandExited => "command exited".to_string(),
             Stop::TargetsExited => "targets exited".to_string(),
             Stop::Duration => "duration".to_string(),
+            Stop::Quit => "quit".to_string(),
             Stop::Signal(signal) => format!("signal {}", signal_name(signal)),
         };
         let command = match self.command {

@@ -7,18 +7,19 @@
 //! sends it SIGTERM; recording goes on until it exits, for at most [`GRACE`] or until a second
 //! signal, after which it is killed. The recording's outcome says how the command ended.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tokio::time::Instant;
 
 use anyhow::Result;
 
 use crate::{
+    agent::window::WindowAssembler,
     aggregate::{code::capture_code, dataspace::capture_data_objects},
     assemble::drained::assemble,
     capture::stats::CaptureStats,
     drain::Accounting,
-    launch::{Ending, StopSignals},
+    launch::{Ending, Stop, StopSignals},
     profile::Profile,
     scope::kubernetes::KubernetesNames,
     session::{Capture, CaptureOptions, CaptureSession, SessionEnd},
@@ -26,6 +27,7 @@ use crate::{
         kernel_addresses::{hide_kernel_addresses, kernel_addresses_shown},
         FrameAddresses, FrameTable, KnownFrames, ReadAhead, SymbolCache,
     },
+    top::{LiveView, Refresh, Windows},
 };
 
 /// The outcome of a recording: the profile, the capture's accounting and cost, how it ended.
@@ -97,23 +99,57 @@ impl Recording {
     }
 }
 
-/// Records until the target exits, the duration ends or the user interrupts: one window.
-/// What it samples is symbolized meanwhile, a drain interval at a time: the profile is
-/// assembled with the returned [`ReadAhead`]'s cache.
+/// `record --live`: the recording shown as `top` shows a session, while it is kept whole.
+pub struct Live {
+    /// The target as the screen names it.
+    pub title: String,
+    pub node_root: PathBuf,
+}
+
+/// Records until the target exits, the duration ends or the user interrupts (or quits the
+/// `--live` view): one window. What it samples is symbolized meanwhile, a drain interval at a
+/// time: the profile is assembled with the returned [`ReadAhead`]'s cache.
 pub async fn record(
     options: CaptureOptions,
     signals: &mut StopSignals,
+    live: Option<Live>,
 ) -> Result<(Capture, SessionEnd, ReadAhead)> {
     let mut session = CaptureSession::open(&options)?;
     let mut ahead = ReadAhead::start(true)?;
     session.start(&options.target).await?;
-    let stop = loop {
-        let next = Instant::now() + options.drain_interval;
-        if let Some(stop) = session.run_until(Some(next), signals).await? {
-            break stop;
-        }
-        session.read_ahead(&mut ahead);
+    let view = match live {
+        Some(live) => Some(LiveView::start(
+            WindowAssembler::new(&session, live.title, &live.node_root),
+            Windows::Growing,
+        )?),
+        None => None,
     };
-    let (capture, end) = session.finish(stop)?;
+    let mut refresh = Refresh::default();
+    let recorded = async {
+        loop {
+            let mut next = Instant::now() + options.drain_interval;
+            if view.is_some() {
+                next = next.min(refresh.next_look());
+            }
+            if let Some(stop) = session.run_until(Some(next), signals).await? {
+                return Ok(stop);
+            }
+            session.read_ahead(&mut ahead);
+            if let Some(view) = &view {
+                if view.quit_asked() {
+                    return Ok(Stop::Quit);
+                }
+                if refresh.due() {
+                    view.show(session.snapshot()?);
+                }
+            }
+        }
+    }
+    .await;
+    // The terminal is given back before anything is printed, whatever ended the recording.
+    let shown = view.map_or(Ok(()), LiveView::finish);
+    let stop: Result<Stop> = recorded;
+    let (capture, end) = session.finish(stop?)?;
+    shown?;
     Ok((capture, end, ahead))
 }

@@ -106,11 +106,11 @@ impl Drop for Tmux {
     }
 }
 
-/// The script tmux runs: a line before, top, its exit status and the terminal's modes after,
+/// The script tmux runs: a line before, the profiler with `arguments`, its exit status and the terminal's modes after,
 /// then a wait so the screen can be read.
-fn script(top_args: &str) -> String {
+fn script(arguments: &str) -> String {
     format!(
-        "echo BEFORE-TOP; {} top {top_args} 2>/tmp/top-test-$$.err; echo TOP-EXIT=$?; \
+        "echo BEFORE-TOP; {} {arguments} 2>/tmp/top-test-$$.err; echo TOP-EXIT=$?; \
          cat /tmp/top-test-$$.err; rm -f /tmp/top-test-$$.err; stty -a | tr ' ' '\\n' | \
          grep -x -e icanon -e -icanon -e echo -e -echo | tr '\\n' ' '; echo; sleep 600",
         profiler_bin().display()
@@ -187,7 +187,7 @@ fn top_at_80x24_shows_the_hot_function_within_3_points_and_sorts_filters_opens_a
     common::require_root();
     let split = CpuSplit::start();
     let pid = split.0.id();
-    let tmux = Tmux::start("small", 80, 24, &script(&format!("-p {pid}")));
+    let tmux = Tmux::start("small", 80, 24, &script(&format!("top -p {pid}")));
     // Five one-second windows make the shares: wait for the span to fill.
     let screen = tmux.wait_for(Duration::from_secs(30), "5 s of samples", |screen| {
         screen.contains("last 5 s") && screen.contains("heavy_work")
@@ -280,7 +280,12 @@ fn top_at_200x60_switches_to_off_cpu_time_and_back_and_ctrl_c_restores_the_termi
          while time.monotonic() < end: pass\n    time.sleep(0.02)\n",
     ]));
     let pid = sleeper.id();
-    let tmux = Tmux::start("large", 200, 60, &script(&format!("-p {pid} --off-cpu")));
+    let tmux = Tmux::start(
+        "large",
+        200,
+        60,
+        &script(&format!("top -p {pid} --off-cpu")),
+    );
     let screen = tmux.wait_for(Duration::from_secs(30), "samples", |screen| {
         screen.contains("last 3 s") || screen.contains("last 4 s") || screen.contains("last 5 s")
     });
@@ -321,7 +326,7 @@ fn top_at_200x60_switches_to_off_cpu_time_and_back_and_ctrl_c_restores_the_termi
 #[test]
 fn sigterm_stops_top_and_restores_the_terminal() {
     common::require_root();
-    let tmux = Tmux::start("term", 80, 24, &script("-F 99"));
+    let tmux = Tmux::start("term", 80, 24, &script("top -F 99"));
     tmux.wait_for(Duration::from_secs(30), "a window", |screen| {
         screen.contains("last 1 s") || screen.contains("last 2 s")
     });
@@ -335,7 +340,7 @@ fn sigterm_stops_top_and_restores_the_terminal() {
 #[test]
 fn top_whose_terminal_hangs_up_stops() {
     common::require_root();
-    let tmux = Tmux::start("hangup", 80, 24, &script("-F 99"));
+    let tmux = Tmux::start("hangup", 80, 24, &script("top -F 99"));
     tmux.wait_for(Duration::from_secs(30), "a window", |screen| {
         screen.contains("last 1 s") || screen.contains("last 2 s")
     });
@@ -367,6 +372,87 @@ fn top_without_a_terminal_refuses_and_says_what_to_use() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("draws on a terminal") && stderr.contains("profiler record -a"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn record_live_shows_the_recording_and_keeps_it_whole_until_q() {
+    common::require_root();
+    let dir = common::temp_dir("record-live");
+    let (profile, report) = (dir.join("live.prof"), dir.join("live.report"));
+    let split = CpuSplit::start();
+    let pid = split.0.id();
+    let tmux = Tmux::start(
+        "record",
+        120,
+        40,
+        &script(&format!(
+            "record --live -p {pid} -o {} --report {}",
+            profile.display(),
+            report.display()
+        )),
+    );
+    // The screen shows what is new each second, over the last five.
+    let screen = tmux.wait_for(Duration::from_secs(30), "5 s of samples", |screen| {
+        screen.contains("last 5 s") && screen.contains("heavy_work")
+    });
+    assert!(
+        screen.contains(&format!("top process {pid}  event cpu-clock 1/1")),
+        "{screen}"
+    );
+    let heavy_on_screen = row_numbers(&screen, "heavy_work")[0];
+    tmux.keys(&["q"]);
+    let after = assert_terminal_restored(&tmux);
+    assert!(
+        after.contains(&format!("profile written to {}", profile.display())),
+        "{after}"
+    );
+    // The profile holds the whole recording, not the last window: more samples than the
+    // screen's span, the same split.
+    let json = common::report_json(&profile, &[]);
+    let event = &json["events"][0];
+    let samples = event["samples"].as_u64().unwrap();
+    let kept_on_screen: u64 = screen
+        .lines()
+        .nth(1)
+        .and_then(|line| line.split("s: ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kept| kept.parse().ok())
+        .unwrap_or_else(|| panic!("no samples kept on screen:\n{screen}"));
+    assert!(
+        samples > kept_on_screen,
+        "{samples} recorded, {kept_on_screen} on screen"
+    );
+    let heavy_recorded = common::self_percent(event, "cpu_split::heavy_work");
+    assert!(
+        (heavy_recorded - heavy_on_screen).abs() <= 3.0,
+        "heavy_work: {heavy_recorded}% recorded, {heavy_on_screen}% on screen"
+    );
+    let text = std::fs::read_to_string(&report).unwrap();
+    assert!(
+        text.contains("Recording ended: the live view was quit"),
+        "{text}"
+    );
+    let [heavy_measured, _, _] = split.measured();
+    assert!(
+        (heavy_recorded - heavy_measured).abs() <= 3.0,
+        "heavy_work: {heavy_recorded}% recorded, {heavy_measured}% measured"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn record_live_refuses_a_command_that_would_write_over_the_screen() {
+    let output = Command::new(profiler_bin())
+        .args(["record", "--live", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--live draws on the terminal the command would write to")
+            && stderr.contains("record --live -p PID"),
         "{stderr}"
     );
 }

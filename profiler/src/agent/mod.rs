@@ -516,7 +516,7 @@ pub async fn run_agent(options: AgentOptions, signals: &mut StopSignals) -> Resu
     let how = match stop {
         Stop::Signal(signal) => format!("received {}", signal_name(signal)),
         Stop::TargetsExited => "every profiled process exited".to_string(),
-        Stop::Duration | Stop::CommandExited => "stopped".to_string(),
+        Stop::Duration | Stop::CommandExited | Stop::Quit => "stopped".to_string(),
     };
     log(
         LogLevel::Info,

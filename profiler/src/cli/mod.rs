@@ -75,6 +75,11 @@ pub struct RecordArgs {
     /// Stop after this long (`30s`, `500ms`, `2m`; a bare number is seconds).
     #[arg(long, value_name = "TIME", value_parser = crate::duration::seconds)]
     pub duration: Option<Duration>,
+    /// Show the recording live as `profiler top` does (keys alike; `q` ends it), then write the
+    /// profile and report as usual. For processes, cgroups, containers, users or -a: a
+    /// launched command would write over the screen.
+    #[arg(long, conflicts_with = "raw")]
+    pub live: bool,
     /// Write the profile to this file instead of profiler.data (the previous profiler.data is
     /// kept as profiler.data.old); `profiler report -i FILE` reads it.
     #[arg(short = 'o', long, value_name = "FILE")]

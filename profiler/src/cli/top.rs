@@ -25,7 +25,7 @@ pub struct TopArgs {
 
 impl TopArgs {
     pub fn resolve(mut self) -> Result<TopOptions> {
-        check_terminal()?;
+        check_terminal("profiler top")?;
         let (target, title) = system_wide_sampling(&mut self.sampling, "top", DEFAULT_FREQUENCY)?;
         let capture = CaptureOptions {
             // Its views are functions, processes and containers.

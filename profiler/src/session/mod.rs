@@ -46,8 +46,8 @@ use crate::{
         stats::{CaptureStats, MapMemory},
     },
     drain::{
-        ibs::IbsStream, read_accounting, spe::SpeStream, stack_copy::StackCopyStream, Accounting,
-        Drained, Drainer,
+        ibs::IbsStream, offcpu::DrainedOffCpu, read_accounting, spe::SpeStream,
+        stack_copy::StackCopyStream, Accounting, Drained, Drainer,
     },
     events::{count::Count, EventSpec, Sampling, SystemFacts},
     launch::{resolve_program, spawn_stopped, Run, Stop, StopSignals, TargetSpec},
@@ -570,6 +570,36 @@ impl CaptureSession {
             accounting,
             programs: self.program.run_statistics()?,
             unwind_tables: self.unwinder.as_ref().map(UnwindLoader::loaded),
+        })
+    }
+
+    /// A copy of what was drained since the last window closed (a recording's whole run), with
+    /// the processes it references and its accounting, the session going on: `record --live`
+    /// shows it while the recording keeps every sample for its profile.
+    pub fn snapshot(&mut self) -> Result<Capture> {
+        self.read_sideband();
+        let accounting = self.accounting()?.since(&self.closed);
+        let offcpu = &self.drained.offcpu;
+        let drained = Drained {
+            stacks: self.drained.stacks.clone(),
+            stack_cache: self.drained.stack_cache.clone(),
+            offcpu: DrainedOffCpu {
+                blocks: offcpu.blocks.clone(),
+                attachment: offcpu.attachment,
+                min_block_ns: offcpu.min_block_ns,
+                ..DrainedOffCpu::default()
+            },
+            ..Drained::default()
+        };
+        let processes = self.processes.snapshot(&drained.referenced_processes());
+        Ok(Capture {
+            start: self.window_start,
+            end: SystemTime::now(),
+            drained,
+            processes,
+            accounting,
+            programs: self.program.run_statistics()?,
+            unwind_tables: None,
         })
     }
 

@@ -19,9 +19,10 @@ use std::{
     process::ExitCode,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        mpsc::{channel, sync_channel, Receiver, TryRecvError, TrySendError},
+        mpsc::{channel, sync_channel, Receiver, SyncSender, TryRecvError, TrySendError},
         Arc,
     },
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -55,11 +56,12 @@ pub struct TopOptions {
     pub node_root: PathBuf,
 }
 
-/// Refuses where there is no terminal to draw on, saying what to use instead.
-pub fn check_terminal() -> Result<()> {
+/// Refuses where there is no terminal to draw on, saying what to use instead: `what` draws
+/// (`profiler top`, `record --live`).
+pub fn check_terminal(what: &str) -> Result<()> {
     if !(std::io::stdout().is_terminal() && std::io::stdin().is_terminal()) {
         bail!(
-            "profiler top draws on a terminal, and its input or output is not one: for a report \
+            "{what} draws on a terminal, and its input or output is not one: for a report \
              use `profiler record -a --duration 10s` (or `record -p PID`), for continuous \
              profiles `profiler agent`"
         );
@@ -69,48 +71,15 @@ pub fn check_terminal() -> Result<()> {
 
 pub async fn run_top(options: TopOptions, signals: &mut StopSignals) -> Result<ExitCode> {
     let mut session = CaptureSession::open(&options.capture)?;
-    let mut assembler = WindowAssembler::new(&session, options.target.clone(), &options.node_root);
+    let assembler = WindowAssembler::new(&session, options.target, &options.node_root);
     session.start(&options.capture.target).await?;
-
-    let quit = Arc::new(AtomicBool::new(false));
-    let dropped = Arc::new(AtomicU64::new(0));
-    let (captures, to_summarize) = sync_channel::<Capture>(QUEUED_WINDOWS);
-    let (summaries, to_show) = channel::<WindowSummary>();
-    let summarizer = std::thread::Builder::new()
-        .name("top-summarize".into())
-        .spawn(move || {
-            // Made here: the symbol cache cannot move threads.
-            let mut symbols = SymbolCache::new(false).without_aliases();
-            for capture in to_summarize {
-                let profile = assembler.profile(capture, &mut symbols);
-                symbols.start_window();
-                if summaries.send(WindowSummary::of(profile)).is_err() {
-                    break;
-                }
-            }
-        })
-        .context("starting the summarizing thread")?;
-    let screen = {
-        let (quit, dropped, target) = (Arc::clone(&quit), Arc::clone(&dropped), options.target);
-        std::thread::Builder::new()
-            .name("top-screen".into())
-            .spawn(move || show(to_show, &quit, &dropped, &target))
-            .context("starting the screen thread")?
-    };
-
-    let captured = capture_loop(&mut session, signals, &quit, &dropped, captures).await;
+    let view = LiveView::start(assembler, Windows::Closed)?;
+    let captured = capture_loop(&mut session, signals, &view).await;
     let stop = captured.as_ref().ok().copied().flatten();
-    let ended = session.finish(stop.unwrap_or(Stop::Duration));
-    // The capture side is closed: the summarizer ends, then the screen, restoring the terminal
-    // before anything is printed.
-    let shown = screen
-        .join()
-        .map_err(|_| anyhow!("the screen thread panicked"))?;
-    summarizer
-        .join()
-        .map_err(|_| anyhow!("the summarizing thread panicked"))?;
+    let ended = session.finish(stop.unwrap_or(Stop::Quit));
+    // The terminal is restored before anything is printed.
+    view.finish()?;
     captured?;
-    shown?;
     ended?;
     match stop {
         Some(Stop::Signal(signal)) => {
@@ -126,33 +95,149 @@ pub async fn run_top(options: TopOptions, signals: &mut StopSignals) -> Result<E
 async fn capture_loop(
     session: &mut CaptureSession,
     signals: &mut StopSignals,
-    quit: &AtomicBool,
-    dropped: &AtomicU64,
-    captures: std::sync::mpsc::SyncSender<Capture>,
+    view: &LiveView,
 ) -> Result<Option<Stop>> {
-    let mut window_end = tokio::time::Instant::now() + REFRESH;
+    let mut refresh = Refresh::default();
     loop {
-        let check = (tokio::time::Instant::now() + QUIT_CHECK).min(window_end);
-        if let Some(stop) = session.run_until(Some(check), signals).await? {
+        if let Some(stop) = session
+            .run_until(Some(refresh.next_look()), signals)
+            .await?
+        {
             return Ok(Some(stop));
         }
-        if quit.load(Ordering::Relaxed) {
+        if view.quit_asked() {
             return Ok(None);
         }
-        let now = tokio::time::Instant::now();
-        if now >= window_end {
-            match captures.try_send(session.close_window()?) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) => {
-                    dropped.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(TrySendError::Disconnected(_)) => return Ok(None),
-            }
-            window_end += REFRESH;
-            if window_end <= now {
-                window_end = now + REFRESH;
-            }
+        if refresh.due() && !view.show(session.close_window()?) {
+            return Ok(None);
         }
+    }
+}
+
+/// When the next window is due, and when to look whether the screen asked to quit.
+pub struct Refresh {
+    next: tokio::time::Instant,
+}
+
+impl Default for Refresh {
+    /// The first window a [`REFRESH`] from now.
+    fn default() -> Refresh {
+        Refresh {
+            next: tokio::time::Instant::now() + REFRESH,
+        }
+    }
+}
+
+impl Refresh {
+    /// Where a capture loop should look up next: the next window or the next quit check.
+    pub fn next_look(&self) -> tokio::time::Instant {
+        (tokio::time::Instant::now() + QUIT_CHECK).min(self.next)
+    }
+
+    /// Whether a window is due now; if so, the next one is a [`REFRESH`] later.
+    pub fn due(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if now < self.next {
+            return false;
+        }
+        self.next += REFRESH;
+        if self.next <= now {
+            self.next = now + REFRESH;
+        }
+        true
+    }
+}
+
+/// What each capture handed to a [`LiveView`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Windows {
+    /// A closed window (`top`).
+    Closed,
+    /// The whole recording so far (`record --live`): the screen shows what is new in it.
+    Growing,
+}
+
+/// The summarizing and screen threads of a live view, fed captures by a capture loop.
+pub struct LiveView {
+    captures: SyncSender<Capture>,
+    quit: Arc<AtomicBool>,
+    dropped: Arc<AtomicU64>,
+    summarizer: JoinHandle<()>,
+    screen: JoinHandle<Result<()>>,
+}
+
+impl LiveView {
+    pub fn start(mut assembler: WindowAssembler, windows: Windows) -> Result<LiveView> {
+        let quit = Arc::new(AtomicBool::new(false));
+        let dropped = Arc::new(AtomicU64::new(0));
+        let target = assembler.target.clone();
+        let (captures, to_summarize) = sync_channel::<Capture>(QUEUED_WINDOWS);
+        let (summaries, to_show) = channel::<WindowSummary>();
+        let summarizer = std::thread::Builder::new()
+            .name("top-summarize".into())
+            .spawn(move || {
+                // Made here: the symbol cache cannot move threads.
+                let mut symbols = SymbolCache::new(false).without_aliases();
+                let mut so_far = WindowSummary::default();
+                for capture in to_summarize {
+                    let profile = assembler.profile(capture, &mut symbols);
+                    symbols.start_window();
+                    let mut summary = WindowSummary::of(profile);
+                    if windows == Windows::Growing {
+                        let new = summary.since(&so_far);
+                        so_far = std::mem::replace(&mut summary, new);
+                    }
+                    if summaries.send(summary).is_err() {
+                        break;
+                    }
+                }
+            })
+            .context("starting the summarizing thread")?;
+        let screen = {
+            let (quit, dropped) = (Arc::clone(&quit), Arc::clone(&dropped));
+            std::thread::Builder::new()
+                .name("top-screen".into())
+                .spawn(move || show(to_show, &quit, &dropped, &target))
+                .context("starting the screen thread")?
+        };
+        Ok(LiveView {
+            captures,
+            quit,
+            dropped,
+            summarizer,
+            screen,
+        })
+    }
+
+    /// Whether the screen asked to quit (`q`, Ctrl-C, its terminal hung up).
+    pub fn quit_asked(&self) -> bool {
+        self.quit.load(Ordering::Relaxed)
+    }
+
+    /// Hands a capture over without waiting (one the summarizer is not ready for is dropped
+    /// and counted); false when the screen is gone.
+    pub fn show(&self, capture: Capture) -> bool {
+        match self.captures.try_send(capture) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Closes the view: the summarizer ends, then the screen, which restores the terminal.
+    pub fn finish(self) -> Result<()> {
+        drop(self.captures);
+        let shown = self
+            .screen
+            .join()
+            .map_err(|_| anyhow!("the screen thread panicked"))?;
+        self.summarizer
+            .join()
+            .map_err(|_| anyhow!("the summarizing thread panicked"))?;
+        shown
     }
 }
 

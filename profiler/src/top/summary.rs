@@ -83,6 +83,63 @@ impl WindowSummary {
         }
     }
 
+    /// What came between `earlier` and this one, both summaries of one growing capture (the
+    /// snapshots of `record --live`): every count less the earlier's.
+    pub fn since(&self, earlier: &WindowSummary) -> WindowSummary {
+        fn less<K: Clone + Eq + std::hash::Hash, V: Copy>(
+            now: &HashMap<K, V>,
+            then: &HashMap<K, V>,
+            minus: impl Fn(V, Option<V>) -> V,
+            empty: impl Fn(&V) -> bool,
+        ) -> HashMap<K, V> {
+            now.iter()
+                .map(|(key, value)| (key.clone(), minus(*value, then.get(key).copied())))
+                .filter(|(_, value)| !empty(value))
+                .collect()
+        }
+        let counts = |now: u64, then: Option<u64>| now.saturating_sub(then.unwrap_or(0));
+        let functions = |now: FunctionCounts, then: Option<FunctionCounts>| {
+            let then = then.unwrap_or_default();
+            FunctionCounts {
+                self_count: now.self_count.saturating_sub(then.self_count),
+                total_count: now.total_count.saturating_sub(then.total_count),
+            }
+        };
+        let none = EventWindow::default();
+        WindowSummary {
+            seconds: (self.seconds - earlier.seconds).max(0.0),
+            events: self
+                .events
+                .iter()
+                .enumerate()
+                .map(|(index, event)| {
+                    let then = earlier.events.get(index).unwrap_or(&none);
+                    EventWindow {
+                        name: event.name.clone(),
+                        unit: event.unit.clone(),
+                        kept: event.kept.saturating_sub(then.kept),
+                        fired: event.fired.saturating_sub(then.fired),
+                        functions: less(&event.functions, &then.functions, functions, |c| {
+                            c.total_count == 0
+                        }),
+                        processes: less(&event.processes, &then.processes, counts, |c| *c == 0),
+                        containers: less(&event.containers, &then.containers, counts, |c| *c == 0),
+                        calls: less(&event.calls, &then.calls, counts, |c| *c == 0),
+                    }
+                })
+                .collect(),
+            losses: self
+                .losses
+                .iter()
+                .map(|(cause, count)| {
+                    let then = earlier.losses.get(cause).copied().unwrap_or(0);
+                    (cause.clone(), count.saturating_sub(then))
+                })
+                .filter(|(_, count)| *count > 0)
+                .collect(),
+        }
+    }
+
     /// Samples lost in the window (whole samples; a lost stack is counted among the causes).
     pub fn samples_lost(&self) -> u64 {
         self.losses
@@ -221,5 +278,31 @@ mod tests {
         assert_eq!(event.processes.values().sum::<u64>(), 100);
         assert_eq!(event.containers.get("docker-1234"), Some(&10));
         assert_eq!(summary.events[1].kept, 7);
+
+        // A later snapshot of the same capture: the difference is what came between.
+        let mut grown = test_profile::profile();
+        grown.meta.duration_ns = 3_000_000_000;
+        grown.stacks[0].count += 30;
+        let later = WindowSummary::of(grown).since(&summary);
+        assert_eq!(later.seconds, 1.0);
+        let event = &later.events[0];
+        assert_eq!(event.kept, 30);
+        let compute = event
+            .functions
+            .iter()
+            .find(|(function, _)| function.name == "compute")
+            .map(|(_, counts)| *counts);
+        assert_eq!(
+            compute,
+            Some(FunctionCounts {
+                self_count: 30,
+                total_count: 30
+            })
+        );
+        assert!(
+            !event.functions.keys().any(|f| f.name == "do_syscall_64"),
+            "nothing new there"
+        );
+        assert_eq!(later.events[1].kept, 0);
     }
 }
