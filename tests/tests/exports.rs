@@ -449,49 +449,76 @@ fn speedscope_opens_its_export_with_the_reports_totals_and_the_inlined_functions
     assert!(source.ends_with("cpu_split.rs"), "{source}");
 }
 
-/// Runs the Firefox Profiler's command-line client (its own profile import and call tree,
-/// bundled; `cargo xtask setup` installs it) with a session directory of the test's.
-fn firefox_profiler_cli(sessions: &Path, args: &[&str]) -> String {
-    let cli = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/viewers/node_modules/@firefox-devtools/profiler-cli/dist/profiler-cli.js");
-    assert!(
-        cli.exists(),
-        "{} is missing: run `cargo xtask setup`",
-        cli.display()
-    );
-    let output = Command::new("node")
-        .arg(&cli)
-        .args(args)
-        .env("PROFILER_CLI_SESSION_DIR", sessions)
-        // Our frames are named already: nothing to ask a symbol server.
-        .env("PROFILER_CLI_NO_SYMBOLICATE", "1")
-        .output()
-        .expect("node runs");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "profiler-cli {args:?}: {text}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    text
+/// A Firefox Profiler session: its command-line client (the Firefox Profiler's own profile
+/// import and call tree, bundled; `cargo xtask setup` installs it) with a session directory of
+/// the test's, whose daemon is stopped when the test ends, passed or failed.
+struct FirefoxProfiler {
+    sessions: std::path::PathBuf,
 }
 
-/// Exports `profile` with `--firefox` beside it and loads the export in a Firefox Profiler
-/// session of its own: the export's path and the session's directory.
-fn open_in_firefox_profiler(profile: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let export = profile.with_extension("firefox.json");
-    let output = profiler(&[
-        "report",
-        "-i",
-        profile.to_str().unwrap(),
-        "--firefox",
-        export.to_str().unwrap(),
-    ]);
-    assert!(output.status.success(), "{output:?}");
-    let sessions = profile.with_extension("sessions");
-    std::fs::create_dir_all(&sessions).unwrap();
-    firefox_profiler_cli(&sessions, &["load", export.to_str().unwrap()]);
-    (export, sessions)
+impl FirefoxProfiler {
+    /// Exports `profile` with `--firefox` beside it and loads the export: the session, and the
+    /// export's path.
+    fn open(profile: &Path) -> (FirefoxProfiler, std::path::PathBuf) {
+        let export = profile.with_extension("firefox.json");
+        let output = profiler(&[
+            "report",
+            "-i",
+            profile.to_str().unwrap(),
+            "--firefox",
+            export.to_str().unwrap(),
+        ]);
+        assert!(output.status.success(), "{output:?}");
+        let session = FirefoxProfiler {
+            sessions: profile.with_extension("sessions"),
+        };
+        std::fs::create_dir_all(&session.sessions).unwrap();
+        session.run(&["load", export.to_str().unwrap()]);
+        (session, export)
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let cli = Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "../target/viewers/node_modules/@firefox-devtools/profiler-cli/dist/profiler-cli.js",
+        );
+        assert!(
+            cli.exists(),
+            "{} is missing: run `cargo xtask setup`",
+            cli.display()
+        );
+        let mut command = Command::new("node");
+        command
+            .arg(&cli)
+            .args(args)
+            .env("PROFILER_CLI_SESSION_DIR", &self.sessions)
+            // Our frames are named already: nothing to ask a symbol server.
+            .env("PROFILER_CLI_NO_SYMBOLICATE", "1");
+        command
+    }
+
+    /// What a command prints, as JSON.
+    fn json(&self, args: &[&str]) -> Value {
+        let text = self.run(args);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let output = self.command(args).output().expect("node runs");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "profiler-cli {args:?}: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        text
+    }
+}
+
+impl Drop for FirefoxProfiler {
+    fn drop(&mut self) {
+        // The daemon would outlive the test, holding a node process with its unwind tables.
+        self.command(&["stop", "--all"]).output().ok();
+    }
 }
 
 #[test]
@@ -514,10 +541,8 @@ fn the_firefox_profiler_opens_the_firefox_export_with_the_reports_shares() {
             .and_then(|f| f["total_percent"].as_f64())
             .unwrap_or_else(|| panic!("{function} in the report"))
     };
-    let (_, sessions) = open_in_firefox_profiler(&file);
-    let listed = firefox_profiler_cli(&sessions, &["thread", "functions", "--json"]);
-    firefox_profiler_cli(&sessions, &["stop", "--all"]);
-    let listed: Value = serde_json::from_str(&listed).unwrap_or_else(|e| panic!("{e}: {listed}"));
+    let (session, _) = FirefoxProfiler::open(&file);
+    let listed = session.json(&["thread", "functions", "--json"]);
     let functions = listed["functions"].as_array().unwrap();
     let firefox_total = |function: &str| {
         functions
@@ -543,6 +568,8 @@ fn the_firefox_profiler_opens_the_firefox_export_with_the_reports_shares() {
         functions.iter().any(|f| f["name"] == "cpu_split::churn"),
         "{listed:#}"
     );
+    // Stopped while its session directory is there to say which daemon is its own.
+    drop(session);
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -570,7 +597,7 @@ fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
         .clone();
     let blocked_ms = python["total_ns"].as_f64().unwrap() / 1e6;
     assert!(blocked_ms > 800.0, "{python:#}");
-    let (export, sessions) = open_in_firefox_profiler(&file);
+    let (session, export) = FirefoxProfiler::open(&file);
     // The Firefox Profiler's thread handles are positions in the file's thread list.
     let written: Value = serde_json::from_slice(&std::fs::read(&export).unwrap()).unwrap();
     let position = written["threads"]
@@ -586,12 +613,7 @@ fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
         })
         .unwrap_or_else(|| panic!("no python3 (off-cpu) thread in the export"));
     let handle = format!("t-{position}");
-    let listed = firefox_profiler_cli(
-        &sessions,
-        &["thread", "functions", "--thread", &handle, "--json"],
-    );
-    firefox_profiler_cli(&sessions, &["stop", "--all"]);
-    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let listed = session.json(&["thread", "functions", "--thread", &handle, "--json"]);
     assert_eq!(listed["weightType"], "tracing-ms", "{listed:#}");
     let blocked_there = listed["functions"]
         .as_array()
@@ -604,5 +626,7 @@ fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
         (blocked_there - blocked_ms).abs() <= blocked_ms * 0.01 + 1.0,
         "{blocked_ms} ms blocked in the report, {blocked_there} ms in the Firefox Profiler"
     );
+    // Stopped while its session directory is there to say which daemon is its own.
+    drop(session);
     std::fs::remove_dir_all(dir).ok();
 }
