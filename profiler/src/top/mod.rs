@@ -1,5 +1,7 @@
 //! `profiler top`: a live, full-screen view of where the samples go, refreshed every second
-//! from one capture session (system-wide, or scoped as `record` is).
+//! from one capture session (system-wide, or scoped as `record` is); `record --live` shows its
+//! recording through the same [`LiveView`], handing it snapshots of the whole run
+//! ([`Windows::Growing`]) where top hands it closed windows.
 //!
 //! Three threads, none waiting on another: the capture loop closes a window every second and
 //! hands it over (a window the next thread is not ready for is dropped and counted, never
