@@ -505,15 +505,21 @@ fn runtimes_memory(out: &mut String, results: &Results, shorten: &Shorten) {
     }
 }
 
-fn fleet(out: &mut String, results: &Results, shorten: &Shorten) {
-    fleet_rows(out, &results.fleet, shorten);
+/// One table alone, as `cargo xtask bench-fleet` and `bench-live` write it.
+fn alone<R>(
+    rows: &[R],
+    release: &str,
+    work: &str,
+    table: fn(&mut String, &[R], &Shorten),
+) -> String {
+    let mut out = String::new();
+    table(&mut out, rows, &Shorten { release, work });
+    out
 }
 
-/// The fleet table alone, as `cargo xtask bench-fleet` writes it.
+/// The fleet table alone.
 pub fn fleet_markdown(rows: &[super::fleet::FleetRow], release: &str, work: &str) -> String {
-    let mut out = String::new();
-    fleet_rows(&mut out, rows, &Shorten { release, work });
-    out
+    alone(rows, release, work, fleet_rows)
 }
 
 fn fleet_rows(out: &mut String, rows: &[super::fleet::FleetRow], shorten: &Shorten) {
@@ -583,15 +589,9 @@ fn fleet_rows(out: &mut String, rows: &[super::fleet::FleetRow], shorten: &Short
     }
 }
 
-fn live(out: &mut String, results: &Results, shorten: &Shorten) {
-    live_rows(out, &results.live, shorten);
-}
-
-/// The live-view table alone, as `cargo xtask bench-live` writes it.
+/// The live-view table alone.
 pub fn live_markdown(rows: &[super::live::LiveRow], release: &str, work: &str) -> String {
-    let mut out = String::new();
-    live_rows(&mut out, rows, &Shorten { release, work });
-    out
+    alone(rows, release, work, live_rows)
 }
 
 fn live_rows(out: &mut String, rows: &[super::live::LiveRow], shorten: &Shorten) {
@@ -831,8 +831,8 @@ pub fn markdown(results: &Results) -> String {
     agent_cost(&mut out, results, &shorten);
     churn_cost(&mut out, results, &shorten);
     runtimes_memory(&mut out, results, &shorten);
-    fleet(&mut out, results, &shorten);
-    live(&mut out, results, &shorten);
+    fleet_rows(&mut out, &results.fleet, &shorten);
+    live_rows(&mut out, &results.live, &shorten);
     unwind_cost(&mut out, results, &shorten);
     off_cpu_cost(&mut out, results, &shorten);
     commands(&mut out, results, &shorten);
