@@ -18,19 +18,14 @@ use std::{
 };
 
 use common::{
-    free_port, is_window, metric, metrics_address, profiler_bin, read_pprof, require_root, scrape,
-    temp_dir, wait_until_recording, workload, write_containerd_task, PodContainer, Running,
+    cpu_split_measured, free_port, is_window, metric, metrics_address, profiler_bin, read_pprof,
+    require_root, scrape, temp_dir, wait_until_recording, workload, write_containerd_task,
+    PodContainer, Running, CPU_SPLIT_FUNCTIONS,
 };
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
 use serde_json::{json, Value};
 
-/// cpu_split's functions and the shares of its work they do.
-const SPLIT: [(&str, f64); 3] = [
-    ("heavy_work", 60.0),
-    ("medium_work", 30.0),
-    ("light_work", 10.0),
-];
 /// About 12 s of CPU.
 const ROUNDS: &str = "32000";
 
@@ -57,7 +52,7 @@ struct Split {
 impl Split {
     fn add(&mut self, frames: &[String], value: i64) {
         self.total += value;
-        for (function, _) in SPLIT {
+        for function in CPU_SPLIT_FUNCTIONS {
             if frames.iter().any(|frame| frame.ends_with(function)) {
                 *self.through.entry(function).or_default() += value;
             }
@@ -68,17 +63,18 @@ impl Split {
         100.0 * self.through.get(function).copied().unwrap_or(0) as f64 / self.total.max(1) as f64
     }
 
-    /// Within `points` of `other`'s shares, and near the work's own split.
-    fn assert_matches(&self, other: &Split, points: f64, what: &str) {
-        for (function, share) in SPLIT {
+    /// Within `points` of `other`'s shares, and within 5 points of the split the work measured
+    /// itself.
+    fn assert_matches(&self, other: &Split, measured: [f64; 3], points: f64, what: &str) {
+        for (function, measured) in CPU_SPLIT_FUNCTIONS.into_iter().zip(measured) {
             let (ours, theirs) = (self.percent(function), other.percent(function));
             assert!(
                 (ours - theirs).abs() <= points,
                 "{what}: {function} {ours:.1}% against the agent's windows' {theirs:.1}%"
             );
             assert!(
-                (ours - share).abs() <= 8.0,
-                "{what}: {function} {ours:.1}%, the work is {share}%"
+                (ours - measured).abs() <= 5.0,
+                "{what}: {function} {ours:.1}%, the work measured {measured:.1}%"
             );
         }
     }
@@ -126,6 +122,8 @@ struct AgentRun {
     log: String,
     /// cpu_split's.
     pid: u32,
+    /// The split cpu_split measured itself.
+    measured: [f64; 3],
 }
 
 /// The agent at 499 Hz with 1 s windows, off-CPU time, a spool and `--output-dir` in `dir`, and
@@ -153,11 +151,13 @@ fn run_agent_beside_cpu_split(
         Command::new(workload("cpu_split"))
             .arg(ROUNDS)
             .stdout(Stdio::null())
-            .stderr(Stdio::null()),
+            .stderr(Stdio::piped()),
     );
     std::thread::sleep(Duration::from_secs(3));
     midway();
-    assert!(cpu_split.wait_at_most(Duration::from_secs(120)).success());
+    let output = cpu_split.output_at_most(Duration::from_secs(120));
+    assert!(output.status.success());
+    let measured = cpu_split_measured(&String::from_utf8_lossy(&output.stderr));
     std::thread::sleep(Duration::from_secs(5));
     let scraped = before_the_end();
     AgentRun {
@@ -165,6 +165,7 @@ fn run_agent_beside_cpu_split(
         scraped,
         log: agent.terminate(),
         pid: cpu_split.id(),
+        measured,
     }
 }
 
@@ -370,7 +371,13 @@ fn pyroscope_stores_and_answers_every_window_across_a_restart_of_the_server() {
         // Past the retry backoff, the spool has gone.
         || scrape(&metrics_addr),
     );
-    let (pyroscope, scraped, log, pid) = (pyroscope.unwrap(), run.scraped, run.log, run.pid);
+    let (pyroscope, scraped, log, pid, measured) = (
+        pyroscope.unwrap(),
+        run.scraped,
+        run.log,
+        run.pid,
+        run.measured,
+    );
     let backend = format!("--pyroscope {}", pyroscope.url());
     let windows_that = |what: &str| {
         metric(
@@ -399,10 +406,10 @@ fn pyroscope_stores_and_answers_every_window_across_a_restart_of_the_server() {
         "Pyroscope holds {} of the {} samples the agent's windows have\n{log}",
         stored.total, ours.total
     );
-    stored.assert_matches(&ours, 2.0, "Pyroscope's samples");
+    stored.assert_matches(&ours, measured, 2.0, "Pyroscope's samples");
     // CPU time: the same split, in nanoseconds.
     let time = pyroscope.split("process_cpu:cpu:nanoseconds:cpu:nanoseconds", &selector);
-    time.assert_matches(&ours, 2.0, "Pyroscope's CPU time");
+    time.assert_matches(&ours, measured, 2.0, "Pyroscope's CPU time");
     assert!(time.total > stored.total * 1_000_000, "{time:?}");
 
     let types = pyroscope.profile_types();
@@ -590,7 +597,7 @@ fn the_otel_collector_takes_and_writes_out_the_agents_otlp_profiles() {
         }
     }
     assert_eq!(written.total, ours.total, "every sample, once");
-    written.assert_matches(&ours, 2.0, "the Collector's profiles");
+    written.assert_matches(&ours, run.measured, 2.0, "the Collector's profiles");
     for wanted in [("samples", "count"), ("off-cpu", "nanoseconds")] {
         assert!(
             types.contains(&(wanted.0.to_string(), wanted.1.to_string())),

@@ -2,26 +2,10 @@
 
 mod common;
 
-use common::{profiler_json, self_percent, wait_until_recording, workload, Running};
-
-/// The split cpu_split measured with its own thread CPU clock, by function.
-fn measured_split(stderr: &str) -> Vec<(String, f64)> {
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("measured CPU split:"))
-        .unwrap_or_else(|| panic!("cpu_split printed no split:\n{stderr}"));
-    let split = line.split("measured CPU split:").nth(1).unwrap();
-    let words: Vec<&str> = split.split_whitespace().collect();
-    words
-        .chunks(2)
-        .map(|pair| {
-            (
-                format!("cpu_split::{}", pair[0]),
-                pair[1].trim_end_matches('%').parse().unwrap(),
-            )
-        })
-        .collect()
-}
+use common::{
+    cpu_split_measured, profiler_json, self_percent, wait_until_recording, workload, Running,
+    CPU_SPLIT_FUNCTIONS,
+};
 
 #[test]
 fn cpu_split_shares_match_the_workload() {
@@ -41,8 +25,10 @@ fn cpu_split_shares_match_the_workload() {
     let samples = event["samples"].as_u64().unwrap();
     assert!(samples > 3000, "too few samples for a 1.5 s run: {samples}");
     let expected = [60.0, 30.0, 10.0];
-    for ((function, measured), nominal) in measured_split(&stderr).iter().zip(expected) {
-        let sampled = self_percent(event, function);
+    let measured = cpu_split_measured(&stderr);
+    for ((name, measured), nominal) in CPU_SPLIT_FUNCTIONS.iter().zip(measured).zip(expected) {
+        let function = format!("cpu_split::{name}");
+        let sampled = self_percent(event, &function);
         assert!(
             (sampled - measured).abs() <= 5.0,
             "{function}: profiler says {sampled:.1}%, the workload measured {measured:.1}%"

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{profiler_bin, workload, Running};
+use common::{cpu_split_measured, profiler_bin, workload, Running};
 
 /// A tmux session of its own (its own server socket, so that nothing of the user's is
 /// touched), killed when the test ends.
@@ -165,20 +165,7 @@ impl CpuSplit {
     /// Its measured shares of heavy_work, medium_work and light_work, in percent.
     fn measured(mut self) -> [f64; 3] {
         let output = self.0.output_at_most(Duration::from_secs(120));
-        let text = String::from_utf8_lossy(&output.stdout).into_owned()
-            + &String::from_utf8_lossy(&output.stderr);
-        let share = |name: &str| -> f64 {
-            let after = text
-                .split(&format!("{name} "))
-                .nth(1)
-                .unwrap_or_else(|| panic!("no {name} in {text}"));
-            after.split('%').next().unwrap().parse().unwrap()
-        };
-        [
-            share("heavy_work"),
-            share("medium_work"),
-            share("light_work"),
-        ]
+        cpu_split_measured(&String::from_utf8_lossy(&output.stderr))
     }
 }
 

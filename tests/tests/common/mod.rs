@@ -260,6 +260,26 @@ pub fn assert_few_cut_short(profile: &profiler::profile::Profile, explained: &[&
     );
 }
 
+/// cpu_split's functions, in the order it prints the split it measured.
+pub const CPU_SPLIT_FUNCTIONS: [&str; 3] = ["heavy_work", "medium_work", "light_work"];
+
+/// The split cpu_split measured with its own thread CPU clock (what it printed), in percent of
+/// [`CPU_SPLIT_FUNCTIONS`]: the truth a profile is held to, even when a busy host skews it from
+/// the 60/30/10 it was designed for.
+pub fn cpu_split_measured(printed: &str) -> [f64; 3] {
+    let line = printed
+        .lines()
+        .find(|line| line.contains("measured CPU split:"))
+        .unwrap_or_else(|| panic!("cpu_split printed no split:\n{printed}"));
+    CPU_SPLIT_FUNCTIONS.map(|name| {
+        let after = line
+            .split(&format!("{name} "))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {name} in {line}"));
+        after.split('%').next().unwrap().parse().unwrap()
+    })
+}
+
 /// A process a test started, killed and reaped when the test ends, passed or failed, so that a
 /// failing test leaves no workload behind.
 pub struct Running(pub std::process::Child);
