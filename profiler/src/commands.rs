@@ -18,8 +18,13 @@ use crate::{
     },
     events::run_list,
     export::{
-        firefox::write_firefox, flamegraph::write_flamegraph, folded::write_folded,
-        offcpu::with_off_cpu_event, pprof::write_pprof, selected_profile,
+        firefox::write_firefox,
+        flamegraph::write_flamegraph,
+        folded::write_folded,
+        html::{write_html, HtmlInput},
+        offcpu::with_off_cpu_event,
+        pprof::write_pprof,
+        selected_profile,
         speedscope::write_speedscope,
     },
     import::{is_perf_data, profile_from_perf_data_file},
@@ -294,6 +299,22 @@ fn keep_previous(path: &Path) -> Result<()> {
     }
 }
 
+/// A recording `report -i` reads: one `record` wrote, or a perf.data.
+fn read_recording(path: &Path) -> Result<Profile> {
+    let mut profile =
+        if is_perf_data(path).with_context(|| format!("cannot read {}", path.display()))? {
+            profile_from_perf_data_file(path)?
+        } else {
+            read_profile(path)?
+        };
+    // A profile recorded by someone the kernel shows its addresses to, read by someone it
+    // does not.
+    if !kernel_addresses_shown() {
+        hide_kernel_addresses(&mut profile);
+    }
+    Ok(profile)
+}
+
 fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
     let mut checker = Checker::default();
     let targets = ReportTargets::check(&mut checker, &args.report, None)?;
@@ -310,18 +331,7 @@ fn run_report(mut args: ReportArgs) -> Result<ExitCode> {
         );
     }
     args.report.view.width = targets.report_width();
-    let mut profile = if is_perf_data(&args.input)
-        .with_context(|| format!("cannot read {}", args.input.display()))?
-    {
-        profile_from_perf_data_file(&args.input)?
-    } else {
-        read_profile(&args.input)?
-    };
-    // A profile recorded by someone the kernel shows its addresses to, read by someone it
-    // does not.
-    if !kernel_addresses_shown() {
-        hide_kernel_addresses(&mut profile);
-    }
+    let mut profile = read_recording(&args.input)?;
     let mut view = args.report.view.clone();
     view.json = args.json;
     let mut failures = Vec::new();
@@ -354,6 +364,9 @@ struct ReportTargets {
     pprof: Option<Output>,
     speedscope: Option<Output>,
     firefox: Option<Output>,
+    html: Option<Output>,
+    /// `--baseline`, read before anything is recorded.
+    baseline: Option<Profile>,
     latency_plot: Option<Output>,
 }
 
@@ -388,6 +401,14 @@ impl ReportTargets {
             pprof: checker.check_optional("--pprof", output.pprof.as_deref())?,
             speedscope: checker.check_optional("--speedscope", output.speedscope.as_deref())?,
             firefox: checker.check_optional("--firefox", output.firefox.as_deref())?,
+            html: checker.check_optional("--html", output.html.as_deref())?,
+            baseline: match &output.baseline {
+                Some(path) => Some(
+                    read_recording(path)
+                        .with_context(|| format!("--baseline {}", path.display()))?,
+                ),
+                None => None,
+            },
             latency_plot: checker.check_optional(
                 "--histogram",
                 output
@@ -428,6 +449,7 @@ fn report(
         &targets.pprof,
         &targets.speedscope,
         &targets.firefox,
+        &targets.html,
     ];
     if exports.iter().any(|target| target.is_some()) {
         let with_off_cpu = with_off_cpu_event(profile);
@@ -469,6 +491,18 @@ fn report(
             &targets.firefox,
             &format!("Firefox Profiler profile of {}", names.join(", ")),
             &|out| Ok(write_firefox(&selected, out)?),
+        );
+        let filter = view.filter();
+        let html = HtmlInput {
+            profile,
+            event: view.event.as_deref(),
+            filter: &filter,
+            runtime: view.runtime_frames(),
+        };
+        export(
+            &targets.html,
+            &format!("HTML report of {}", names.join(", ")),
+            &|out| write_html(&html, targets.baseline.as_ref(), out),
         );
         if exports_replace_text && !view.json && output.hardware.hardware.is_none() {
             return Ok(());

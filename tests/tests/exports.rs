@@ -573,13 +573,10 @@ fn the_firefox_profiler_opens_the_firefox_export_with_the_reports_shares() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-#[test]
-fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
-    require_root();
-    let dir = temp_dir("firefox-off-cpu");
-    let file = dir.join("sleeper.prof");
+/// Records, with off-CPU time, python3 sleeping 40 times 20 ms (CPython's `time_sleep`).
+fn record_sleeper(file: &Path) {
     record_to(
-        &file,
+        file,
         &["--off-cpu"],
         &[
             "python3",
@@ -587,6 +584,14 @@ fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
             "import time\nfor _ in range(40):\n    time.sleep(0.02)\n",
         ],
     );
+}
+
+#[test]
+fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
+    require_root();
+    let dir = temp_dir("firefox-off-cpu");
+    let file = dir.join("sleeper.prof");
+    record_sleeper(&file);
     let report = report_json(&file, &[]);
     let python = report["off_cpu"]["by_thread"]
         .as_array()
@@ -629,4 +634,277 @@ fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
     // Stopped while its session directory is there to say which daemon is its own.
     drop(session);
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// `viewers/html_report.cjs` on an HTML report: what Chromium shows of `event` (`""`: the
+/// first), searched for `search`, with `function` clicked; screenshots in `dir`.
+fn open_html_report(report: &Path, event: &str, search: &str, function: &str) -> Value {
+    let dir = report.parent().unwrap();
+    let shown = common::run_viewer(
+        "html_report.cjs",
+        &[
+            report,
+            Path::new(event),
+            Path::new(search),
+            Path::new(function),
+            dir,
+        ],
+    );
+    // It opens from a file with nothing else: no request leaves it, nothing fails in it.
+    for problem in ["consoleErrors", "requests"] {
+        assert_eq!(shown[problem], serde_json::json!([]), "{problem}");
+    }
+    shown
+}
+
+#[test]
+fn the_html_report_opens_offline_and_shows_shares_lines_and_differences_as_the_report_does() {
+    require_root();
+    let dir = temp_dir("html-report");
+    let (file, baseline, html) = (
+        dir.join("cpu_split.prof"),
+        dir.join("baseline.prof"),
+        dir.join("cpu_split.html"),
+    );
+    let cpu_split = workload("cpu_split");
+    for recording in [&file, &baseline] {
+        record_to(
+            recording,
+            &["-F", "1999"],
+            &[cpu_split.to_str().unwrap(), "2500"],
+        );
+    }
+    let report = report_json(
+        &file,
+        &[
+            "--html",
+            html.to_str().unwrap(),
+            "--baseline",
+            baseline.to_str().unwrap(),
+        ],
+    );
+    let event = &report["events"][0];
+    let samples = event["samples"].as_u64().unwrap() as f64;
+    let heavy = event["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "cpu_split::heavy_work")
+        .unwrap_or_else(|| panic!("no heavy_work in the report: {event:#}"));
+    let heavy_share = 100.0 * heavy["total_samples"].as_f64().unwrap() / samples;
+
+    let shown = open_html_report(&html, "", "heavy_w", "cpu_split::heavy_work");
+    // A search's share is the report's share of the functions it matches.
+    let matched = 100.0 * shown["search"]["matched"].as_f64().unwrap();
+    assert!(
+        (matched - heavy_share).abs() <= 0.1,
+        "search for heavy_w matches {matched:.2}%, the report says heavy_work is {heavy_share:.2}%"
+    );
+    let highlighted = shown["search"]["frames"].as_array().unwrap();
+    assert!(!highlighted.is_empty());
+    assert!(
+        highlighted.iter().all(|f| f == "cpu_split::heavy_work"),
+        "{highlighted:?}"
+    );
+
+    // A click on it: callers, callees, source lines and instructions with their samples.
+    let function = &shown["function"];
+    assert_eq!(function["name"], "cpu_split::heavy_work", "{function:#}");
+    let names = |rows: &Value| -> Vec<String> {
+        (rows.as_array().unwrap().iter())
+            .map(|row| row[2].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Called through the closure that times it.
+    assert!(
+        names(&function["callers"])
+            .iter()
+            .any(|caller| caller.starts_with("cpu_split::run_round")),
+        "{function:#}"
+    );
+    assert!(
+        names(&function["callees"]).contains(&"cpu_split::churn".to_string()),
+        "{function:#}"
+    );
+    let statements = function["statements"].as_array().unwrap();
+    assert!(
+        statements
+            .iter()
+            .any(|row| row[2].as_str().unwrap().contains("cpu_split.rs:")),
+        "{statements:?}"
+    );
+    let sampled: u64 = (function["instructions"].as_array().unwrap().iter())
+        .filter_map(|row| row[0].as_str().unwrap().parse::<u64>().ok())
+        .sum();
+    assert_eq!(
+        sampled,
+        heavy["total_samples"].as_u64().unwrap(),
+        "instruction samples shown: {}",
+        function["note"]
+    );
+    // Each cache line shown was sampled, and its total is on its first row.
+    let by_line: Vec<u64> = (function["instructions"].as_array().unwrap().iter())
+        .filter_map(|row| row[4].as_str().unwrap().strip_suffix(" in line"))
+        .map(|samples| samples.parse().unwrap())
+        .collect();
+    assert!(!by_line.is_empty() && by_line.iter().all(|&samples| samples > 0));
+    assert_eq!(by_line.iter().sum::<u64>(), sampled, "{function:#}");
+    assert!(
+        function["zoomedTo"]
+            .as_str()
+            .unwrap()
+            .contains("zoomed to cpu_split::heavy_work"),
+        "{function:#}"
+    );
+
+    // Compared with another run of the same work: the same frames, nearly the same shares.
+    assert_eq!(shown["compare"], "baseline:0");
+    let compared: Vec<&Value> = (shown["diff"].as_array().unwrap().iter())
+        .filter(|f| f["name"] == "cpu_split::heavy_work")
+        .collect();
+    assert!(!compared.is_empty());
+    for frame in compared {
+        let diff = frame["diff"].as_f64().unwrap();
+        assert!(diff.abs() <= 5.0, "{frame}");
+        assert!(
+            !frame["title"].as_str().unwrap().contains("not there"),
+            "{frame}"
+        );
+    }
+    assert_eq!(shown["flame"]["rootInView"], true);
+}
+
+#[test]
+fn the_html_report_shows_off_cpu_block_durations_of_a_function() {
+    require_root();
+    let dir = temp_dir("html-off-cpu");
+    let (file, html) = (dir.join("sleeper.prof"), dir.join("sleeper.html"));
+    record_sleeper(&file);
+    profiler(&[
+        "report",
+        "-i",
+        file.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    // CPython's time.sleep.
+    let shown = open_html_report(&html, "off-cpu", "sleep", "time_sleep");
+    let function = &shown["function"];
+    assert_eq!(function["name"], "time_sleep", "{shown:#}");
+    // 40 sleeps of 20 ms: the most blocks in the bucket that holds 20 ms.
+    let buckets = function["blocks"].as_array().unwrap();
+    let blocks: u64 = buckets
+        .iter()
+        .map(|row| row[1].as_str().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(blocks >= 40, "{buckets:?}");
+    let fullest = buckets
+        .iter()
+        .max_by_key(|row| row[1].as_str().unwrap().parse::<u64>().unwrap())
+        .unwrap();
+    let range = fullest[0].as_str().unwrap();
+    let (from, to) = range.split_once(" – ").unwrap();
+    let ms = |text: &str| -> f64 {
+        let (value, unit) = text.split_once(' ').unwrap();
+        let value: f64 = value.parse().unwrap();
+        match unit {
+            "s" => value * 1e3,
+            "ms" => value,
+            _ => value / 1e3,
+        }
+    };
+    assert!(ms(from) <= 20.0 && ms(to) >= 20.0, "{range}");
+}
+
+/// The document an HTML report draws (schema profiler.html/1).
+fn html_document(report: &Path) -> Value {
+    let page = std::fs::read_to_string(report).unwrap();
+    let start = page.find("application/json\">").expect("the data element") + 18;
+    let end = start + page[start..].find("</script>").unwrap();
+    serde_json::from_str(&page[start..end]).unwrap()
+}
+
+/// The share of `event`'s weight (percent) in stacks through `function`, from its call tree.
+fn tree_share(document: &Value, event: usize, function: &str) -> f64 {
+    let tree = &document["events"][event]["tree"];
+    let column = |name: &str| -> Vec<i64> {
+        (tree[name].as_array().unwrap().iter())
+            .map(|v| v.as_i64().unwrap())
+            .collect()
+    };
+    let (parent, frame, weight) = (column("parent"), column("frame"), column("weight"));
+    let named = |node: usize| document["frames"][frame[node] as usize]["name"] == function;
+    let (mut through, mut all) = (0, 0);
+    for (node, weight) in weight.iter().enumerate() {
+        all += weight;
+        let mut at = node as i64;
+        while at >= 0 && !named(at as usize) {
+            at = parent[at as usize];
+        }
+        if at >= 0 {
+            through += weight;
+        }
+    }
+    100.0 * through as f64 / all.max(1) as f64
+}
+
+#[test]
+fn record_writes_the_html_report_and_a_perf_data_import_has_one_with_the_reports_shares() {
+    require_root();
+    let dir = temp_dir("html-sources");
+    let cpu_split = workload("cpu_split");
+    let (recorded, live, perf_data, imported) = (
+        dir.join("cpu_split.prof"),
+        dir.join("recorded.html"),
+        dir.join("perf.data"),
+        dir.join("imported.html"),
+    );
+    record_to(
+        &recorded,
+        &["-F", "1999", "--html", live.to_str().unwrap()],
+        &[cpu_split.to_str().unwrap(), "2500"],
+    );
+    run_checked(
+        "perf",
+        &[
+            "record",
+            "-q",
+            "-o",
+            perf_data.to_str().unwrap(),
+            "-e",
+            "cpu-clock",
+            "-F",
+            "999",
+            "-g",
+            "--",
+            cpu_split.to_str().unwrap(),
+            "2500",
+        ],
+    );
+    profiler(&[
+        "report",
+        "-i",
+        perf_data.to_str().unwrap(),
+        "--html",
+        imported.to_str().unwrap(),
+    ]);
+    for (source, html) in [(&recorded, &live), (&perf_data, &imported)] {
+        let report = report_json(source, &[]);
+        let event = &report["events"][0];
+        let samples = event["samples"].as_f64().unwrap();
+        let document = html_document(html);
+        assert_eq!(document["schema"], "profiler.html/1");
+        for function in ["cpu_split::heavy_work", "cpu_split::medium_work"] {
+            let row = (event["functions"].as_array().unwrap().iter())
+                .find(|f| f["function"] == function)
+                .unwrap_or_else(|| panic!("{}: no {function}", source.display()));
+            let share = 100.0 * row["total_samples"].as_f64().unwrap() / samples;
+            let drawn = tree_share(&document, 0, function);
+            assert!(
+                (drawn - share).abs() <= 0.1,
+                "{}: {function} {drawn:.2}% in the HTML report, {share:.2}% in the report",
+                source.display()
+            );
+        }
+    }
 }

@@ -10,7 +10,7 @@ const path = require('path');
 const fs = require('fs');
 
 const [modules, profile, screenshot] = process.argv.slice(2);
-const { chromium } = require(path.join(modules, 'playwright-core'));
+const { withPage } = require('./chromium.cjs');
 const Ajv = require(path.join(modules, 'ajv'));
 const release = path.join(modules, 'speedscope', 'dist', 'release');
 
@@ -26,50 +26,28 @@ function weight(cell) {
   return Number(cell.trim().split(' ')[0]);
 }
 
-async function main() {
-  const result = { schemaErrors: schemaErrors(), consoleErrors: [], requests: [], rows: [] };
-  const browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-    args: ['--no-sandbox'],
-  });
-  try {
-    // Tall enough that the sandwich table renders every row (it draws only those in view).
-    const page = await browser.newPage({ viewport: { width: 1600, height: 8000 } });
-    page.on('request', (request) => {
-      if (!request.url().startsWith('file:')) result.requests.push(request.url());
-    });
-    page.on('console', (message) => {
-      if (message.type() === 'error') result.consoleErrors.push(message.text());
-    });
-    page.on('pageerror', (error) => result.consoleErrors.push(error.message));
-    await page.goto('file://' + path.join(release, 'index.html'));
-    await page.setInputFiles('input[type=file]', profile);
-    await page.getByText('Sandwich').click();
-    await page.waitForSelector('td[title]', { timeout: 30000 });
-    if (screenshot) {
-      await page.setViewportSize({ width: 1600, height: 900 });
-      await page.screenshot({ path: screenshot });
-      await page.setViewportSize({ width: 1600, height: 8000 });
-    }
-    const cells = await page.$$eval('tr', (rows) =>
-      rows
-        .map((row) => Array.from(row.querySelectorAll('td')))
-        .filter((cells) => cells.length === 3)
-        .map((cells) => [cells[0].innerText, cells[1].innerText, cells[2].innerText, cells[2].title]),
-    );
-    result.rows = cells.map(([total, self, name, file]) => ({
-      name: name.trim(),
-      file,
-      total: weight(total),
-      self: weight(self),
-    }));
-  } finally {
-    await browser.close();
+// Tall enough that the sandwich table renders every row (it draws only those in view).
+const result = { schemaErrors: schemaErrors(), rows: [] };
+withPage(modules, { width: 1600, height: 8000 }, result, (url) => url.startsWith('file:'), async (page) => {
+  await page.goto('file://' + path.join(release, 'index.html'));
+  await page.setInputFiles('input[type=file]', profile);
+  await page.getByText('Sandwich').click();
+  await page.waitForSelector('td[title]', { timeout: 30000 });
+  if (screenshot) {
+    await page.setViewportSize({ width: 1600, height: 900 });
+    await page.screenshot({ path: screenshot });
+    await page.setViewportSize({ width: 1600, height: 8000 });
   }
-  process.stdout.write(JSON.stringify(result) + '\n');
-}
-
-main().catch((error) => {
-  console.error(error);
-  process.exit(1);
+  const cells = await page.$$eval('tr', (rows) =>
+    rows
+      .map((row) => Array.from(row.querySelectorAll('td')))
+      .filter((cells) => cells.length === 3)
+      .map((cells) => [cells[0].innerText, cells[1].innerText, cells[2].innerText, cells[2].title]),
+  );
+  result.rows = cells.map(([total, self, name, file]) => ({
+    name: name.trim(),
+    file,
+    total: weight(total),
+    self: weight(self),
+  }));
 });

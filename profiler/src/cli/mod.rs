@@ -415,6 +415,16 @@ pub struct ReportOutput {
     /// samples the report's filters select (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub firefox: Option<PathBuf>,
+    /// Write one self-contained HTML report to this file (it needs no network: it opens from a
+    /// mailed attachment): flame graph and icicle views of every event, or the `--only-event`
+    /// one, with search, zoom and a differential view, and each hot function's callers, callees,
+    /// source lines and instructions by cache line (`-`: standard output).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// A second recording (a profile file or a perf.data) that the HTML report's differential
+    /// view compares with, event by event of the same name; taken whole.
+    #[arg(long, value_name = "FILE", requires = "html")]
+    pub baseline: Option<PathBuf>,
 }
 
 /// The command line, with `report`'s sample filters also under their plain names (`--event`,

@@ -14,6 +14,8 @@ pub mod delivery;
 pub mod firefox;
 pub mod flamegraph;
 pub mod folded;
+mod frame_table;
+pub mod html;
 pub mod offcpu;
 pub mod otlp;
 pub mod pprof;

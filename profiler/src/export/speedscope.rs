@@ -4,19 +4,19 @@
 //! stacks and pprof too, but its pprof import drops inlined functions; here each inlined
 //! function is a frame of its own under the function it was inlined into, as in the report.
 //!
-//! A frame is one function: its name, and as `file` its source file where the symbols say it
-//! and the frame is not inlined-into elsewhere, else its load module, so that speedscope's
-//! sandwich view (one row per frame) gives a function the share the report gives it. Each
-//! stack's root is its command name, as in the folded stacks.
+//! Frames are [`FrameTable`]'s: speedscope's sandwich view (one row per frame) gives a function
+//! the share the report gives it.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use serde::Serialize;
 
-use super::{samples_of, stack_root_first, ExportError, StackEntry, StackRoots};
-use crate::profile::{EventIndex, Frame, Profile};
+use super::{
+    frame_table::{FrameTable, NamedFrame},
+    samples_of, ExportError, StackRoots,
+};
+use crate::profile::{EventIndex, Profile};
 
 const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
 
@@ -34,14 +34,7 @@ struct File<'a> {
 
 #[derive(Serialize)]
 struct Shared<'a> {
-    frames: Vec<SpeedscopeFrame<'a>>,
-}
-
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-struct SpeedscopeFrame<'a> {
-    name: Cow<'a, str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    file: Option<&'a str>,
+    frames: Vec<NamedFrame<'a>>,
 }
 
 #[derive(Serialize)]
@@ -56,50 +49,6 @@ struct SampledProfile {
     end_value: u64,
     samples: Vec<Vec<usize>>,
     weights: Vec<u64>,
-}
-
-/// The shared frame list, each frame once.
-#[derive(Default)]
-struct Frames<'a> {
-    list: Vec<SpeedscopeFrame<'a>>,
-    index: HashMap<SpeedscopeFrame<'a>, usize>,
-}
-
-impl<'a> Frames<'a> {
-    fn intern(&mut self, frame: SpeedscopeFrame<'a>) -> usize {
-        if let Some(&at) = self.index.get(&frame) {
-            return at;
-        }
-        self.list.push(frame.clone());
-        self.index.insert(frame, self.list.len() - 1);
-        self.list.len() - 1
-    }
-
-    /// A frame's function, then the functions inlined at its address, outermost first.
-    fn push_frame(&mut self, frame: &'a Frame, stack: &mut Vec<usize>) {
-        let module = Some(frame.module.as_str()).filter(|module| !module.is_empty());
-        stack.push(self.intern(SpeedscopeFrame {
-            name: frame.display_name().into(),
-            // Where code was inlined, the address's source file may be the inlined code's.
-            file: match frame.inlined.is_empty() {
-                true => frame.file.as_deref().or(module),
-                false => module,
-            },
-        }));
-        for inlined in &frame.inlined {
-            stack.push(self.intern(SpeedscopeFrame {
-                name: inlined.function.as_str().into(),
-                file: inlined.file.as_deref().or(module),
-            }));
-        }
-    }
-
-    fn push_name(&mut self, name: impl Into<Cow<'a, str>>, stack: &mut Vec<usize>) {
-        stack.push(self.intern(SpeedscopeFrame {
-            name: name.into(),
-            file: None,
-        }));
-    }
 }
 
 /// speedscope's unit for an event's weights: samples have none; stacks weighed by their own
@@ -120,7 +69,7 @@ pub fn write_speedscope(profile: &Profile, out: &mut impl Write) -> Result<(), E
         });
     }
     let roots = StackRoots::new(profile);
-    let mut frames = Frames::default();
+    let mut frames = FrameTable::default();
     let mut profiles = Vec::with_capacity(profile.events.len());
     for (event, info) in profile.events.iter().enumerate() {
         // Equal stacks merged, in a stable order.
@@ -128,19 +77,7 @@ pub fn write_speedscope(profile: &Profile, out: &mut impl Write) -> Result<(), E
         let mut weighed = false;
         for sample in samples_of(profile, event as EventIndex) {
             weighed |= sample.weight.is_some();
-            let mut stack = Vec::new();
-            frames.push_name(roots.of(sample), &mut stack);
-            for entry in stack_root_first(profile, sample) {
-                match entry {
-                    StackEntry::Frame(_, frame) => frames.push_frame(frame, &mut stack),
-                    StackEntry::UserStackLost => {
-                        frames.push_name(StackEntry::USER_STACK_LOST, &mut stack);
-                    }
-                    StackEntry::KernelStackLost => {
-                        frames.push_name(StackEntry::KERNEL_STACK_LOST, &mut stack);
-                    }
-                }
-            }
+            let stack = frames.stack(profile, &roots, sample);
             *merged.entry(stack).or_default() += sample.measure();
         }
         let total = merged.values().sum();

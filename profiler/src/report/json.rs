@@ -279,8 +279,9 @@ struct JsonNeighbour {
     samples: u64,
 }
 
+/// A function's details as the JSON report and the HTML report carry them.
 #[derive(Serialize)]
-struct JsonDetails {
+pub struct JsonDetails {
     function: String,
     /// For an inlined function, the function whose instructions are shown.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -534,7 +535,7 @@ fn view(view: &View, lines: &[DataLineDetails]) -> JsonView {
     json
 }
 
-fn details(details: &FunctionDetails) -> JsonDetails {
+pub fn details(details: &FunctionDetails) -> JsonDetails {
     JsonDetails {
         function: details.function.name.clone(),
         inlined_into: details.inlined_into.as_ref().map(|host| host.name.clone()),
