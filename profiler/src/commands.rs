@@ -27,7 +27,7 @@ use crate::{
         selected_profile,
         speedscope::write_speedscope,
     },
-    import::{is_perf_data, profile_from_perf_data_file},
+    import::{input_kind, pprof::profile_from_pprof_file, profile_from_perf_data_file, InputKind},
     launch::{signal_name, CommandEnd, StopSignals, TargetSpec},
     output::{Checker, Output, OutputWriter},
     profile::{
@@ -299,14 +299,15 @@ fn keep_previous(path: &Path) -> Result<()> {
     }
 }
 
-/// A recording `report -i` reads: one `record` wrote, or a perf.data.
+/// A recording `report -i` reads: one `record` wrote, a perf.data, or a pprof profile (the
+/// agent's windows).
 fn read_recording(path: &Path) -> Result<Profile> {
-    let mut profile =
-        if is_perf_data(path).with_context(|| format!("cannot read {}", path.display()))? {
-            profile_from_perf_data_file(path)?
-        } else {
-            read_profile(path)?
-        };
+    let kind = input_kind(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut profile = match kind {
+        InputKind::PerfData => profile_from_perf_data_file(path)?,
+        InputKind::Pprof => profile_from_pprof_file(path)?,
+        InputKind::Profile => read_profile(path)?,
+    };
     // A profile recorded by someone the kernel shows its addresses to, read by someone it
     // does not.
     if !kernel_addresses_shown() {

@@ -197,7 +197,7 @@ fn comment_number(profile: &proto::Profile, prefix: &str) -> Option<u64> {
 }
 
 #[test]
-fn the_agents_windows_scale_to_what_the_counters_counted() {
+fn the_agents_windows_scale_to_what_the_counters_counted_and_report_reads_them_back() {
     require_root();
     let dir = temp_dir("same-agent");
     let mut agent = Running::spawn(
@@ -216,6 +216,7 @@ fn the_agents_windows_scale_to_what_the_counters_counted() {
     assert!(cpu_split.wait_at_most(Duration::from_secs(60)).success());
     agent.terminate();
     let mut checked = 0;
+    let mut busiest = (std::path::PathBuf::new(), 0);
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         // The agent's index of what it wrote lies beside the windows.
@@ -241,8 +242,49 @@ fn the_agents_windows_scale_to_what_the_counters_counted() {
             "{samples} samples of {fired} fired, {counted} ns"
         );
         checked += 1;
+        // `report -i` reads a window back: the same samples, and the estimate its column has.
+        let report = report_json(&path, &[]);
+        let event = &report["events"][0];
+        assert_eq!(event["name"], "cpu-clock");
+        assert_eq!(
+            event["samples"].as_u64().unwrap(),
+            samples,
+            "{}",
+            path.display()
+        );
+        assert_eq!(event["estimate"]["events"].as_u64().unwrap(), events);
+        if samples > busiest.1 {
+            busiest = (path.clone(), samples);
+        }
     }
     assert!(checked >= 1, "no window with counted events");
+    // And the HTML report of a window draws cpu_split's functions with the report's shares.
+    let (window, _) = busiest;
+    let html = dir.join("window.html");
+    let pid = cpu_split.id().to_string();
+    let filter = ["--only-pid", pid.as_str()];
+    let report = report_json(&window, &filter);
+    profiler(
+        &[
+            &["report", "-i", window.to_str().unwrap()],
+            &filter[..],
+            &["--html", html.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    let event = &report["events"][0];
+    // The samples the filter keeps.
+    let samples = event["view_samples"].as_f64().unwrap();
+    assert!(samples > 100.0, "{event:#}");
+    let row = (event["functions"].as_array().unwrap().iter())
+        .find(|f| f["function"] == "cpu_split::heavy_work")
+        .unwrap_or_else(|| panic!("no heavy_work in {}: {event:#}", window.display()));
+    let share = 100.0 * row["total_samples"].as_f64().unwrap() / samples;
+    let drawn = tree_share(&html_document(&html), 0, "cpu_split::heavy_work");
+    assert!(
+        (drawn - share).abs() <= 0.1,
+        "{drawn:.2}% drawn, {share:.2}% reported"
+    );
 }
 
 /// `nm`'s text symbols of `binary`: address -> name.

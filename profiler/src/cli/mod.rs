@@ -339,7 +339,8 @@ impl SamplingArgs {
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// The profile file to read: one `record` wrote, or a perf.data from `perf record`.
+    /// The profile file to read: one `record` wrote, a perf.data from `perf record`, or a pprof
+    /// profile (the agent's windows).
     #[arg(short = 'i', long, value_name = "FILE", default_value = DEFAULT_PROFILE)]
     pub input: PathBuf,
     /// Print the report as JSON (schema profiler.report/1, docs/json-report.md).
@@ -421,8 +422,8 @@ pub struct ReportOutput {
     /// source lines and instructions by cache line (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
-    /// A second recording (a profile file or a perf.data) that the HTML report's differential
-    /// view compares with, event by event of the same name; taken whole.
+    /// A second recording (a profile file, a perf.data or a pprof) that the HTML report's
+    /// differential view compares with, event by event of the same name; taken whole.
     #[arg(long, value_name = "FILE", requires = "html")]
     pub baseline: Option<PathBuf>,
 }

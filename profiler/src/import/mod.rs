@@ -1,7 +1,9 @@
 //! Importers for recordings made by other tools: [`crate::perf_data`] reads perf.data files into
-//! a plain model, [`convert`] turns that model into our [`crate::profile::Profile`].
+//! a plain model, [`convert`] turns that model into our [`crate::profile::Profile`]; [`pprof`]
+//! reads pprof profiles (the agent's windows among them).
 
 pub mod convert;
+pub mod pprof;
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -15,16 +17,29 @@ use crate::profile::Profile;
 /// `report -i` can tell it from a profile file and let the parser say what it does not support.
 const PERF_DATA_MAGICS: [&[u8; 8]; 3] = [b"PERFILE2", b"2ELIFREP", b"PERFFILE"];
 
-/// Whether the file at `path` starts like a perf.data file.
-pub fn is_perf_data(path: &Path) -> io::Result<bool> {
+/// What a file given to `report -i` is, by its first bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    PerfData,
+    /// A gzipped pprof profile: the agent's windows, `--pprof` exports, other tools'.
+    Pprof,
+    /// Anything else: read as a profile `record` wrote, whose reader says what is wrong.
+    Profile,
+}
+
+/// Which kind of recording the file at `path` is.
+pub fn input_kind(path: &Path) -> io::Result<InputKind> {
     let mut magic = [0u8; 8];
     // Never blocks on a FIFO: reading it would wait for a writer.
-    let mut file = crate::input::open_regular(path, crate::input::FinalLink::Follow)?;
-    match file.read_exact(&mut magic) {
-        Ok(()) => Ok(PERF_DATA_MAGICS.contains(&&magic)),
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
-        Err(e) => Err(e),
-    }
+    let file = crate::input::open_regular(path, crate::input::FinalLink::Follow)?;
+    let read = file.take(8).read(&mut magic)?;
+    Ok(if PERF_DATA_MAGICS.contains(&&magic) {
+        InputKind::PerfData
+    } else if pprof::is_gzip(&magic[..read]) {
+        InputKind::Pprof
+    } else {
+        InputKind::Profile
+    })
 }
 
 /// Reads a perf.data file and converts it into a profile.
