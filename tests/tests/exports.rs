@@ -21,7 +21,7 @@ use common::{
     profiler, profiler_bin, read_pprof, record_to, report_json, require_root, run_checked,
     temp_dir, wait_until_recording, workload, Running,
 };
-use profiler::export::pprof::proto;
+use profiler::export::pprof::{column_prefix, proto};
 use serde_json::Value;
 
 /// The sum of a pprof value column, by its type's name.
@@ -116,12 +116,12 @@ fn same_numbers_everywhere(name: &str, options: &[&str], command: &[&str]) {
         "{name}: speedscope's samples"
     );
     assert_eq!(
-        column_total(&pprof, &format!("{event_name}_sample")) as u64,
+        column_total(&pprof, &format!("{}_sample", column_prefix(event_name))) as u64,
         samples,
         "{name}: pprof's samples"
     );
     assert_eq!(
-        column_total(&pprof, &format!("{event_name}_event")) as u64,
+        column_total(&pprof, &format!("{}_event", column_prefix(event_name))) as u64,
         estimated,
         "{name}: pprof's events vs the report's estimate"
     );
@@ -174,8 +174,8 @@ fn off_cpu_exports_count_blocks_and_weigh_them_in_nanoseconds() {
     let (folded, pprof, speedscope) = exports(&file, "off-cpu");
     assert_eq!(folded, blocked_ns, "folded off-CPU stacks are nanoseconds");
     assert_eq!(speedscope, (blocked_ns, "nanoseconds".to_string()));
-    assert_eq!(column_total(&pprof, "off-cpu_sample") as u64, blocks);
-    assert_eq!(column_total(&pprof, "off-cpu_event") as u64, blocked_ns);
+    assert_eq!(column_total(&pprof, "off_cpu_sample") as u64, blocks);
+    assert_eq!(column_total(&pprof, "off_cpu_event") as u64, blocked_ns);
     let comments: Vec<&str> = pprof
         .comment
         .iter()
@@ -234,8 +234,8 @@ fn the_agents_windows_scale_to_what_the_counters_counted_and_report_reads_them_b
         if fired == 0 {
             continue;
         }
-        let samples = column_total(&window, "cpu-clock_sample") as u64;
-        let events = column_total(&window, "cpu-clock_event") as u64;
+        let samples = column_total(&window, "cpu_clock_sample") as u64;
+        let events = column_total(&window, "cpu_clock_event") as u64;
         let expected = (samples as f64 * counted as f64 / fired as f64).round() as u64;
         assert_eq!(
             events, expected,

@@ -1007,7 +1007,7 @@ fn histograms_and_exports_carry_off_cpu_time() {
         })
         .collect();
     assert!(
-        types.contains(&("off-cpu_event".to_string(), "nanoseconds".to_string())),
+        types.contains(&("off_cpu_event".to_string(), "nanoseconds".to_string())),
         "{types:?}"
     );
 }
@@ -1263,7 +1263,7 @@ fn the_agent_exports_off_cpu_time_per_window() {
         let column = profile
             .sample_type
             .iter()
-            .position(|t| text(t.r#type) == "off-cpu_event")
+            .position(|t| text(t.r#type) == "off_cpu_event")
             .expect("an off-CPU value column in every window");
         assert_eq!(text(profile.sample_type[column].unit), "nanoseconds");
         for function in ["offcpu_sleeper", "offcpu_pipe_reader"] {

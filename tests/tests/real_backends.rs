@@ -91,7 +91,7 @@ fn windows_split(dir: &Path, pid: u32) -> Split {
         let profile = read_pprof(&path);
         let text = |index: i64| profile.string_table[index as usize].clone();
         let is_samples =
-            |t: &profiler::export::pprof::proto::ValueType| text(t.r#type) == "cpu-clock_sample";
+            |t: &profiler::export::pprof::proto::ValueType| text(t.r#type) == "cpu_clock_sample";
         let Some(column) = profile.sample_type.iter().position(is_samples) else {
             continue;
         };
@@ -425,6 +425,28 @@ fn pyroscope_stores_and_answers_every_window_across_a_restart_of_the_server() {
         "{service_name=\"real-pyroscope\"}",
     );
     assert!(blocked.total > 0, "no off-CPU time stored");
+
+    // The agent's own files (`--output-dir`), uploaded as a user would (`/ingest`, pprof):
+    // Pyroscope takes them (no `-` in their sample types) and holds the same samples and split.
+    for entry in std::fs::read_dir(&run.windows).unwrap() {
+        let path = entry.unwrap().path();
+        if !is_window(&path) {
+            continue;
+        }
+        let url = format!(
+            "{}/ingest?name=uploaded-windows&format=pprof",
+            pyroscope.url()
+        );
+        let answer = ureq::post(&url).send(std::fs::read(&path).unwrap());
+        assert!(answer.is_ok(), "{} refused: {answer:?}", path.display());
+    }
+    // Numeric labels (pid) are not series labels there; the command's name is.
+    let uploaded = pyroscope.split(
+        "process_cpu:cpu_clock_sample:count:cpu-clock:nanoseconds",
+        "{service_name=\"uploaded-windows\",comm=\"cpu_split\"}",
+    );
+    assert_eq!(uploaded.total, ours.total, "uploaded windows: {uploaded:?}");
+    uploaded.assert_matches(&ours, measured, 2.0, "the uploaded windows");
 
     let of_workload = format!("{{pid=\"{pid}\"}}");
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();

@@ -3,8 +3,9 @@
 //! github.com/google/pprof/proto/profile.proto, so no protoc is needed to build.
 //!
 //! What the file holds:
-//! - Value columns, per event and in event order, named as Google's perf_to_profile names them:
-//!   `<event>_sample` (count) with the samples, then `<event>_event` with the events they stand
+//! - Value columns, per event and in event order, named as Google's perf_to_profile names them
+//!   but with `_` for the event name's `-`, `:` and `/` ([`column_prefix`]: Pyroscope refuses
+//!   them): `<event>_sample` (count) with the samples, then `<event>_event` with the events they stand
 //!   for, estimated as the report estimates them (`EventScale`: the counters' own count over the
 //!   samples fired, else the period or the mean period) and rounded so that the column adds up
 //!   to the report's estimate. The column exists where the report has an estimate. Off-CPU
@@ -235,9 +236,27 @@ fn to_i64(value: u64) -> i64 {
 
 /// The unit of sampled latencies: PEBS weights, IBS and SPE latencies count core cycles.
 const LATENCY_UNIT: &str = "cycles";
-/// How the names of the data-sample and latency columns end (`page-faults_data_sample`).
+/// How the names of the data-sample and latency columns end (`page_faults_data_sample`).
 pub const DATA_SAMPLE_SUFFIX: &str = "_data_sample";
 pub const LATENCY_SUFFIX: &str = "_latency";
+
+/// How an event is named in the names of its value columns (`cpu_clock` in `cpu_clock_sample`):
+/// its name with `_` for every character but ASCII letters, digits and `_`. Pyroscope refuses a
+/// sample type with a `-` (every perf event name has one), so the files the agent writes could
+/// not be uploaded to it; pprof takes any name, and the event's own name stays in the comments
+/// (`samples fired: cpu-clock: N`).
+pub fn column_prefix(event: &str) -> String {
+    event
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
 
 /// A count of samples and, when the event's samples have an estimate, the events they stand
 /// for: the `_sample` column and the `_event` column after it.
@@ -376,7 +395,8 @@ impl<'a> Builder<'a> {
                 EventScale::Unknown if event.name == OFF_CPU_EVENT => EventScale::Period(1),
                 scale => scale,
             };
-            let stacks = self.count_columns(&event.name, event, scale);
+            let prefix = column_prefix(&event.name);
+            let stacks = self.count_columns(&prefix, event, scale);
             let data_lines = || {
                 profile
                     .data_lines
@@ -384,10 +404,10 @@ impl<'a> Builder<'a> {
                     .filter(move |d| d.event as usize == index && has_address(d))
             };
             let data = (data_lines().next().is_some())
-                .then(|| self.count_columns(&format!("{}_data", event.name), event, scale));
+                .then(|| self.count_columns(&format!("{prefix}_data"), event, scale));
             let latency = data_lines().any(|d| d.stats.latency_count > 0).then(|| {
                 let latency_type =
-                    self.value_type(&format!("{}{LATENCY_SUFFIX}", event.name), LATENCY_UNIT);
+                    self.value_type(&format!("{prefix}{LATENCY_SUFFIX}"), LATENCY_UNIT);
                 self.out.sample_type.push(latency_type);
                 self.out.sample_type.len() - 1
             });
@@ -785,18 +805,18 @@ mod tests {
         assert_eq!(
             value_types(&p),
             [
-                ("cpu-clock_sample", "count"),
-                ("cpu-clock_event", "nanoseconds"),
-                ("page-faults_sample", "count"),
-                ("page-faults_event", "count"),
+                ("cpu_clock_sample", "count"),
+                ("cpu_clock_event", "nanoseconds"),
+                ("page_faults_sample", "count"),
+                ("page_faults_event", "count"),
             ]
         );
-        assert_eq!(text(&p, p.default_sample_type), "cpu-clock_event");
-        assert_eq!(total(&p, "cpu-clock_sample"), 100);
+        assert_eq!(text(&p, p.default_sample_type), "cpu_clock_event");
+        assert_eq!(total(&p, "cpu_clock_sample"), 100);
         // The report's estimate: the counted nanoseconds, not 100 x the nominal 1 ms.
-        assert_eq!(total(&p, "cpu-clock_event"), 100_000_003);
-        assert_eq!(total(&p, "page-faults_sample"), 7);
-        assert_eq!(total(&p, "page-faults_event"), 70);
+        assert_eq!(total(&p, "cpu_clock_event"), 100_000_003);
+        assert_eq!(total(&p, "page_faults_sample"), 7);
+        assert_eq!(total(&p, "page_faults_event"), 70);
         // A sample carries only its own event's values.
         assert!(p
             .sample
@@ -817,14 +837,14 @@ mod tests {
         assert_eq!(
             value_types(&p)[3..],
             [
-                ("off-cpu_sample", "count"),
-                ("off-cpu_event", "nanoseconds")
+                ("off_cpu_sample", "count"),
+                ("off_cpu_event", "nanoseconds")
             ]
         );
-        assert_eq!(total(&p, "off-cpu_sample"), 7);
-        assert_eq!(total(&p, "off-cpu_event"), 250_001_500);
+        assert_eq!(total(&p, "off_cpu_sample"), 7);
+        assert_eq!(total(&p, "off_cpu_event"), 250_001_500);
         // Each stack its own time, not the mean block's.
-        let event = column(&p, "off-cpu_event");
+        let event = column(&p, "off_cpu_event");
         let mut values: Vec<i64> = p.sample.iter().map(|s| s.value[event]).collect();
         values.retain(|&value| value > 0);
         values.sort();
@@ -849,21 +869,21 @@ mod tests {
         assert_eq!(
             value_types(&p)[2..],
             [
-                ("page-faults_sample", "count"),
-                ("page-faults_event", "count"),
-                ("page-faults_data_sample", "count"),
-                ("page-faults_data_event", "count"),
-                ("page-faults_latency", "cycles"),
+                ("page_faults_sample", "count"),
+                ("page_faults_event", "count"),
+                ("page_faults_data_sample", "count"),
+                ("page_faults_data_event", "count"),
+                ("page_faults_latency", "cycles"),
             ]
         );
         // The call-stack columns are as without data addresses: nothing counted twice.
-        assert_eq!(total(&p, "page-faults_sample"), 7);
-        assert_eq!(total(&p, "cpu-clock_sample"), 100);
-        assert_eq!(total(&p, "page-faults_data_sample"), 7);
-        assert_eq!(total(&p, "page-faults_data_event"), 70);
-        assert_eq!(total(&p, "page-faults_latency"), 400);
+        assert_eq!(total(&p, "page_faults_sample"), 7);
+        assert_eq!(total(&p, "cpu_clock_sample"), 100);
+        assert_eq!(total(&p, "page_faults_data_sample"), 7);
+        assert_eq!(total(&p, "page_faults_data_event"), 70);
+        assert_eq!(total(&p, "page_faults_latency"), 400);
 
-        let data = column(&p, "page-faults_data_sample");
+        let data = column(&p, "page_faults_data_sample");
         // (object, line, function), samples, labels other than the thread's.
         type DataStack = (Vec<String>, i64, Vec<(String, String)>);
         let mut stacks: Vec<DataStack> = p
@@ -945,7 +965,7 @@ mod tests {
         };
         let p = pprof_profile(&profile);
         let types: Vec<&str> = p.sample_type.iter().map(|t| text(&p, t.r#type)).collect();
-        assert_eq!(types, ["cpu-clock_sample", "cycles_sample"]);
+        assert_eq!(types, ["cpu_clock_sample", "cycles_sample"]);
         assert_eq!(total(&p, "cycles_sample"), 7);
     }
 
@@ -1166,7 +1186,7 @@ mod tests {
     fn google_pprof_reads_the_same_totals_and_functions() {
         let (_dir, file) = pprof_file(&recorded(test_profile::profile()));
 
-        let cpu = top(&file, "cpu-clock_sample");
+        let cpu = top(&file, "cpu_clock_sample");
         let row = |name: &str| top_row(&cpu, name);
         // pprof marks the functions a location's lines say were inlined.
         assert_eq!(row("add_lanes (inline)"), (60, 60));
@@ -1181,13 +1201,13 @@ mod tests {
         assert_eq!(row("[libblob.so]"), (10, 10));
         assert_eq!(cpu.iter().map(|r| r.1).sum::<i64>(), 100);
 
-        let faults = top(&file, "page-faults_event");
+        let faults = top(&file, "page_faults_event");
         assert_eq!(faults.iter().map(|r| r.1).sum::<i64>(), 70);
         assert!(faults.contains(&("exc_page_fault".to_owned(), 70, 70)));
 
         let raw = run_pprof(&file, &["-raw"]);
         assert!(
-            raw.contains("cpu-clock_sample/count cpu-clock_event/nanoseconds"),
+            raw.contains("cpu_clock_sample/count cpu_clock_event/nanoseconds"),
             "{raw}"
         );
         assert!(raw.contains(&format!("{LIBBLOB} ffee0011")), "{raw}");
@@ -1198,23 +1218,23 @@ mod tests {
     fn google_pprof_shows_data_lines_and_their_latency() {
         let (_dir, file) = pprof_file(&recorded(test_profile::profile_with_data()));
 
-        let data = top(&file, "page-faults_data_sample");
+        let data = top(&file, "page_faults_data_sample");
         let cum = |name: &str| top_row(&data, name).1;
         assert_eq!(cum("heap"), 4);
         assert_eq!(cum(&format!("{:#x}", test_profile::HEAP_LINE)), 4);
         assert_eq!(cum("request_count (app)"), 3);
         assert_eq!(cum("add_lanes (inline)"), 4);
         // Not a call-stack sample: the stack columns do not see them.
-        let faults = top(&file, "page-faults_sample");
+        let faults = top(&file, "page_faults_sample");
         assert_eq!(faults.iter().map(|r| r.1).sum::<i64>(), 7);
         assert!(!faults.iter().any(|(name, _, _)| name == "heap"));
         // pprof writes the unit after latencies: the heap line's 400 cycles are all of them.
-        let latency = run_pprof(&file, &["-top", "-sample_index=page-faults_latency"]);
+        let latency = run_pprof(&file, &["-top", "-sample_index=page_faults_latency"]);
         let heap = latency.lines().find(|l| l.ends_with(" heap"));
         let heap: Vec<&str> = heap.expect(&latency).split_whitespace().collect();
         assert_eq!(heap[3..5], ["400cycles", "100%"], "{latency}");
 
-        let tags = run_pprof(&file, &["-tags", "-sample_index=page-faults_data_sample"]);
+        let tags = run_pprof(&file, &["-tags", "-sample_index=page_faults_data_sample"]);
         let percentile = tags.split("line_latency_p99: Total 4.0").nth(1);
         let percentile = percentile.expect(&tags).lines().nth(1).unwrap_or_default();
         assert!(percentile.trim().ends_with("): 247"), "{tags}");

@@ -18,7 +18,9 @@ use std::path::Path;
 use prost::Message;
 
 use super::backend::BackendSink;
-use super::pprof::{pprof_profile, proto::Profile, DATA_SAMPLE_SUFFIX, LATENCY_SUFFIX};
+use super::pprof::{
+    column_prefix, pprof_profile, proto::Profile, DATA_SAMPLE_SUFFIX, LATENCY_SUFFIX,
+};
 use super::series::{Series, SeriesLabels, SeriesNaming};
 use super::upload::{Endpoint, Uploader};
 use super::ExportError;
@@ -123,9 +125,7 @@ fn measure(event: &EventInfo) -> String {
     if matches!(bare, "cpu-clock" | "task-clock") {
         return "cpu".to_string();
     }
-    bare.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
+    column_prefix(bare)
 }
 
 /// The pprof's sample and period types in Pyroscope's words: the server refuses a sample type
@@ -136,7 +136,10 @@ fn measure(event: &EventInfo) -> String {
 /// in them said nothing the series' `__name__` does not.
 fn with_pyroscope_value_types(mut pprof: Profile, event: &EventInfo) -> Profile {
     let measure = measure(event);
-    let rename = |name: &str| match name.strip_prefix(event.name.as_str()) {
+    let prefix = column_prefix(&event.name);
+    // The period type is the event's own name; the columns' are its [`column_prefix`].
+    let rename = |name: &str| match name.strip_prefix(prefix.as_str()) {
+        _ if name == event.name => measure.clone(),
         Some("") | Some("_event") => measure.clone(),
         Some("_sample") => "samples".to_string(),
         Some(DATA_SAMPLE_SUFFIX) => "data_samples".to_string(),

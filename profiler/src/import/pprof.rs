@@ -3,7 +3,8 @@
 //! that every report, view and export (the HTML report among them) works on them.
 //!
 //! Events are the value columns as `export::pprof` names them: `<event>_sample` holds the
-//! samples (and `<event>_event` what they stand for, which the counted total is read from).
+//! samples (and `<event>_event` what they stand for, which the counted total is read from), the
+//! event named as our comments name it (the column has `_` for its `-`).
 //! Data-address columns (`_data_sample`, `_data_event`, `_latency`) are left out: their samples
 //! are cache lines, not call stacks. A file without `_sample` columns (Go's, for one) has an
 //! event per column. Off-CPU samples keep their nanoseconds as their weight. Each location is a
@@ -21,7 +22,10 @@ use flate2::read::GzDecoder;
 use prost::Message;
 
 use crate::{
-    export::{offcpu::OFF_CPU_EVENT, pprof::proto},
+    export::{
+        offcpu::OFF_CPU_EVENT,
+        pprof::{column_prefix, proto},
+    },
     profile::{EventInfo, Frame, FrameId, InlinedFrame, Profile, StackSample, ThreadInfo},
 };
 
@@ -110,6 +114,17 @@ impl<'p> Importer<'p> {
             .map(|t| Ok((self.text(t.r#type)?, self.text(t.unit)?)))
             .collect::<Result<_>>()?;
         let ours = types.iter().any(|(name, _)| name.ends_with("_sample"));
+        // Column names hold the event's name with `_` for its `-`, `:` and `/`; our comments
+        // name every event as it was (`samples fired: cpu-clock: N`).
+        let mut named: HashMap<String, &str> = HashMap::new();
+        for &comment in &self.pprof.comment {
+            let text = self.text(comment)?;
+            if let Some((event, _)) =
+                (text.strip_prefix("samples fired: ")).and_then(|rest| rest.rsplit_once(": "))
+            {
+                named.insert(column_prefix(event), event);
+            }
+        }
         for (column, (name, unit)) in types.iter().enumerate() {
             let event = match ours {
                 true => match name.strip_suffix("_sample") {
@@ -127,7 +142,7 @@ impl<'p> Importer<'p> {
                 .flatten();
             let unit = events.map_or(*unit, |column| types[column].1);
             self.profile.events.push(EventInfo {
-                name: event.to_string(),
+                name: named.get(event).copied().unwrap_or(event).to_string(),
                 unit: unit.to_string(),
                 ..EventInfo::default()
             });
