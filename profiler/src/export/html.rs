@@ -20,7 +20,7 @@ use serde::Serialize;
 use super::{
     frame_table::{FrameTable, NamedFrame},
     offcpu::{with_off_cpu_event, OFF_CPU_EVENT},
-    samples_of, selected_profile, StackRoots,
+    samples_of, selected_profile, ExportError, StackRoots,
 };
 use crate::{
     aggregate::{
@@ -130,6 +130,14 @@ pub fn write_html(
 ) -> anyhow::Result<()> {
     let with_off_cpu = with_off_cpu_event(input.profile);
     let selected = selected_profile(&with_off_cpu, input.event, input.filter)?;
+    if selected.events.is_empty() {
+        // A page with nothing to draw would only fail in the browser.
+        return Err(ExportError::UnknownEvent {
+            event: 0,
+            events: 0,
+        }
+        .into());
+    }
     let indexes = select_events(&with_off_cpu, input.event)?;
     let selection = Selection::new(input.profile, input.filter);
     // A baseline is another run: its processes are others, so it is compared whole.
@@ -545,6 +553,21 @@ mod tests {
             );
             assert!(distribution["total_ns"].as_u64().unwrap() >= 250_000_000);
         }
+    }
+
+    #[test]
+    fn a_profile_without_events_is_refused_before_a_page_is_written() {
+        let filter = SampleFilter::default();
+        let input = HtmlInput {
+            profile: &Profile::default(),
+            event: None,
+            filter: &filter,
+            runtime: RuntimeFrames::Hide,
+        };
+        let mut out = Vec::new();
+        let error = write_html(&input, None, &mut out).unwrap_err();
+        assert!(error.to_string().contains("0 event(s)"), "{error}");
+        assert!(out.is_empty());
     }
 
     #[test]
