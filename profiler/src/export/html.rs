@@ -27,11 +27,14 @@ use crate::{
         details::{function_details, DetailRow},
         filter::{select_events, SampleFilter, Selection},
         functions::FunctionName,
+        latency::{distributions, DistributionScope},
         offcpu::{offcpu_report, OffCpuDistribution, OffCpuOptions},
         startup::{startup_frames, RuntimeFrames},
     },
     profile::{EventIndex, Profile},
-    report::json::{details as json_details, JsonDetails},
+    report::json::{
+        details as json_details, distribution as json_distribution, JsonDetails, JsonDistribution,
+    },
 };
 
 /// The page the data is drawn by.
@@ -81,6 +84,8 @@ struct Event {
     /// Keyed by function name, as the tree's frames name them.
     functions: BTreeMap<String, JsonDetails>,
     data_lines: Vec<DataLine>,
+    /// Latency distributions of the functions whose samples carried latencies, by function.
+    latency: BTreeMap<String, JsonDistribution>,
     /// Off-CPU time: block durations of the blocks through each function, by function.
     blocks: BTreeMap<String, OffCpuDistribution>,
 }
@@ -154,6 +159,7 @@ pub fn write_html(
             let original = indexes[index];
             if (original as usize) < input.profile.events.len() {
                 event.functions = hottest_functions(input.profile, original, &selection);
+                event.latency = function_latency(input.profile, original, &selection);
             }
             event.data_lines = data_lines(&selected, index as EventIndex);
             if event.name == OFF_CPU_EVENT {
@@ -219,6 +225,7 @@ fn tree_of<'a>(
         tree,
         functions: BTreeMap::new(),
         data_lines: Vec::new(),
+        latency: BTreeMap::new(),
         blocks: BTreeMap::new(),
     }
 }
@@ -300,6 +307,19 @@ fn sampled_cache_lines(rows: Vec<DetailRow>) -> Vec<DetailRow> {
         kept.rows.push(DetailRow::Gap);
     }
     kept.rows
+}
+
+/// The latency distributions of `event`'s functions, as `report --histogram` has them.
+fn function_latency(
+    profile: &Profile,
+    event: EventIndex,
+    selection: &Selection,
+) -> BTreeMap<String, JsonDistribution> {
+    distributions(profile, event, selection, DETAILED_FUNCTIONS)
+        .iter()
+        .filter(|d| d.scope == DistributionScope::Function)
+        .map(|d| (d.label.clone(), json_distribution(d)))
+        .collect()
 }
 
 /// The hottest data cache lines of `event`, by the function that touched them.
@@ -471,6 +491,13 @@ mod tests {
             .unwrap()["latency"];
         assert_eq!(latency["max"], 150, "{latency}");
         assert_eq!(latency["mean"], 100.0);
+        // compute's latencies in page-faults: 50, 100, 100, 150 cycles (see `test_samples`).
+        let distribution = &faults["latency"]["compute"];
+        assert_eq!(distribution["latency"]["samples"], 4, "{distribution}");
+        let counted: u64 = (distribution["buckets"].as_array().unwrap().iter())
+            .map(|bucket| bucket[2].as_u64().unwrap())
+            .sum();
+        assert_eq!(counted, 4);
         let lines = faults["data_lines"].as_array().unwrap();
         assert!(!lines.is_empty());
         let shared = format!("{:#x}", test_samples::SHARED_LINE);

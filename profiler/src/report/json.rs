@@ -319,8 +319,9 @@ enum JsonDetailRow {
     Gap,
 }
 
+/// A latency distribution as the JSON report and the HTML report carry it.
 #[derive(Serialize)]
-struct JsonDistribution {
+pub struct JsonDistribution {
     /// `event`, `function`, `line` or `dcache-line`.
     scope: &'static str,
     name: String,
@@ -605,7 +606,7 @@ fn paths(paths: &[CallPath]) -> Vec<JsonPath> {
         .collect()
 }
 
-fn distribution(d: &Distribution) -> JsonDistribution {
+pub fn distribution(d: &Distribution) -> JsonDistribution {
     JsonDistribution {
         scope: d.scope.name(),
         name: d.label.clone(),
