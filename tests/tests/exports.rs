@@ -272,14 +272,10 @@ fn the_agents_windows_scale_to_what_the_counters_counted_and_report_reads_them_b
         ]
         .concat(),
     );
-    let event = &report["events"][0];
     // The samples the filter keeps.
-    let samples = event["view_samples"].as_f64().unwrap();
-    assert!(samples > 100.0, "{event:#}");
-    let row = (event["functions"].as_array().unwrap().iter())
-        .find(|f| f["function"] == "cpu_split::heavy_work")
-        .unwrap_or_else(|| panic!("no heavy_work in {}: {event:#}", window.display()));
-    let share = 100.0 * row["total_samples"].as_f64().unwrap() / samples;
+    let kept = report["events"][0]["view_samples"].as_u64().unwrap();
+    assert!(kept > 100, "{report:#}");
+    let share = share_of(&report, "cpu_split::heavy_work");
     let drawn = tree_share(&html_document(&html), 0, "cpu_split::heavy_work");
     assert!(
         (drawn - share).abs() <= 0.1,
@@ -678,6 +674,16 @@ fn the_firefox_profiler_opens_off_cpu_time_as_milliseconds_blocked() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// The share (percent) of the first event's samples in stacks through `function`, as `report
+/// --json` tells it.
+fn share_of(report: &Value, function: &str) -> f64 {
+    let event = &report["events"][0];
+    let row = (event["functions"].as_array().unwrap().iter())
+        .find(|f| f["function"] == function)
+        .unwrap_or_else(|| panic!("no {function} in the report: {event:#}"));
+    100.0 * row["total_samples"].as_f64().unwrap() / event["view_samples"].as_f64().unwrap()
+}
+
 /// `viewers/html_report.cjs` on an HTML report: what Chromium shows of `event` (`""`: the
 /// first), searched for `search`, with `function` clicked; screenshots in `dir`.
 fn open_html_report(report: &Path, event: &str, search: &str, function: &str) -> Value {
@@ -725,15 +731,7 @@ fn the_html_report_opens_offline_and_shows_shares_lines_and_differences_as_the_r
             baseline.to_str().unwrap(),
         ],
     );
-    let event = &report["events"][0];
-    let samples = event["samples"].as_u64().unwrap() as f64;
-    let heavy = event["functions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["function"] == "cpu_split::heavy_work")
-        .unwrap_or_else(|| panic!("no heavy_work in the report: {event:#}"));
-    let heavy_share = 100.0 * heavy["total_samples"].as_f64().unwrap() / samples;
+    let heavy_share = share_of(&report, "cpu_split::heavy_work");
 
     let shown = open_html_report(&html, "", "heavy_w", "cpu_split::heavy_work");
     // A search's share is the report's share of the functions it matches.
@@ -778,9 +776,13 @@ fn the_html_report_opens_offline_and_shows_shares_lines_and_differences_as_the_r
     let sampled: u64 = (function["instructions"].as_array().unwrap().iter())
         .filter_map(|row| row[0].as_str().unwrap().parse::<u64>().ok())
         .sum();
+    // Exactly the instruction samples `report --function` shows (its stack total also holds
+    // samples taken in the kernel under it).
+    let details = report_json(&file, &["--function", "cpu_split::heavy_work"]);
+    let in_details = &details["events"][0]["function_details"]["samples"];
     assert_eq!(
         sampled,
-        heavy["total_samples"].as_u64().unwrap(),
+        in_details.as_u64().unwrap(),
         "instruction samples shown: {}",
         function["note"]
     );
@@ -799,20 +801,35 @@ fn the_html_report_opens_offline_and_shows_shares_lines_and_differences_as_the_r
         "{function:#}"
     );
 
-    // Compared with another run of the same work: the same frames, nearly the same shares.
+    // Compared with another run of the same work: the same frames, found there, and the
+    // difference of heavy_work's widest frame the difference of the two reports' shares (the
+    // work's own split varies from run to run on a busy host).
     assert_eq!(shown["compare"], "baseline:0");
     let compared: Vec<&Value> = (shown["diff"].as_array().unwrap().iter())
         .filter(|f| f["name"] == "cpu_split::heavy_work")
         .collect();
     assert!(!compared.is_empty());
-    for frame in compared {
-        let diff = frame["diff"].as_f64().unwrap();
-        assert!(diff.abs() <= 5.0, "{frame}");
+    for frame in &compared {
         assert!(
             !frame["title"].as_str().unwrap().contains("not there"),
             "{frame}"
         );
     }
+    let widest = (compared.iter())
+        .max_by(|a, b| {
+            a["width"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b["width"].as_f64().unwrap())
+        })
+        .unwrap();
+    let baseline_share = share_of(&report_json(&baseline, &[]), "cpu_split::heavy_work");
+    let expected = share_of(&report, "cpu_split::heavy_work") - baseline_share;
+    let diff = widest["diff"].as_f64().unwrap();
+    assert!(
+        (diff - expected).abs() <= 1.0,
+        "heavy_work {diff:+.2} points against the baseline; the reports differ by {expected:+.2}"
+    );
     assert_eq!(shown["flame"]["rootInView"], true);
 }
 
@@ -833,7 +850,7 @@ fn the_html_report_shows_off_cpu_block_durations_of_a_function() {
     let shown = open_html_report(&html, "off-cpu", "sleep", "time_sleep");
     let function = &shown["function"];
     assert_eq!(function["name"], "time_sleep", "{shown:#}");
-    // 40 sleeps of 20 ms: the most blocks in the bucket that holds 20 ms.
+    // 40 sleeps of 20 ms: the most blocks in the bucket that holds them.
     let buckets = function["blocks"].as_array().unwrap();
     let blocks: u64 = buckets
         .iter()
@@ -855,7 +872,8 @@ fn the_html_report_shows_off_cpu_block_durations_of_a_function() {
             _ => value / 1e3,
         }
     };
-    assert!(ms(from) <= 20.0 && ms(to) >= 20.0, "{range}");
+    // A 20 ms sleep blocks a little longer than asked.
+    assert!(ms(from) <= 23.0 && ms(to) >= 19.5, "{range}");
 }
 
 /// The document an HTML report draws (schema profiler.html/1).
@@ -932,15 +950,10 @@ fn record_writes_the_html_report_and_a_perf_data_import_has_one_with_the_reports
     ]);
     for (source, html) in [(&recorded, &live), (&perf_data, &imported)] {
         let report = report_json(source, &[]);
-        let event = &report["events"][0];
-        let samples = event["samples"].as_f64().unwrap();
         let document = html_document(html);
         assert_eq!(document["schema"], "profiler.html/1");
         for function in ["cpu_split::heavy_work", "cpu_split::medium_work"] {
-            let row = (event["functions"].as_array().unwrap().iter())
-                .find(|f| f["function"] == function)
-                .unwrap_or_else(|| panic!("{}: no {function}", source.display()));
-            let share = 100.0 * row["total_samples"].as_f64().unwrap() / samples;
+            let share = share_of(&report, function);
             let drawn = tree_share(&document, 0, function);
             assert!(
                 (drawn - share).abs() <= 0.1,
