@@ -15,8 +15,8 @@ use profiler_common::{
     stack::{StackFrames, MAX_STACK_DEPTH},
     unwind::{find_row_by, is_row_for, step, Caller, CfaRule, Registers, StepEnd, UnwindRow},
     unwind_maps::{
-        use_stamp, ExecMapping, ProcessMappings, UnwindCount, FRAME_POINTERS_ONLY_FRAME,
-        FILE_NOT_SEEN, MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME,
+        use_stamp, ExecMapping, ProcessMappings, UnwindCount, FILE_NOT_SEEN,
+        FRAME_POINTERS_ONLY_FRAME, MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME,
         UNWIND_FRAMES_PER_RUN,
     },
 };

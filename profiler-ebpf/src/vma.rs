@@ -12,9 +12,7 @@ use aya_ebpf::{
 use profiler_common::{
     capture::{KernelOffsets, OFFSETS_VMA_TREE},
     maple::{self, NodeLayout, NODE_WORDS},
-    unwind_maps::{
-        use_stamp, ExecMapping, FileKey, FileRows, FILE_NOT_SEEN, MAX_UNWIND_FILES,
-    },
+    unwind_maps::{use_stamp, ExecMapping, FileKey, FileRows, FILE_NOT_SEEN, MAX_UNWIND_FILES},
 };
 
 use crate::{arch, maps::kernel_offset};
