@@ -383,9 +383,6 @@ pub struct KernelOffsets {
     pub inode_ino: u32,
     pub inode_sb: u32,
     pub sb_dev: u32,
-    /// `mm_struct.context.vdso`: where the process's vDSO is, the one executable mapping of no
-    /// file whose table the walker has (published under [`crate::unwind_maps::FileKey::VDSO`]).
-    pub mm_vdso: u32,
 }
 
 /// [`KernelOffsets`] as words and back, from one list of its fields: what the offsets cache
@@ -444,7 +441,6 @@ offsets_as_words!(
     inode_ino,
     inode_sb,
     sb_dev,
-    mm_vdso,
 );
 
 /// Capture options, a read-only global of the program (`CAPTURE_CONFIG`).
@@ -501,7 +497,6 @@ impl CaptureConfig {
             inode_ino: 0,
             inode_sb: 0,
             sb_dev: 0,
-            mm_vdso: 0,
         },
         flags: 0,
         uid: 0,
@@ -584,12 +579,6 @@ pub const CAPTURE_QUIET_NEW_PROCESSES: u32 = 1 << 9;
 /// instruction, annotation and cache-line reports read. The agent's exports carry stacks and
 /// data lines only, and without it each sample costs one per-CPU map update less.
 pub const CAPTURE_INSTRUCTIONS: u32 = 1 << 10;
-/// The agent publishes tables by file only, never a process's mappings: the walker finds every
-/// frame's mapping in the kernel's own tree (`OFFSETS_VMA_TREE`) and its file's table by device
-/// and inode, so a process is unwound from its first sample with no step of the agent's, and
-/// new processes cost the agent only what their new files do. It asks for a table it meets
-/// unloaded at most once a use-stamp period on each CPU.
-pub const CAPTURE_TABLES_BY_FILE: u32 = 1 << 11;
 
 /// How the program reads PERF_SAMPLE_RAW payloads, a read-only global of the program
 /// (`RAW_DECODING`) the agent sets at load time. All zero: no event's payload is decoded.

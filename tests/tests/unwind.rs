@@ -998,10 +998,8 @@ fn short_processes_without_frame_pointers_are_unwound_whole_from_their_first_sam
     let before_loaded = stderr
         .lines()
         .find_map(|line| {
-            // Tables by file (kernels with a maple tree), or processes published.
-            let line = line.trim();
-            line.strip_prefix("unwound by tables found by file (no process published): ")
-                .or_else(|| line.strip_prefix("unwound before the process was loaded: "))
+            line.trim()
+                .strip_prefix("unwound before the process was loaded: ")
         })
         .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no count of walks before the process was loaded:\n{stderr}"));

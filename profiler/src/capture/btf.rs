@@ -321,7 +321,6 @@ impl Btf {
             inode_ino: offset("inode", "i_ino")?,
             inode_sb: offset("inode", "i_sb")?,
             sb_dev: offset("super_block", "s_dev")?,
-            mm_vdso: offset("mm_struct", "context")? + offset("mm_context_t", "vdso")?,
             ..KernelOffsets::default()
         })
     }
@@ -1024,8 +1023,6 @@ mod tests {
         assert_eq!(offsets.vma_file, expected(vma, "vm_file"));
         assert_eq!(offsets.inode_ino, expected("inode", "i_ino"));
         assert_eq!(offsets.sb_dev, expected("super_block", "s_dev"));
-        // Inside the named `context` (an architecture's own struct): past its start.
-        assert!(offsets.mm_vdso >= expected("mm_struct", "context"));
 
         // Every member of every named struct and union, anonymous nesting and bitfields
         // included: thousands of layouts checked against an independent reader.

@@ -4,8 +4,8 @@
 use profiler_common::capture::{
     CaptureConfig, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
     CAPTURE_FILTER_UID, CAPTURE_INSTRUCTIONS, CAPTURE_KERNEL_STACKS, CAPTURE_QUIET_NEW_PROCESSES,
-    CAPTURE_RAW, CAPTURE_STACK_COPY, CAPTURE_TABLES_BY_FILE, CAPTURE_UNWIND_DWARF,
-    CAPTURE_USER_STACKS, OFFSETS_VMA_TREE, STACK_COPY_PAGE_BYTES,
+    CAPTURE_RAW, CAPTURE_STACK_COPY, CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS,
+    STACK_COPY_PAGE_BYTES,
 };
 
 use super::{
@@ -62,14 +62,6 @@ pub(crate) fn capture_config(options: &CaptureOptions) -> CaptureConfig {
         flags |= CAPTURE_USER_STACKS;
         if unwind_on_this_kernel(options.unwind).walks_tables() {
             flags |= CAPTURE_UNWIND_DWARF;
-            // Where the walker reads the kernel's own tree of mappings, tables go by file
-            // only: no process waits for the agent to publish it.
-            if options
-                .offsets
-                .is_some_and(|offsets| offsets.valid & OFFSETS_VMA_TREE != 0)
-            {
-                flags |= CAPTURE_TABLES_BY_FILE;
-            }
             if options.target == TargetSpec::System {
                 flags |= CAPTURE_QUIET_NEW_PROCESSES;
             }

@@ -43,10 +43,6 @@ use crate::{
     },
 };
 
-/// The vDSO as the loader keys the files it publishes (no file has it: no device is all ones),
-/// published under the walker's [`FileKey::VDSO`].
-const VDSO_IDENTITY: FileIdentity = (u64::MAX, 0);
-
 /// Files `--stats` names whose mappings found no room in the arena, the most refused first.
 const NO_ROOM_NAMED: usize = 10;
 
@@ -354,23 +350,15 @@ pub struct UnwindLoader {
     files_closed: u64,
     /// The agent's memory budget, over which compiled rows are let go.
     memory_budget: Option<u64>,
-    /// Tables are published by file only (`CAPTURE_TABLES_BY_FILE`): the walker finds each
-    /// frame's file in the kernel's own tree, and processes are tracked here only to know which
-    /// tables they need; their use stamps are the files'.
-    by_file: bool,
-    /// The files' use stamps as last read from the kernel, by table (its first row).
-    file_stamps: HashMap<u32, u32>,
 }
 
 impl UnwindLoader {
     /// The agent's side of the in-kernel unwinder, with the maps of `program` it fills
     /// (`--unwind dwarf`).
     /// Over `memory_budget` bytes of heap, the coldest tables' compiled rows are let go.
-    /// With `by_file`, only files' tables are published, never a process's mappings.
     pub fn for_program(
         program: &mut CaptureProgram,
         memory_budget: Option<u64>,
-        by_file: bool,
     ) -> Result<UnwindLoader> {
         let rows = match program.take_map("UNWIND_ROWS")? {
             aya::maps::Map::Array(map) => map,
@@ -405,8 +393,6 @@ impl UnwindLoader {
             refused: HashSet::new(),
             files_closed: 0,
             memory_budget,
-            by_file,
-            file_stamps: HashMap::new(),
         })
     }
 
@@ -455,7 +441,7 @@ impl UnwindLoader {
             .map(|&(pid, _)| pid);
         for pid in exited {
             self.retry.remove(&pid);
-            if self.published.remove(&pid).is_some() && !self.by_file {
+            if self.published.remove(&pid).is_some() {
                 self.use_stamps.remove(&pid);
                 // Already gone when the kernel never had it: nothing to undo.
                 let _ = self.processes.remove(&pid);
@@ -549,11 +535,7 @@ impl UnwindLoader {
         let closed: Vec<FileIdentity> = self
             .files_published
             .keys()
-            .filter(|identity| {
-                !files.is_open(**identity)
-                    && !self.preloaded.contains_key(identity)
-                    && **identity != VDSO_IDENTITY
-            })
+            .filter(|identity| !files.is_open(**identity) && !self.preloaded.contains_key(identity))
             .copied()
             .collect();
         for identity in closed {
@@ -592,27 +574,6 @@ impl UnwindLoader {
     /// Writes `pid`'s mappings into the walker's table, keeping the stamp of its last sample
     /// (a new process counts as used now).
     fn publish(&mut self, pid: u32, entries: &[ExecMapping]) -> Result<(), aya::maps::MapError> {
-        if !self.by_file {
-            self.publish_to_kernel(pid, entries)?;
-        }
-        self.published.insert(pid, entries.to_vec());
-        if entries
-            .iter()
-            .any(|entry| entry.rows_start == TABLE_NOT_LOADED)
-        {
-            self.retry.insert(pid);
-        } else {
-            self.retry.remove(&pid);
-        }
-        Ok(())
-    }
-
-    /// The walker's entry of process `pid`, where processes are published.
-    fn publish_to_kernel(
-        &mut self,
-        pid: u32,
-        entries: &[ExecMapping],
-    ) -> Result<(), aya::maps::MapError> {
         let mut value = ProcessMappings::EMPTY;
         value.count = entries.len() as u32;
         value.mappings[..entries.len()].copy_from_slice(entries);
@@ -625,6 +586,15 @@ impl UnwindLoader {
         };
         self.processes.insert(pid, value, 0)?;
         self.use_stamps.insert(pid, value.last_used);
+        self.published.insert(pid, entries.to_vec());
+        if entries
+            .iter()
+            .any(|entry| entry.rows_start == TABLE_NOT_LOADED)
+        {
+            self.retry.insert(pid);
+        } else {
+            self.retry.remove(&pid);
+        }
         Ok(())
     }
 
@@ -653,28 +623,15 @@ impl UnwindLoader {
             end: mapping.end,
             ..ExecMapping::default()
         };
-        let is_vdso = !mapping.is_file() && *mapping.path == *VDSO;
         let file = match (mapping.is_file(), mapping.file) {
-            (false, _) if is_vdso => self.vdso_table(mapping),
+            (false, _) if *mapping.path == *VDSO => self.vdso_table(mapping),
             (false, _) => Err("not a file (JIT code)"),
             (true, None) => Err("its file could not be opened"),
             (true, Some(identity)) => self.file_table(processes, identity, &mapping.path),
         };
-        // What the walker finds this mapping's table by.
-        let identity = match is_vdso {
-            true => Some(VDSO_IDENTITY),
-            false => mapping.file.filter(|_| mapping.is_file()),
-        };
         let file = match file {
             Ok(file) => file,
-            Err(reason) => {
-                // Said to have no table, where tables go by file: the walker steps its frames
-                // by frame pointers instead of asking for its table again and again.
-                if let (true, Some(identity)) = (self.by_file, identity) {
-                    self.publish_file(identity, FileRows::default())?;
-                }
-                return Ok((entry, Some(reason)));
-            }
+            Err(reason) => return Ok((entry, Some(reason))),
         };
         let Some(segment) = segment_holding(&file.segments, mapping.file_offset) else {
             return Ok((entry, Some("no loadable segment holds it")));
@@ -686,20 +643,12 @@ impl UnwindLoader {
         let Some(placed) = self.place(&file, rows, pid, keep)? else {
             // The walker asks for it when it steps through this mapping.
             entry.rows_start = TABLE_NOT_LOADED;
-            if let Some(identity) = identity {
-                let no_room = FileRows {
-                    rows_start: TABLE_NOT_LOADED,
-                    rows_len: 0,
-                    ..file_rows(segment, &file, Placed { start: 0, len: 0 })
-                };
-                self.publish_file(identity, no_room)?;
-            }
             return Ok((entry, Some(NO_ROOM)));
         };
         entry.table_base = bias.wrapping_add(file.base);
         entry.rows_start = placed.start;
         entry.rows_len = placed.len;
-        if let Some(identity) = identity {
+        if let Some(identity) = mapping.file {
             self.publish_file(identity, file_rows(segment, &file, placed))?;
         }
         Ok((entry, None))
@@ -748,21 +697,9 @@ impl UnwindLoader {
 
     /// Tells the walker where the table of the file `identity` is.
     fn publish_file(&mut self, identity: FileIdentity, rows: FileRows) -> Result<()> {
-        let same_place = |known: &FileRows| {
-            FileRows {
-                last_used: known.last_used,
-                ..rows
-            } == *known
-        };
-        if self.files_published.get(&identity).is_some_and(same_place) {
+        if self.files_published.get(&identity) == Some(&rows) {
             return Ok(());
         }
-        // Walked now, as far as eviction goes: a table placed for a process about to run, or
-        // moved, is not the first to go.
-        let rows = FileRows {
-            last_used: use_stamp_now(),
-            ..rows
-        };
         match self.kernel_files.insert(kernel_file_key(identity), rows, 0) {
             Ok(()) => {}
             // Full: this file's mappings are unwound by table once their process is published,
@@ -777,9 +714,6 @@ impl UnwindLoader {
                 return Ok(());
             }
             Err(error) => return Err(error).context("publishing a file's unwind table"),
-        }
-        if rows.rows_len > 0 {
-            self.file_stamps.insert(rows.rows_start, rows.last_used);
         }
         self.files_published.insert(identity, rows);
         Ok(())
@@ -924,11 +858,7 @@ impl UnwindLoader {
     /// enough.
     fn evict_for(&mut self, len: u32, pid: u32, keep: &[u32]) -> Result<bool> {
         let now = use_stamp_now();
-        // By file, the table is asked for by a walk now.
-        let needer = match self.by_file {
-            true => now,
-            false => self.use_stamps.get(&pid).copied().unwrap_or(now),
-        };
+        let needer = self.use_stamps.get(&pid).copied().unwrap_or(now);
         let tables: Vec<(u32, TableUse)> = self
             .table_uses(now)
             .into_iter()
@@ -987,29 +917,19 @@ impl UnwindLoader {
             .values()
             .map(|placed| (placed.start, TableUse::Unmapped))
             .collect();
-        let mapped: HashSet<u32> = self
-            .published
-            .values()
-            .flatten()
-            .filter(|entry| entry.rows_len > 0)
-            .map(|entry| entry.rows_start)
-            .collect();
-        if self.by_file {
-            // The files' own stamps, for the tables some live process maps; one placed since
-            // the stamps were read counts as used now.
-            for start in mapped {
-                if let Some(seen) = newest.get_mut(&start) {
-                    let stamp = self.file_stamps.get(&start).copied().unwrap_or(now);
-                    *seen = newer_use(*seen, stamp, now);
-                }
-            }
-            return newest;
-        }
         for (user, entries) in &self.published {
             let stamp = self.use_stamps.get(user).copied().unwrap_or(now);
             for entry in entries.iter().filter(|entry| entry.rows_len > 0) {
                 if let Some(seen) = newest.get_mut(&entry.rows_start) {
-                    *seen = newer_use(*seen, stamp, now);
+                    let newer = match *seen {
+                        TableUse::Unmapped => true,
+                        TableUse::LastUsed(seen) => {
+                            now.wrapping_sub(stamp) < now.wrapping_sub(seen)
+                        }
+                    };
+                    if newer {
+                        *seen = TableUse::LastUsed(stamp);
+                    }
                 }
             }
         }
@@ -1094,7 +1014,7 @@ impl UnwindLoader {
         let files: Vec<(FileIdentity, FileRows)> = self
             .files_published
             .iter()
-            .filter(|(_, rows)| rows.rows_len > 0 && rows.rows_start == start)
+            .filter(|(_, rows)| rows.rows_start == start)
             .map(|(identity, rows)| (*identity, *rows))
             .collect();
         for (identity, rows) in files {
@@ -1106,15 +1026,7 @@ impl UnwindLoader {
                         ..rows
                     },
                 )?,
-                // Known, its table not loaded: the walker asks for it again.
-                None => self.publish_file(
-                    identity,
-                    FileRows {
-                        rows_start: TABLE_NOT_LOADED,
-                        rows_len: 0,
-                        ..rows
-                    },
-                )?,
+                None => self.unpublish_file(identity)?,
             }
         }
         match moved {
@@ -1136,25 +1048,6 @@ impl UnwindLoader {
             .use_stamps_read
             .is_some_and(|read| read.elapsed() < USE_STAMPS_TTL)
         {
-            return;
-        }
-        if self.by_file {
-            self.file_stamps.clear();
-            for (identity, rows) in &self.files_published {
-                let Ok(value) = self.kernel_files.get(&kernel_file_key(*identity), 0) else {
-                    continue;
-                };
-                // One table may be several files' (copies with one build ID): the newest.
-                let stamp = self
-                    .file_stamps
-                    .entry(rows.rows_start)
-                    .or_insert(value.last_used);
-                let now = use_stamp_now();
-                if now.wrapping_sub(value.last_used) < now.wrapping_sub(*stamp) {
-                    *stamp = value.last_used;
-                }
-            }
-            self.use_stamps_read = Some(Instant::now());
             return;
         }
         for pid in self.published.keys() {
@@ -1271,12 +1164,8 @@ impl UnwindLoader {
         );
         let _ = writeln!(
             out,
-            "  {}: {} user stacks, by {} frames' mappings found in the kernel's own record of \
-             the process",
-            match self.by_file {
-                true => "unwound by tables found by file (no process published)",
-                false => "unwound before the process was loaded",
-            },
+            "  unwound before the process was loaded: {} user stacks, by {} frames' mappings \
+             found in the kernel's own record of the process",
             count(UnwindCount::ProcessFromKernel),
             count(UnwindCount::FramesMappingFromKernel),
         );
@@ -1302,16 +1191,6 @@ struct Evictions {
     unmapped: u64,
     /// Their processes had not been sampled for longer than the one that needed the room.
     idle: u64,
-}
-
-/// `seen` or `stamp`, whichever is the newer use at `now` (stamps wrap).
-fn newer_use(seen: TableUse, stamp: u32, now: u32) -> TableUse {
-    match seen {
-        TableUse::LastUsed(seen) if now.wrapping_sub(seen) <= now.wrapping_sub(stamp) => {
-            TableUse::LastUsed(seen)
-        }
-        _ => TableUse::LastUsed(stamp),
-    }
 }
 
 /// How long the processes' use stamps read from the kernel are trusted.
@@ -1353,16 +1232,12 @@ fn file_rows(segment: &Segment, table: &FileTable, placed: Placed) -> FileRows {
         code_end: segment.offset.saturating_add(segment.size),
         rows_start: placed.start,
         rows_len: placed.len,
-        ..FileRows::default()
     }
 }
 
 /// The kernel's name of the file `identity` (`stat`'s device and inode): what the walker finds
 /// in a VMA of it.
 fn kernel_file_key((device, inode): FileIdentity) -> FileKey {
-    if (device, inode) == VDSO_IDENTITY {
-        return FileKey::VDSO;
-    }
     FileKey {
         major: libc::major(device),
         minor: libc::minor(device),
