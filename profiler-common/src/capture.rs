@@ -383,6 +383,9 @@ pub struct KernelOffsets {
     pub inode_ino: u32,
     pub inode_sb: u32,
     pub sb_dev: u32,
+    /// `task_struct.thread.fsbase` (x86-64): the thread pointer, which is what CPython 3.10
+    /// records as a thread's id (`pthread_self()`); 0 where the kernel has no such field.
+    pub task_fsbase: u32,
 }
 
 /// [`KernelOffsets`] as words and back, from one list of its fields: what the offsets cache
@@ -441,6 +444,7 @@ offsets_as_words!(
     inode_ino,
     inode_sb,
     sb_dev,
+    task_fsbase,
 );
 
 /// Capture options, a read-only global of the program (`CAPTURE_CONFIG`).
@@ -497,6 +501,7 @@ impl CaptureConfig {
             inode_ino: 0,
             inode_sb: 0,
             sb_dev: 0,
+            task_fsbase: 0,
         },
         flags: 0,
         uid: 0,
@@ -816,8 +821,8 @@ mod tests {
         assert_eq!(size_of::<LineLatencyKey>(), 16);
         assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
-        assert_eq!(size_of::<KernelOffsets>(), 124);
-        assert_eq!(size_of::<CaptureConfig>(), 160);
+        assert_eq!(size_of::<KernelOffsets>(), 128);
+        assert_eq!(size_of::<CaptureConfig>(), 164);
         assert_eq!(size_of::<crate::stack::StackFrames>(), 1024);
         assert_eq!(size_of::<RawDecoding>(), 16);
         assert_eq!(size_of::<IbsRecord>(), 120);

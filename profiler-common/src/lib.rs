@@ -10,6 +10,7 @@ pub mod hw;
 pub mod latency;
 pub mod maple;
 pub mod offcpu;
+pub mod python;
 pub mod stack;
 pub mod unwind;
 pub mod unwind_maps;

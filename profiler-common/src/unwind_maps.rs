@@ -232,10 +232,18 @@ pub enum UnwindCount {
     /// Frames whose mapping the walker found in the kernel's own record (the process, or this
     /// mapping of it, not published yet).
     FramesMappingFromKernel = 10,
+    /// Stacks of CPython processes with their Python frames read.
+    PythonStacks = 11,
+    /// ... whose thread the interpreter's thread list did not hold (not running Python yet, or
+    /// more threads than the walker searches): native frames only.
+    PythonThreadNotFound = 12,
+    /// ... whose frame chain could not be read, or went on past the walker's frames or the
+    /// stack's room: the outermost Python frames left out.
+    PythonFramesCut = 13,
 }
 
 impl UnwindCount {
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 14;
     pub const ALL: [UnwindCount; UnwindCount::COUNT] = [
         UnwindCount::Walked,
         UnwindCount::Complete,
@@ -248,6 +256,9 @@ impl UnwindCount {
         UnwindCount::FramesTableNotLoaded,
         UnwindCount::ProcessFromKernel,
         UnwindCount::FramesMappingFromKernel,
+        UnwindCount::PythonStacks,
+        UnwindCount::PythonThreadNotFound,
+        UnwindCount::PythonFramesCut,
     ];
 
     /// The sample-accounting loss a walk ending this way is, as the copy unwinder counts the
@@ -272,7 +283,7 @@ unsafe impl aya::Pod for ExecMapping {}
 // SAFETY: #[repr(C)] with only integer fields and no padding (16 bytes).
 unsafe impl aya::Pod for FileKey {}
 #[cfg(feature = "user")]
-// SAFETY: #[repr(C)] with only integer fields and no padding (32 bytes).
+// SAFETY: #[repr(C)] with only integer fields and no padding (40 bytes: `_pad` fills the tail).
 unsafe impl aya::Pod for FileRows {}
 #[cfg(feature = "user")]
 // SAFETY: #[repr(C)], integer fields and an array of padding-free mappings; `last_used` fills

@@ -13,6 +13,7 @@ mod arch;
 mod generations;
 mod maps;
 mod offcpu;
+mod python;
 mod sample;
 mod stacks;
 mod unwind;

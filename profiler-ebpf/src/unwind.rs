@@ -23,6 +23,7 @@ use profiler_common::{
 use crate::{
     arch,
     maps::{add, config},
+    python::append_python_frames,
     stacks::{stack_hash, user_stack_losses, FramesBuffer},
     vma::{kernel_mapping, kernel_tree_known},
 };
@@ -73,7 +74,7 @@ static UNWIND_COUNTS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(UnwindCount::COUNT as u32, 0);
 
 #[inline(always)]
-fn count_unwind(what: UnwindCount) {
+pub(crate) fn count_unwind(what: UnwindCount) {
     add(&UNWIND_COUNTS, what as u32, 1);
 }
 
@@ -269,6 +270,8 @@ pub(crate) fn continue_walk(
             depth += 1;
         }
     }
+    // CPython's frames after the native ones, for the agent to put in place.
+    let depth = append_python_frames(pid, stack, depth);
     stack.depth = depth as u64;
     if !(not_loaded_yet && matches!(end, WalkEnd::Truncated(_))) {
         count_unwind(UnwindCount::Walked);

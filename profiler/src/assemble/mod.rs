@@ -32,7 +32,7 @@ use crate::{
         container::classify_cgroup_path,
         kubernetes::KubernetesNames,
     },
-    symbolize::{lookup_addresses, CodeAddress, FrameTable},
+    symbolize::{lookup_addresses, splice_python_frames, CodeAddress, FrameTable},
 };
 
 /// Sparse `(bucket, count)` pairs of a drained histogram.
@@ -236,12 +236,14 @@ impl<'a> ProfileBuilder<'a> {
         count_unreadable_modules(&mut losses, &table.known.unreadable);
 
         // Symbolized once per distinct stack, however many threads and events share it.
+        // Each evaluator call of a CPython process in place of the Python frames it ran.
         let frames: Vec<Vec<FrameId>> = stacks
             .iter()
             .map(|(pid, ips)| {
-                lookup_addresses(*pid, ips)
+                let ids = lookup_addresses(*pid, ips)
                     .map(|address| table.frame(address))
-                    .collect()
+                    .collect();
+                splice_python_frames(ips, ids, &table.known.frames)
             })
             .collect();
         let frames_of = |id: StackId| frames[id.0].as_slice();

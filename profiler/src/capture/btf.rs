@@ -277,6 +277,10 @@ impl Btf {
             event_sample_type: offset(event, "attr")? + offset("perf_event_attr", "sample_type")?,
             raw_frag_data: offset(raw, "frag")? + offset(frag, "data")?,
             raw_frag_size: offset(raw, "frag")? + offset(frag, "size")?,
+            task_fsbase: self
+                .member_offset("task_struct", "thread")
+                .zip(self.member_offset("thread_struct", "fsbase"))
+                .map_or(0, |(thread, fsbase)| thread + fsbase),
             ..vma_tree.unwrap_or_default()
         })
     }
@@ -1023,6 +1027,10 @@ mod tests {
         assert_eq!(offsets.vma_file, expected(vma, "vm_file"));
         assert_eq!(offsets.inode_ino, expected("inode", "i_ino"));
         assert_eq!(offsets.sb_dev, expected("super_block", "s_dev"));
+        assert_eq!(
+            offsets.task_fsbase,
+            expected("task_struct", "thread") + expected("thread_struct", "fsbase")
+        );
 
         // Every member of every named struct and union, anonymous nesting and bitfields
         // included: thousands of layouts checked against an independent reader.

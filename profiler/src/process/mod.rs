@@ -10,6 +10,7 @@ mod files;
 mod kernel_code;
 mod mapping;
 mod pending;
+pub mod python;
 mod table;
 pub mod vdso;
 

@@ -64,6 +64,8 @@ pub struct ProcessTable {
     /// Side-band records the kernel dropped (its ring buffer was full).
     pub lost_records: u64,
     pub files: MappedFiles,
+    /// The Python code objects of the processes, read while they lived.
+    pub python_code: super::python::PythonCodeCache,
     /// The last [`ProcessInfo::changed`] given out.
     last_change: u64,
     /// Each process with a [`ProcessInfo::changed`] stamp, by that stamp: the unwinder asks
@@ -165,6 +167,7 @@ impl ProcessTable {
     fn remove_process(&mut self, pid: u32) -> Option<ProcessInfo> {
         let process = self.processes.remove(&pid)?;
         self.by_change.remove(&process.changed);
+        self.python_code.forget(pid);
         Some(process)
     }
 
@@ -580,6 +583,7 @@ impl ProcessTable {
             .map(|(path, identity)| (path.clone(), *identity))
             .collect();
         ProcessTable {
+            python_code: self.python_code.of(|pid| processes.contains_key(&pid)),
             processes,
             threads: self.threads.clone(),
             exited_threads: Vec::new(),

@@ -14,6 +14,7 @@ pub mod module_file;
 pub mod perf_map;
 mod plain_debug;
 mod plt;
+mod python;
 mod separate_debug;
 
 use std::{
@@ -48,6 +49,7 @@ pub use ahead::ReadAhead;
 pub use cache::SymbolCache;
 use kallsyms::KernelSymbols;
 pub use profiler_common::capture::KERNEL_SPACE_START;
+pub use python::{splice_python_frames, PYTHON_MODULE};
 
 pub fn is_kernel_address(address: u64) -> bool {
     address >= KERNEL_SPACE_START
@@ -89,7 +91,10 @@ impl CodeAddress {
 pub fn lookup_addresses(pid: u32, ips: &[u64]) -> impl Iterator<Item = CodeAddress> + '_ {
     ips.iter().enumerate().map(move |(depth, ip)| CodeAddress {
         pid,
-        address: if depth == 0 || profiler_common::unwind_maps::is_marker_frame(*ip) {
+        address: if depth == 0
+            || profiler_common::unwind_maps::is_marker_frame(*ip)
+            || profiler_common::python::decode_frame(*ip).is_some()
+        {
             *ip
         } else {
             ip.saturating_sub(1)
@@ -126,6 +131,9 @@ pub struct SortedCode {
     kernel: Vec<(CodeAddress, Option<(String, u64)>)>,
     /// The unwinder's marker frames, by the function they stand for.
     markers: Vec<(CodeAddress, &'static str)>,
+    /// Frames named while sorting: Python frames, whose code objects are read from their
+    /// process's memory while it lives.
+    named: Vec<(CodeAddress, Frame)>,
     /// With [`FrameAddresses::FileOffsets`]: addresses whose file offset another address in
     /// `files` has, or a frame known has: resolved with it.
     same_code: Vec<(CodeAddress, (FileIdentity, u64))>,
@@ -143,6 +151,7 @@ impl SortedCode {
         self.files.is_empty()
             && self.kernel.is_empty()
             && self.markers.is_empty()
+            && self.named.is_empty()
             && self.same_code.is_empty()
             && self.unnamed.is_empty()
     }
@@ -155,6 +164,7 @@ impl SortedCode {
         });
         self.kernel.retain(|(address, _)| !known(address));
         self.markers.retain(|(address, _)| !known(address));
+        self.named.retain(|(address, _)| !known(address));
         self.same_code.retain(|(address, _)| !known(address));
         self.unnamed.retain(|(address, _)| !known(address));
     }
@@ -246,10 +256,14 @@ impl KnownFrames {
             files,
             kernel,
             markers,
+            named,
             same_code,
             mut unnamed,
             unreadable,
         } = sorted;
+        for (address, frame) in named {
+            self.keep(address, frame);
+        }
         for (module, addresses) in unreadable {
             *self.unreadable.entry(module).or_default() += addresses;
         }
@@ -456,8 +470,16 @@ impl<'a> FrameTable<'a> {
         let mut sorted = SortedCode::default();
         // With file offsets: code queued above for another process, resolved with it.
         let mut queued = HashSet::default();
+        let mut python = python::PythonCodeReader::default();
         for address in addresses {
             if self.known.resolved.contains_key(&address) {
+                continue;
+            }
+            if let Some(frame) = (address.pid != 0)
+                .then(|| python.frame(self.processes, address.pid, address.address))
+                .flatten()
+            {
+                sorted.named.push((address, frame));
                 continue;
             }
             // Kernel code belongs to no process (pid 0, see [`CodeAddress::sampled`]): a

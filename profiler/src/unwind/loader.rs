@@ -20,7 +20,6 @@ use std::{
 
 use anyhow::{anyhow, Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
-use object::{Object, ObjectSegment};
 use profiler_common::{
     capture::LossKind,
     unwind::UnwindRow,
@@ -32,6 +31,8 @@ use profiler_common::{
 
 use super::{
     arena::{eviction_order, ArenaSpace, Placed, TableUse},
+    python::PythonProcesses,
+    segments::{load_bias, segment_holding, segments, Segment, PAGE_BYTES},
     tables::{compile, NoCallFrameInformation, TableCache, TableKey, UnwindTable},
 };
 use crate::{
@@ -350,6 +351,8 @@ pub struct UnwindLoader {
     files_closed: u64,
     /// The agent's memory budget, over which compiled rows are let go.
     memory_budget: Option<u64>,
+    /// The CPython processes whose stacks the walker reads Python frames of.
+    python: PythonProcesses,
 }
 
 impl UnwindLoader {
@@ -393,6 +396,7 @@ impl UnwindLoader {
             refused: HashSet::new(),
             files_closed: 0,
             memory_budget,
+            python: PythonProcesses::new(program.take_map("PYTHON_PROCESSES")?),
         })
     }
 
@@ -441,6 +445,7 @@ impl UnwindLoader {
             .map(|&(pid, _)| pid);
         for pid in exited {
             self.retry.remove(&pid);
+            self.python.forget(pid);
             if self.published.remove(&pid).is_some() {
                 self.use_stamps.remove(&pid);
                 // Already gone when the kernel never had it: nothing to undo.
@@ -462,6 +467,7 @@ impl UnwindLoader {
         for pid in to_resolve {
             let process = &table.processes[&pid];
             let mut mappings = current_code_mappings(&process.mappings);
+            self.python.sync(table, pid, mappings.iter().copied());
             // The walker's table holds so many: mappings with tables first.
             if mappings.len() > MAX_PROCESS_MAPPINGS {
                 mappings.sort_by_key(|mapping| !mapping.is_file());
@@ -530,6 +536,7 @@ impl UnwindLoader {
     /// loaded. A file mapped again is opened again, and its table read from the disk cache.
     fn release_closed_files(&mut self, files: &MappedFiles) -> Result<()> {
         self.files.retain(|identity, _| files.is_open(*identity));
+        self.python.release_closed_files(files);
         // A closed file's inode number may be given to another file: the walker must not find
         // this table by it.
         let closed: Vec<FileIdentity> = self
@@ -640,7 +647,8 @@ impl UnwindLoader {
         let rows = |loader: &mut UnwindLoader| {
             loader.held_rows(&file.key, processes, mapping.file, &mapping.path)
         };
-        let Some(placed) = self.place(&file, rows, pid, keep)? else {
+        let placed = self.place(&file, rows, pid, keep)?;
+        let Some(placed) = placed else {
             // The walker asks for it when it steps through this mapping.
             entry.rows_start = TABLE_NOT_LOADED;
             return Ok((entry, Some(NO_ROOM)));
@@ -1169,6 +1177,20 @@ impl UnwindLoader {
             count(UnwindCount::ProcessFromKernel),
             count(UnwindCount::FramesMappingFromKernel),
         );
+        if count(UnwindCount::PythonStacks) + count(UnwindCount::PythonThreadNotFound) > 0
+            || self.python.refused > 0
+        {
+            let _ = writeln!(
+                out,
+                "  python: {} stacks with their Python frames ({} cut short of the outermost); {} \
+                 of threads the interpreter does not list (native frames only); {} processes \
+                 the walker's table refused",
+                count(UnwindCount::PythonStacks),
+                count(UnwindCount::PythonFramesCut),
+                count(UnwindCount::PythonThreadNotFound),
+                self.python.refused,
+            );
+        }
         // The walks the sample accounting counts as losses, under the accounting's own names.
         for (kind, walks) in self.losses() {
             let _ = writeln!(out, "  walker: {walks} {}", kind.describe());
@@ -1243,64 +1265,6 @@ fn kernel_file_key((device, inode): FileIdentity) -> FileKey {
         minor: libc::minor(device),
         inode,
     }
-}
-
-/// The loadable segment a mapping from `file_offset` maps. The kernel maps whole pages, so a
-/// segment that starts mid-page (file offset 0x13730 at address 0x14730) is mapped from the page
-/// before (file offset 0x13000), which may also hold the end of the previous segment: the
-/// page-aligned range is matched, the executable segment first (the mapping is code).
-fn segment_holding(segments: &[Segment], file_offset: u64) -> Option<&Segment> {
-    let holds = |segment: &&Segment| {
-        let start = segment.offset & !(PAGE_BYTES - 1);
-        (start..segment.offset.saturating_add(segment.size)).contains(&file_offset)
-    };
-    segments
-        .iter()
-        .filter(|segment| segment.executable)
-        .find(holds)
-        .or_else(|| segments.iter().find(holds))
-}
-
-/// Run-time address minus ELF virtual address for `mapping`, which maps `segment`.
-fn load_bias(segment: &Segment, mapping: &Mapping) -> u64 {
-    // mapping.start holds file offset `file_offset`, at virtual address
-    // segment.address + (file_offset - segment.offset).
-    let virtual_address = segment
-        .address
-        .wrapping_add(mapping.file_offset)
-        .wrapping_sub(segment.offset);
-    mapping.start.wrapping_sub(virtual_address)
-}
-
-/// The page size loadable segments are mapped in (x86-64).
-const PAGE_BYTES: u64 = 4096;
-
-/// One loadable segment of a file.
-#[derive(Clone, Copy, Debug)]
-struct Segment {
-    offset: u64,
-    size: u64,
-    address: u64,
-    executable: bool,
-}
-
-/// The loadable segments of an ELF file.
-fn segments<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Vec<Segment> {
-    elf.segments()
-        .map(|segment| {
-            let (offset, size) = segment.file_range();
-            let executable = matches!(
-                segment.flags(),
-                object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
-            );
-            Segment {
-                offset,
-                size,
-                address: segment.address(),
-                executable,
-            }
-        })
-        .collect()
 }
 
 /// The vDSO's table, from the agent's own image: every process of this kernel maps the same one

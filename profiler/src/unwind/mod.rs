@@ -10,4 +10,6 @@
 pub mod arena;
 pub mod copy;
 pub mod loader;
+mod python;
+mod segments;
 pub mod tables;
