@@ -17,7 +17,7 @@ use profiler_common::{
         encode_frame, PythonProcess, FRAME_OWNED_BY_CSTACK, MAX_PYTHON_FRAMES,
         MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, NONE, PYTHON_ENTRY,
     },
-    stack::StackFrames,
+    stack::{StackFrames, MAX_STACK_DEPTH},
     unwind_maps::UnwindCount,
 };
 
@@ -121,12 +121,16 @@ pub extern "C" fn python_frame(
     let (Some(process), Some(stack)) = (unsafe { (process.as_ref(), stack.as_mut()) }) else {
         return STEP_FAILED;
     };
+    // The stack is full: masked below, a larger depth would wrap.
+    if depth >= MAX_STACK_DEPTH as u64 {
+        return STEP_FAILED;
+    }
     let Some(step) = read_frame(process, frame) else {
         return STEP_FAILED;
     };
     let mut depth = depth;
     if let Some(recorded) = step.recorded {
-        let Some(slot) = stack.frames.get_mut(depth as usize) else {
+        let Some(slot) = stack.frames.get_mut(slot_index(depth)) else {
             return STEP_FAILED;
         };
         *slot = recorded;
@@ -135,7 +139,7 @@ pub extern "C" fn python_frame(
     // The evaluator's own frame under the first frame a call of it ran: that call's frames end
     // with the one before.
     if step.ends_call && depth > start {
-        if let Some(slot) = stack.frames.get_mut(depth as usize - 1) {
+        if let Some(slot) = stack.frames.get_mut(slot_index(depth.wrapping_sub(1))) {
             *slot |= PYTHON_ENTRY;
         }
     }
@@ -143,6 +147,15 @@ pub extern "C" fn python_frame(
         return STEP_FAILED;
     }
     step.caller | depth << DEPTH_SHIFT
+}
+
+/// A frame's place in the frames buffer, masked to the buffer's power-of-two bound: Linux 6.1's
+/// verifier loses the bound the buffer's own check gives a copy of the index ("math between mem
+/// pointer and register with unbounded min value"); the check still refuses the last place.
+#[inline(always)]
+fn slot_index(depth: u64) -> usize {
+    const { assert!((MAX_STACK_DEPTH + 1).is_power_of_two()) };
+    (depth & MAX_STACK_DEPTH as u64) as usize
 }
 
 /// One frame read: what to record of it (none for the evaluator's own frame, or a code object
