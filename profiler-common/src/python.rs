@@ -143,19 +143,20 @@ pub const MAX_PYTHON_FRAMES: usize = 48;
 /// aarch64) and perf's context markers have both top bits set.
 pub const PYTHON_FRAME: u64 = 1 << 63;
 const TAG_MASK: u64 = 3 << 62;
-/// The last (outermost) Python frame one native call of the evaluator ran: the frames up to it
-/// replace that call's native frame.
-pub const PYTHON_ENTRY: u64 = 1 << 61;
+/// The first (innermost) Python frame of a native call of the evaluator other than the innermost
+/// call: the frames before it belong to the calls it made. Each call's frames replace its
+/// native frame.
+pub const PYTHON_CALL_START: u64 = 1 << 61;
 const INDEX_SHIFT: u32 = 45;
 const INDEX_MAX: u64 = (1 << 16) - 1;
 const CODE_BITS: u64 = (1 << INDEX_SHIFT) - 1;
 
 /// A Python frame as the walker records it: its code object (an 8-aligned address below 2^48),
 /// its instruction (code units from the start of the bytecode, at most 2^16 - 1: beyond, the
-/// last), and whether it ends its evaluator call's frames. `None` for an address that cannot be
-/// encoded.
+/// last), and whether it starts its evaluator call's frames. `None` for an address that cannot
+/// be encoded.
 #[inline(always)]
-pub const fn encode_frame(code: u64, instruction: u64, entry: bool) -> Option<u64> {
+pub const fn encode_frame(code: u64, instruction: u64, starts_call: bool) -> Option<u64> {
     if code == 0 || code & 7 != 0 || code >> 48 != 0 {
         return None;
     }
@@ -164,11 +165,12 @@ pub const fn encode_frame(code: u64, instruction: u64, entry: bool) -> Option<u6
     } else {
         instruction
     };
-    let entry = if entry { PYTHON_ENTRY } else { 0 };
-    Some(PYTHON_FRAME | entry | index << INDEX_SHIFT | code >> 3)
+    let starts_call = if starts_call { PYTHON_CALL_START } else { 0 };
+    Some(PYTHON_FRAME | starts_call | index << INDEX_SHIFT | code >> 3)
 }
 
-/// A frame the walker recorded, when it is a Python frame: (code object, instruction, entry).
+/// A frame the walker recorded, when it is a Python frame: (code object, instruction, whether
+/// it starts an evaluator call's frames).
 pub const fn decode_frame(frame: u64) -> Option<(u64, u64, bool)> {
     if frame & TAG_MASK != PYTHON_FRAME {
         return None;
@@ -176,7 +178,7 @@ pub const fn decode_frame(frame: u64) -> Option<(u64, u64, bool)> {
     Some((
         (frame & CODE_BITS) << 3,
         (frame >> INDEX_SHIFT) & INDEX_MAX,
-        frame & PYTHON_ENTRY != 0,
+        frame & PYTHON_CALL_START != 0,
     ))
 }
 

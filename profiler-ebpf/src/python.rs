@@ -15,7 +15,7 @@ use aya_ebpf::{
 use profiler_common::{
     python::{
         encode_frame, PythonProcess, FRAME_OWNED_BY_CSTACK, MAX_PYTHON_FRAMES,
-        MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, NONE, PYTHON_ENTRY,
+        MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, NONE,
     },
     stack::{StackFrames, MAX_STACK_DEPTH},
     unwind_maps::UnwindCount,
@@ -79,16 +79,18 @@ fn python_frames(process: &PythonProcess, stack: &mut StackFrames, depth: u64, t
     if offsets.cframe_current != NONE && frame != 0 {
         frame = user(frame + u64::from(offsets.cframe_current)).unwrap_or(0);
     }
-    let (start, mut depth) = (depth, depth);
+    // The innermost frame starts no call: the frames the innermost call ran come first.
+    let (mut depth, mut starts_call) = (depth, 0);
     for _ in 0..MAX_PYTHON_FRAMES {
         if frame == 0 {
             return depth;
         }
-        let stepped = python_frame(process, stack, frame, depth, start);
+        let stepped = python_frame(process, stack, frame, depth, starts_call);
         if stepped & STEP_FAILED != 0 {
             break;
         }
         depth = (stepped >> DEPTH_SHIFT) & 0xff;
+        starts_call = (stepped >> STARTS_CALL_SHIFT) & 1;
         frame = stepped & CALLER_BITS;
     }
     count_unwind(UnwindCount::PythonFramesCut);
@@ -96,14 +98,17 @@ fn python_frames(process: &PythonProcess, stack: &mut StackFrames, depth: u64, t
 }
 
 /// What [`python_frame`] returns: the caller's frame (an address below 2^48), the new depth
-/// above it, or this bit when the frame could not be read or recorded.
+/// above it, whether the next frame recorded starts an evaluator call, or this bit when the
+/// frame could not be read or recorded.
 const STEP_FAILED: u64 = 1 << 63;
+const STARTS_CALL_SHIFT: u32 = 62;
 const DEPTH_SHIFT: u32 = 48;
 const CALLER_BITS: u64 = (1 << DEPTH_SHIFT) - 1;
 
-/// Records the Python frame at `frame` at `depth` in `stack` (`start`: where the Python frames
-/// begin), or marks the frame before as the last of its evaluator call; returns the caller and
-/// the new depth ([`STEP_FAILED`] where it could not).
+/// Records the Python frame at `frame` at `depth` in `stack`, marked as the first of its
+/// evaluator call where `starts_call`; returns the caller, the new depth and whether the next
+/// frame starts a call ([`STEP_FAILED`] where it could not). Frames are only ever written at
+/// `depth`: Linux 6.1's verifier could not bound a write to the frame before.
 ///
 /// A global function: the verifier checks it once, where inlined into the frame loop it
 /// followed every frame's depth apart (a million instructions, refused).
@@ -114,7 +119,7 @@ pub extern "C" fn python_frame(
     stack: *mut StackFrames,
     frame: u64,
     depth: u64,
-    start: u64,
+    starts_call: u64,
 ) -> u64 {
     // SAFETY: map values the kernel keeps alive while the program runs (the process's entry,
     // this CPU's frames buffer), or null; programs do not nest on one CPU.
@@ -128,25 +133,23 @@ pub extern "C" fn python_frame(
     let Some(step) = read_frame(process, frame) else {
         return STEP_FAILED;
     };
-    let mut depth = depth;
-    if let Some(recorded) = step.recorded {
+    let (mut depth, mut starts_call) = (depth, starts_call != 0);
+    if let Some(recorded) = step
+        .recorded
+        .and_then(|(code, instruction)| encode_frame(code, instruction, starts_call))
+    {
         let Some(slot) = stack.frames.get_mut(slot_index(depth)) else {
             return STEP_FAILED;
         };
         *slot = recorded;
         depth += 1;
+        starts_call = false;
     }
-    // The evaluator's own frame under the first frame a call of it ran: that call's frames end
-    // with the one before.
-    if step.ends_call && depth > start {
-        if let Some(slot) = stack.frames.get_mut(slot_index(depth.wrapping_sub(1))) {
-            *slot |= PYTHON_ENTRY;
-        }
-    }
-    if step.caller > CALLER_BITS || depth > 0xff {
+    starts_call |= step.ends_call;
+    if step.caller > CALLER_BITS {
         return STEP_FAILED;
     }
-    step.caller | depth << DEPTH_SHIFT
+    step.caller | depth << DEPTH_SHIFT | u64::from(starts_call) << STARTS_CALL_SHIFT
 }
 
 /// A frame's place in the frames buffer, masked to the buffer's power-of-two bound: Linux 6.1's
@@ -158,10 +161,11 @@ fn slot_index(depth: u64) -> usize {
     (depth & MAX_STACK_DEPTH as u64) as usize
 }
 
-/// One frame read: what to record of it (none for the evaluator's own frame, or a code object
-/// at an address no frame can hold), whether it ends an evaluator call's frames, and its caller.
+/// One frame read: its code object and instruction (none for the evaluator's own frame),
+/// whether it ends an evaluator call's frames (the next frame recorded starts another), and its
+/// caller.
 struct FrameStep {
-    recorded: Option<u64>,
+    recorded: Option<(u64, u64)>,
     ends_call: bool,
     caller: u64,
 }
@@ -184,7 +188,7 @@ fn read_frame(process: &PythonProcess, frame: u64) -> Option<FrameStep> {
         });
     }
     let code: u64 = user(at(offsets.frame_code))?;
-    let (instruction, entry) = match offsets.code_adaptive {
+    let (instruction, ends_call) = match offsets.code_adaptive {
         // 3.10: the index of the last instruction; every frame is its own evaluator call.
         NONE => (
             user::<i32>(at(offsets.frame_instruction))?.max(0) as u64,
@@ -201,8 +205,8 @@ fn read_frame(process: &PythonProcess, frame: u64) -> Option<FrameStep> {
         }
     };
     Some(FrameStep {
-        recorded: encode_frame(code, instruction, entry),
-        ends_call: false,
+        recorded: Some((code, instruction)),
+        ends_call,
         caller,
     })
 }

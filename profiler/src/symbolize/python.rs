@@ -218,15 +218,13 @@ pub fn splice_python_frames(frames: &[u64], ids: Vec<FrameId>, named: &[Frame]) 
     };
     let mut groups: Vec<&[FrameId]> = Vec::new();
     let mut start = first;
-    for (at, frame) in frames.iter().enumerate().skip(first) {
-        if decode_frame(*frame).is_some_and(|(_, _, entry)| entry) {
-            groups.push(&ids[start..=at]);
-            start = at + 1;
+    for (at, frame) in frames.iter().enumerate().skip(first + 1) {
+        if decode_frame(*frame).is_some_and(|(_, _, starts_call)| starts_call) {
+            groups.push(&ids[start..at]);
+            start = at;
         }
     }
-    if start < ids.len() {
-        groups.push(&ids[start..]);
-    }
+    groups.push(&ids[start..]);
     let mut groups = groups.into_iter();
     let mut spliced = Vec::with_capacity(ids.len());
     for &id in &ids[..first] {
@@ -269,18 +267,18 @@ mod tests {
             ..Frame::default()
         })
         .collect();
-        let python = |code: u64, entry: bool| encode_frame(code << 3, 0, entry).unwrap();
-        // Native: compress <- eval <- builtin <- eval <- main; Python: leaf (ends the inner
-        // call), caller, module (end the outer one).
+        let python = |code: u64, starts: bool| encode_frame(code << 3, 0, starts).unwrap();
+        // Native: compress <- eval <- builtin <- eval <- main; Python: leaf (the inner call),
+        // caller (starts the outer call), module.
         let frames = [
             0x1000,
             0x2000,
             0x3000,
             0x2000,
             0x4000,
-            python(1, true),
-            python(2, false),
-            python(3, true),
+            python(1, false),
+            python(2, true),
+            python(3, false),
         ];
         let ids = vec![0, 1, 2, 3, 4, 5, 6, 7];
         assert_eq!(
@@ -288,7 +286,7 @@ mod tests {
             [0, 5, 2, 6, 7, 4]
         );
         // Cut short: the native walk ended (marker) before the outer call's evaluator.
-        let frames = [0x1000, 0x2000, 0x3000, 0, python(1, true), python(2, true)];
+        let frames = [0x1000, 0x2000, 0x3000, 0, python(1, false), python(2, true)];
         let ids = vec![0, 1, 2, 8, 5, 6];
         assert_eq!(splice_python_frames(&frames, ids, &named), [0, 5, 2, 6, 8]);
         // No Python frames: as it was.
