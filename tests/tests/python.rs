@@ -92,10 +92,10 @@ fn folded(profile: &std::path::Path) -> Vec<(Vec<String>, u64)> {
         .collect()
 }
 
-/// `profiler record OPTIONS -o DIR/NAME.prof -- INTERPRETER DIR/NAME.py ARGS` of `script`:
-/// the profile, what the script printed as JSON, and the recording's stderr.
+/// `profiler record OPTIONS -o DIR/NAME.prof -- INTERPRETER FLAGS DIR/NAME.py ARGS` of
+/// `script`: the profile, what the script printed as JSON, and the recording's stderr.
 fn record_script(
-    interpreter: &std::path::Path,
+    (interpreter, flags): (&std::path::Path, &[&str]),
     script: (&str, &str),
     options: &[&str],
     args: &[&str],
@@ -108,7 +108,9 @@ fn record_script(
     let mut all = vec!["record"];
     all.extend_from_slice(options);
     all.extend_from_slice(&["-o", profile.to_str().unwrap(), "--"]);
-    all.extend_from_slice(&[interpreter.to_str().unwrap(), source.to_str().unwrap()]);
+    all.push(interpreter.to_str().unwrap());
+    all.extend_from_slice(flags);
+    all.push(source.to_str().unwrap());
     all.extend_from_slice(args);
     let output = profiler(&all);
     let printed = output
@@ -128,12 +130,26 @@ fn record_script(
 const CHAIN: [&str; 3] = ["<module>", "main", "timed"];
 const LEAVES: [&str; 3] = ["alpha_hot", "beta_cold", "squeeze"];
 
+/// The leaf of a stack (frames root first) whose Python frames are the whole chain, outermost
+/// first, then a leaf, with native frames of the interpreter around and between them; and where
+/// `<module>` is.
+fn python_chain(frames: &[String]) -> Option<(usize, String)> {
+    let at = frames.iter().position(|frame| frame == "<module>")?;
+    let python: Vec<&str> = frames[at..]
+        .iter()
+        .map(String::as_str)
+        .filter(|frame| CHAIN.contains(frame) || LEAVES.contains(frame))
+        .collect();
+    let (leaf, chain) = python.split_last()?;
+    (chain == CHAIN && LEAVES.contains(leaf)).then(|| (at, leaf.to_string()))
+}
+
 #[test]
 fn every_cpython_version_names_the_scripts_functions_in_their_measured_shares() {
     for interpreter in interpreters() {
         let what = interpreter.display().to_string();
         let (profile, printed, stderr) = record_script(
-            &interpreter,
+            (&interpreter, &[]),
             ("split", SPLIT_SCRIPT),
             &["--stats", "-F", "999"],
             &["4"],
@@ -141,18 +157,6 @@ fn every_cpython_version_names_the_scripts_functions_in_their_measured_shares() 
         let measured: HashMap<String, f64> = serde_json::from_value(printed).unwrap();
         let measured_total: f64 = measured.values().sum();
         let stacks = folded(&profile);
-        // The whole chain, outermost first, then the leaf: the Python frames in order, native
-        // frames of the interpreter around and between them.
-        let python_chain = |frames: &[String]| -> Option<(usize, String)> {
-            let at = frames.iter().position(|frame| frame == "<module>")?;
-            let python: Vec<&str> = frames[at..]
-                .iter()
-                .map(String::as_str)
-                .filter(|frame| CHAIN.contains(frame) || LEAVES.contains(frame))
-                .collect();
-            let (leaf, chain) = python.split_last()?;
-            (chain == CHAIN && LEAVES.contains(leaf)).then(|| (at, leaf.to_string()))
-        };
         let total: u64 = stacks.iter().map(|(_, n)| n).sum();
         let mut by_leaf: HashMap<String, u64> = HashMap::new();
         let mut under_squeeze_native = 0;
@@ -233,7 +237,7 @@ fn a_python_function_that_sleeps_holds_its_off_cpu_time() {
     for interpreter in interpreters() {
         let what = interpreter.display().to_string();
         let (profile, measured, _) = record_script(
-            &interpreter,
+            (&interpreter, &[]),
             ("sleep", SLEEP_SCRIPT),
             &["--off-cpu", "--drain-interval", "100ms"],
             &[],
@@ -305,4 +309,45 @@ fn a_system_wide_recording_names_the_python_functions_of_a_process_it_did_not_st
         alpha > 300 && beta > 50 && alpha > beta,
         "alpha_hot {alpha} and beta_cold {beta} samples through <module>;main;timed\n{stderr}"
     );
+}
+
+/// `-X perf` (3.12 and later) runs each Python function's evaluation through a trampoline copied
+/// into anonymous memory, listed in the perf map, with no unwind information: its stacks reach
+/// `_start` through the trampolines, named by the perf map, and carry the Python frames too.
+#[test]
+fn x_perf_trampolines_are_unwound_through_to_start() {
+    let with_perf_support = |path: &PathBuf| {
+        let path = path.to_string_lossy();
+        ["/3.12.", "/3.13."]
+            .iter()
+            .any(|minor| path.contains(minor))
+    };
+    for interpreter in interpreters().into_iter().filter(with_perf_support) {
+        let what = interpreter.display().to_string();
+        let (profile, _, stderr) = record_script(
+            (&interpreter, &["-X", "perf"]),
+            ("perf_trampolines", SPLIT_SCRIPT),
+            &["--stats", "-F", "999"],
+            &["2"],
+        );
+        let stacks = folded(&profile);
+        let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+        let through = |frames: &[String]| {
+            frames.get(1).is_some_and(|frame| frame == "_start")
+                && python_chain(frames).is_some()
+                && frames
+                    .iter()
+                    .any(|frame| frame.starts_with("py::timed:") && frame.ends_with(".py"))
+        };
+        let whole: u64 = stacks
+            .iter()
+            .filter(|(frames, _)| through(frames))
+            .map(|(_, n)| n)
+            .sum();
+        assert!(
+            total > 800 && whole * 100 >= total * 95,
+            "{what} -X perf: {whole} of {total} samples reach _start through the trampolines \
+             and carry <module>;main;timed and a leaf\n{stderr}"
+        );
+    }
 }

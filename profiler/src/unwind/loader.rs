@@ -34,6 +34,7 @@ use super::{
     python::PythonProcesses,
     segments::{load_bias, segment_holding, segments, Segment, PAGE_BYTES},
     tables::{compile, NoCallFrameInformation, TableCache, TableKey, UnwindTable},
+    trampoline::TrampolineLayout,
 };
 use crate::{
     capture::{program::CaptureProgram, ring::KernelRing},
@@ -82,6 +83,8 @@ enum TableRef {
     Cached(TableKey),
     /// The vDSO's, compiled from the agent's own image.
     Vdso,
+    /// A mapping of CPython's perf trampolines, made from its layout.
+    Trampolines(TrampolineLayout),
 }
 
 /// The row arena map, memory-mapped (it is created `BPF_F_MMAPABLE`): a file's rows are copied
@@ -353,6 +356,9 @@ pub struct UnwindLoader {
     memory_budget: Option<u64>,
     /// The CPython processes whose stacks the walker reads Python frames of.
     python: PythonProcesses,
+    /// The layout of each anonymous executable mapping (pid, start, end) read so far, where it
+    /// holds CPython's perf trampolines.
+    trampolines: HashMap<(u32, u64, u64), Option<TrampolineLayout>>,
 }
 
 impl UnwindLoader {
@@ -397,6 +403,7 @@ impl UnwindLoader {
             files_closed: 0,
             memory_budget,
             python: PythonProcesses::new(program.take_map("PYTHON_PROCESSES")?),
+            trampolines: HashMap::new(),
         })
     }
 
@@ -446,6 +453,7 @@ impl UnwindLoader {
         for pid in exited {
             self.retry.remove(&pid);
             self.python.forget(pid);
+            self.trampolines.retain(|&(owner, _, _), _| owner != pid);
             if self.published.remove(&pid).is_some() {
                 self.use_stamps.remove(&pid);
                 // Already gone when the kernel never had it: nothing to undo.
@@ -555,6 +563,12 @@ impl UnwindLoader {
             .chain(self.preloaded.values().map(|(_, file)| file))
             .map(|file| file.key.clone())
             .chain(std::iter::once(TableRef::Vdso))
+            .chain(
+                self.trampolines
+                    .values()
+                    .flatten()
+                    .map(|&layout| TableRef::Trampolines(layout)),
+            )
             .collect();
         self.held.retain(|key, _| referenced.contains(key));
         self.cache.release_unused();
@@ -632,7 +646,7 @@ impl UnwindLoader {
         };
         let file = match (mapping.is_file(), mapping.file) {
             (false, _) if *mapping.path == *VDSO => self.vdso_table(mapping),
-            (false, _) => Err("not a file (JIT code)"),
+            (false, _) => self.trampoline_table(pid, mapping),
             (true, None) => Err("its file could not be opened"),
             (true, Some(identity)) => self.file_table(processes, identity, &mapping.path),
         };
@@ -754,6 +768,38 @@ impl UnwindLoader {
         }
     }
 
+    /// The table of `pid`'s anonymous mapping `mapping` where it holds CPython's perf trampolines
+    /// (other JIT code is walked by frame pointers). Its bytes are read once per mapping.
+    fn trampoline_table(&mut self, pid: u32, mapping: &Mapping) -> Result<FileTable, &'static str> {
+        let bytes = mapping.end - mapping.start;
+        let layout = *self
+            .trampolines
+            .entry((pid, mapping.start, mapping.end))
+            .or_insert_with(|| TrampolineLayout::of_mapping(pid, mapping.start, bytes));
+        let layout = layout.ok_or("not a file (JIT code)")?;
+        let key = TableRef::Trampolines(layout);
+        let rows = self
+            .held
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(layout.table()))
+            .rows
+            .len();
+        // The table's `pc` are offsets from the mapping's start, whatever offset it is said to
+        // map (an anonymous mapping's is 0 in /proc, its page number in the side-band).
+        let segment = Segment {
+            offset: mapping.file_offset,
+            size: layout.bytes(),
+            address: 0,
+            executable: true,
+        };
+        Ok(FileTable {
+            key,
+            base: 0,
+            rows,
+            segments: vec![segment],
+        })
+    }
+
     /// The table of the file `identity`, mapped as `shown`.
     fn file_table(
         &mut self,
@@ -807,6 +853,11 @@ impl UnwindLoader {
     ) -> Option<Arc<UnwindTable>> {
         if let Some(rows) = self.held.get(key) {
             return Some(Arc::clone(rows));
+        }
+        if let TableRef::Trampolines(layout) = key {
+            let rows = Arc::new(layout.table());
+            self.held.insert(key.clone(), Arc::clone(&rows));
+            return Some(rows);
         }
         let path = processes.files.path(identity?)?;
         let file = open_regular(&path, FinalLink::Follow).ok()?;
