@@ -28,6 +28,9 @@ const VIEWER_PACKAGES: [&str; 4] = [
 
 /// Where the viewers' packages are installed (`node_modules` below it); the tests look there.
 pub const VIEWERS_DIR: &str = "viewers";
+/// Where py-spy is installed in the target directory, and which release.
+const PY_SPY_DIR: &str = "py-spy";
+const PY_SPY_VERSION: &str = "0.4.3";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Purpose {
@@ -220,6 +223,8 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "xz-utils",
             "sqlite3",
             "python3",
+            // pip, to install py-spy (the Python tests' reference) from PyPI.
+            "python3-pip",
             // glibc's internal function names (memcpy's aliases), in its separate debug file.
             "libc6-dbg",
             // systemd-analyze checks the agent's unit file (dist/profiler-agent.service).
@@ -235,9 +240,32 @@ pub fn all(purpose: Purpose) -> Result<()> {
             "debuginfod",
         ])?;
         viewers()?;
+        py_spy()?;
         crate::backends::build()?;
     }
     Ok(())
+}
+
+/// py-spy from PyPI, in target/py-spy/bin: the Python tests and the bench run it beside the
+/// profiler on the same interpreters.
+fn py_spy() -> Result<()> {
+    let dir = target_dir().join(PY_SPY_DIR);
+    let installed = Command::new(dir.join("bin/py-spy"))
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| {
+            String::from_utf8_lossy(&out.stdout).trim() == format!("py-spy {PY_SPY_VERSION}")
+        });
+    if installed {
+        return Ok(());
+    }
+    run_command(
+        Command::new("/usr/bin/python3")
+            .args(["-m", "pip", "install", "--quiet", "--upgrade", "--target"])
+            .arg(&dir)
+            .arg(format!("py-spy=={PY_SPY_VERSION}")),
+    )
+    .context("installing py-spy (from PyPI), the Python tests' reference")
 }
 
 /// The viewers' npm packages ([`VIEWER_PACKAGES`]) in the target directory, installed once.
