@@ -386,7 +386,16 @@ pub struct KernelOffsets {
     /// `task_struct.thread.fsbase` (x86-64): the thread pointer, which is what CPython 3.10
     /// records as a thread's id (`pthread_self()`); 0 where the kernel has no such field.
     pub task_fsbase: u32,
+    /// `task_struct.thread_pid`, `pid.level` and `pid.numbers` (an array of `upid`, whose
+    /// `nr` is first): the thread's id in its own pid namespace, `numbers[level].nr`, which is
+    /// what CPython 3.11+ records as a thread's id (`gettid()`); 0 where the kernel lacks one.
+    pub task_thread_pid: u32,
+    pub pid_level: u32,
+    pub pid_numbers: u32,
 }
+
+/// Bytes of one `upid` (an `int` and a pointer) in `pid.numbers`.
+pub const UPID_BYTES: u64 = 16;
 
 /// [`KernelOffsets`] as words and back, from one list of its fields: what the offsets cache
 /// stores.
@@ -445,6 +454,9 @@ offsets_as_words!(
     inode_sb,
     sb_dev,
     task_fsbase,
+    task_thread_pid,
+    pid_level,
+    pid_numbers,
 );
 
 /// Capture options, a read-only global of the program (`CAPTURE_CONFIG`).
@@ -502,6 +514,9 @@ impl CaptureConfig {
             inode_sb: 0,
             sb_dev: 0,
             task_fsbase: 0,
+            task_thread_pid: 0,
+            pid_level: 0,
+            pid_numbers: 0,
         },
         flags: 0,
         uid: 0,
@@ -821,8 +836,8 @@ mod tests {
         assert_eq!(size_of::<LineLatencyKey>(), 16);
         assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
-        assert_eq!(size_of::<KernelOffsets>(), 128);
-        assert_eq!(size_of::<CaptureConfig>(), 164);
+        assert_eq!(size_of::<KernelOffsets>(), 140);
+        assert_eq!(size_of::<CaptureConfig>(), 176);
         assert_eq!(size_of::<crate::stack::StackFrames>(), 1024);
         assert_eq!(size_of::<RawDecoding>(), 16);
         assert_eq!(size_of::<IbsRecord>(), 120);

@@ -13,6 +13,7 @@ use aya_ebpf::{
     maps::HashMap,
 };
 use profiler_common::{
+    capture::UPID_BYTES,
     python::{
         encode_frame, PythonProcess, FRAME_OWNED_BY_CSTACK, MAX_PYTHON_FRAMES,
         MAX_PYTHON_PROCESSES, MAX_PYTHON_THREADS, NONE,
@@ -47,7 +48,7 @@ pub(crate) fn append_python_frames(pid: u32, stack: &mut StackFrames, depth: usi
     };
     let thread = match process.offsets.thread_id_is_native {
         0 => thread_pointer(),
-        _ => u64::from(bpf_get_current_pid_tgid() as u32),
+        _ => namespaced_thread_id(),
     };
     python_frames(process, stack, depth as u64, thread) as usize
 }
@@ -63,6 +64,38 @@ fn thread_pointer() -> u64 {
     let task = unsafe { bpf_get_current_task() };
     // SAFETY: kernel memory read through the checking helper, which fails cleanly.
     unsafe { bpf_probe_read_kernel((task + u64::from(offset)) as *const u64) }.unwrap_or(0)
+}
+
+/// The current task's id in its own pid namespace, as the thread itself sees it (`gettid()`):
+/// a containerized interpreter records that one. Where the kernel's offsets lack it, or it
+/// cannot be read, the id in the initial namespace, which is the same outside containers.
+#[inline(always)]
+fn namespaced_thread_id() -> u64 {
+    let global = u64::from(bpf_get_current_pid_tgid() as u32);
+    let (thread_pid, level, numbers) = (
+        kernel_offset(|offsets| &offsets.task_thread_pid),
+        kernel_offset(|offsets| &offsets.pid_level),
+        kernel_offset(|offsets| &offsets.pid_numbers),
+    );
+    if thread_pid == 0 {
+        return global;
+    }
+    let kernel = |address: u64| -> Option<u64> {
+        // SAFETY: kernel memory read through the checking helper, which fails cleanly.
+        unsafe { bpf_probe_read_kernel(address as *const u64) }.ok()
+    };
+    // SAFETY: helper without preconditions; the task is only read through the checking helper.
+    let task = unsafe { bpf_get_current_task() };
+    let Some(pid) = kernel(task + u64::from(thread_pid)).filter(|&pid| pid != 0) else {
+        return global;
+    };
+    let Some(level) = kernel(pid + u64::from(level)) else {
+        return global;
+    };
+    // `level` is an `unsigned int`: the word's low half on a little-endian machine.
+    let upid = pid + u64::from(numbers) + (level & 0xffff_ffff) * UPID_BYTES;
+    // `upid.nr`, an `int`, is the upid's first four bytes.
+    kernel(upid).map_or(global, |nr| nr & 0xffff_ffff)
 }
 
 /// Records the Python frames of the thread whose id is `thread` after the `depth` frames of

@@ -445,3 +445,75 @@ fn x_perf_trampolines_are_unwound_through_to_start() {
         );
     }
 }
+
+/// A containerized interpreter: in its own pid namespace (its threads' ids, which CPython
+/// records, are not the kernel's) and mount namespace (its program lives on a tmpfs only it
+/// sees, read through `/proc/PID/root`), started before a system-wide recording; its shares
+/// come out as it measures them.
+#[test]
+fn an_interpreter_in_its_own_pid_and_mount_namespace_is_named_under_record_a() {
+    let dir = temp_dir("python-namespaces");
+    let script = dir.join("split.py");
+    std::fs::write(&script, SPLIT_SCRIPT).unwrap();
+    // A tmpfs mounted over an empty directory inside the namespace only.
+    let inside = dir.join("mounted-inside");
+    std::fs::create_dir(&inside).unwrap();
+    let inside = inside.display();
+    let start = format!(
+        "set -e; mount -t tmpfs tmpfs {inside}; \
+         cp /usr/bin/python3.11 {script} {inside}/; \
+         exec {inside}/python3.11 {inside}/split.py 5",
+        script = script.display()
+    );
+    let python = std::process::Command::new("unshare")
+        .args(["--pid", "--mount", "--fork", "--mount-proc"])
+        .args(["--propagation", "private", "sh", "-c", &start])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let profile = dir.join("system.prof");
+    let output = profiler(&[
+        "record",
+        "-a",
+        "-F",
+        "999",
+        "--duration",
+        "3",
+        "-o",
+        profile.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let printed = python.wait_with_output().unwrap();
+    assert!(printed.status.success(), "{printed:?}");
+    let measured: HashMap<String, f64> = serde_json::from_slice(&printed.stdout).unwrap();
+    let measured_total: f64 = measured.values().sum();
+    assert!(
+        !Path::new(&format!("{inside}/python3.11")).exists(),
+        "{inside} is mounted outside the namespace"
+    );
+    let stacks = folded(&profile);
+    let ours = by_leaf(
+        stacks
+            .iter()
+            .filter(|(frames, _)| frames[0] == "python3.11")
+            .map(|(frames, n)| (frames.as_slice(), *n)),
+    );
+    let whole: u64 = ours.values().sum();
+    assert!(
+        whole > 1000,
+        "{whole} samples carry <module>;main;timed\n{stderr}"
+    );
+    let ours = shares(&ours);
+    for leaf in LEAVES {
+        let expected = 100.0 * measured[leaf] / measured_total;
+        // 3 s of a 5 s run: four standard deviations of the share's sampling, 2 points at least.
+        let share = expected / 100.0;
+        let deviation = 100.0 * (share * (1.0 - share) / whole as f64).sqrt();
+        assert!(
+            (ours[leaf] - expected).abs() <= (4.0 * deviation).max(2.0),
+            "{leaf}: {:.1}% of the samples, the script measured {expected:.1}%",
+            ours[leaf]
+        );
+    }
+}

@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use profiler_common::{
-    capture::{KernelOffsets, OFFSETS_SAMPLE_FLAGS, OFFSETS_VALID, OFFSETS_VMA_TREE},
+    capture::{KernelOffsets, OFFSETS_SAMPLE_FLAGS, OFFSETS_VALID, OFFSETS_VMA_TREE, UPID_BYTES},
     maple::NodeLayout,
 };
 
@@ -252,6 +252,7 @@ impl Btf {
         // Linux 6.1 added it; before, the event's sample_type says what the sample holds.
         let sample_flags = self.member_offset(sample, "sample_flags");
         let vma_tree = self.vma_tree_offsets();
+        let namespaced_tid = self.namespaced_tid_offsets();
         Ok(KernelOffsets {
             valid: OFFSETS_VALID
                 | if sample_flags.is_some() {
@@ -281,8 +282,25 @@ impl Btf {
                 .member_offset("task_struct", "thread")
                 .zip(self.member_offset("thread_struct", "fsbase"))
                 .map_or(0, |(thread, fsbase)| thread + fsbase),
+            task_thread_pid: namespaced_tid.map_or(0, |(thread_pid, _, _)| thread_pid),
+            pid_level: namespaced_tid.map_or(0, |(_, level, _)| level),
+            pid_numbers: namespaced_tid.map_or(0, |(_, _, numbers)| numbers),
             ..vma_tree.unwrap_or_default()
         })
+    }
+
+    /// `task_struct.thread_pid`, `pid.level` and `pid.numbers`, which give a thread's id in its
+    /// own pid namespace; `None` where the kernel lays them out otherwise (a `upid` not an `int`
+    /// then a pointer, [`UPID_BYTES`] in all).
+    fn namespaced_tid_offsets(&self) -> Option<(u32, u32, u32)> {
+        let offset = |structure: &str, member: &str| self.member_offset(structure, member);
+        (offset("upid", "nr")? == 0 && u64::from(offset("upid", "ns")?) + 8 == UPID_BYTES)
+            .then_some(())?;
+        Some((
+            offset("task_struct", "thread_pid")?,
+            offset("pid", "level")?,
+            offset("pid", "numbers")?,
+        ))
     }
 
     /// The offsets of the kernel's tree of a process's mappings and of what a mapping names
@@ -1031,6 +1049,14 @@ mod tests {
             offsets.task_fsbase,
             expected("task_struct", "thread") + expected("thread_struct", "fsbase")
         );
+        assert_eq!(
+            offsets.task_thread_pid,
+            expected("task_struct", "thread_pid")
+        );
+        assert_eq!(offsets.pid_level, expected("pid", "level"));
+        assert_eq!(offsets.pid_numbers, expected("pid", "numbers"));
+        assert_eq!(expected("upid", "nr"), 0);
+        assert_eq!(expected("upid", "ns") + 8, UPID_BYTES as u32);
 
         // Every member of every named struct and union, anonymous nesting and bitfields
         // included: thousands of layouts checked against an independent reader.
