@@ -431,14 +431,17 @@ fn agent_of_short_windows(hz: &str, windows: &std::path::Path) -> (Running, Stri
     (agent, metrics_addr)
 }
 
-/// Each sample's frames of a pprof window, innermost first: (module file, function).
-fn sample_frames(profile: &profiler::export::pprof::proto::Profile) -> Vec<Vec<(&str, &str)>> {
+/// Each sample's frames of a pprof window, innermost first: (module file, function); and its
+/// count (a pprof sample is a distinct stack, its first value how many samples had it).
+fn sample_frames(
+    profile: &profiler::export::pprof::proto::Profile,
+) -> Vec<(Vec<(&str, &str)>, usize)> {
     let string = |index: i64| profile.string_table[index as usize].as_str();
     profile
         .sample
         .iter()
         .map(|sample| {
-            sample
+            let frames = sample
                 .location_id
                 .iter()
                 .map(|id| &profile.location[*id as usize - 1])
@@ -452,7 +455,8 @@ fn sample_frames(profile: &profiler::export::pprof::proto::Profile) -> Vec<Vec<(
                         (module, string(function.name))
                     })
                 })
-                .collect()
+                .collect();
+            (frames, sample.value[0] as usize)
         })
         .collect()
 }
@@ -501,7 +505,7 @@ fn the_agent_lets_go_of_the_files_and_unwind_tables_of_programs_that_exited() {
             continue;
         }
         let profile = read_pprof(&window);
-        for frames in sample_frames(&profile) {
+        for (frames, _) in sample_frames(&profile) {
             sampled.extend(frames.iter().map(|(module, _)| module.to_string()));
             if let [(module, "record_key"), ref callers @ ..] = frames[..] {
                 if callers.iter().any(|&(_, function)| function == "main") {
@@ -722,7 +726,7 @@ fn over_its_memory_budget_the_agent_lets_go_of_cold_rows_and_symbols_and_still_u
         }
         let profile = read_pprof(&window);
         let after_resuming = profile.time_nanos > resumed_ns;
-        for frames in sample_frames(&profile) {
+        for (frames, count) in sample_frames(&profile) {
             let [(module, "record_key"), ref callers @ ..] = frames[..] else {
                 continue;
             };
@@ -734,8 +738,8 @@ fn over_its_memory_budget_the_agent_lets_go_of_cold_rows_and_symbols_and_still_u
                 }
                 _ => continue,
             };
-            *counts.0 += usize::from(whole);
-            *counts.1 += 1;
+            *counts.0 += usize::from(whole) * count;
+            *counts.1 += count;
         }
     }
     for (program, whole, all) in [
