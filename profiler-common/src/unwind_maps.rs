@@ -240,10 +240,13 @@ pub enum UnwindCount {
     /// ... whose frame chain could not be read, or went on past the walker's frames or the
     /// stack's room: the outermost Python frames left out.
     PythonFramesCut = 13,
+    /// Nanoseconds spent finding the thread and reading the Python frames, summed over the
+    /// stacks of CPython processes (the walker's own cost per such stack, for `--stats`).
+    PythonNanos = 14,
 }
 
 impl UnwindCount {
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 15;
     pub const ALL: [UnwindCount; UnwindCount::COUNT] = [
         UnwindCount::Walked,
         UnwindCount::Complete,
@@ -259,6 +262,7 @@ impl UnwindCount {
         UnwindCount::PythonStacks,
         UnwindCount::PythonThreadNotFound,
         UnwindCount::PythonFramesCut,
+        UnwindCount::PythonNanos,
     ];
 
     /// The sample-accounting loss a walk ending this way is, as the copy unwinder counts the

@@ -6,7 +6,7 @@
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::bpf_get_current_task,
     },
     macros::map,
@@ -22,7 +22,10 @@ use profiler_common::{
     unwind_maps::UnwindCount,
 };
 
-use crate::{maps::kernel_offset, unwind::count_unwind};
+use crate::{
+    maps::{add, kernel_offset},
+    unwind::{count_unwind, UNWIND_COUNTS},
+};
 
 /// Process id -> where its interpreter is, for the processes the agent found CPython in.
 /// Preallocated, like the other hash maps perf_event programs read.
@@ -46,11 +49,17 @@ pub(crate) fn append_python_frames(pid: u32, stack: &mut StackFrames, depth: usi
     let Some(process) = (unsafe { PYTHON_PROCESSES.get(&pid) }) else {
         return depth;
     };
+    // SAFETY: helper without preconditions.
+    let start = unsafe { bpf_ktime_get_ns() };
     let thread = match process.offsets.thread_id_is_native {
         0 => thread_pointer(),
         _ => namespaced_thread_id(),
     };
-    python_frames(process, stack, depth as u64, thread) as usize
+    let depth = python_frames(process, stack, depth as u64, thread) as usize;
+    // SAFETY: as above.
+    let spent = unsafe { bpf_ktime_get_ns() }.wrapping_sub(start);
+    add(&UNWIND_COUNTS, UnwindCount::PythonNanos as u32, spent);
+    depth
 }
 
 /// The current task's thread pointer (`fsbase`), 0 where the kernel's offsets lack it.

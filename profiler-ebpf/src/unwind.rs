@@ -70,7 +70,7 @@ static UNWIND_REQUESTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 
 /// `UnwindCount` index -> what the unwinder did, per CPU.
 #[map]
-static UNWIND_COUNTS: PerCpuArray<u64> =
+pub(crate) static UNWIND_COUNTS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries(UnwindCount::COUNT as u32, 0);
 
 #[inline(always)]

@@ -517,3 +517,107 @@ fn an_interpreter_in_its_own_pid_and_mount_namespace_is_named_under_record_a() {
         );
     }
 }
+
+/// The agent's pprof windows carry the Python frames, with their files and lines, as Google's
+/// pprof reads them: the leaves' shares across the windows as the script measures them.
+#[test]
+fn the_agents_pprof_windows_name_python_functions_files_and_lines_for_google_pprof() {
+    let dir = temp_dir("python-agent");
+    let script = dir.join("split.py");
+    std::fs::write(&script, SPLIT_SCRIPT).unwrap();
+    let interpreter = interpreters().pop().unwrap();
+    let python = std::process::Command::new(&interpreter)
+        .args([script.to_str().unwrap(), "6"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let windows = dir.join("windows");
+    let mut agent = common::Running::spawn(
+        std::process::Command::new(common::profiler_bin())
+            .args(["agent", "-p", &python.id().to_string(), "-F", "999"])
+            .args(["--interval", "1", "--output-dir", windows.to_str().unwrap()])
+            .stderr(std::process::Stdio::piped()),
+    );
+    let printed = python.wait_with_output().unwrap();
+    agent.signal(libc::SIGTERM);
+    let log = agent.output_at_most(std::time::Duration::from_secs(30));
+    let log = String::from_utf8_lossy(&log.stderr);
+    let measured: HashMap<String, f64> = serde_json::from_slice(&printed.stdout).unwrap();
+    let measured_total: f64 = measured.values().sum();
+    let mut stacks: Vec<(Vec<String>, u64)> = Vec::new();
+    let mut lines_named = 0;
+    for window in std::fs::read_dir(&windows).unwrap() {
+        let path = window.unwrap().path();
+        if !common::is_window(&path) {
+            continue;
+        }
+        let read = |options: &[&str]| -> String {
+            let output = std::process::Command::new(common::google_pprof())
+                .args(options)
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "pprof cannot read {}: {}",
+                path.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        };
+        stacks.extend(pprof_traces(&read(&["-traces", "-sample_index=0"])));
+        // With -lines, frames are `function file:line`: the script's own lines.
+        lines_named += read(&["-traces", "-lines", "-sample_index=0"])
+            .lines()
+            .filter(|line| line.contains("alpha_hot ") && line.contains("split.py:"))
+            .count();
+    }
+    let ours = by_leaf(stacks.iter().map(|(frames, n)| (frames.as_slice(), *n)));
+    let whole: u64 = ours.values().sum();
+    assert!(
+        whole > 2000 && lines_named > 0,
+        "{whole} samples through <module>;main;timed, {lines_named} traces with alpha_hot's \
+         file and line\n{log}"
+    );
+    let ours = shares(&ours);
+    for leaf in LEAVES {
+        let expected = 100.0 * measured[leaf] / measured_total;
+        let share = expected / 100.0;
+        let deviation = 100.0 * (share * (1.0 - share) / whole as f64).sqrt();
+        assert!(
+            (ours[leaf] - expected).abs() <= (4.0 * deviation).max(2.0),
+            "{leaf}: {:.1}% of the windows' samples, the script measured {expected:.1}%",
+            ours[leaf]
+        );
+    }
+}
+
+/// The traces `pprof -traces` prints: each a separator line, its labels (`pid:  1234`), then
+/// the value and the innermost frame, then one frame a line outwards; as frames root first and
+/// the value. Google's pprof shortens names as C++ ones, template arguments cut: `<module>` has
+/// nothing left, and it shows the frame by its module, `[python]`, in double brackets.
+fn pprof_traces(text: &str) -> Vec<(Vec<String>, u64)> {
+    let mut traces = Vec::new();
+    for block in text.split("-----------+-------------------------------------------------------") {
+        let mut lines = block.lines().filter(|line| {
+            let first = line.split_whitespace().next().unwrap_or(":");
+            !first.ends_with(':')
+        });
+        let Some((value, leaf)) = lines.next().and_then(|first| {
+            let (value, leaf) = first.trim().split_once(char::is_whitespace)?;
+            Some((value.parse::<u64>().ok()?, leaf.trim().to_string()))
+        }) else {
+            continue;
+        };
+        let mut frames: Vec<String> = std::iter::once(leaf)
+            .chain(lines.map(|line| line.trim().to_string()))
+            .map(|frame| match frame.as_str() {
+                "[[python]]" => "<module>".to_string(),
+                _ => frame,
+            })
+            .collect();
+        frames.reverse();
+        traces.push((frames, value));
+    }
+    traces
+}

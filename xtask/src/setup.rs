@@ -9,7 +9,10 @@
 #[path = "../../profiler/build/ebpf_toolchain.rs"]
 mod ebpf_toolchain;
 
-use std::{path::Path, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -248,16 +251,20 @@ pub fn all(purpose: Purpose) -> Result<()> {
 
 /// py-spy from PyPI, in target/py-spy/bin: the Python tests and the bench run it beside the
 /// profiler on the same interpreters.
-fn py_spy() -> Result<()> {
+pub fn py_spy() -> Result<PathBuf> {
     let dir = target_dir().join(PY_SPY_DIR);
-    let installed = Command::new(dir.join("bin/py-spy"))
+    let program = dir.join("bin/py-spy");
+    let installed = Command::new(&program)
         .arg("--version")
         .output()
         .is_ok_and(|out| {
             String::from_utf8_lossy(&out.stdout).trim() == format!("py-spy {PY_SPY_VERSION}")
         });
     if installed {
-        return Ok(());
+        return Ok(program);
+    }
+    if have_apt() {
+        apt_install(&["python3-pip"])?;
     }
     run_command(
         Command::new("/usr/bin/python3")
@@ -265,7 +272,8 @@ fn py_spy() -> Result<()> {
             .arg(&dir)
             .arg(format!("py-spy=={PY_SPY_VERSION}")),
     )
-    .context("installing py-spy (from PyPI), the Python tests' reference")
+    .context("installing py-spy (from PyPI), the Python tests' reference")?;
+    Ok(program)
 }
 
 /// The viewers' npm packages ([`VIEWER_PACKAGES`]) in the target directory, installed once.

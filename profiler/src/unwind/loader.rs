@@ -1231,13 +1231,16 @@ impl UnwindLoader {
         if count(UnwindCount::PythonStacks) + count(UnwindCount::PythonThreadNotFound) > 0
             || self.python.refused > 0
         {
+            let searched =
+                count(UnwindCount::PythonStacks) + count(UnwindCount::PythonThreadNotFound);
             let _ = writeln!(
                 out,
-                "  python: {} stacks with their Python frames ({} cut short of the outermost); {} \
-                 of threads the interpreter does not list (native frames only); {} processes \
-                 the walker's table refused",
+                "  python: {} stacks with their Python frames ({} cut short of the outermost), \
+                 {} ns a stack reading them; {} of threads the interpreter does not list \
+                 (native frames only); {} processes the walker's table refused",
                 count(UnwindCount::PythonStacks),
                 count(UnwindCount::PythonFramesCut),
+                count(UnwindCount::PythonNanos) / searched.max(1),
                 count(UnwindCount::PythonThreadNotFound),
                 self.python.refused,
             );

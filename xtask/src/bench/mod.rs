@@ -15,6 +15,7 @@ mod measure;
 mod off_cpu_cost;
 mod phases;
 mod plot;
+mod python_cost;
 mod render;
 mod stack_quality;
 mod summary;
@@ -140,6 +141,8 @@ pub struct Results {
     pub unwind_cost: unwind_cost::UnwindCost,
     /// A context-switch storm bare, under `record --off-cpu` and under bpftrace.
     pub off_cpu_cost: Vec<off_cpu_cost::OffCpuCostRow>,
+    /// Pure-Python work bare, under `record` and under py-spy at the same rate.
+    pub python_cost: Vec<python_cost::PythonCostRow>,
     /// Share of the machine's CPU time that other processes used while the bench ran.
     pub other_processes_cpu_percent: f64,
     pub perf_event_max_sample_rate_at_end: u64,
@@ -162,11 +165,13 @@ fn prepare() -> Result<Tools> {
     }
     crate::setup::all(crate::setup::Purpose::Build)?;
     crate::setup::apt_install(&["linux-perf"])?;
+    let py_spy = crate::setup::py_spy()?;
     crate::build_release()?;
     let release = crate::target_dir().join("release");
     Ok(Tools {
         profiler: release.join("profiler"),
         run_timed: release.join("run_timed"),
+        py_spy,
     })
 }
 
@@ -252,6 +257,18 @@ fn check(results: &Results) -> Result<()> {
     }
     if results.unwind_cost.ns_per_frame.is_none() {
         problems.push("the in-kernel cost of unwinding was not measured".into());
+    }
+    for row in results.python_cost.iter().filter(|row| row.tool != "bare") {
+        if row.samples.is_none_or(|samples| samples.median <= 0.0) {
+            problems.push(format!("Python cost: {} kept no sample", row.tool));
+        }
+    }
+    if !results
+        .python_cost
+        .iter()
+        .any(|row| row.python_ns_per_sample.is_some())
+    {
+        problems.push("Python cost: our walker's cost per Python stack was not read".into());
     }
     if results
         .footprint
@@ -383,6 +400,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let unwind_cost = unwind_cost::measure(bench_profiler, &work, settings.repetitions)?;
     let off_cpu_cost =
         off_cpu_cost::measure(bench_profiler, &release, &work, settings.repetitions.max(3))?;
+    let python_work = if settings.quick {
+        (1, 100)
+    } else {
+        (settings.repetitions.max(3), 500)
+    };
+    let python_cost =
+        python_cost::measure(bench_profiler, &bench_tools.py_spy, &work, python_work)?;
     let other_processes_cpu_percent = CpuTimes::now()?.others_percent_since(&cpu_at_start);
     if other_processes_cpu_percent > NOISY_PERCENT {
         bench.note(format!(
@@ -412,6 +436,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         live,
         unwind_cost,
         off_cpu_cost,
+        python_cost,
         other_processes_cpu_percent,
         perf_event_max_sample_rate_at_end: machine::read_number(MAX_SAMPLE_RATE)?,
         trials,

@@ -726,6 +726,56 @@ fn off_cpu_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     }
 }
 
+fn python_cost(out: &mut String, results: &Results, shorten: &Shorten) {
+    let _ = writeln!(
+        out,
+        "\n## 11. Python cost\n\nA fixed amount of pure-Python work (Debian's python3: two \
+         pure-Python leaves and zlib, as the Python tests split it, timed by itself) bare, under \
+         `record` and under py-spy 0.4.3, each its child, all at {} Hz: py-spy in its default mode, which pauses the \
+         interpreter at each sample, and `--nonblocking`. The workload's own time and the \
+         slowdown against the bare runs; the CPU the whole run took beyond the bare run's median \
+         (the tool's processes and what it made the interpreter spend: our BPF program runs in \
+         the interpreter's time), and that over the samples the tool kept; ours in the kernel \
+         per sample, and the part of it reading the Python frames (the walker's own clock): \
+         without them a sample costs the difference. Median (min–max) over the rounds. Target: \
+         ours below py-spy's CPU per sample.\n",
+        super::python_cost::RATE_HZ
+    );
+    let _ = writeln!(
+        out,
+        "| Run | Workload s | Slowdown | Added CPU s | Samples | Added µs per sample | Kernel \
+         ns per sample | Of it, Python frames | Command |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let rows = &results.python_cost;
+    let bare = rows.iter().find(|row| row.tool == "bare");
+    for row in rows {
+        let slowdown = bare
+            .filter(|bare| bare.tool != row.tool)
+            .and_then(|bare| row.overhead_percent(bare))
+            .map_or("–".into(), |percent| format!("{percent:+.1}%"));
+        let per_sample = row
+            .added_us_per_sample()
+            .filter(|_| row.tool != "bare")
+            .map_or("–".into(), |us| format!("{us:.0}"));
+        let added = if row.tool == "bare" {
+            "–".into()
+        } else {
+            spread(row.added_cpu_s, 3)
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {slowdown} | {added} | {} | {per_sample} | {} | {} | {} |",
+            row.tool,
+            spread(row.elapsed_s, 3),
+            spread(row.samples, 0),
+            spread(row.kernel_ns_per_sample, 0),
+            spread(row.python_ns_per_sample, 0),
+            shorten.command(&row.command),
+        );
+    }
+}
+
 fn in_kernel(out: &mut String, results: &Results, shorten: &Shorten) {
     let _ = writeln!(
         out,
@@ -835,6 +885,7 @@ pub fn markdown(results: &Results) -> String {
     live_rows(&mut out, &results.live, &shorten);
     unwind_cost(&mut out, results, &shorten);
     off_cpu_cost(&mut out, results, &shorten);
+    python_cost(&mut out, results, &shorten);
     commands(&mut out, results, &shorten);
     out
 }

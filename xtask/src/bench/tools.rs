@@ -109,6 +109,8 @@ impl EventSampling {
 /// The built binaries the bench runs.
 #[derive(Clone)]
 pub struct Tools {
+    /// py-spy, from PyPI: the Python section's reference.
+    pub py_spy: PathBuf,
     pub profiler: PathBuf,
     pub run_timed: PathBuf,
 }
@@ -339,6 +341,7 @@ mod tests {
         let tools = Tools {
             profiler: "/r/profiler".into(),
             run_timed: "/r/run_timed".into(),
+            py_spy: "/r/py-spy".into(),
         };
         let workload = tools.timed(Path::new("/r/deep_stack"), &["5".into()]);
         let sampling = EventSampling {
@@ -368,6 +371,7 @@ mod tests {
         let tools = Tools {
             profiler: "/r/profiler".into(),
             run_timed: "/r/run_timed".into(),
+            py_spy: "/r/py-spy".into(),
         };
         let sampling = EventSampling {
             event: Event::CpuClock,
