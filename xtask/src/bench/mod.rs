@@ -403,7 +403,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let python_work = if settings.quick {
         (1, 100)
     } else {
-        (settings.repetitions.max(3), 500)
+        (settings.repetitions.max(3), 2500)
     };
     let python_cost =
         python_cost::measure(bench_profiler, &bench_tools.py_spy, &work, python_work)?;
