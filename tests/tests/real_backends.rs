@@ -18,9 +18,9 @@ use std::{
 };
 
 use common::{
-    cpu_split_measured, free_port, is_window, metric, metrics_address, profiler_bin, read_pprof,
-    require_root, scrape, temp_dir, wait_until_recording, workload, write_containerd_task,
-    PodContainer, Running, CPU_SPLIT_FUNCTIONS,
+    cpu_split_measured, free_port, free_ports, is_window, metric, metrics_address, profiler_bin,
+    read_pprof, require_root, scrape, temp_dir, wait_until_recording, workload,
+    write_containerd_task, PodContainer, Running, CPU_SPLIT_FUNCTIONS,
 };
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use prost::Message;
@@ -178,7 +178,7 @@ struct Pyroscope {
 
 impl Pyroscope {
     fn start(dir: &Path) -> Pyroscope {
-        Pyroscope::start_on(dir, [free_port(), free_port(), free_port()])
+        Pyroscope::start_on(dir, free_ports())
     }
 
     fn start_on(dir: &Path, ports: [u16; 3]) -> Pyroscope {

@@ -504,11 +504,16 @@ pub fn metrics_address() -> String {
 
 /// A loopback port nothing listens on now (a server started on it right after gets it).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let [port] = free_ports();
+    port
+}
+
+/// `N` different loopback ports nothing listens on now: each is held until all are chosen, since
+/// a port let go may be handed out again at once (a server then failed to bind its second).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [std::net::TcpListener; N] =
+        std::array::from_fn(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    listeners.map(|listener| listener.local_addr().unwrap().port())
 }
 
 /// `name{labels} value` lines of a scrape whose name and labels contain every part of `parts`.

@@ -265,15 +265,16 @@ struct Collector {
 
 impl Collector {
     fn start(binary: &Path, work: &Path, output: &Path) -> Result<Collector> {
-        let port = || -> Result<u16> {
-            Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port())
-        };
-        let (grpc, http) = (
-            format!("127.0.0.1:{}", port()?),
-            format!("127.0.0.1:{}", port()?),
-        );
+        // Both held until both are chosen: a port let go at once may be handed out again for
+        // the second (the Collector then failed to bind its HTTP receiver).
+        let listeners = [
+            std::net::TcpListener::bind("127.0.0.1:0")?,
+            std::net::TcpListener::bind("127.0.0.1:0")?,
+        ];
+        let [grpc, http] = [&listeners[0], &listeners[1]]
+            .map(|listener| listener.local_addr().map(|address| address.to_string()));
+        let (grpc, http) = (grpc?, http?);
+        drop(listeners);
         let config = work.join("fleet-collector.yaml");
         std::fs::write(
             &config,
