@@ -13,7 +13,7 @@ use inferno::flamegraph::{
 
 use super::{
     event_info,
-    folded::{folded_function, folded_stacks},
+    folded::{annotated_folded_stacks, folded_function, Annotations},
     offcpu::OFF_CPU_EVENT,
     samples_of, ExportError,
 };
@@ -66,7 +66,8 @@ pub fn write_flamegraph(
     out: impl Write,
 ) -> Result<(), ExportError> {
     let info = event_info(profile, event)?;
-    let lines = drawn_stacks(&folded_stacks(profile, event)?, runtime);
+    let folded = annotated_folded_stacks(profile, event, Annotations::Interpreted)?;
+    let lines = drawn_stacks(&folded, runtime);
     if lines.is_empty() {
         return Err(ExportError::NoSamples {
             event: info.name.clone(),
@@ -84,7 +85,7 @@ pub fn write_flamegraph(
         options.title = format!("{}: {measured} samples", info.name);
         options.count_name = "samples".into();
         // The java palette is the one that reads stackcollapse-perf's annotations: kernel
-        // frames orange, inlined frames aqua.
+        // frames orange, inlined frames aqua, Python's green.
         options.colors = Palette::Multi(MultiPalette::Java);
     }
     if !profile.meta.target.is_empty() {
@@ -161,6 +162,50 @@ mod tests {
             .find(|n| n.attribute("id") == Some("title"))
             .and_then(|n| n.text().map(str::to_owned));
         assert_eq!(title.as_deref(), Some("cpu-clock: 100 samples"));
+    }
+
+    #[test]
+    fn python_frames_are_coloured_apart_and_named_without_their_annotation() {
+        let mut profile = test_profile::profile();
+        let run = profile
+            .frames
+            .iter_mut()
+            .find(|frame| frame.function.as_deref() == Some("run"))
+            .unwrap();
+        run.module = crate::symbolize::PYTHON_MODULE.into();
+        let mut svg = Vec::new();
+        write_flamegraph(&profile, 0, RuntimeFrames::Show, &mut svg).unwrap();
+        let svg = String::from_utf8(svg).unwrap();
+        let document = parse(&svg);
+        // Each frame is a <g> holding its <title> and its <rect>.
+        let fill = |title: &str| -> String {
+            let group = document
+                .descendants()
+                .filter(|n| n.has_tag_name("title"))
+                .find(|n| n.text().is_some_and(|t| t.starts_with(title)))
+                .and_then(|n| n.parent())
+                .unwrap_or_else(|| panic!("no frame titled {title}"));
+            let rect = group.children().find(|n| n.has_tag_name("rect")).unwrap();
+            rect.attribute("fill").unwrap().to_string()
+        };
+        // inferno's green: rgb(R,G,B) with green the largest; the C functions are red-yellow.
+        let rgb = |fill: String| -> [u32; 3] {
+            let inner = fill.trim_start_matches("rgb(").trim_end_matches(')');
+            let parts: Vec<u32> = inner
+                .split(',')
+                .map(|p| p.trim().parse().unwrap())
+                .collect();
+            [parts[0], parts[1], parts[2]]
+        };
+        let [r, g, b] = rgb(fill("run ("));
+        assert!(g > r && g > b, "run: rgb({r},{g},{b})");
+        let [r, g, _] = rgb(fill("main ("));
+        assert!(r > g, "main: rgb({r},{g},..)");
+        // The plain folded stacks are unchanged.
+        assert!(crate::export::folded::folded_stacks(&profile, 0)
+            .unwrap()
+            .iter()
+            .all(|line| !line.contains("_[j]")));
     }
 
     #[test]

@@ -12,13 +12,36 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use super::{event_info, samples_of, stack_root_first, ExportError, StackEntry, StackRoots};
-use crate::profile::{EventIndex, Frame, Profile};
+use crate::{
+    profile::{EventIndex, Frame, Profile},
+    symbolize::PYTHON_MODULE,
+};
 
 const KERNEL_SUFFIX: &str = "_[k]";
 const INLINED_SUFFIX: &str = "_[i]";
+/// Interpreted and JIT frames (Python's), in the flame graph only: its palette paints them apart.
+const INTERPRETED_SUFFIX: &str = "_[j]";
+
+/// Which frames the folded stacks annotate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Annotations {
+    /// stackcollapse-perf's: kernel and inlined frames.
+    Perf,
+    /// Also Python frames, as `_[j]`, for the flame graph's colours.
+    Interpreted,
+}
 
 /// The folded stacks of `event`, sorted, each `stack count` without a line terminator.
 pub fn folded_stacks(profile: &Profile, event: EventIndex) -> Result<Vec<String>, ExportError> {
+    annotated_folded_stacks(profile, event, Annotations::Perf)
+}
+
+/// [`folded_stacks`] with `annotations`.
+pub fn annotated_folded_stacks(
+    profile: &Profile,
+    event: EventIndex,
+    annotations: Annotations,
+) -> Result<Vec<String>, ExportError> {
     event_info(profile, event)?;
     let roots = StackRoots::new(profile);
 
@@ -29,7 +52,7 @@ pub fn folded_stacks(profile: &Profile, event: EventIndex) -> Result<Vec<String>
         push_name(&mut stack, &roots.of(sample), "");
         for entry in stack_root_first(profile, sample) {
             match entry {
-                StackEntry::Frame(_, frame) => push_frame(&mut stack, frame),
+                StackEntry::Frame(_, frame) => push_frame(&mut stack, frame, annotations),
                 StackEntry::UserStackLost => {
                     push_name(&mut stack, StackEntry::USER_STACK_LOST, "");
                 }
@@ -60,16 +83,18 @@ pub fn write_folded(
 
 /// The function of one folded frame, without its annotation.
 pub fn folded_function(frame: &str) -> &str {
-    frame
-        .strip_suffix(KERNEL_SUFFIX)
-        .or_else(|| frame.strip_suffix(INLINED_SUFFIX))
+    [KERNEL_SUFFIX, INLINED_SUFFIX, INTERPRETED_SUFFIX]
+        .iter()
+        .find_map(|suffix| frame.strip_suffix(suffix))
         .unwrap_or(frame)
 }
 
 /// Appends a frame: its function, then the functions inlined at its address.
-fn push_frame(stack: &mut String, frame: &Frame) {
+fn push_frame(stack: &mut String, frame: &Frame, annotations: Annotations) {
     let (own, inlined) = if frame.kernel {
         (KERNEL_SUFFIX, KERNEL_SUFFIX)
+    } else if annotations == Annotations::Interpreted && frame.module == PYTHON_MODULE {
+        (INTERPRETED_SUFFIX, INLINED_SUFFIX)
     } else {
         ("", INLINED_SUFFIX)
     };
