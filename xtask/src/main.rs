@@ -80,6 +80,19 @@ enum Task {
         #[arg(long, value_name = "DIR", default_value = "bench/results")]
         output: PathBuf,
     },
+    /// Only the bench's Python section: fixed pure-Python work bare, under `record` and under
+    /// py-spy (from PyPI) at the same rate.
+    BenchPython {
+        /// Interleaved rounds per tool.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Rounds of work of each run (about 2 ms each here).
+        #[arg(long, default_value_t = bench::PYTHON_FULL_LOOPS)]
+        loops: u32,
+        /// Where python.json and python.md go.
+        #[arg(long, value_name = "DIR", default_value = "bench/results")]
+        output: PathBuf,
+    },
     /// Only the bench's live views: `profiler top` beside `perf top` (with and without call
     /// graphs), system-wide at 1 kHz on the churn load, each in a terminal of its own (tmux).
     BenchLive {
@@ -365,6 +378,11 @@ fn run(task: Task) -> Result<()> {
             seconds,
             output,
         } => bench::run_live(rounds.max(1), seconds, &output),
+        Task::BenchPython {
+            rounds,
+            loops,
+            output,
+        } => bench::run_python(rounds.max(1), loops.max(1), &output),
         Task::Kernels => {
             setup::all(setup::Purpose::Build)?;
             kernels::run()

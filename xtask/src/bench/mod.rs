@@ -16,6 +16,7 @@ mod off_cpu_cost;
 mod phases;
 mod plot;
 mod python_cost;
+pub use python_cost::FULL_LOOPS as PYTHON_FULL_LOOPS;
 mod render;
 mod stack_quality;
 mod summary;
@@ -403,7 +404,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let python_work = if settings.quick {
         (1, 100)
     } else {
-        (settings.repetitions.max(3), 2500)
+        (settings.repetitions.max(3), python_cost::FULL_LOOPS)
     };
     let python_cost =
         python_cost::measure(bench_profiler, &bench_tools.py_spy, &work, python_work)?;
@@ -497,6 +498,26 @@ fn write_results(results: &Results, output: &Path) -> Result<()> {
         output.display()
     );
     Ok(())
+}
+
+/// `cargo xtask bench-python`: the Python cost section alone (the full bench runs it too), into
+/// `output`'s python.json and python.md.
+pub fn run_python(rounds: u32, loops: u32, output: &Path) -> Result<()> {
+    let tools = prepare()?;
+    let release = crate::target_dir().join("release");
+    let work = crate::target_dir().join("bench-work");
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let machine = Machine::read(&crate::workspace_root())?;
+    let rows = python_cost::measure(&tools.profiler, &tools.py_spy, &work, (rounds, loops))?;
+    write_section(
+        output,
+        "python",
+        "Naming Python frames beside py-spy",
+        &format!("bench-python --rounds {rounds} --loops {loops}"),
+        &machine,
+        &rows,
+        &render::python_markdown(&rows, &tools::path_arg(&release), &tools::path_arg(&work)),
+    )
 }
 
 /// `cargo xtask bench-live`: `profiler top` beside `perf top` alone (the full bench runs it too),

@@ -22,6 +22,10 @@ use super::{
 /// The rate every tool samples at, in Hz.
 pub const RATE_HZ: u64 = 250;
 
+/// Rounds of work of a full run: about 5 s here, so that the tools' start-up, a fixed cost, is
+/// spread over some 1,250 samples.
+pub const FULL_LOOPS: u32 = 2500;
+
 /// The workload: `loops` rounds of the split, each a fixed amount of work, then its own elapsed
 /// time on standard error.
 const WORKLOAD: &str = r#"

@@ -726,7 +726,15 @@ fn off_cpu_cost(out: &mut String, results: &Results, shorten: &Shorten) {
     }
 }
 
-fn python_cost(out: &mut String, results: &Results, shorten: &Shorten) {
+pub fn python_markdown(
+    rows: &[super::python_cost::PythonCostRow],
+    release: &str,
+    work: &str,
+) -> String {
+    alone(rows, release, work, python_cost)
+}
+
+fn python_cost(out: &mut String, rows: &[super::python_cost::PythonCostRow], shorten: &Shorten) {
     let _ = writeln!(
         out,
         "\n## 11. Python cost\n\nA fixed amount of pure-Python work (Debian's python3: two \
@@ -747,7 +755,6 @@ fn python_cost(out: &mut String, results: &Results, shorten: &Shorten) {
          ns per sample | Of it, Python frames | Command |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
-    let rows = &results.python_cost;
     let bare = rows.iter().find(|row| row.tool == "bare");
     for row in rows {
         let slowdown = bare
@@ -885,7 +892,7 @@ pub fn markdown(results: &Results) -> String {
     live_rows(&mut out, &results.live, &shorten);
     unwind_cost(&mut out, results, &shorten);
     off_cpu_cost(&mut out, results, &shorten);
-    python_cost(&mut out, results, &shorten);
+    python_cost(&mut out, &results.python_cost, &shorten);
     commands(&mut out, results, &shorten);
     out
 }
