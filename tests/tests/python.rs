@@ -138,9 +138,8 @@ const CHAIN: [&str; 3] = ["<module>", "main", "timed"];
 const LEAVES: [&str; 3] = ["alpha_hot", "beta_cold", "squeeze"];
 
 /// The leaf of a stack (frames root first) whose Python frames are the whole chain, outermost
-/// first, then a leaf, with native frames of the interpreter around and between them; and where
-/// `<module>` is.
-fn python_chain(frames: &[String]) -> Option<(usize, String)> {
+/// first, then a leaf, with native frames of the interpreter around and between them.
+fn python_chain(frames: &[String]) -> Option<String> {
     let at = frames.iter().position(|frame| frame == "<module>")?;
     let python: Vec<&str> = frames[at..]
         .iter()
@@ -148,7 +147,7 @@ fn python_chain(frames: &[String]) -> Option<(usize, String)> {
         .filter(|frame| CHAIN.contains(frame) || LEAVES.contains(frame))
         .collect();
     let (leaf, chain) = python.split_last()?;
-    (chain == CHAIN && LEAVES.contains(leaf)).then(|| (at, leaf.to_string()))
+    (chain == CHAIN && LEAVES.contains(leaf)).then(|| leaf.to_string())
 }
 
 /// py-spy, from PyPI, where `cargo xtask setup` installs it.
@@ -166,7 +165,7 @@ fn py_spy() -> PathBuf {
 fn by_leaf<'s>(stacks: impl Iterator<Item = (&'s [String], u64)>) -> HashMap<String, u64> {
     let mut by_leaf = HashMap::new();
     for (frames, count) in stacks {
-        if let Some((_, leaf)) = python_chain(frames) {
+        if let Some(leaf) = python_chain(frames) {
             *by_leaf.entry(leaf).or_default() += count;
         }
     }
@@ -220,7 +219,7 @@ fn every_cpython_version_names_the_scripts_functions_in_their_measured_shares() 
             .filter(|(frames, _)| frames[0].starts_with("python"))
             .collect();
         let total: u64 = stacks.iter().map(|(_, n)| n).sum();
-        let by_leaf = by_leaf(stacks.iter().map(|(frames, n)| (frames.as_slice(), *n)));
+        let ours_by_leaf = by_leaf(stacks.iter().map(|(frames, n)| (frames.as_slice(), *n)));
         let under_squeeze_native: u64 = stacks
             .iter()
             .filter(|(frames, _)| {
@@ -228,12 +227,12 @@ fn every_cpython_version_names_the_scripts_functions_in_their_measured_shares() 
                     .iter()
                     .skip_while(|frame| *frame != "squeeze")
                     .skip(1);
-                python_chain(frames).is_some_and(|(_, leaf)| leaf == "squeeze")
+                python_chain(frames).is_some_and(|leaf| leaf == "squeeze")
                     && after.any(|frame| frame.contains("deflate"))
             })
             .map(|(_, n)| n)
             .sum();
-        let whole: u64 = by_leaf.values().sum();
+        let whole: u64 = ours_by_leaf.values().sum();
         // Start-up and shutdown (no Python frame yet, or any more) are the rest.
         assert!(
             whole * 100 >= total * 95,
@@ -254,8 +253,8 @@ fn every_cpython_version_names_the_scripts_functions_in_their_measured_shares() 
                 Some((frames.collect(), count.parse().ok()?))
             })
             .collect();
-        let ours = shares(&by_leaf);
-        let theirs = shares(&self::by_leaf(
+        let ours = shares(&ours_by_leaf);
+        let theirs = shares(&by_leaf(
             spied.iter().map(|(frames, n)| (frames.as_slice(), *n)),
         ));
         eprintln!("{what}: ours, py-spy's and the script's shares:");
@@ -280,7 +279,7 @@ fn every_cpython_version_names_the_scripts_functions_in_their_measured_shares() 
             );
         }
         // zlib's compressor, native code, under the Python function that called it.
-        let squeezed = by_leaf.get("squeeze").copied().unwrap_or(0);
+        let squeezed = ours_by_leaf.get("squeeze").copied().unwrap_or(0);
         assert!(
             under_squeeze_native * 10 >= squeezed * 9,
             "{what}: {under_squeeze_native} of {squeezed} samples in squeeze reach zlib's \
