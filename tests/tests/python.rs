@@ -421,7 +421,7 @@ fn x_perf_trampolines_are_unwound_through_to_start() {
             ),
             ("perf_trampolines", SPLIT_SCRIPT),
             &["--stats", "-F", "999"],
-            &["2"],
+            &["4"],
         );
         let stacks = folded(&profile);
         let total: u64 = stacks.iter().map(|(_, n)| n).sum();
