@@ -133,6 +133,25 @@ fn record_script(
     )
 }
 
+/// `profiler record -a -F RATE --duration 3 -o DIR/system.prof`: the profile and its stderr.
+fn record_system_wide(dir: &Path, rate: &str) -> (PathBuf, String) {
+    let profile = dir.join("system.prof");
+    let output = profiler(&[
+        "record",
+        "-a",
+        "-F",
+        rate,
+        "--duration",
+        "3",
+        "-o",
+        profile.to_str().unwrap(),
+    ]);
+    (
+        profile,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// The Python chain each leaf function is called through.
 const CHAIN: [&str; 3] = ["<module>", "main", "timed"];
 const LEAVES: [&str; 3] = ["alpha_hot", "beta_cold", "squeeze"];
@@ -368,18 +387,7 @@ fn a_system_wide_recording_names_the_python_functions_of_a_process_it_did_not_st
         .unwrap();
     // Started before the recording: found from its mappings as the recording reads them.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let profile = dir.join("system.prof");
-    let output = profiler(&[
-        "record",
-        "-a",
-        "-F",
-        "499",
-        "--duration",
-        "3",
-        "-o",
-        profile.to_str().unwrap(),
-    ]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (profile, stderr) = record_system_wide(&dir, "499");
     python.wait().unwrap();
     let stacks = folded(&profile);
     let named = |leaf: &str| -> u64 {
@@ -471,18 +479,7 @@ fn an_interpreter_in_its_own_pid_and_mount_namespace_is_named_under_record_a() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(700));
-    let profile = dir.join("system.prof");
-    let output = profiler(&[
-        "record",
-        "-a",
-        "-F",
-        "999",
-        "--duration",
-        "3",
-        "-o",
-        profile.to_str().unwrap(),
-    ]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (profile, stderr) = record_system_wide(&dir, "999");
     let printed = python.wait_with_output().unwrap();
     assert!(printed.status.success(), "{printed:?}");
     let measured: HashMap<String, f64> = serde_json::from_slice(&printed.stdout).unwrap();
