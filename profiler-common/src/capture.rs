@@ -392,6 +392,9 @@ pub struct KernelOffsets {
     pub task_thread_pid: u32,
     pub pid_level: u32,
     pub pid_numbers: u32,
+    /// `mm_struct.context.vdso`: where the process's vDSO is, the one executable mapping of no
+    /// file whose table the walker has (published under [`crate::unwind_maps::FileKey::VDSO`]).
+    pub mm_vdso: u32,
 }
 
 /// Bytes of one `upid` (an `int` and a pointer) in `pid.numbers`.
@@ -457,6 +460,7 @@ offsets_as_words!(
     task_thread_pid,
     pid_level,
     pid_numbers,
+    mm_vdso,
 );
 
 /// Capture options, a read-only global of the program (`CAPTURE_CONFIG`).
@@ -517,6 +521,7 @@ impl CaptureConfig {
             task_thread_pid: 0,
             pid_level: 0,
             pid_numbers: 0,
+            mm_vdso: 0,
         },
         flags: 0,
         uid: 0,
@@ -599,6 +604,14 @@ pub const CAPTURE_QUIET_NEW_PROCESSES: u32 = 1 << 9;
 /// instruction, annotation and cache-line reports read. The agent's exports carry stacks and
 /// data lines only, and without it each sample costs one per-CPU map update less.
 pub const CAPTURE_INSTRUCTIONS: u32 = 1 << 10;
+/// The agent publishes tables by file, and a process's mappings only where the walker cannot
+/// find a table of it by file (code of no file with a table, files the kernel names by another
+/// device than `stat`): the walker finds every frame's mapping in the kernel's own tree
+/// (`OFFSETS_VMA_TREE`) and its file's table by device and inode, so a process is unwound from
+/// its first sample with no step of the agent's, and new processes cost the agent only what
+/// their new files do. It asks for a table it meets unloaded at most once a use-stamp period
+/// on each CPU. System-wide only.
+pub const CAPTURE_TABLES_BY_FILE: u32 = 1 << 11;
 
 /// How the program reads PERF_SAMPLE_RAW payloads, a read-only global of the program
 /// (`RAW_DECODING`) the agent sets at load time. All zero: no event's payload is decoded.
@@ -836,8 +849,8 @@ mod tests {
         assert_eq!(size_of::<LineLatencyKey>(), 16);
         assert_eq!(size_of::<DataSourceKey>(), 32);
         assert_eq!(size_of::<SampleStats>(), 32);
-        assert_eq!(size_of::<KernelOffsets>(), 140);
-        assert_eq!(size_of::<CaptureConfig>(), 176);
+        assert_eq!(size_of::<KernelOffsets>(), 144);
+        assert_eq!(size_of::<CaptureConfig>(), 180);
         assert_eq!(size_of::<crate::stack::StackFrames>(), 1024);
         assert_eq!(size_of::<RawDecoding>(), 16);
         assert_eq!(size_of::<IbsRecord>(), 120);

@@ -73,6 +73,14 @@ pub struct FileKey {
 }
 
 impl FileKey {
+    /// The vDSO's key: the same code in every process, mapped from no file. No device has
+    /// these numbers (12 bits of major, 20 of minor).
+    pub const VDSO: FileKey = FileKey {
+        major: u32::MAX,
+        minor: u32::MAX,
+        inode: 0,
+    };
+
     /// The key of inode `inode` on the filesystem of the kernel's device number `dev`
     /// (12 bits of major above 20 of minor).
     pub const fn of_kernel_dev(dev: u32, inode: u64) -> FileKey {
@@ -97,6 +105,10 @@ pub struct FileRows {
     pub code_end: u64,
     pub rows_start: u32,
     pub rows_len: u32,
+    /// The last walk through the file, a [`use_stamp`], written by the walker: the agent
+    /// evicts the tables of the files walked least lately.
+    pub last_used: u32,
+    pub _pad: u32,
 }
 
 impl FileRows {
@@ -128,6 +140,11 @@ impl FileRows {
 /// or was evicted for a busier process's): the walker steps its frames by frame pointers and
 /// asks the agent to load it.
 pub const TABLE_NOT_LOADED: u32 = u32::MAX;
+
+/// `rows_start` of a mapping of a file the agent has said nothing of yet (a program never seen
+/// before, found in the kernel's tree): unloaded as with [`TABLE_NOT_LOADED`], and a stack that
+/// goes wrong there is a frame-pointer walk for want of tables still to come.
+pub const FILE_NOT_SEEN: u32 = u32::MAX - 1;
 
 /// A process's last sample, in units of 2^[`USE_STAMP_SHIFT`] ns of `CLOCK_MONOTONIC` (about
 /// 17 ms; wraps after two years, so ages are compared by wrapping subtraction).
@@ -319,6 +336,7 @@ mod tests {
             code_end: 0x13730 + 0x3e2f0,
             rows_start: 7,
             rows_len: 9,
+            ..FileRows::default()
         };
         // Mapped from file offset 0x13000 at 0x5555_0001_4000: load bias 0x5555_0000_0000.
         let text = rows.mapping(0x5555_0001_4000, 0x5555_0005_3000, 0x13000);

@@ -10,13 +10,14 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    capture::CAPTURE_QUIET_NEW_PROCESSES,
+    capture::{CAPTURE_QUIET_NEW_PROCESSES, CAPTURE_TABLES_BY_FILE},
     maple::NODE_WORDS,
     stack::{StackFrames, MAX_STACK_DEPTH},
     unwind::{find_row_by, is_row_for, step, Caller, CfaRule, Registers, StepEnd, UnwindRow},
     unwind_maps::{
-        use_stamp, ExecMapping, ProcessMappings, UnwindCount, FRAME_POINTERS_ONLY_FRAME,
-        MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME, UNWIND_FRAMES_PER_RUN,
+        use_stamp, ExecMapping, ProcessMappings, UnwindCount, FILE_NOT_SEEN,
+        FRAME_POINTERS_ONLY_FRAME, MAX_UNWIND_FRAMES, TABLE_NOT_LOADED, TRUNCATED_FRAME,
+        UNWIND_FRAMES_PER_RUN,
     },
 };
 
@@ -93,6 +94,8 @@ pub struct WalkState {
     may_request: u64,
     /// 1 once the walk has stepped through a mapping whose table is not loaded.
     met_unloaded_table: u64,
+    /// 1 once that mapping was of a file the agent has said nothing of yet.
+    met_unseen_file: u64,
     /// 1 once the walk has found a mapping in the kernel's record of a process the agent has
     /// published: a library mapped since (dlopen), which the agent is asked to publish at once.
     met_new_mapping: u64,
@@ -134,6 +137,29 @@ fn stamp_use(process: *mut ProcessMappings) -> bool {
     }
 }
 
+/// The last use-stamp period in which a walk on this CPU could ask for a table, with tables
+/// published by file (`CAPTURE_TABLES_BY_FILE`), where no process entry holds a stamp.
+#[map]
+static REQUEST_PERIODS: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether this is the first walk on this CPU in this use-stamp period: the one that may ask
+/// the agent for a table it meets unloaded (a file the agent gave no table, or none yet, is
+/// met again and again; a request per walk would wake the agent at the sampling rate).
+#[inline(always)]
+fn first_request_of_period() -> bool {
+    let Some(period) = REQUEST_PERIODS.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: helper without preconditions.
+    let now = use_stamp(unsafe { bpf_ktime_get_ns() });
+    // SAFETY: this CPU's slot; programs do not nest on one CPU.
+    unsafe {
+        let fresh = *period != now;
+        *period = now;
+        fresh
+    }
+}
+
 /// Starts the table walk of `pid`'s user stack at `registers`: stores `pending` (what the walk
 /// is for) and the walk's state in this CPU's slots, then tail-calls the walker in `unwinder`.
 /// Returns only when the walk cannot start (the agent has not loaded the process's mappings
@@ -153,7 +179,8 @@ pub(crate) fn start_walk<P: Copy + 'static>(
         // own walks meet unloaded.
         Some(process) => stamp_use(process),
         None => {
-            if config().flags & CAPTURE_QUIET_NEW_PROCESSES == 0 {
+            let by_file = config().flags & CAPTURE_TABLES_BY_FILE != 0;
+            if config().flags & (CAPTURE_QUIET_NEW_PROCESSES | CAPTURE_TABLES_BY_FILE) == 0 {
                 request_mappings(pid);
             }
             // Walked all the same where the kernel's own tree says where the process's code
@@ -163,8 +190,8 @@ pub(crate) fn start_walk<P: Copy + 'static>(
                 return;
             }
             count_unwind(UnwindCount::ProcessFromKernel);
-            // Asked for above.
-            false
+            // Asked for above, where processes are published.
+            by_file && first_request_of_period()
         }
     };
     let (Some(stored), Some(state)) = (slot.get_ptr_mut(0), walk.get_ptr_mut(0)) else {
@@ -181,6 +208,7 @@ pub(crate) fn start_walk<P: Copy + 'static>(
         (*state).depth = 0;
         (*state).may_request = u64::from(fresh);
         (*state).met_unloaded_table = 0;
+        (*state).met_unseen_file = 0;
         (*state).met_new_mapping = 0;
         (*state).unpublished = u64::from(published.is_none());
         (*state).mapping = 0;
@@ -240,10 +268,10 @@ pub(crate) fn continue_walk(
     if state.met_new_mapping != 0 || (state.met_unloaded_table != 0 && state.may_request != 0) {
         request_mappings(pid);
     }
-    // A walk of a process not published yet that met a file whose table is not loaded yet (a
+    // A walk of a process not published yet that met a file the agent has not seen yet (a
     // program never seen before) and went wrong there is what the kernel's frame-pointer walk
     // of such a process was: a stack by frame pointers, for want of tables still to come.
-    let not_loaded_yet = state.unpublished != 0 && state.met_unloaded_table != 0;
+    let not_loaded_yet = state.unpublished != 0 && state.met_unseen_file != 0;
     match end {
         WalkEnd::Complete => count_unwind(UnwindCount::Complete),
         WalkEnd::Truncated(reason) => {
@@ -398,9 +426,10 @@ fn unwind_frame(
     let mut table_row = None;
     if mapping.rows_len == 0 {
         count_unwind(UnwindCount::FramesWithoutTable);
-        if mapping.rows_start == TABLE_NOT_LOADED {
+        if mapping.rows_start == TABLE_NOT_LOADED || mapping.rows_start == FILE_NOT_SEEN {
             count_unwind(UnwindCount::FramesTableNotLoaded);
             state.met_unloaded_table = 1;
+            state.met_unseen_file |= u64::from(mapping.rows_start == FILE_NOT_SEEN);
         }
     } else {
         let offset = pc.wrapping_sub(mapping.table_base);

@@ -5,14 +5,14 @@
 //! published them (a short process's whole life).
 
 use aya_ebpf::{
-    helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_current_task},
     macros::map,
     maps::HashMap,
 };
 use profiler_common::{
     capture::{KernelOffsets, OFFSETS_VMA_TREE},
     maple::{self, NodeLayout, NODE_WORDS},
-    unwind_maps::{ExecMapping, FileKey, FileRows, MAX_UNWIND_FILES, TABLE_NOT_LOADED},
+    unwind_maps::{use_stamp, ExecMapping, FileKey, FileRows, FILE_NOT_SEEN, MAX_UNWIND_FILES},
 };
 
 use crate::{arch, maps::kernel_offset};
@@ -90,15 +90,14 @@ pub(crate) fn kernel_mapping(address: u64, node: &mut [u64; NODE_WORDS]) -> Opti
         return None;
     }
     let file: u64 = read(at(vma, |o| &o.vma_file))?;
-    let without_table = |rows_start| ExecMapping {
-        start,
-        end,
-        table_base: 0,
-        rows_start,
-        rows_len: 0,
-    };
     if file == 0 {
-        return Some(without_table(0));
+        // Code of no file: the vDSO, whose table is published under one key for every
+        // process, or code a JIT wrote (no table: frame pointers).
+        let vdso: u64 = read(at(mm, |o| &o.mm_vdso))?;
+        return Some(match vdso == start {
+            true => file_mapping(&FileKey::VDSO, start, end, 0),
+            false => without_table(start, end, 0),
+        });
     }
     let page_offset: u64 = read(at(vma, |o| &o.vma_pgoff))?;
     let inode: u64 = read(at(file, |o| &o.file_inode))?;
@@ -106,10 +105,45 @@ pub(crate) fn kernel_mapping(address: u64, node: &mut [u64; NODE_WORDS]) -> Opti
     let superblock: u64 = read(at(inode, |o| &o.inode_sb))?;
     let device: u32 = read(at(superblock, |o| &o.sb_dev))?;
     let key = FileKey::of_kernel_dev(device, number);
-    // SAFETY: the value is copied out at once; the agent rewrites an entry only to point it at
-    // rows it has already written.
-    Some(match unsafe { UNWIND_FILES.get(&key) } {
-        Some(rows) => rows.mapping(start, end, page_offset << arch::PAGE_SHIFT),
-        None => without_table(TABLE_NOT_LOADED),
-    })
+    Some(file_mapping(
+        &key,
+        start,
+        end,
+        page_offset << arch::PAGE_SHIFT,
+    ))
+}
+
+/// A mapping from `start` to `end` without rows: `rows_start` says whether its file is not
+/// known yet (`FILE_NOT_SEEN`: the walker asks for its table) or it has no table.
+#[inline(always)]
+fn without_table(start: u64, end: u64, rows_start: u32) -> ExecMapping {
+    ExecMapping {
+        start,
+        end,
+        table_base: 0,
+        rows_start,
+        rows_len: 0,
+    }
+}
+
+/// The mapping from `start` to `end` of the file `key` from `file_offset`, by the table the
+/// agent placed for the file (or its word that the table is not loaded, or that there is none),
+/// stamped as walked now (once a stamp period: most walks only read it); `FILE_NOT_SEEN`
+/// where the agent has said nothing of the file.
+#[inline(always)]
+fn file_mapping(key: &FileKey, start: u64, end: u64, file_offset: u64) -> ExecMapping {
+    let Some(rows) = UNWIND_FILES.get_ptr_mut(key) else {
+        return without_table(start, end, FILE_NOT_SEEN);
+    };
+    // SAFETY: helper without preconditions.
+    let now = use_stamp(unsafe { bpf_ktime_get_ns() });
+    // SAFETY: a map value the kernel keeps alive while the program runs; the agent rewrites an
+    // entry only to point it at rows it has already written, and a racing stamp from another
+    // CPU is as recent.
+    unsafe {
+        if (*rows).last_used != now {
+            (*rows).last_used = now;
+        }
+        (*rows).mapping(start, end, file_offset)
+    }
 }

@@ -343,6 +343,7 @@ impl Btf {
             inode_ino: offset("inode", "i_ino")?,
             inode_sb: offset("inode", "i_sb")?,
             sb_dev: offset("super_block", "s_dev")?,
+            mm_vdso: offset("mm_struct", "context")? + offset("mm_context_t", "vdso")?,
             ..KernelOffsets::default()
         })
     }
@@ -1057,6 +1058,8 @@ mod tests {
         assert_eq!(offsets.pid_numbers, expected("pid", "numbers"));
         assert_eq!(expected("upid", "nr"), 0);
         assert_eq!(expected("upid", "ns") + 8, UPID_BYTES as u32);
+        // Inside the named `context` (an architecture's own struct): past its start.
+        assert!(offsets.mm_vdso >= expected("mm_struct", "context"));
 
         // Every member of every named struct and union, anonymous nesting and bitfields
         // included: thousands of layouts checked against an independent reader.

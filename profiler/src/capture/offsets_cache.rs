@@ -12,7 +12,7 @@ use crate::disk_cache::{end_file, start_file, CacheBytes, CacheDir, CacheFields}
 /// later boot replaces it.
 const CACHE_FILE: &str = "offsets";
 const CACHE_MAGIC: &[u8; 8] = b"PRFKOFFS";
-const CACHE_VERSION: u32 = 5;
+const CACHE_VERSION: u32 = 6;
 /// Far above a key and fourteen numbers.
 const MAX_CACHE_FILE: u64 = 4096;
 

@@ -5,7 +5,7 @@
 use std::{
     collections::BTreeMap,
     fs,
-    os::unix::fs::MetadataExt,
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -210,6 +210,31 @@ impl MappedFiles {
         self.by_identity
             .get(&identity)
             .map(|file| descriptor_path(file))
+    }
+
+    /// Whether the kernel's own record of a mapping of the open file `identity` (its inode's
+    /// superblock device and inode number) names it as `stat` did. Not on overlayfs, whose
+    /// mappings hold the layer's file, nor on btrfs, whose `stat` gives each subvolume a device
+    /// of its own. Unknown (not open, `statfs` refused): assumed so.
+    pub fn kernel_names_as_stat(&self, identity: FileIdentity) -> bool {
+        const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+        const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
+        let Some(file) = self.by_identity.get(&identity) else {
+            return true;
+        };
+        let mut stats = std::mem::MaybeUninit::<libc::statfs>::uninit();
+        // SAFETY: fstatfs(2) on a descriptor this table holds open, into a buffer of the size
+        // it writes; read only when it says it wrote it.
+        let stats = unsafe {
+            if libc::fstatfs(file.as_raw_fd(), stats.as_mut_ptr()) != 0 {
+                return true;
+            }
+            stats.assume_init()
+        };
+        !matches!(
+            stats.f_type as i64,
+            OVERLAYFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC
+        )
     }
 
     /// The opened file, to be read in bounded ranges.

@@ -4,8 +4,8 @@
 use profiler_common::capture::{
     CaptureConfig, CAPTURE_DATA_SOURCES, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
     CAPTURE_FILTER_UID, CAPTURE_INSTRUCTIONS, CAPTURE_KERNEL_STACKS, CAPTURE_QUIET_NEW_PROCESSES,
-    CAPTURE_RAW, CAPTURE_STACK_COPY, CAPTURE_UNWIND_DWARF, CAPTURE_USER_STACKS,
-    STACK_COPY_PAGE_BYTES,
+    CAPTURE_RAW, CAPTURE_STACK_COPY, CAPTURE_TABLES_BY_FILE, CAPTURE_UNWIND_DWARF,
+    CAPTURE_USER_STACKS, OFFSETS_VMA_TREE, STACK_COPY_PAGE_BYTES,
 };
 
 use super::{
@@ -64,6 +64,18 @@ pub(crate) fn capture_config(options: &CaptureOptions) -> CaptureConfig {
             flags |= CAPTURE_UNWIND_DWARF;
             if options.target == TargetSpec::System {
                 flags |= CAPTURE_QUIET_NEW_PROCESSES;
+                // System-wide, where the walker reads the kernel's own tree of mappings,
+                // tables go by file only: no process waits for the agent to publish it, and
+                // process churn costs the agent only what new files cost. A launched command
+                // or followed processes are few, and stay published: their first sample wakes
+                // the agent at once, which reads the side-band then (their Python frames from
+                // their first milliseconds).
+                if options
+                    .offsets
+                    .is_some_and(|offsets| offsets.valid & OFFSETS_VMA_TREE != 0)
+                {
+                    flags |= CAPTURE_TABLES_BY_FILE;
+                }
             }
         }
     }

@@ -26,7 +26,7 @@ use anyhow::{anyhow, Context, Result};
 use profiler_common::{
     capture::{
         CaptureConfig, LossKind, StackCopyRecord, CAPTURE_EVENT_IDS, CAPTURE_FILTER_CGROUP,
-        CAPTURE_FILTER_UID, CAPTURE_UNWIND_DWARF, MAX_EVENTS,
+        CAPTURE_FILTER_UID, CAPTURE_TABLES_BY_FILE, CAPTURE_UNWIND_DWARF, MAX_EVENTS,
     },
     offcpu::OffCpuCount,
 };
@@ -144,7 +144,7 @@ impl CaptureSession {
         let ibs_events = raw_decoding.ibs_events() != 0;
         // Data mappings and data lines only where an event records data addresses.
         let data_addresses = options.events.iter().any(records_data_addresses);
-        let sizes = options.sizes.fitted(MapNeeds {
+        let mut sizes = options.sizes.fitted(MapNeeds {
             latencies: samples_latency(&options.events),
             data_addresses,
             raw: options.raw.is_some(),
@@ -152,6 +152,11 @@ impl CaptureSession {
             stack_copies: options.stack_copy_kib.is_some(),
             instructions: options.per_instruction,
         });
+        // Tables by file: the walker's process table holds only processes with code of no
+        // file that has a table (8 KiB an entry).
+        if config.flags & CAPTURE_TABLES_BY_FILE != 0 {
+            sizes.maps.unwind_processes = map_sizes::UNWIND_PROCESSES_BY_FILE;
+        }
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| anyhow!("counting online CPUs ({what}): {e}"))?
             .len();
@@ -172,7 +177,11 @@ impl CaptureSession {
         let unwinder = match config.flags & CAPTURE_UNWIND_DWARF {
             0 => None,
             _ => {
-                let mut unwinder = UnwindLoader::for_program(&mut program, options.memory_budget)?;
+                let mut unwinder = UnwindLoader::for_program(
+                    &mut program,
+                    options.memory_budget,
+                    config.flags & CAPTURE_TABLES_BY_FILE != 0,
+                )?;
                 unwinder.preload(&files_to_preload(&options.target))?;
                 Some(unwinder)
             }

@@ -45,6 +45,10 @@ use crate::{
     },
 };
 
+/// The vDSO as the loader keys the files it publishes (no file has it: no device is all ones),
+/// published under the walker's [`FileKey::VDSO`].
+const VDSO_IDENTITY: FileIdentity = (u64::MAX, 0);
+
 /// Files `--stats` names whose mappings found no room in the arena, the most refused first.
 const NO_ROOM_NAMED: usize = 10;
 
@@ -359,15 +363,29 @@ pub struct UnwindLoader {
     /// The layout of each anonymous executable mapping (pid, start, end) read so far, where it
     /// holds CPython's perf trampolines.
     trampolines: HashMap<(u32, u64, u64), Option<TrampolineLayout>>,
+    /// Tables are published by file only (`CAPTURE_TABLES_BY_FILE`): the walker finds each
+    /// frame's file in the kernel's own tree, and processes are tracked here only to know which
+    /// tables they need; their use stamps are the files'.
+    by_file: bool,
+    /// The files' use stamps as last read from the kernel, by table (its first row).
+    file_stamps: HashMap<u32, u32>,
+    /// Processes published all the same where tables go by file, since the walker cannot find
+    /// some table of theirs by file: code of no file with a table (CPython's perf trampolines),
+    /// or a file the kernel names by another device than `stat` (overlayfs, btrfs).
+    own_entry: HashSet<u32>,
+    /// Whether the kernel names each open file as `stat` does, asked once per file.
+    kernel_names_as_stat: HashMap<FileIdentity, bool>,
 }
 
 impl UnwindLoader {
     /// The agent's side of the in-kernel unwinder, with the maps of `program` it fills
     /// (`--unwind dwarf`).
     /// Over `memory_budget` bytes of heap, the coldest tables' compiled rows are let go.
+    /// With `by_file`, only files' tables are published, never a process's mappings.
     pub fn for_program(
         program: &mut CaptureProgram,
         memory_budget: Option<u64>,
+        by_file: bool,
     ) -> Result<UnwindLoader> {
         let rows = match program.take_map("UNWIND_ROWS")? {
             aya::maps::Map::Array(map) => map,
@@ -404,6 +422,10 @@ impl UnwindLoader {
             memory_budget,
             python: PythonProcesses::new(program.take_map("PYTHON_PROCESSES")?),
             trampolines: HashMap::new(),
+            by_file,
+            file_stamps: HashMap::new(),
+            own_entry: HashSet::new(),
+            kernel_names_as_stat: HashMap::new(),
         })
     }
 
@@ -454,8 +476,9 @@ impl UnwindLoader {
             self.retry.remove(&pid);
             self.python.forget(pid);
             self.trampolines.retain(|&(owner, _, _), _| owner != pid);
-            if self.published.remove(&pid).is_some() {
-                self.use_stamps.remove(&pid);
+            // Only a process published to the walker has a use stamp.
+            self.own_entry.remove(&pid);
+            if self.published.remove(&pid).is_some() && self.use_stamps.remove(&pid).is_some() {
                 // Already gone when the kernel never had it: nothing to undo.
                 let _ = self.processes.remove(&pid);
             }
@@ -499,6 +522,14 @@ impl UnwindLoader {
                 }
             }
             let entries: Vec<ExecMapping> = resolved.iter().map(|(entry, _)| *entry).collect();
+            if self.by_file
+                && !self.own_entry.contains(&pid)
+                && mappings
+                    .iter()
+                    .any(|mapping| !self.found_by_file(table, pid, mapping))
+            {
+                self.own_entry.insert(pid);
+            }
             let before = self.published.get(&pid);
             if before == Some(&entries) {
                 continue;
@@ -544,13 +575,19 @@ impl UnwindLoader {
     /// loaded. A file mapped again is opened again, and its table read from the disk cache.
     fn release_closed_files(&mut self, files: &MappedFiles) -> Result<()> {
         self.files.retain(|identity, _| files.is_open(*identity));
+        self.kernel_names_as_stat
+            .retain(|identity, _| files.is_open(*identity));
         self.python.release_closed_files(files);
         // A closed file's inode number may be given to another file: the walker must not find
         // this table by it.
         let closed: Vec<FileIdentity> = self
             .files_published
             .keys()
-            .filter(|identity| !files.is_open(**identity) && !self.preloaded.contains_key(identity))
+            .filter(|identity| {
+                !files.is_open(**identity)
+                    && !self.preloaded.contains_key(identity)
+                    && **identity != VDSO_IDENTITY
+            })
             .copied()
             .collect();
         for identity in closed {
@@ -594,7 +631,29 @@ impl UnwindLoader {
 
     /// Writes `pid`'s mappings into the walker's table, keeping the stamp of its last sample
     /// (a new process counts as used now).
+    /// By file, only the processes of `own_entry` are written into the walker's table.
     fn publish(&mut self, pid: u32, entries: &[ExecMapping]) -> Result<(), aya::maps::MapError> {
+        if !self.by_file || self.own_entry.contains(&pid) {
+            self.publish_to_kernel(pid, entries)?;
+        }
+        self.published.insert(pid, entries.to_vec());
+        if entries
+            .iter()
+            .any(|entry| entry.rows_start == TABLE_NOT_LOADED)
+        {
+            self.retry.insert(pid);
+        } else {
+            self.retry.remove(&pid);
+        }
+        Ok(())
+    }
+
+    /// The walker's entry of process `pid`, where processes are published.
+    fn publish_to_kernel(
+        &mut self,
+        pid: u32,
+        entries: &[ExecMapping],
+    ) -> Result<(), aya::maps::MapError> {
         let mut value = ProcessMappings::EMPTY;
         value.count = entries.len() as u32;
         value.mappings[..entries.len()].copy_from_slice(entries);
@@ -607,16 +666,26 @@ impl UnwindLoader {
         };
         self.processes.insert(pid, value, 0)?;
         self.use_stamps.insert(pid, value.last_used);
-        self.published.insert(pid, entries.to_vec());
-        if entries
-            .iter()
-            .any(|entry| entry.rows_start == TABLE_NOT_LOADED)
-        {
-            self.retry.insert(pid);
-        } else {
-            self.retry.remove(&pid);
-        }
         Ok(())
+    }
+
+    /// Whether the walker finds the table of `pid`'s `mapping` by file (see `own_entry`).
+    fn found_by_file(&mut self, processes: &ProcessTable, pid: u32, mapping: &Mapping) -> bool {
+        match (mapping.is_file(), mapping.file) {
+            (false, _) => !self
+                .trampolines
+                .get(&(pid, mapping.start, mapping.end))
+                .is_some_and(Option::is_some),
+            // Published by file (not refused by a full file table), under the kernel's name.
+            (true, Some(identity)) => {
+                self.files_published.contains_key(&identity)
+                    && *self
+                        .kernel_names_as_stat
+                        .entry(identity)
+                        .or_insert_with(|| processes.files.kernel_names_as_stat(identity))
+            }
+            (true, None) => true,
+        }
     }
 
     /// Rows of the table of `mapping`'s file, 0 when it has none.
@@ -644,15 +713,28 @@ impl UnwindLoader {
             end: mapping.end,
             ..ExecMapping::default()
         };
+        let is_vdso = !mapping.is_file() && *mapping.path == *VDSO;
         let file = match (mapping.is_file(), mapping.file) {
-            (false, _) if *mapping.path == *VDSO => self.vdso_table(mapping),
+            (false, _) if is_vdso => self.vdso_table(mapping),
             (false, _) => self.trampoline_table(pid, mapping),
             (true, None) => Err("its file could not be opened"),
             (true, Some(identity)) => self.file_table(processes, identity, &mapping.path),
         };
+        // What the walker finds this mapping's table by.
+        let identity = match is_vdso {
+            true => Some(VDSO_IDENTITY),
+            false => mapping.file.filter(|_| mapping.is_file()),
+        };
         let file = match file {
             Ok(file) => file,
-            Err(reason) => return Ok((entry, Some(reason))),
+            Err(reason) => {
+                // Said to have no table, where tables go by file: the walker steps its frames
+                // by frame pointers instead of asking for its table again and again.
+                if let (true, Some(identity)) = (self.by_file, identity) {
+                    self.publish_file(identity, FileRows::default())?;
+                }
+                return Ok((entry, Some(reason)));
+            }
         };
         let Some(segment) = segment_holding(&file.segments, mapping.file_offset) else {
             return Ok((entry, Some("no loadable segment holds it")));
@@ -661,16 +743,25 @@ impl UnwindLoader {
         let rows = |loader: &mut UnwindLoader| {
             loader.held_rows(&file.key, processes, mapping.file, &mapping.path)
         };
-        let placed = self.place(&file, rows, pid, keep)?;
+        let needer = self.last_need(pid, identity);
+        let placed = self.place(&file, rows, needer, keep)?;
         let Some(placed) = placed else {
             // The walker asks for it when it steps through this mapping.
             entry.rows_start = TABLE_NOT_LOADED;
+            if let Some(identity) = identity {
+                let no_room = FileRows {
+                    rows_start: TABLE_NOT_LOADED,
+                    rows_len: 0,
+                    ..file_rows(segment, &file, Placed { start: 0, len: 0 })
+                };
+                self.publish_file(identity, no_room)?;
+            }
             return Ok((entry, Some(NO_ROOM)));
         };
         entry.table_base = bias.wrapping_add(file.base);
         entry.rows_start = placed.start;
         entry.rows_len = placed.len;
-        if let Some(identity) = mapping.file {
+        if let Some(identity) = identity {
             self.publish_file(identity, file_rows(segment, &file, placed))?;
         }
         Ok((entry, None))
@@ -708,7 +799,7 @@ impl UnwindLoader {
             let table = FileTable::new(key.clone(), &cached.table, segments);
             self.held.entry(key).or_insert(cached.table);
             let rows = |loader: &mut UnwindLoader| loader.held.get(&table.key).cloned();
-            let Some(placed) = self.place(&table, rows, 0, &[])? else {
+            let Some(placed) = self.place(&table, rows, use_stamp_now(), &[])? else {
                 continue;
             };
             self.publish_file(identity, file_rows(&segment, &table, placed))?;
@@ -717,11 +808,43 @@ impl UnwindLoader {
         Ok(())
     }
 
+    /// When a walk last needed a table of `pid`'s file `identity`, as a use stamp: the last
+    /// sample of a process the walker has an entry of; by file, the last walk through the
+    /// file (the walker stamps its entry, loaded or not); now for a file it has not met yet.
+    /// A process that stopped running (stopped, or waiting) cannot take the room of a busy
+    /// one's table, however often its unloaded table is retried.
+    fn last_need(&self, pid: u32, identity: Option<FileIdentity>) -> u32 {
+        if let Some(&stamp) = self.use_stamps.get(&pid) {
+            return stamp;
+        }
+        let walked = identity
+            .filter(|_| self.by_file)
+            .filter(|identity| self.files_published.contains_key(identity))
+            .and_then(|identity| self.kernel_files.get(&kernel_file_key(identity), 0).ok());
+        walked.map_or_else(use_stamp_now, |rows| rows.last_used)
+    }
+
     /// Tells the walker where the table of the file `identity` is.
     fn publish_file(&mut self, identity: FileIdentity, rows: FileRows) -> Result<()> {
-        if self.files_published.get(&identity) == Some(&rows) {
+        let same_place = |known: &FileRows| {
+            FileRows {
+                last_used: known.last_used,
+                ..rows
+            } == *known
+        };
+        if self.files_published.get(&identity).is_some_and(same_place) {
             return Ok(());
         }
+        // A file new to the walker counts as walked now (a table placed for a process about
+        // to run is not the first to go); one it knows keeps its last walk, whatever moved.
+        let last_used = match self.files_published.contains_key(&identity) {
+            true => self.kernel_files.get(&kernel_file_key(identity), 0).ok(),
+            false => None,
+        };
+        let rows = FileRows {
+            last_used: last_used.map_or_else(use_stamp_now, |known| known.last_used),
+            ..rows
+        };
         match self.kernel_files.insert(kernel_file_key(identity), rows, 0) {
             Ok(()) => {}
             // Full: this file's mappings are unwound by table once their process is published,
@@ -736,6 +859,9 @@ impl UnwindLoader {
                 return Ok(());
             }
             Err(error) => return Err(error).context("publishing a file's unwind table"),
+        }
+        if rows.rows_len > 0 {
+            self.file_stamps.insert(rows.rows_start, rows.last_used);
         }
         self.files_published.insert(identity, rows);
         Ok(())
@@ -869,13 +995,13 @@ impl UnwindLoader {
     }
 
     /// Where `table`'s rows are in the arena, written there on first use (`rows` gives them),
-    /// for process `pid` (evicting what it may, but not the tables at `keep`); `None` when they
-    /// do not fit.
+    /// for a walk that last needed it at the use stamp `needer` (evicting what it may, but not
+    /// the tables at `keep`); `None` when they do not fit.
     fn place(
         &mut self,
         table: &FileTable,
         rows: impl FnOnce(&mut UnwindLoader) -> Option<Arc<UnwindTable>>,
-        pid: u32,
+        needer: u32,
         keep: &[u32],
     ) -> Result<Option<Placed>> {
         if let Some(placed) = self.placed.get(&table.key) {
@@ -890,7 +1016,7 @@ impl UnwindLoader {
         let placed = match self.space.allocate(len) {
             Some(placed) => placed,
             None => {
-                if !self.evict_for(len, pid, keep)? {
+                if !self.evict_for(len, needer, keep)? {
                     return Ok(None);
                 }
                 self.space
@@ -912,12 +1038,11 @@ impl UnwindLoader {
         Ok(Some(placed))
     }
 
-    /// Evicts tables until `len` rows fit, for process `pid`: those no process maps, then those
-    /// of processes idle for longer than `pid`; `false` (nothing evicted) when that is not
-    /// enough.
-    fn evict_for(&mut self, len: u32, pid: u32, keep: &[u32]) -> Result<bool> {
+    /// Evicts tables until `len` rows fit, for a walk that last needed them at `needer`: those
+    /// no process maps, then those last used well before `needer`; `false` (nothing evicted)
+    /// when that is not enough.
+    fn evict_for(&mut self, len: u32, needer: u32, keep: &[u32]) -> Result<bool> {
         let now = use_stamp_now();
-        let needer = self.use_stamps.get(&pid).copied().unwrap_or(now);
         let tables: Vec<(u32, TableUse)> = self
             .table_uses(now)
             .into_iter()
@@ -967,8 +1092,9 @@ impl UnwindLoader {
         Ok(self.space.victims_needed(len, &[]).is_some())
     }
 
-    /// Each placed table's newest use (by its place in the arena): the last sample of the
-    /// published processes that map it, by age across the stamp's wrap.
+    /// Each placed table's newest use (by its place in the arena): the last walk through its
+    /// files (by file), and the last sample of the processes the walker has entries of that
+    /// map it, by age across the stamp's wrap.
     fn table_uses(&mut self, now: u32) -> HashMap<u32, TableUse> {
         self.read_use_stamps();
         let mut newest: HashMap<u32, TableUse> = self
@@ -976,19 +1102,31 @@ impl UnwindLoader {
             .values()
             .map(|placed| (placed.start, TableUse::Unmapped))
             .collect();
-        for (user, entries) in &self.published {
-            let stamp = self.use_stamps.get(user).copied().unwrap_or(now);
+        if self.by_file {
+            // The files' own stamps, for the tables some live process maps; one placed since
+            // the stamps were read counts as used now.
+            let mapped: HashSet<u32> = self
+                .published
+                .values()
+                .flatten()
+                .filter(|entry| entry.rows_len > 0)
+                .map(|entry| entry.rows_start)
+                .collect();
+            for start in mapped {
+                if let Some(seen) = newest.get_mut(&start) {
+                    let stamp = self.file_stamps.get(&start).copied().unwrap_or(now);
+                    *seen = newer_use(*seen, stamp, now);
+                }
+            }
+        }
+        // The last samples of the processes the walker has entries of.
+        for (user, &stamp) in &self.use_stamps {
+            let Some(entries) = self.published.get(user) else {
+                continue;
+            };
             for entry in entries.iter().filter(|entry| entry.rows_len > 0) {
                 if let Some(seen) = newest.get_mut(&entry.rows_start) {
-                    let newer = match *seen {
-                        TableUse::Unmapped => true,
-                        TableUse::LastUsed(seen) => {
-                            now.wrapping_sub(stamp) < now.wrapping_sub(seen)
-                        }
-                    };
-                    if newer {
-                        *seen = TableUse::LastUsed(stamp);
-                    }
+                    *seen = newer_use(*seen, stamp, now);
                 }
             }
         }
@@ -1073,7 +1211,7 @@ impl UnwindLoader {
         let files: Vec<(FileIdentity, FileRows)> = self
             .files_published
             .iter()
-            .filter(|(_, rows)| rows.rows_start == start)
+            .filter(|(_, rows)| rows.rows_len > 0 && rows.rows_start == start)
             .map(|(identity, rows)| (*identity, *rows))
             .collect();
         for (identity, rows) in files {
@@ -1085,7 +1223,15 @@ impl UnwindLoader {
                         ..rows
                     },
                 )?,
-                None => self.unpublish_file(identity)?,
+                // Known, its table not loaded: the walker asks for it again.
+                None => self.publish_file(
+                    identity,
+                    FileRows {
+                        rows_start: TABLE_NOT_LOADED,
+                        rows_len: 0,
+                        ..rows
+                    },
+                )?,
             }
         }
         match moved {
@@ -1100,8 +1246,8 @@ impl UnwindLoader {
         Ok(())
     }
 
-    /// Refreshes the published processes' use stamps from the kernel, at most every
-    /// [`USE_STAMPS_TTL`] (each read copies a process's whole entry).
+    /// Refreshes the files' (by file) and the published processes' use stamps from the kernel,
+    /// at most every [`USE_STAMPS_TTL`] (each read copies a process's whole entry).
     fn read_use_stamps(&mut self) {
         if self
             .use_stamps_read
@@ -1109,9 +1255,27 @@ impl UnwindLoader {
         {
             return;
         }
-        for pid in self.published.keys() {
-            if let Ok(value) = self.processes.get(pid, 0) {
-                self.use_stamps.insert(*pid, value.last_used);
+        if self.by_file {
+            self.file_stamps.clear();
+            for (identity, rows) in &self.files_published {
+                let Ok(value) = self.kernel_files.get(&kernel_file_key(*identity), 0) else {
+                    continue;
+                };
+                // One table may be several files' (copies with one build ID): the newest.
+                let stamp = self
+                    .file_stamps
+                    .entry(rows.rows_start)
+                    .or_insert(value.last_used);
+                let now = use_stamp_now();
+                if now.wrapping_sub(value.last_used) < now.wrapping_sub(*stamp) {
+                    *stamp = value.last_used;
+                }
+            }
+        }
+        let users: Vec<u32> = self.use_stamps.keys().copied().collect();
+        for pid in users {
+            if let Ok(value) = self.processes.get(&pid, 0) {
+                self.use_stamps.insert(pid, value.last_used);
             }
         }
         self.use_stamps_read = Some(Instant::now());
@@ -1223,8 +1387,12 @@ impl UnwindLoader {
         );
         let _ = writeln!(
             out,
-            "  unwound before the process was loaded: {} user stacks, by {} frames' mappings \
-             found in the kernel's own record of the process",
+            "  {}: {} user stacks, by {} frames' mappings found in the kernel's own record of \
+             the process",
+            match self.by_file {
+                true => "unwound by tables found by file (process not published)",
+                false => "unwound before the process was loaded",
+            },
             count(UnwindCount::ProcessFromKernel),
             count(UnwindCount::FramesMappingFromKernel),
         );
@@ -1269,6 +1437,16 @@ struct Evictions {
     idle: u64,
 }
 
+/// `seen` or `stamp`, whichever is the newer use at `now` (stamps wrap).
+fn newer_use(seen: TableUse, stamp: u32, now: u32) -> TableUse {
+    match seen {
+        TableUse::LastUsed(seen) if now.wrapping_sub(seen) <= now.wrapping_sub(stamp) => {
+            TableUse::LastUsed(seen)
+        }
+        _ => TableUse::LastUsed(stamp),
+    }
+}
+
 /// How long the processes' use stamps read from the kernel are trusted.
 const USE_STAMPS_TTL: Duration = Duration::from_millis(100);
 
@@ -1308,12 +1486,16 @@ fn file_rows(segment: &Segment, table: &FileTable, placed: Placed) -> FileRows {
         code_end: segment.offset.saturating_add(segment.size),
         rows_start: placed.start,
         rows_len: placed.len,
+        ..FileRows::default()
     }
 }
 
 /// The kernel's name of the file `identity` (`stat`'s device and inode): what the walker finds
 /// in a VMA of it.
 fn kernel_file_key((device, inode): FileIdentity) -> FileKey {
+    if (device, inode) == VDSO_IDENTITY {
+        return FileKey::VDSO;
+    }
     FileKey {
         major: libc::major(device),
         minor: libc::minor(device),
