@@ -743,8 +743,7 @@ impl UnwindLoader {
         let rows = |loader: &mut UnwindLoader| {
             loader.held_rows(&file.key, processes, mapping.file, &mapping.path)
         };
-        let needer = self.last_need(pid, identity);
-        let placed = self.place(&file, rows, needer, keep)?;
+        let placed = self.place(&file, rows, (pid, identity), keep)?;
         let Some(placed) = placed else {
             // The walker asks for it when it steps through this mapping.
             entry.rows_start = TABLE_NOT_LOADED;
@@ -799,7 +798,7 @@ impl UnwindLoader {
             let table = FileTable::new(key.clone(), &cached.table, segments);
             self.held.entry(key).or_insert(cached.table);
             let rows = |loader: &mut UnwindLoader| loader.held.get(&table.key).cloned();
-            let Some(placed) = self.place(&table, rows, use_stamp_now(), &[])? else {
+            let Some(placed) = self.place(&table, rows, (0, None), &[])? else {
                 continue;
             };
             self.publish_file(identity, file_rows(&segment, &table, placed))?;
@@ -995,13 +994,13 @@ impl UnwindLoader {
     }
 
     /// Where `table`'s rows are in the arena, written there on first use (`rows` gives them),
-    /// for a walk that last needed it at the use stamp `needer` (evicting what it may, but not
-    /// the tables at `keep`); `None` when they do not fit.
+    /// for process `pid`'s file `identity` (evicting what it may, but not the tables at
+    /// `keep`); `None` when they do not fit.
     fn place(
         &mut self,
         table: &FileTable,
         rows: impl FnOnce(&mut UnwindLoader) -> Option<Arc<UnwindTable>>,
-        needer: u32,
+        needer: (u32, Option<FileIdentity>),
         keep: &[u32],
     ) -> Result<Option<Placed>> {
         if let Some(placed) = self.placed.get(&table.key) {
@@ -1038,10 +1037,16 @@ impl UnwindLoader {
         Ok(Some(placed))
     }
 
-    /// Evicts tables until `len` rows fit, for a walk that last needed them at `needer`: those
-    /// no process maps, then those last used well before `needer`; `false` (nothing evicted)
-    /// when that is not enough.
-    fn evict_for(&mut self, len: u32, needer: u32, keep: &[u32]) -> Result<bool> {
+    /// Evicts tables until `len` rows fit, for process `pid`'s file `identity`: those no
+    /// process maps, then those last used well before it last needed them (`last_need`);
+    /// `false` (nothing evicted) when that is not enough.
+    fn evict_for(
+        &mut self,
+        len: u32,
+        (pid, identity): (u32, Option<FileIdentity>),
+        keep: &[u32],
+    ) -> Result<bool> {
+        let needer = self.last_need(pid, identity);
         let now = use_stamp_now();
         let tables: Vec<(u32, TableUse)> = self
             .table_uses(now)
