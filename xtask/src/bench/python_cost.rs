@@ -6,7 +6,10 @@
 //! tool's processes plus whatever it made the interpreter spend: for ours, the BPF program runs
 //! in the interpreter's time); per sample, that CPU over the samples the tool kept; and ours in
 //! the kernel per sample, with the share of it that reading the Python frames took (the
-//! walker's own clock, `--stats`), which is what a sample would cost without them.
+//! walker's own clock, `--stats`), which is what a sample would cost without them. Each tool
+//! also runs the workload with no work (the interpreter starts and exits): its CPU beyond the
+//! bare such run is the tool's fixed cost (start-up, the report), and what the full run added
+//! beyond it, over the samples, is its cost per sample alone.
 
 use std::path::Path;
 
@@ -69,6 +72,8 @@ pub struct PythonCostRow {
     pub elapsed_s: Option<Spread>,
     /// CPU time of the whole run (tool and interpreter) beyond the bare run's median.
     pub added_cpu_s: Option<Spread>,
+    /// The same of a run with no work: the tool's fixed cost.
+    pub fixed_cpu_s: Option<Spread>,
     /// Samples the tool kept.
     pub samples: Option<Spread>,
     /// Ours: the BPF program's run time per sample, and the part of it spent reading the
@@ -89,12 +94,21 @@ impl PythonCostRow {
         let (cpu, samples) = (self.added_cpu_s?.median, self.samples?.median);
         (samples > 0.0).then(|| 1e6 * cpu / samples)
     }
+
+    /// The added CPU beyond the fixed cost per sample kept, in µs (medians).
+    pub fn per_sample_beyond_fixed_us(&self) -> Option<f64> {
+        let cpu = self.added_cpu_s?.median - self.fixed_cpu_s?.median;
+        let samples = self.samples?.median;
+        (samples > 0.0).then(|| 1e6 * cpu / samples)
+    }
 }
 
 /// What one run gave.
 struct Ran {
     elapsed_s: f64,
     cpu_s: f64,
+    /// The CPU time of the run with no work.
+    empty_cpu_s: f64,
     samples: Option<f64>,
     kernel_ns: Option<f64>,
     python_ns: Option<f64>,
@@ -110,21 +124,26 @@ pub fn measure(
 ) -> Result<Vec<PythonCostRow>> {
     let script = work.join("python_work.py");
     std::fs::write(&script, WORKLOAD).context("writing the Python workload")?;
-    let workload = [
-        "/usr/bin/python3".into(),
-        path_arg(&script),
-        loops.to_string(),
-    ];
+    let workload = |loops: u32| -> Vec<String> {
+        [
+            "/usr/bin/python3".into(),
+            path_arg(&script),
+            loops.to_string(),
+        ]
+        .to_vec()
+    };
     let profile = path_arg(&work.join("python-cost.prof"));
     let raw = work.join("python-cost.py-spy.txt");
     let rate = RATE_HZ.to_string();
-    let record: Vec<String> = [path_arg(profiler), "record".into(), "--stats".into()]
-        .into_iter()
-        .chain(["-F".into(), rate.clone(), "-o".into(), profile.clone()])
-        .chain(["--".into()])
-        .chain(workload.iter().cloned())
-        .collect();
-    let spy = |extra: &[&str]| -> Vec<String> {
+    let record = |loops: u32| -> Vec<String> {
+        [path_arg(profiler), "record".into(), "--stats".into()]
+            .into_iter()
+            .chain(["-F".into(), rate.clone(), "-o".into(), profile.clone()])
+            .chain(["--".into()])
+            .chain(workload(loops))
+            .collect()
+    };
+    let spy = |extra: &[&str], loops: u32| -> Vec<String> {
         [path_arg(py_spy), "record".into()]
             .into_iter()
             .chain(extra.iter().map(|arg| arg.to_string()))
@@ -135,19 +154,25 @@ pub fn measure(
                 "raw".into(),
             ])
             .chain(["--output".into(), path_arg(&raw), "--".into()])
-            .chain(workload.iter().cloned())
+            .chain(workload(loops))
             .collect()
     };
-    let tools: [(&'static str, Vec<String>); 4] = [
-        ("bare", workload.to_vec()),
-        ("profiler record", record),
-        ("py-spy record", spy(&[])),
-        ("py-spy record --nonblocking", spy(&["--nonblocking"])),
+    // Each tool's command with the work, and with none.
+    let tools: [(&'static str, [Vec<String>; 2]); 4] = [
+        ("bare", [workload(loops), workload(0)]),
+        ("profiler record", [record(loops), record(0)]),
+        ("py-spy record", [spy(&[], loops), spy(&[], 0)]),
+        (
+            "py-spy record --nonblocking",
+            [spy(&["--nonblocking"], loops), spy(&["--nonblocking"], 0)],
+        ),
     ];
     let mut ran: Vec<Vec<Ran>> = tools.iter().map(|_| Vec::new()).collect();
     let mut commands = vec![String::new(); tools.len()];
     for round in 1..=rounds {
-        for (i, (tool, argv)) in tools.iter().enumerate() {
+        for (i, (tool, [argv, empty])) in tools.iter().enumerate() {
+            let _ = std::fs::remove_file(&raw);
+            let empty_cpu_s = measure::run(empty, None)?.cpu_s;
             let _ = std::fs::remove_file(&raw);
             let run = measure::run(argv, None)?;
             let elapsed_s = elapsed_s(&run.stderr)
@@ -171,6 +196,7 @@ pub fn measure(
             ran[i].push(Ran {
                 elapsed_s,
                 cpu_s: run.cpu_s,
+                empty_cpu_s,
                 samples,
                 kernel_ns,
                 python_ns,
@@ -182,6 +208,8 @@ pub fn measure(
     let _ = std::fs::remove_file(&raw);
     let bare_cpu =
         Spread::of(ran[0].iter().map(|run| run.cpu_s)).map_or(0.0, |spread| spread.median);
+    let bare_empty_cpu =
+        Spread::of(ran[0].iter().map(|run| run.empty_cpu_s)).map_or(0.0, |spread| spread.median);
     Ok(tools
         .iter()
         .zip(ran.iter().zip(commands))
@@ -190,6 +218,7 @@ pub fn measure(
             command,
             elapsed_s: Spread::of(runs.iter().map(|run| run.elapsed_s)),
             added_cpu_s: Spread::of(runs.iter().map(|run| run.cpu_s - bare_cpu)),
+            fixed_cpu_s: Spread::of(runs.iter().map(|run| run.empty_cpu_s - bare_empty_cpu)),
             samples: Spread::of(runs.iter().filter_map(|run| run.samples)),
             kernel_ns_per_sample: Spread::of(runs.iter().filter_map(|run| run.kernel_ns)),
             python_ns_per_sample: Spread::of(runs.iter().filter_map(|run| run.python_ns)),
@@ -262,11 +291,16 @@ mod tests {
             command: String::new(),
             elapsed_s: Spread::of([2.0]),
             added_cpu_s: Spread::of([0.5]),
+            fixed_cpu_s: Spread::of([0.1]),
             samples: Spread::of([1000.0]),
             kernel_ns_per_sample: None,
             python_ns_per_sample: None,
         };
         assert_eq!(row.added_us_per_sample(), Some(500.0));
+        assert_eq!(
+            row.per_sample_beyond_fixed_us().map(f64::round),
+            Some(400.0)
+        );
         let bare = PythonCostRow {
             elapsed_s: Spread::of([1.6]),
             ..row.clone()

@@ -745,34 +745,40 @@ fn python_cost(out: &mut String, rows: &[super::python_cost::PythonCostRow], sho
          (the tool's processes and what it made the interpreter spend: our BPF program runs in \
          the interpreter's time), and that over the samples the tool kept; ours in the kernel \
          per sample, and the part of it reading the Python frames (the walker's own clock): \
-         without them a sample costs the difference. Median (min–max) over the rounds. Target: \
-         ours below py-spy's CPU per sample.\n",
+         without them a sample costs the difference. Each tool also ran the workload with no \
+         work (the interpreter starts and exits): its CPU beyond the bare such run is the tool's \
+         fixed cost (start-up, the report), and the full run's added CPU beyond it, over the \
+         samples, its cost per sample alone. Median (min–max) over the rounds. Target: ours \
+         below py-spy's CPU per sample.\n",
         super::python_cost::RATE_HZ
     );
     let _ = writeln!(
         out,
-        "| Run | Workload s | Slowdown | Added CPU s | Samples | Added µs per sample | Kernel \
-         ns per sample | Of it, Python frames | Command |"
+        "| Run | Workload s | Slowdown | Added CPU s | Samples | Added µs per sample | Fixed \
+         CPU s | µs per sample beyond it | Kernel ns per sample | Of it, Python frames | Command |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     let bare = rows.iter().find(|row| row.tool == "bare");
     for row in rows {
         let slowdown = bare
             .filter(|bare| bare.tool != row.tool)
             .and_then(|bare| row.overhead_percent(bare))
             .map_or("–".into(), |percent| format!("{percent:+.1}%"));
-        let per_sample = row
-            .added_us_per_sample()
-            .filter(|_| row.tool != "bare")
-            .map_or("–".into(), |us| format!("{us:.0}"));
-        let added = if row.tool == "bare" {
-            "–".into()
+        let microseconds = |us: Option<f64>| {
+            us.filter(|_| row.tool != "bare")
+                .map_or("–".into(), |us| format!("{us:.0}"))
+        };
+        let per_sample = microseconds(row.added_us_per_sample());
+        let beyond_fixed = microseconds(row.per_sample_beyond_fixed_us());
+        let (added, fixed) = if row.tool == "bare" {
+            ("–".into(), "–".into())
         } else {
-            spread(row.added_cpu_s, 3)
+            (spread(row.added_cpu_s, 3), spread(row.fixed_cpu_s, 3))
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {slowdown} | {added} | {} | {per_sample} | {} | {} | {} |",
+            "| {} | {} | {slowdown} | {added} | {} | {per_sample} | {fixed} | {beyond_fixed} | {} \
+             | {} | {} |",
             row.tool,
             spread(row.elapsed_s, 3),
             spread(row.samples, 0),
