@@ -363,9 +363,9 @@ pub struct UnwindLoader {
     /// The layout of each anonymous executable mapping (pid, start, end) read so far, where it
     /// holds CPython's perf trampolines.
     trampolines: HashMap<(u32, u64, u64), Option<TrampolineLayout>>,
-    /// Tables are published by file only (`CAPTURE_TABLES_BY_FILE`): the walker finds each
-    /// frame's file in the kernel's own tree, and processes are tracked here only to know which
-    /// tables they need; their use stamps are the files'.
+    /// Tables are published by file (`CAPTURE_TABLES_BY_FILE`): the walker finds each frame's
+    /// file in the kernel's own tree, and processes (but `own_entry`) are tracked here only to
+    /// know which tables they need; their use stamps are the files'.
     by_file: bool,
     /// The files' use stamps as last read from the kernel, by table (its first row).
     file_stamps: HashMap<u32, u32>,
@@ -381,7 +381,8 @@ impl UnwindLoader {
     /// The agent's side of the in-kernel unwinder, with the maps of `program` it fills
     /// (`--unwind dwarf`).
     /// Over `memory_budget` bytes of heap, the coldest tables' compiled rows are let go.
-    /// With `by_file`, only files' tables are published, never a process's mappings.
+    /// With `by_file`, files' tables are published, and a process's mappings only where the
+    /// walker cannot find its tables by file.
     pub fn for_program(
         program: &mut CaptureProgram,
         memory_budget: Option<u64>,
