@@ -49,10 +49,6 @@ pub const DEFAULT_UNWIND_TABLE_MIB: u32 = 64;
 /// frame pointers, counted in `--stats`.
 const UNWIND_PROCESSES: u32 = 1024;
 
-/// The same where tables go by file (`CAPTURE_TABLES_BY_FILE`): only processes with code of no
-/// file that has a table (CPython's perf trampolines) are published.
-pub const UNWIND_PROCESSES_BY_FILE: u32 = 64;
-
 /// The most entries the stack-frames map's default takes: the memory the two generations'
 /// 16,384-entry stack-trace maps took before stacks were content-addressed.
 const DEFAULT_STACKS: u32 = 32768;

@@ -144,7 +144,7 @@ impl CaptureSession {
         let ibs_events = raw_decoding.ibs_events() != 0;
         // Data mappings and data lines only where an event records data addresses.
         let data_addresses = options.events.iter().any(records_data_addresses);
-        let mut sizes = options.sizes.fitted(MapNeeds {
+        let sizes = options.sizes.fitted(MapNeeds {
             latencies: samples_latency(&options.events),
             data_addresses,
             raw: options.raw.is_some(),
@@ -152,11 +152,6 @@ impl CaptureSession {
             stack_copies: options.stack_copy_kib.is_some(),
             instructions: options.per_instruction,
         });
-        // Tables by file: the walker's process table holds only processes with code of no
-        // file that has a table (8 KiB an entry).
-        if config.flags & CAPTURE_TABLES_BY_FILE != 0 {
-            sizes.maps.unwind_processes = map_sizes::UNWIND_PROCESSES_BY_FILE;
-        }
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| anyhow!("counting online CPUs ({what}): {e}"))?
             .len();
